@@ -1,0 +1,1 @@
+"""Calibration: INT8 activation calibration and uncertainty recalibration (edgebnn.calib)."""

@@ -1,0 +1,296 @@
+"""Import a trained PyTorch BNN into the IR.
+
+1. Find the Bayesian layers with the library adapters and read their posteriors.
+2. Probe one forward pass to learn which layers return ``(out, kl)`` tuples (hand-written bayesian-torch
+   models) and which model output is the prediction.
+3. Swap each Bayesian layer for a deterministic ``nn.Linear``/``nn.Conv2d`` holding the posterior mean
+   (returning a tuple again where the original did) and export that network with ``torch.onnx.export``
+   (dynamo, ``optimize=False`` so BatchNorm is never folded into a Bayesian weight; batch axis dynamic).
+4. Replace each mean-weight initializer by a ``GaussianWeight(mu, sigma)`` node with the same output name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import logging
+import re
+import warnings
+from typing import Any
+
+import numpy as np
+import onnx
+
+from edgebnn.errors import (
+    EdgeBNNError,
+    InvalidOptionError,
+    MissingDependencyError,
+    UnsupportedLayerError,
+)
+from edgebnn.importers.base import LayerAdapter, LayerPosterior
+from edgebnn.ir import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    MAX_IR_VERSION,
+    BNNModel,
+    GaussianWeight,
+    Manifest,
+    make_encoding_node,
+    verify,
+)
+
+OPSET = 18
+INPUT_NAME = "input"
+OUTPUT_NAME = "logits"
+# Parameter-name fragments that mark a layer as Bayesian even when no adapter knows its library.
+_BAYESIAN_PARAM = re.compile(r"(^|_)(rho|log_sigma|sigma|logvar|log_alpha)($|_)|(^|_)mu($|_)")
+
+
+def _adapters() -> list[LayerAdapter]:
+    from edgebnn.importers import bayesian_torch, blitz, edgebnn_layers, torchbnn
+
+    return [edgebnn_layers.ADAPTER, bayesian_torch.ADAPTER, torchbnn.ADAPTER, blitz.ADAPTER]
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:
+        raise MissingDependencyError("importing a PyTorch model needs torch: pip install 'edgebnn[torch]'") from e
+    return torch
+
+
+def find_bayesian_layers(model: Any) -> tuple[dict[str, LayerPosterior], set[str]]:
+    """Posteriors of every Bayesian layer by module path, and the libraries they came from.
+
+    Raises UnsupportedLayerError for a layer that looks Bayesian but no adapter knows.
+    """
+    adapters = _adapters()
+    found: dict[str, LayerPosterior] = {}
+    libraries: set[str] = set()
+    inside: list[str] = []
+    for path, module in model.named_modules():
+        if any(path.startswith(p + ".") for p in inside):
+            continue  # parts of a layer already imported (e.g. blitz's weight_sampler)
+        adapter = next((a for a in adapters if a.matches(module)), None)
+        if adapter is not None:
+            found[path] = adapter.extract(module, path)
+            libraries.add(adapter.library)
+            inside.append(path)
+            continue
+        own = [n for n, _ in module.named_parameters(recurse=False)]
+        suspicious = [n for n in own if _BAYESIAN_PARAM.search(n)]
+        if suspicious:
+            raise UnsupportedLayerError(
+                f"layer {path or '<root>'!r} ({type(module).__module__}.{type(module).__name__}) has "
+                f"Bayesian-looking parameters {suspicious} but no importer knows it "
+                "(supported: edgebnn, bayesian-torch, torchbnn, blitz)"
+            )
+    return found, libraries
+
+
+def _mean_layer(torch: Any, post: LayerPosterior, returns_tuple: bool) -> Any:
+    nn = torch.nn
+
+    class _Mean(nn.Module):
+        """Deterministic twin of a Bayesian layer holding the posterior mean."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            w = torch.from_numpy(post.weight_mu)
+            self.weight = nn.Parameter(w, requires_grad=False)
+            self.bias = (
+                nn.Parameter(torch.from_numpy(post.bias_mu), requires_grad=False)
+                if post.bias_mu is not None
+                else None
+            )
+
+        def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+            if post.kind == "conv2d":
+                out = torch.nn.functional.conv2d(
+                    x, self.weight, self.bias, post.stride, post.padding, post.dilation, post.groups
+                )
+            else:
+                out = torch.nn.functional.linear(x, self.weight, self.bias)
+            return (out, torch.zeros((), dtype=out.dtype)) if returns_tuple else out
+
+    return _Mean()
+
+
+def _set_submodule(root: Any, path: str, new: Any) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = root.get_submodule(parent_path) if parent_path else root
+    setattr(parent, name, new)
+
+
+def import_model(
+    model: Any,
+    input_shape: tuple[int, ...] | list[int],
+    *,
+    output_index: int = 0,
+    where: str = "<model>",
+) -> BNNModel:
+    """Import a trained PyTorch BNN.
+
+    Args:
+        model: the trained ``nn.Module`` (edgebnn, bayesian-torch, torchbnn or blitz layers, plus plain
+            Linear/Conv2d/BatchNorm carried through as deterministic layers).
+        input_shape: one example's shape with a leading batch dim, e.g. ``(1, 1, 8, 8)``.
+        output_index: which element to use when ``forward`` returns a tuple such as ``(logits, kl)``.
+        where: how errors name the model (e.g. the factory string).
+
+    Returns:
+        The IR with one ``GaussianWeight`` per Bayesian weight (and bias).
+    """
+    torch = _torch()
+    shape = tuple(int(d) for d in input_shape)
+    if len(shape) < 2 or any(d <= 0 for d in shape):
+        raise InvalidOptionError(f"--input-shape {','.join(map(str, shape))}: need batch,dims... of positive ints")
+    model = model.eval()
+    posteriors, libraries = find_bayesian_layers(model)
+    if not posteriors:
+        raise UnsupportedLayerError(
+            f"{where}: no Bayesian layers found (supported: edgebnn, bayesian-torch, torchbnn, blitz)"
+        )
+
+    returns_tuple: dict[str, bool] = {}
+    hooks = [
+        model.get_submodule(p).register_forward_hook(
+            lambda _m, _i, out, p=p: returns_tuple.__setitem__(p, isinstance(out, tuple))
+        )
+        for p in posteriors
+    ]
+    try:
+        with torch.no_grad():
+            example = torch.zeros((2, *shape[1:]))
+            out = model(example)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidOptionError(
+            f"{where}: forward pass on --input-shape {','.join(map(str, shape))} failed: {msg}"
+        ) from e
+    finally:
+        for h in hooks:
+            h.remove()
+    if isinstance(out, (tuple, list)):
+        if not 0 <= output_index < len(out):
+            raise InvalidOptionError(f"{where}: forward returns {len(out)} outputs; output index {output_index}")
+        out = out[output_index]
+    if not hasattr(out, "shape") or out.ndim != 2 or out.shape[0] != 2:
+        raise UnsupportedLayerError(
+            f"{where}: the model output must be [batch, classes] logits, got {tuple(getattr(out, 'shape', ()))}"
+        )
+    num_classes = int(out.shape[1])
+
+    mean_model = copy.deepcopy(model)
+    for path, post in posteriors.items():
+        _set_submodule(mean_model, path, _mean_layer(torch, post, returns_tuple.get(path, False)))
+
+    class _Select(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.net = inner
+
+        def forward(self, x: Any) -> Any:
+            y = self.net(x)
+            return y[output_index] if isinstance(y, (tuple, list)) else y
+
+    proto = _export(torch, _Select(mean_model).eval(), example, where)
+    return _attach_posteriors(proto, posteriors, "net.", Manifest(
+        source_library="+".join(sorted(libraries)),
+        input_name=INPUT_NAME,
+        input_shape=[1, *shape[1:]],
+        num_classes=num_classes,
+    ), where)
+
+
+def _export(torch: Any, module: Any, example: Any, where: str) -> onnx.ModelProto:
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    sink = io.StringIO()
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    try:
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                module,
+                (example,),
+                dynamo=True,
+                optimize=False,
+                opset_version=OPSET,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes=({0: batch},),
+                verbose=False,
+                report=False,
+            )
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsupportedLayerError(f"{where}: torch.onnx.export of the posterior-mean network failed: {msg}") from e
+    finally:
+        for lg, lvl in zip(loggers, levels, strict=True):
+            lg.setLevel(lvl)
+    return program.model_proto
+
+
+def _strip_prefix(graph: onnx.GraphProto, prefix: str) -> None:
+    """Rename initializers ``net.conv1.weight`` -> ``conv1.weight`` (the wrapper's prefix) everywhere."""
+    renames = {t.name: t.name[len(prefix):] for t in graph.initializer if t.name.startswith(prefix)}
+    for t in graph.initializer:
+        t.name = renames.get(t.name, t.name)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+
+
+def _attach_posteriors(
+    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], prefix: str, manifest: Manifest, where: str
+) -> BNNModel:
+    graph = proto.graph
+    # Drop exporter debris that would make files differ between machines (stack traces, doc strings).
+    proto.doc_string = ""
+    graph.doc_string = ""
+    del proto.metadata_props[:]
+    for node in graph.node:
+        node.doc_string = ""
+        del node.metadata_props[:]
+    del graph.value_info[:]
+
+    _strip_prefix(graph, prefix)
+    inits = {t.name: t for t in graph.initializer}
+    new_nodes = []
+    for path, post in posteriors.items():
+        pairs = [("weight", post.weight_mu, post.weight_sigma)]
+        if post.bias_sigma is not None:
+            pairs.append(("bias", post.bias_mu, post.bias_sigma))
+        for role, mu, sigma in pairs:
+            name = f"{path}.{role}"
+            if name not in inits:
+                raise UnsupportedLayerError(
+                    f"{where}: layer {path!r}: exported graph has no initializer {name!r} "
+                    "(the exporter renamed or folded it)"
+                )
+            exported = onnx.numpy_helper.to_array(inits[name])
+            if exported.shape != mu.shape or not np.array_equal(exported, mu):
+                raise UnsupportedLayerError(
+                    f"{where}: layer {path!r}: exported {role} differs from the posterior mean "
+                    "(the exporter transformed it)"
+                )
+            graph.initializer.remove(inits[name])
+            new_nodes.append(make_encoding_node(graph, name, path, GaussianWeight(mu, sigma)))
+    nodes = list(graph.node)
+    del graph.node[:]
+    graph.node.extend(new_nodes + nodes)
+    proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))
+    proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
+    proto.producer_name = "edgebnn"
+    bnn = BNNModel(proto, manifest, where)
+    try:
+        verify(bnn)
+    except EdgeBNNError as e:
+        raise UnsupportedLayerError(f"{where}: imported graph failed verification: {e}") from e
+    return bnn

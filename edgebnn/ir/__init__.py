@@ -1,0 +1,45 @@
+"""The edgebnn IR: an ONNX model whose Bayesian weights are ``ai.edgebnn`` encoding nodes.
+
+Public surface: :class:`BNNModel` (proto + :class:`Manifest`), :func:`load`, :func:`save`, :func:`verify`,
+the encoding registry, and :func:`make_encoding_node` for importers and passes.
+"""
+
+from __future__ import annotations
+
+from edgebnn.ir._model import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    FORMAT_VERSION,
+    MANIFEST_KEY,
+    MAX_IR_VERSION,
+    BNNModel,
+    EncodedWeight,
+    Manifest,
+    make_encoding_node,
+    tensor_to_array,
+)
+from edgebnn.ir._serde import from_bytes, load, save, to_bytes
+from edgebnn.ir._verify import verify
+from edgebnn.ir.encodings import ENCODINGS, Encoding, GaussianWeight, register_encoding
+
+__all__ = [
+    "DOMAIN",
+    "DOMAIN_VERSION",
+    "ENCODINGS",
+    "FORMAT_VERSION",
+    "MANIFEST_KEY",
+    "MAX_IR_VERSION",
+    "BNNModel",
+    "EncodedWeight",
+    "Encoding",
+    "GaussianWeight",
+    "Manifest",
+    "from_bytes",
+    "load",
+    "make_encoding_node",
+    "register_encoding",
+    "save",
+    "tensor_to_array",
+    "to_bytes",
+    "verify",
+]

@@ -1,0 +1,235 @@
+"""The IR container: an ONNX ``ModelProto`` whose Bayesian weights are ``ai.edgebnn`` encoding nodes,
+plus a manifest stored in ``metadata_props`` (key ``edgebnn.manifest``).
+
+The float skeleton (Conv, Gemm, BatchNorm, ReLU, ...) is whatever ``torch.onnx.export`` wrote for the
+posterior-mean network; each Bayesian weight initializer is replaced by an encoding node whose output
+carries the weight's name. The IR core imports neither torch nor tensorrt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from edgebnn import __version__
+from edgebnn.errors import InvalidArtifactError
+from edgebnn.ir.encodings import ENCODINGS, Encoding
+
+DOMAIN = "ai.edgebnn"
+DOMAIN_VERSION = 1
+FORMAT_VERSION = 1
+MANIFEST_KEY = "edgebnn.manifest"
+MAX_IR_VERSION = 10  # onnxruntime 1.31 loads <= 13; TensorRT 10.3's parser wants <= 10
+OPSET_RANGE = (17, 20)  # TensorRT 10.3 on Jetson Orin parses opset 9-20
+
+
+@dataclass
+class Manifest:
+    """What an ``.ebnn`` file says about itself."""
+
+    source_library: str
+    input_name: str
+    input_shape: list[int]
+    num_classes: int
+    scheme: str = "float"
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    format_version: int = FORMAT_VERSION
+    edgebnn_version: str = __version__
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> Manifest:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InvalidArtifactError(f"{where}: manifest is not valid JSON ({e.msg})") from e
+        if not isinstance(raw, dict):
+            raise InvalidArtifactError(f"{where}: manifest must be a JSON object")
+        version = raw.get("format_version")
+        if not isinstance(version, int):
+            raise InvalidArtifactError(f"{where}: manifest has no integer format_version")
+        if version > FORMAT_VERSION:
+            raise InvalidArtifactError(
+                f"{where}: written by a newer edgebnn (format {version}, edgebnn "
+                f"{raw.get('edgebnn_version', '?')}); this edgebnn {__version__} reads format <= {FORMAT_VERSION}"
+            )
+        try:
+            man = cls(**raw)
+        except TypeError as e:
+            raise InvalidArtifactError(f"{where}: manifest fields are wrong ({e})") from e
+        shape = man.input_shape
+        if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
+            raise InvalidArtifactError(f"{where}: manifest input_shape {shape!r} is not a list of positive ints")
+        if not isinstance(man.num_classes, int) or man.num_classes < 1:
+            raise InvalidArtifactError(f"{where}: manifest num_classes {man.num_classes!r} is not a positive int")
+        return man
+
+
+@dataclass
+class EncodedWeight:
+    """One encoded weight in the graph: its node, decoded encoding and names."""
+
+    name: str  # the weight value name consumed by Conv/Gemm
+    layer: str  # source module path, e.g. "features.0"
+    node: onnx.NodeProto
+    encoding: Encoding
+
+
+def tensor_to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
+    """Decode an initializer, refusing external data and sizes its bytes do not back."""
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raise InvalidArtifactError(f"{where}: tensor {t.name!r} uses external data, which edgebnn does not follow")
+    try:
+        np_dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+    except KeyError as e:
+        raise InvalidArtifactError(f"{where}: tensor {t.name!r} has unknown data type {t.data_type}") from e
+    if any(d < 0 for d in t.dims):
+        raise InvalidArtifactError(f"{where}: tensor {t.name!r} has negative dims {list(t.dims)}")
+    count = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
+    if t.HasField("raw_data"):
+        itemsize = np.dtype(np_dtype).itemsize
+        packed = t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+        need = (count + 1) // 2 if packed else count * itemsize
+        if len(t.raw_data) != need:
+            raise InvalidArtifactError(
+                f"{where}: tensor {t.name!r} declares {list(t.dims)} ({need} bytes) but stores {len(t.raw_data)}"
+            )
+    try:
+        return onnx.numpy_helper.to_array(t)
+    except (ValueError, TypeError) as e:
+        raise InvalidArtifactError(f"{where}: tensor {t.name!r} cannot be decoded ({e})") from e
+
+
+class BNNModel:
+    """An edgebnn IR model. Build with :func:`edgebnn.ir.load` or an importer; write with ``save``."""
+
+    def __init__(self, proto: onnx.ModelProto, manifest: Manifest, where: str = "<model>") -> None:
+        self.proto = proto
+        self.manifest = manifest
+        self.where = where
+
+    # -- access ---------------------------------------------------------------------------------
+    def initializers(self) -> dict[str, onnx.TensorProto]:
+        return {t.name: t for t in self.proto.graph.initializer}
+
+    def encoded_weights(self) -> list[EncodedWeight]:
+        """Every encoding node, decoded and validated, in graph order."""
+        inits = self.initializers()
+        out = []
+        for node in self.proto.graph.node:
+            if node.domain != DOMAIN:
+                continue
+            out.append(self._decode_node(node, inits))
+        return out
+
+    def _decode_node(self, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> EncodedWeight:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        layer = attrs.pop("layer", b"")
+        layer = layer.decode() if isinstance(layer, bytes) else str(layer)
+        name = node.output[0] if node.output else "?"
+        where = f"{self.where}: layer {layer or name!r} ({node.op_type})"
+        cls = ENCODINGS.get(node.op_type)
+        if cls is None:
+            raise InvalidArtifactError(f"{where}: unknown encoding {node.op_type!r} (known: {sorted(ENCODINGS)})")
+        if len(node.output) != 1:
+            raise InvalidArtifactError(f"{where}: encoding node must have exactly one output")
+        shape = attrs.pop("shape", None)
+        if not isinstance(shape, list) or not shape or any(d <= 0 for d in shape):
+            raise InvalidArtifactError(f"{where}: missing or invalid 'shape' attribute {shape!r}")
+        if len(node.input) != len(cls.FIELDS):
+            raise InvalidArtifactError(
+                f"{where}: expected inputs {list(cls.FIELDS)}, got {len(node.input)} inputs"
+            )
+        fields = {}
+        for fname, iname in zip(cls.FIELDS, node.input, strict=True):
+            if iname not in inits:
+                raise InvalidArtifactError(f"{where}: input {fname} ({iname!r}) is not an initializer")
+            fields[fname] = tensor_to_array(inits[iname], where)
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
+        enc = cls.from_fields(fields, attrs, tuple(shape), where)
+        return EncodedWeight(name=name, layer=layer, node=node, encoding=enc)
+
+    def nbytes(self) -> int:
+        """Bytes of all stored tensors (encoded weights and deterministic parameters)."""
+        return int(sum(_stored_bytes(t) for t in self.proto.graph.initializer))
+
+    # -- rewriting --------------------------------------------------------------------------------
+    def replace_encoding(self, weight: EncodedWeight, new: Encoding, **attrs: Any) -> None:
+        """Swap ``weight``'s node and initializers for ``new`` (same output name, same position)."""
+        graph = self.proto.graph
+        old_inputs = set(weight.node.input)
+        keep = [t for t in graph.initializer if t.name not in old_inputs]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        node = make_encoding_node(graph, weight.name, weight.layer, new, **attrs)
+        idx = list(graph.node).index(weight.node)
+        graph.node.remove(weight.node)
+        graph.node.insert(idx, node)
+
+    def copy(self) -> BNNModel:
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.proto)
+        man = Manifest(**json.loads(self.manifest.to_json()))
+        return BNNModel(proto, man, self.where)
+
+    def float_model(self, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
+        """A standard ONNX model with every encoded weight replaced by a float initializer.
+
+        ``weights`` maps weight names to values; missing names take the posterior mean.
+        """
+        weights = dict(weights or {})
+        encoded = self.encoded_weights()
+        for w in encoded:
+            if w.name not in weights:
+                weights[w.name] = w.encoding.mean()
+        return self._strip_encodings(encoded, lambda g, w: g.initializer.append(
+            onnx.numpy_helper.from_array(np.asarray(weights[w.name], np.float32), w.name)))
+
+    def weights_as_inputs(self) -> onnx.ModelProto:
+        """A standard ONNX model whose encoded weights are extra graph inputs (float32, fixed shape)."""
+        return self._strip_encodings(self.encoded_weights(), lambda g, w: g.input.append(
+            helper.make_tensor_value_info(w.name, onnx.TensorProto.FLOAT, list(w.encoding.shape))))
+
+    def _strip_encodings(self, encoded: list[EncodedWeight], add: Any) -> onnx.ModelProto:
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.proto)
+        graph = proto.graph
+        drop_inputs = {i for w in encoded for i in w.node.input}
+        kept_nodes = [n for n in graph.node if n.domain != DOMAIN]
+        del graph.node[:]
+        graph.node.extend(kept_nodes)
+        kept_inits = [t for t in graph.initializer if t.name not in drop_inputs]
+        del graph.initializer[:]
+        graph.initializer.extend(kept_inits)
+        for w in encoded:
+            add(graph, w)
+        opsets = [o for o in proto.opset_import if o.domain != DOMAIN]
+        del proto.opset_import[:]
+        proto.opset_import.extend(opsets)
+        del proto.metadata_props[:]
+        return proto
+
+
+def make_encoding_node(graph: onnx.GraphProto, name: str, layer: str, enc: Encoding, **attrs: Any) -> onnx.NodeProto:
+    """Add ``enc``'s tensors as initializers ``<name>.<field>`` and return its (unattached) node."""
+    inputs = []
+    for fname, arr in enc.fields().items():
+        iname = f"{name}.{fname}"
+        graph.initializer.append(onnx.numpy_helper.from_array(np.ascontiguousarray(arr), iname))
+        inputs.append(iname)
+    all_attrs = {"layer": layer, "shape": list(enc.shape), **enc.attributes(), **attrs}
+    return helper.make_node(enc.op_type, inputs, [name], domain=DOMAIN, name=f"{name}.encoding", **all_attrs)
+
+
+def _stored_bytes(t: onnx.TensorProto) -> int:
+    if t.HasField("raw_data"):
+        return len(t.raw_data)
+    dt = helper.tensor_dtype_to_np_dtype(t.data_type)
+    return int(np.prod(t.dims, dtype=np.int64)) * np.dtype(dt).itemsize

@@ -1,0 +1,89 @@
+"""The encoding contract: how one Bayesian weight tensor is stored in the IR and how it samples.
+
+An encoded weight is one node of domain ``ai.edgebnn`` whose output is the weight tensor its consumer
+(Conv, Gemm) reads. Its inputs are initializers named ``<weight>.<field>`` in the order of ``FIELDS``;
+its attributes are ``layer`` (the source module path), ``shape`` (the decoded weight shape) and the
+encoding's own. Every encoding can give its posterior mean and draw samples, so an exported ensemble
+still samples after lowering.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edgebnn.errors import InvalidArtifactError
+
+ENCODINGS: dict[str, type[Encoding]] = {}
+
+
+def register_encoding(cls: type[Encoding]) -> type[Encoding]:
+    """Class decorator: make ``cls`` loadable from nodes whose op_type is ``cls.op_type``."""
+    if cls.op_type in ENCODINGS:
+        raise ValueError(f"encoding {cls.op_type} registered twice")
+    ENCODINGS[cls.op_type] = cls
+    return cls
+
+
+class Encoding(ABC):
+    """One encoded weight tensor.
+
+    Subclasses set ``op_type`` and ``FIELDS`` (input tensor names, in node-input order) and implement
+    ``from_fields``, ``attributes``, ``mean`` and ``sample``. ``from_fields`` validates (shapes, ranges,
+    finiteness) and raises :class:`InvalidArtifactError` naming ``where``.
+    """
+
+    op_type: ClassVar[str]
+    FIELDS: ClassVar[tuple[str, ...]]
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = tuple(int(d) for d in shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @classmethod
+    @abstractmethod
+    def from_fields(
+        cls, fields: Mapping[str, np.ndarray], attrs: Mapping[str, Any], shape: tuple[int, ...], where: str
+    ) -> Encoding:
+        """Rebuild from stored tensors and attributes, validating them."""
+
+    @abstractmethod
+    def fields(self) -> dict[str, np.ndarray]:
+        """Stored tensors keyed by field name, in ``FIELDS`` order."""
+
+    def attributes(self) -> dict[str, Any]:
+        """Encoding-specific node attributes (besides ``layer`` and ``shape``)."""
+        return {}
+
+    @abstractmethod
+    def mean(self) -> np.ndarray:
+        """Posterior mean of the weight, float32, shaped ``self.shape``."""
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` posterior draws, float32, shaped ``(n, *self.shape)``."""
+
+    def stddev(self) -> np.ndarray:
+        """Posterior standard deviation per weight (used by hoisting and reports)."""
+        return np.zeros(self.shape, np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this encoding occupies in the artifact (its stored tensors)."""
+        return int(sum(a.nbytes for a in self.fields().values()))
+
+
+def check_shape(arr: np.ndarray, shape: tuple[int, ...], what: str, where: str) -> None:
+    if tuple(arr.shape) != tuple(shape):
+        raise InvalidArtifactError(f"{where}: {what} has shape {tuple(arr.shape)}, expected {tuple(shape)}")
+
+
+def check_finite(arr: np.ndarray, what: str, where: str) -> None:
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        raise InvalidArtifactError(f"{where}: {what} has NaN or inf values")

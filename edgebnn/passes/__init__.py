@@ -1,0 +1,1 @@
+"""Lowering passes: each takes an IR and returns ``PassResult(ir, modified, report)``."""

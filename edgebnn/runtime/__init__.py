@@ -1,0 +1,1 @@
+"""Runtimes: the reference runtime (numpy sampling + onnxruntime) used to check every exporter."""

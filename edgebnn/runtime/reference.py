@@ -1,0 +1,72 @@
+"""The reference runtime: draw S posterior samples in numpy, run each sampled network in onnxruntime.
+
+It shares no graph rewriting with the exporters (weights enter as graph inputs of the plain float
+network), which is what makes it a reference to check exported ensembles against. Samples are drawn
+per encoded weight ``i`` (graph order) from ``numpy.random.default_rng([seed, i])`` — the same streams
+the ``baked`` exporter uses, so the same seed gives the same members.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from edgebnn.errors import InvalidOptionError
+from edgebnn.ir import BNNModel
+from edgebnn.metrics import Predictive, predictive_from_logits
+
+MAX_SAMPLES = 4096
+
+
+def check_samples(samples: int) -> None:
+    if not isinstance(samples, int) or samples <= 0:
+        raise InvalidOptionError(f"--samples {samples}: must be a positive integer")
+    if samples > MAX_SAMPLES:
+        raise InvalidOptionError(f"--samples {samples}: more than {MAX_SAMPLES} is not supported")
+
+
+def sample_weights(model: BNNModel, samples: int, seed: int) -> dict[str, np.ndarray]:
+    """``{weight name: [samples, *shape]}`` for every encoded weight."""
+    check_samples(samples)
+    return {
+        w.name: w.encoding.sample(np.random.default_rng([seed, i]), samples)
+        for i, w in enumerate(model.encoded_weights())
+    }
+
+
+def session(proto_bytes: bytes, threads: int = 0) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    if threads:
+        opts.intra_op_num_threads = threads
+    return ort.InferenceSession(proto_bytes, opts, providers=["CPUExecutionProvider"])
+
+
+def check_input(model: BNNModel, x: np.ndarray) -> np.ndarray:
+    want = tuple(model.manifest.input_shape[1:])
+    if x.ndim != len(want) + 1 or tuple(x.shape[1:]) != want:
+        raise InvalidOptionError(
+            f"{model.where}: input has shape {tuple(x.shape)}, the model takes (batch, {', '.join(map(str, want))})"
+        )
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def sample_logits(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
+    """Per-sample logits ``[S, N, K]``."""
+    x = check_input(model, x)
+    weights = sample_weights(model, samples, seed)
+    sess = session(model.weights_as_inputs().SerializeToString())
+    in_name = model.manifest.input_name
+    out = []
+    for s in range(samples):
+        feed_w = {name: w[s] for name, w in weights.items()}
+        chunks = [
+            sess.run(None, {in_name: x[i : i + batch_size], **feed_w})[0] for i in range(0, len(x), batch_size)
+        ]
+        out.append(np.concatenate(chunks))
+    return np.stack(out)
+
+
+def predict(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0) -> Predictive:
+    """Mean probabilities, predictive entropy and mutual information of ``samples`` posterior draws."""
+    return predictive_from_logits(sample_logits(model, x, samples, seed))

@@ -1,0 +1,1 @@
+"""Targets: device profiles, runners (onnxruntime, tensorrt, torch), power meters and the profiler."""
