@@ -141,6 +141,10 @@ def _const(inits: list[onnx.TensorProto], name: str, value: np.ndarray) -> str:
     return name
 
 
+def _i64(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
 def _fold_samples(src: str, dst: str, samples: int, dims: list[int], inits: list[onnx.TensorProto]) -> list:
     """input [B, *dims] -> [B·S, *dims], batch-major."""
     axes = _const(inits, _P + "axes1", np.array([1], np.int64))
@@ -197,11 +201,9 @@ def _conv(node, drawn, shapes, samples, inits, layer_of) -> list[onnx.NodeProto]
     _, c, h, wd = xs
     _, _, h2, w2 = ys
     return [
-        helper.make_node("Reshape", [x_name, _const(inits, p + "in_shape", np.array([-1, samples * c, h, wd], np.int64))],
-                         [p + "x"]),
+        helper.make_node("Reshape", [x_name, _const(inits, p + "in_shape", _i64(-1, samples * c, h, wd))], [p + "x"]),
         helper.make_node("Conv", inputs, [p + "y"], group=group * samples, **attrs),
-        helper.make_node("Reshape", [p + "y", _const(inits, p + "out_shape", np.array([-1, out_ch, h2, w2], np.int64))],
-                         [y_name]),
+        helper.make_node("Reshape", [p + "y", _const(inits, p + "out_shape", _i64(-1, out_ch, h2, w2))], [y_name]),
     ]
 
 
@@ -218,9 +220,9 @@ def _gemm(node, drawn, samples, inits, layer_of) -> list[onnx.NodeProto]:
     bias = _bias_samples(node, drawn, samples, n_out, layer_of, base)
     p = f"{_P}{w.name}/"
     nodes = [
-        helper.make_node("Reshape", [node.input[0], _const(inits, p + "in_shape", np.array([-1, samples, 1, n_in], np.int64))],
-                         [p + "x"]),
-        helper.make_node("MatMul", [p + "x", _const(inits, p + "W", np.ascontiguousarray(wsamp, np.float32))], [p + "xw"]),
+        helper.make_node("Reshape", [node.input[0], _const(inits, p + "in_shape", _i64(-1, samples, 1, n_in))], [p + "x"]),
+        helper.make_node("MatMul", [p + "x", _const(inits, p + "W", np.ascontiguousarray(wsamp, np.float32))],
+                         [p + "xw"]),
     ]
     last = p + "xw"
     if bias is not None:

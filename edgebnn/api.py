@@ -1,0 +1,113 @@
+"""The workflows behind the CLI, callable from Python: lower, evaluate, profile.
+
+Each returns a plain dict report (JSON-ready); the CLI and the demo print them with
+:mod:`edgebnn.tables`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+
+
+def load_ir(path: str | Path) -> Any:
+    """Load an .ebnn file (refusing exported .onnx files with a pointer to the right command)."""
+    from edgebnn import ir
+
+    if Path(path).suffix == ".onnx":
+        raise InvalidArtifactError(f"{path}: this command takes an .ebnn IR file (from edgebnn lower), not an export")
+    return ir.load(path)
+
+
+def export_metadata(path: str | Path) -> dict[str, Any]:
+    """The ``edgebnn.export`` metadata of an exported ONNX file."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidArtifactError(f"{path}: no such file")
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except (DecodeError, OSError, ValueError) as e:
+        raise InvalidArtifactError(f"{path}: not an ONNX file") from e
+    props = {m.key: m.value for m in proto.metadata_props}
+    if "edgebnn.export" not in props:
+        raise InvalidArtifactError(f"{path}: not exported by edgebnn (no edgebnn.export metadata)")
+    try:
+        return json.loads(props["edgebnn.export"])
+    except json.JSONDecodeError as e:
+        raise InvalidArtifactError(f"{path}: edgebnn.export metadata is not valid JSON") from e
+
+
+def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *, scheme: str = "float",
+                seed: int = 0, bits: str | int = "auto", output_index: int = 0) -> tuple[Any, dict[str, Any]]:
+    """Build, load, import and lower a torch model; returns (IR, lowering report)."""
+    from edgebnn.importers import import_model
+    from edgebnn.importers.checkpoint import load_factory, load_weights
+    from edgebnn.passes import lower
+
+    model = load_weights(load_factory(model_spec), weights)
+    bnn = import_model(model, input_shape, output_index=output_index, where=f"{model_spec} ({weights})")
+    res = lower(bnn, scheme, seed=seed, bits=bits)
+    return res.model, res.report
+
+
+def evaluate_artifact(artifact: str | Path, *, data: str = "digits", split: str = "test", samples: int = 16,
+                      seed: int = 0) -> dict[str, Any]:
+    """Accuracy/NLL/ECE/Brier of an .ebnn (reference runtime, S samples) or an exported .onnx."""
+    from edgebnn.data import digits
+    from edgebnn.metrics import classification_report
+
+    if data != "digits":
+        raise InvalidOptionError(f"--data {data}: only 'digits' ships offline")
+    x, y = digits().split(split)
+    if Path(artifact).suffix == ".onnx":
+        from edgebnn.targets.runners import OrtRunner
+
+        meta = export_metadata(artifact)
+        _check_data_shape(artifact, tuple(meta["input_shape"][1:]), x.shape[1:], data)
+        probs = OrtRunner(Path(artifact).read_bytes()).run(x)[0]
+        samples = int(meta["samples"])
+        runtime = f"onnxruntime ({meta['mode']})"
+    else:
+        from edgebnn.runtime.reference import predict
+
+        model = load_ir(artifact)
+        _check_data_shape(artifact, tuple(model.manifest.input_shape[1:]), x.shape[1:], data)
+        probs = predict(model, x, samples, seed).probs
+        runtime = "reference"
+    return {"artifact": str(artifact), "runtime": runtime, "data": data, "split": split,
+            **classification_report(probs, y), "samples": samples, "n": len(y)}
+
+
+def _check_data_shape(artifact: str | Path, want: tuple[int, ...], got: tuple[int, ...], data: str) -> None:
+    if tuple(want) != tuple(got):
+        raise InvalidOptionError(f"{artifact}: takes inputs {tuple(want)}, {data} has {tuple(got)}")
+
+
+def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, onnx_path: str | None = None,
+                     batch: int = 1, runs: int = 200, warmup: int = 20, threads: int = 2,
+                     power_meter: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Profile an .ebnn's ensemble (exported on the fly, or ``onnx_path``) against its float baselines."""
+    import onnx
+
+    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.targets.profiler import profile
+
+    model = load_ir(artifact)
+    if onnx_path:
+        meta = export_metadata(onnx_path)
+        if meta.get("samples") != samples:
+            raise InvalidOptionError(
+                f"{onnx_path}: has S={meta.get('samples')} baked in; pass --samples {meta.get('samples')}"
+            )
+        ensemble = onnx.load(onnx_path, load_external_data=False)
+    else:
+        ensemble = export_onnx(model, samples)
+    return profile(model, ensemble, device=device, samples=samples, batch=batch, runs=runs, warmup=warmup,
+                   threads=threads, power_meter=power_meter, progress=progress)

@@ -1,0 +1,326 @@
+"""The ``edgebnn`` command line.
+
+Errors a user can cause print one line naming the file, layer or option and exit with status 2;
+``edgebnn --debug ...`` shows the traceback instead. Every ``--json`` report carries ``schema`` and
+``edgebnn_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from edgebnn import __version__
+from edgebnn._io import atomic_write_json
+from edgebnn.api import evaluate_artifact, export_metadata, load_ir, lower_model, profile_artifact
+from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class _Group(click.Group):
+    """Turns EdgeBNNError into one line on stderr and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EdgeBNNError as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                traceback.print_exc()
+            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]: no artifact was written or changed")
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="edgebnn")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """edgebnn: compile a trained Bayesian neural network into an on-device predictive ensemble.
+
+    \b
+    Typical flow:
+      edgebnn demo --out demo-out                      # everything below, on sklearn digits
+      edgebnn lower --model edgebnn.models:digits_cnn --weights w.safetensors \\
+                    --input-shape 1,1,8,8 -o model.ebnn     # import a trained BNN into the IR
+      edgebnn inspect model.ebnn                       # layers, encodings, sizes
+      edgebnn export model.ebnn --target onnx --samples 16 -o model.onnx
+      edgebnn eval model.onnx --data digits            # accuracy, NLL, ECE, Brier
+      edgebnn profile model.ebnn --device cpu --samples 16   # vs float baselines
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(","))
+    except ValueError as e:
+        raise InvalidOptionError(f"--input-shape {text}: expected comma-separated ints like 1,1,8,8") from e
+    if len(shape) < 2 or any(d <= 0 for d in shape):
+        raise InvalidOptionError(f"--input-shape {text}: expected batch,dims... of positive ints like 1,1,8,8")
+    return shape
+
+
+def _parse_bits(bits: str) -> str | int:
+    if bits == "auto":
+        return bits
+    try:
+        return int(bits)
+    except ValueError as e:
+        raise InvalidOptionError(f"--bits {bits}: expected 'auto' or an integer") from e
+
+
+def write_json(path: str | Path | None, report: dict[str, Any], schema: str) -> None:
+    """Write ``report`` with ``schema`` and ``edgebnn_version`` atomically (no-op without a path)."""
+    if not path:
+        return
+    atomic_write_json(path, {"schema": schema, "edgebnn_version": __version__, **report})
+    console.print(f"wrote {path}")
+
+
+def _check_output_dir(path: str) -> None:
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise InvalidOptionError(f"-o {path}: directory {parent} does not exist")
+
+
+# -- lower ------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--model", "model_spec", required=True, metavar="PKG.MOD:FACTORY",
+              help="Factory that builds the (untrained) torch model, e.g. edgebnn.models:digits_cnn.")
+@click.option("--weights", type=click.Path(dir_okay=False), required=True,
+              help="Trained weights: .safetensors, or .pt/.pth state_dict (loaded with weights_only=True).")
+@click.option("--input-shape", required=True, metavar="B,C,H,W", help="Input shape with batch, e.g. 1,1,8,8.")
+@click.option("--scheme", default="float", show_default=True,
+              help="Lowering scheme: float, mcq, fixed, codebook, ternary, binary, prune, or prune+SCHEME.")
+@click.option("--bits", default="auto", show_default=True,
+              help="Bits per layer: 'auto' (from posterior variance) or N.")
+@click.option("--seed", default=0, show_default=True, help="Seed for every random choice of the lowering.")
+@click.option("--output-index", default=0, show_default=True,
+              help="Which output to use when forward returns a tuple such as (logits, kl).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the .ebnn IR.")
+@click.option("--report", type=click.Path(dir_okay=False), help="Write the per-layer lowering report as JSON.")
+def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: str, seed: int,
+          output_index: int, output: str, report: str | None) -> None:
+    """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
+
+    Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
+    torchbnn and blitz layers; plain Linear/Conv2d/BatchNorm layers are carried through unchanged.
+    """
+    from edgebnn import ir
+
+    shape = _parse_shape(input_shape)
+    bits_opt = _parse_bits(bits)
+    _check_output_dir(output)
+    with console.status(f"importing {model_spec} and lowering ({scheme})"):
+        model, lower_report = lower_model(model_spec, weights, shape, scheme=scheme, seed=seed, bits=bits_opt,
+                                          output_index=output_index)
+    ir.save(model, output)
+    print_lower_report(console, lower_report, output)
+    write_json(report, lower_report, "edgebnn.lower/1")
+
+
+# -- inspect ----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON description instead of tables.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Draw per-layer μ–σ scatter and bits chart to a PNG.")
+def inspect(file: str, as_json: bool, plot: str | None) -> None:
+    """Show an .ebnn file's manifest and layers (or an exported .onnx ensemble's metadata)."""
+    if Path(file).suffix == ".onnx":
+        info = _describe_onnx(file)
+    else:
+        model = load_ir(file)
+        info = _describe_ir(model)
+        if plot:
+            from edgebnn.plots import plot_layers
+
+            plot_layers(model, plot)
+            console.print(f"wrote {plot}")
+    if as_json:
+        click.echo(json.dumps({"schema": "edgebnn.inspect/1", "edgebnn_version": __version__, **info}, indent=2))
+        return
+    console.print({k: v for k, v in info.items() if k != "layers"})
+    if info.get("layers"):
+        table = Table(title=file, title_justify="left")
+        for col in ("weight", "layer", "encoding", "shape", "weights", "bytes", "mean |μ|", "mean σ"):
+            table.add_column(col)
+        for row in info["layers"]:
+            table.add_row(row["name"], row["layer"], row["encoding"], "x".join(map(str, row["shape"])),
+                          f"{row['n_weights']:,}", fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}",
+                          f"{row['mean_sigma']:.4g}")
+        console.print(table)
+
+
+def _describe_ir(model: Any) -> dict[str, Any]:
+    import numpy as np
+
+    layers = []
+    for w in model.encoded_weights():
+        enc = w.encoding
+        layers.append({
+            "name": w.name, "layer": w.layer, "encoding": enc.op_type, "shape": list(enc.shape),
+            "n_weights": enc.size, "bytes": enc.nbytes,
+            "mean_abs_mu": float(np.abs(enc.mean()).mean()), "mean_sigma": float(enc.stddev().mean()),
+        })
+    ops: dict[str, int] = {}
+    for n in model.proto.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return {
+        "file": model.where,
+        "manifest": json.loads(model.manifest.to_json()),
+        "total_bytes": model.nbytes(),
+        "ops": ops,
+        "layers": layers,
+    }
+
+
+def _describe_onnx(path: str) -> dict[str, Any]:
+    import onnx
+
+    meta = export_metadata(path)
+    proto = onnx.load(path, load_external_data=False)
+    ops: dict[str, int] = {}
+    for n in proto.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return {"file": path, "export": meta, "bytes": Path(path).stat().st_size,
+            "opset": [(o.domain or "ai.onnx", o.version) for o in proto.opset_import], "ops": ops}
+
+
+# -- export -----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
+@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--mode", type=click.Choice(["baked"]), default="baked", show_default=True,
+              help="baked: S posterior samples drawn now and stored; no random ops on the device.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
+@click.option("--device", default=None,
+              help="TensorRT device profile: jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
+@click.option("--dry-run", is_flag=True, help="TensorRT: write the TensorRT-ready ONNX and the trtexec command only.")
+@click.option("--workspace-mib", default=1024, show_default=True, help="TensorRT builder workspace limit.")
+@click.option("--dla-core", type=int, default=None, help="TensorRT on Jetson: run on this DLA core (GPU fallback on).")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Output .onnx (target onnx) or engine path (target tensorrt).")
+def export(file: str, target: str, samples: int, mode: str, seed: int, device: str | None, dry_run: bool,
+           workspace_mib: int, dla_core: int | None, timing_cache: str | None, output: str) -> None:
+    """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
+
+    The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
+    """
+    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+
+    model = load_ir(file)
+    _check_output_dir(output)
+    with console.status(f"exporting {mode} ensemble, S={samples}"):
+        proto = export_onnx(model, samples, mode=mode, seed=seed)
+    if target == "onnx":
+        save_onnx(proto, output)
+        console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")
+        return
+    from edgebnn.exporters.tensorrt import build_engine
+
+    onnx_path = Path(output).with_suffix(".onnx")
+    if onnx_path == Path(output):
+        raise InvalidOptionError(f"-o {output}: give the engine path (e.g. model.engine), not an .onnx path")
+    save_onnx(proto, onnx_path)
+    console.print(f"wrote {onnx_path} (TensorRT-ready ONNX)")
+    manifest = build_engine(onnx_path, Path(output), device or "rtx", workspace_mib=workspace_mib,
+                            dla_core=dla_core, timing_cache=Path(timing_cache) if timing_cache else None,
+                            dry_run=dry_run)
+    console.print(" ".join(manifest["trtexec"]) if isinstance(manifest.get("trtexec"), list)
+                  else str(manifest.get("trtexec", "")))
+
+
+# -- eval -------------------------------------------------------------------------------------------------
+
+
+@main.command(name="eval")
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--data", type=click.Choice(["digits"]), default="digits", show_default=True)
+@click.option("--split", type=click.Choice(["train", "val", "test"]), default="test", show_default=True)
+@click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn (an .onnx has S baked in).")
+@click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
+def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json_out: str | None) -> None:
+    """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx."""
+    with console.status(f"evaluating {artifact}"):
+        report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed)
+    print_eval(console, [report])
+    write_json(json_out, report, "edgebnn.eval/1")
+
+
+# -- profile ----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
+@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False),
+              help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
+@click.option("--batch", default=1, show_default=True)
+@click.option("--runs", default=200, show_default=True, help="Timed runs per graph.")
+@click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
+@click.option("--threads", default=2, show_default=True, help="onnxruntime intra-op threads.")
+@click.option("--power-meter", default=None, help="nvml, tegrastats, ina3221, jtop, rapl or none (default: auto).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the profile as JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
+def profile(artifact: str, device: str, samples: int, onnx_path: str | None, batch: int, runs: int, warmup: int,
+            threads: int, power_meter: str | None, json_out: str | None, plot: str | None) -> None:
+    """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run."""
+    with console.status("profiling") as status:
+        report = profile_artifact(
+            artifact, device=device, samples=samples, onnx_path=onnx_path, batch=batch, runs=runs, warmup=warmup,
+            threads=threads, power_meter=power_meter, progress=lambda name: status.update(f"profiling {name}"),
+        )
+    print_profile(console, report)
+    write_json(json_out, report, report["schema"])
+    if plot:
+        from edgebnn.targets.profiler import plot_profile
+
+        plot_profile(report, plot)
+        console.print(f"wrote {plot}")
+
+
+# -- demo -------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for the weights, IR, ONNX and JSON reports.")
+@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
+def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
+    """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.
+
+    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx, and the JSON
+    reports lower.json, eval_reference.json, eval_onnx.json, profile.json (plus profile.png).
+    """
+    from edgebnn.demo import run_demo
+
+    run_demo(Path(out_dir), samples=samples, seed=seed, runs=runs, console=console)

@@ -1,0 +1,101 @@
+"""``edgebnn demo``: the whole chain on real data, from a fresh install, in a few minutes on 2 cores.
+
+train a Bayesian CNN on sklearn digits -> save weights (safetensors) -> lower (import into the IR)
+-> export the S-sample baked ONNX ensemble -> evaluate reference runtime and ONNX on the test split
+-> profile the ensemble against both float baselines with onnxruntime on the CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
+
+MODEL_SPEC = "edgebnn.models:digits_cnn"
+INPUT_SHAPE = (1, 1, 8, 8)
+
+
+def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, console: Console) -> dict[str, Any]:
+    import torch
+    from safetensors.torch import save as safetensors_bytes
+
+    from edgebnn import ir
+    from edgebnn._io import atomic_write
+    from edgebnn.api import evaluate_artifact, lower_model, profile_artifact
+    from edgebnn.cli import write_json
+    from edgebnn.data import digits
+    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.models import digits_cnn
+    from edgebnn.targets.profiler import plot_profile
+    from edgebnn.train import train_bnn
+
+    out.mkdir(parents=True, exist_ok=True)
+    weights = out / "digits_cnn.safetensors"
+    ebnn = out / "digits_cnn.ebnn"
+    onnx_path = out / f"digits_cnn_S{samples}.onnx"
+
+    console.rule("1/5 train a Bayesian CNN on sklearn digits")
+    torch.manual_seed(seed)
+    model = digits_cnn()
+    result = train_bnn(model, digits(seed), seed=seed)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    atomic_write(weights, lambda f: f.write(safetensors_bytes(state)))
+    console.print(f"trained in {result.wall_time_s:.1f} s; wrote {weights}")
+
+    console.rule("2/5 lower: import into the IR")
+    bnn, lower_report = lower_model(MODEL_SPEC, weights, INPUT_SHAPE, scheme="float", seed=seed)
+    ir.save(bnn, ebnn)
+    print_lower_report(console, lower_report, str(ebnn))
+    write_json(out / "lower.json", lower_report, "edgebnn.lower/1")
+
+    console.rule(f"3/5 export the baked S={samples} ensemble to ONNX")
+    save_onnx(export_onnx(bnn, samples, seed=seed), onnx_path)
+    console.print(f"wrote {onnx_path} ({fmt_bytes(onnx_path.stat().st_size)})")
+
+    console.rule("4/5 evaluate on the digits test split")
+    ref = evaluate_artifact(ebnn, samples=samples, seed=seed)
+    exported = evaluate_artifact(onnx_path)
+    print_eval(console, [ref, exported])
+    write_json(out / "eval_reference.json", ref, "edgebnn.eval/1")
+    write_json(out / "eval_onnx.json", exported, "edgebnn.eval/1")
+
+    console.rule("5/5 profile on the CPU against float baselines")
+    prof = profile_artifact(ebnn, device="cpu", samples=samples, onnx_path=str(onnx_path), runs=runs)
+    print_profile(console, prof)
+    write_json(out / "profile.json", prof, prof["schema"])
+    plot_profile(prof, str(out / "profile.png"))
+
+    summary = {
+        "artifact_bytes": onnx_path.stat().st_size,
+        "ebnn_bytes": ebnn.stat().st_size,
+        "accuracy": exported["accuracy"],
+        "nll": exported["nll"],
+        "ece": exported["ece"],
+        "latency_ms_p50": prof["latency_ms"]["p50"],
+        "float_deterministic_ms_p50": prof["baselines"]["float_deterministic"]["latency_ms"]["p50"],
+        "float_bnn_ms_p50": prof["baselines"]["float_bnn"]["latency_ms"]["p50"],
+        "energy_mj_per_inference": prof["energy_mj_per_inference"],
+        "energy_reason": prof["energy_reason"],
+    }
+    _print_summary(console, summary, samples)
+    write_json(out / "demo.json", summary, "edgebnn.demo/1")
+    return summary
+
+
+def _print_summary(console: Console, s: dict[str, Any], samples: int) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"edgebnn demo · digits · S={samples} baked ensemble", title_justify="left")
+    for col in ("artifact", "accuracy", "NLL", "ECE", "p50 ms", "vs float det.", "vs float BNN", "energy"):
+        table.add_column(col, justify="right")
+    det, bnn = s["float_deterministic_ms_p50"], s["float_bnn_ms_p50"]
+    table.add_row(
+        fmt_bytes(s["artifact_bytes"]), f"{s['accuracy']:.4f}", f"{s['nll']:.4f}", f"{s['ece']:.4f}",
+        f"{s['latency_ms_p50']:.3f}", f"{s['latency_ms_p50'] / det:.2f}x ({det:.3f} ms)",
+        f"{bnn / s['latency_ms_p50']:.1f}x faster ({bnn:.3f} ms)",
+        "n/a" if s["energy_mj_per_inference"] is None else f"{s['energy_mj_per_inference']:.3f} mJ",
+    )
+    console.print(table)

@@ -1,0 +1,107 @@
+"""Baked ONNX ensemble export on a synthetic IR, checked with onnxruntime against the reference runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from synthetic import synthetic_cnn
+
+from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic, save_onnx
+from edgebnn.metrics import predictive_from_logits
+from edgebnn.runtime.reference import sample_logits
+
+# float32 arithmetic in a different op order (grouped conv / batched MatMul vs plain ops):
+# probabilities agree to round-off, far below any Monte Carlo effect.
+ROUNDOFF = 1e-5
+
+
+def _run(proto, x):
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"input": x})
+
+
+@pytest.fixture
+def x():
+    return np.random.default_rng(1).normal(size=(7, 1, 6, 6)).astype(np.float32)
+
+
+@pytest.mark.parametrize("samples", [1, 4, 16])
+def test_baked_matches_reference_for_same_seed(cnn_ir, x, samples):
+    probs, entropy, mi = _run(export_onnx(cnn_ir, samples, seed=11), x)
+    ref = predictive_from_logits(sample_logits(cnn_ir, x, samples, seed=11))
+    np.testing.assert_allclose(probs, ref.probs, atol=ROUNDOFF)
+    np.testing.assert_allclose(entropy, ref.entropy, atol=ROUNDOFF)
+    np.testing.assert_allclose(mi, ref.mutual_info, atol=ROUNDOFF)
+    assert probs.shape == (7, 3) and entropy.shape == (7,) and mi.shape == (7,)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, atol=ROUNDOFF)
+    if samples == 1:
+        np.testing.assert_allclose(mi, 0.0, atol=ROUNDOFF)  # one member has no disagreement
+
+
+def test_batch_rows_are_independent(cnn_ir, x):
+    proto = export_onnx(cnn_ir, 8, seed=0)
+    full = _run(proto, x)[0]
+    one = _run(proto, x[3:4])[0]
+    np.testing.assert_allclose(one[0], full[3], atol=ROUNDOFF)
+
+
+def test_graph_is_batched_not_unrolled_and_has_no_random_ops(cnn_ir):
+    proto = export_onnx(cnn_ir, 16)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Conv") == 1 and ops.count("MatMul") == 1  # one op per layer, not 16 copies
+    assert not [o for o in ops if o.startswith("Random")]
+    assert all(o.domain in ("", "ai.onnx") for o in proto.opset_import)
+    assert proto.ir_version <= 10
+    assert 17 <= next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) <= 20
+    conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+    assert next(a.i for a in conv.attribute if a.name == "group") == 16
+    assert [o.name for o in proto.graph.output] == ["probs", "entropy", "mutual_info"]
+
+
+def test_seed_is_reproducible_and_matters(cnn_ir, tmp_path):
+    a, b, c = (tmp_path / f"{n}.onnx" for n in "abc")
+    save_onnx(export_onnx(cnn_ir, 4, seed=3), a)
+    save_onnx(export_onnx(synthetic_cnn(), 4, seed=3), b)
+    save_onnx(export_onnx(cnn_ir, 4, seed=4), c)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+
+
+def test_more_samples_approach_the_predictive(x):
+    # Monte Carlo: the S-sample mean probability converges to the predictive at rate 1/sqrt(S).
+    # The gap from a 4096-sample reference, averaged over rows and classes, must shrink as S grows
+    # (S=4 vs S=256: expected ratio 8; we ask for 2 to stay clear of sampling luck with a fixed seed).
+    model = synthetic_cnn(sigma=0.5)
+    ref = predictive_from_logits(sample_logits(model, x, 4096, seed=99)).probs
+    gap = {s: np.abs(_run(export_onnx(model, s, seed=1), x)[0] - ref).mean() for s in (4, 256)}
+    assert gap[256] * 2 < gap[4]
+
+
+def test_float_baselines(cnn_ir, x):
+    det = _run(float_deterministic(cnn_ir), x)[0]
+    assert det.shape == (7, 3)
+    # float_deterministic uses the posterior mean: it equals a zero-noise model.
+    zero = cnn_ir.copy()
+    for t in zero.proto.graph.initializer:
+        if t.name.endswith(".sigma"):
+            t.CopyFrom(onnx.numpy_helper.from_array(np.zeros(tuple(t.dims), np.float32), t.name))
+    np.testing.assert_allclose(det, predictive_from_logits(sample_logits(zero, x, 1)).probs, atol=ROUNDOFF)
+    bnn = float_bnn(cnn_ir)
+    assert [n.op_type for n in bnn.graph.node].count("RandomNormal") == 3
+    sess = ort.InferenceSession(bnn.SerializeToString(), providers=["CPUExecutionProvider"])
+    first, second = (sess.run(None, {"input": x})[0] for _ in range(2))
+    assert not np.allclose(first, second)  # fresh weights every run, as bayesian-torch samples
+
+
+@pytest.mark.parametrize("samples", [0, -3, 10**6])
+def test_bad_sample_counts(cnn_ir, samples):
+    with pytest.raises(InvalidOptionError, match="--samples"):
+        export_onnx(cnn_ir, samples)
+
+
+def test_unknown_mode(cnn_ir):
+    with pytest.raises(InvalidOptionError, match="--mode noise"):
+        export_onnx(cnn_ir, 4, mode="noise")
