@@ -219,8 +219,9 @@ def _gemm(node, drawn, samples, inits, layer_of) -> list[onnx.NodeProto]:
     base = {t.name: numpy_helper.to_array(t) for t in inits}
     bias = _bias_samples(node, drawn, samples, n_out, layer_of, base)
     p = f"{_P}{w.name}/"
+    in_shape = _const(inits, p + "in_shape", _i64(-1, samples, 1, n_in))
     nodes = [
-        helper.make_node("Reshape", [node.input[0], _const(inits, p + "in_shape", _i64(-1, samples, 1, n_in))], [p + "x"]),
+        helper.make_node("Reshape", [node.input[0], in_shape], [p + "x"]),
         helper.make_node("MatMul", [p + "x", _const(inits, p + "W", np.ascontiguousarray(wsamp, np.float32))],
                          [p + "xw"]),
     ]

@@ -7,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/synthetic.py
 
-from synthetic import synthetic_cnn  # noqa: E402
+from synthetic import synthetic_cnn
 
 
 @pytest.fixture
