@@ -1,0 +1,133 @@
+"""Device profiles: what a deployment target can run and how its energy can be measured.
+
+A profile is static knowledge about a class of device, not a probe of the machine edgebnn runs on:
+``get_device("jetson-agx-orin")`` answers the same on a laptop and on the board. Runners and meters
+check the real machine themselves.
+
+Known profiles: ``cpu``, ``rtx``, ``jetson-orin-nano``, ``jetson-orin-nx``, ``jetson-agx-orin``; the
+alias ``jetson`` names ``jetson-orin-nano``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from edgebnn.errors import InvalidOptionError
+
+DeviceKind = Literal["cpu", "rtx", "jetson"]
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One deployment target.
+
+    Attributes:
+        name: Canonical profile name (``jetson-orin-nano``, never an alias).
+        kind: ``cpu`` (onnxruntime on the host), ``rtx`` (discrete NVIDIA GPU) or ``jetson``.
+        precisions: Weight/activation precisions the target's runtime can execute
+            (``int4`` means weight-only INT4 through block-wise DequantizeLinear).
+        dla_cores: Number of NVIDIA Deep Learning Accelerator cores (0 when absent).
+        memory_gib: Memory of the largest module of the family, shared CPU/GPU on Jetson;
+            None where it depends on the host (``cpu``, ``rtx``).
+        power_meters: Meter names tried in this order when none is given (see ``edgebnn.targets.power``).
+        tensorrt: TensorRT generation expected on the target (None: no TensorRT).
+        description: One line for humans.
+    """
+
+    name: str
+    kind: DeviceKind
+    precisions: tuple[str, ...]
+    dla_cores: int
+    memory_gib: float | None
+    power_meters: tuple[str, ...]
+    tensorrt: str | None
+    description: str
+
+
+_JETSON_METERS = ("ina3221", "tegrastats", "jtop")
+# Orin is an Ampere GPU (SM 8.7): no FP8/FP4; INT4 is weight-only and not verified on a board yet.
+_ORIN_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+
+DEVICES: dict[str, DeviceProfile] = {
+    profile.name: profile
+    for profile in (
+        DeviceProfile(
+            name="cpu",
+            kind="cpu",
+            precisions=("fp32", "int8"),
+            dla_cores=0,
+            memory_gib=None,
+            power_meters=("rapl",),
+            tensorrt=None,
+            description="host CPU through onnxruntime",
+        ),
+        DeviceProfile(
+            name="rtx",
+            kind="rtx",
+            # FP8 needs Ada (SM 8.9) or newer; the runner checks the actual GPU.
+            precisions=("fp32", "fp16", "bf16", "int8", "fp8", "int4"),
+            dla_cores=0,
+            memory_gib=None,
+            power_meters=("nvml",),
+            tensorrt="11",
+            description="desktop/laptop NVIDIA RTX GPU with TensorRT 11",
+        ),
+        DeviceProfile(
+            name="jetson-orin-nano",
+            kind="jetson",
+            precisions=_ORIN_PRECISIONS,
+            dla_cores=0,
+            memory_gib=8.0,
+            power_meters=_JETSON_METERS,
+            tensorrt="10.3",
+            description="Jetson Orin Nano 8GB, JetPack 6 (TensorRT 10.3), no DLA",
+        ),
+        DeviceProfile(
+            name="jetson-orin-nx",
+            kind="jetson",
+            precisions=_ORIN_PRECISIONS,
+            dla_cores=2,
+            memory_gib=16.0,
+            power_meters=_JETSON_METERS,
+            tensorrt="10.3",
+            description="Jetson Orin NX 16GB, JetPack 6 (TensorRT 10.3), 2 DLA cores (the 8GB module has 1)",
+        ),
+        DeviceProfile(
+            name="jetson-agx-orin",
+            kind="jetson",
+            precisions=_ORIN_PRECISIONS,
+            dla_cores=2,
+            memory_gib=64.0,
+            power_meters=_JETSON_METERS,
+            tensorrt="10.3",
+            description="Jetson AGX Orin 64GB, JetPack 6 (TensorRT 10.3), 2 DLA cores",
+        ),
+    )
+}
+
+ALIASES: dict[str, str] = {"jetson": "jetson-orin-nano"}
+
+
+def device_names() -> list[str]:
+    """Return every accepted device name, canonical names first, then aliases."""
+    return [*DEVICES, *ALIASES]
+
+
+def get_device(name: str) -> DeviceProfile:
+    """Look up a device profile by name or alias.
+
+    Args:
+        name: A profile name or alias, case-insensitive.
+
+    Returns:
+        The profile.
+
+    Raises:
+        InvalidOptionError: The name is unknown; the message lists the known names.
+    """
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in DEVICES:
+        raise InvalidOptionError(f"unknown device {name!r}; known devices: {', '.join(device_names())}")
+    return DEVICES[key]

@@ -1,0 +1,414 @@
+"""TensorRT exporter without TensorRT: dry runs, trtexec commands, manifests, engine checks.
+
+The real-build path is exercised against FakeTensorRT, a stand-in module that records the API calls
+(it builds nothing); tests/device/test_tensorrt_build.py runs the same path on real TensorRT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
+from edgebnn.exporters import tensorrt as trt_exporter
+from edgebnn.exporters.tensorrt import (
+    build_engine,
+    check_engine,
+    manifest_path,
+    trtexec_command,
+    trtexec_path,
+)
+
+
+def write_model(path: Path, *, batch: int | str = 1, width: int | str = 8, random: bool = False) -> Path:
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.zeros(4, np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Softmax", ["r"], ["probs"], name="softmax", axis=-1),
+    ]
+    if random:
+        nodes.append(helper.make_node("RandomNormalLike", ["probs"], ["eps"], name="noise"))
+    graph = helper.make_graph(
+        nodes,
+        "bnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def no_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `import tensorrt` fail even where it is installed."""
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+
+
+# --- dry run ------------------------------------------------------------------------------------------
+
+
+def test_dry_run_writes_manifest_and_trtexec_atomically(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_tensorrt: None
+) -> None:
+    onnx_path = write_model(tmp_path / "lenet.onnx")
+    engine = tmp_path / "lenet.engine"
+    written: list[str] = []
+    for name in ("atomic_write_json", "atomic_write_text", "atomic_write_bytes"):
+        real = getattr(trt_exporter, name)
+
+        def spy(path, data, _real=real, _name=name):
+            written.append(f"{_name}:{Path(path).name}")
+            return _real(path, data)
+
+        monkeypatch.setattr(trt_exporter, name, spy)
+    manifest = build_engine(onnx_path, engine, "rtx", workspace_mib=512, dry_run=True)
+
+    assert written == ["atomic_write_text:lenet.trtexec.txt", "atomic_write_json:lenet.manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lenet.manifest.json", "lenet.onnx", "lenet.trtexec.txt"]
+    assert json.loads(manifest_path(engine).read_text()) == manifest
+    assert manifest["tensorrt_version"] is None and manifest["dry_run"] is True
+    assert manifest["engine_sha256"] is None
+    assert manifest["device"] == "rtx" and manifest["tensorrt_expected"] == "11"
+    assert manifest["flags"] == ["STRONGLY_TYPED"] and manifest["dla_core"] is None
+    assert manifest["workspace_mib"] == 512
+    assert manifest["inputs"] == [{"name": "x", "dtype": "float", "shape": [1, 8]}]
+    assert manifest["outputs"] == [{"name": "probs", "dtype": "float", "shape": [1, 4]}]
+    assert manifest["onnx_sha256"] == hashlib.sha256(onnx_path.read_bytes()).hexdigest()
+    assert manifest["shape_profile"] is None and manifest["findings"] == []
+    assert shlex.split(trtexec_path(engine).read_text()) == manifest["trtexec"]
+
+
+def test_dry_run_keeps_previous_manifest_when_check_fails(tmp_path: Path) -> None:
+    good = write_model(tmp_path / "m.onnx")
+    engine = tmp_path / "m.engine"
+    build_engine(good, engine, "rtx", dry_run=True)
+    before = manifest_path(engine).read_bytes()
+    write_model(good, random=True)
+    with pytest.raises(InvalidArtifactError):
+        build_engine(good, engine, "rtx", dry_run=True)
+    assert manifest_path(engine).read_bytes() == before
+
+
+def test_dynamic_batch_gets_a_shape_profile(tmp_path: Path) -> None:
+    onnx_path = write_model(tmp_path / "m.onnx", batch="N")
+    manifest = build_engine(onnx_path, tmp_path / "m.engine", "jetson", dry_run=True, max_batch=16)
+    assert manifest["inputs"][0]["shape"] == ["N", 8]
+    assert manifest["shape_profile"] == {"x": {"min": [1, 8], "opt": [16, 8], "max": [16, 8]}}
+    assert manifest["trtexec"][-3:] == ["--minShapes=x:1x8", "--optShapes=x:16x8", "--maxShapes=x:16x8"]
+
+
+def test_dynamic_non_batch_dimension_is_refused(tmp_path: Path) -> None:
+    onnx_path = write_model(tmp_path / "m.onnx", width="W")
+    with pytest.raises(InvalidArtifactError, match=r"input x has dynamic dimension\(s\) 1"):
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", dry_run=True)
+
+
+def test_unreadable_onnx(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArtifactError, match="ONNX model not found"):
+        build_engine(tmp_path / "missing.onnx", tmp_path / "m.engine", "rtx", dry_run=True)
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\xff\x00not protobuf")
+    with pytest.raises(InvalidArtifactError, match="not a readable ONNX model"):
+        build_engine(bad, tmp_path / "m.engine", "rtx", dry_run=True)
+
+
+# --- trtexec commands ---------------------------------------------------------------------------------
+
+BASE = ["trtexec", "--onnx=m.onnx", "--saveEngine=m.engine", "--stronglyTyped", "--memPoolSize=workspace:256M"]
+
+
+@pytest.mark.parametrize(
+    ("device", "dla_core", "extra"),
+    [
+        ("rtx", None, []),
+        ("jetson", None, []),
+        ("jetson-orin-nano", None, []),
+        ("jetson-orin-nx", None, []),
+        ("jetson-orin-nx", 0, ["--useDLACore=0", "--allowGPUFallback"]),
+        ("jetson-agx-orin", 1, ["--useDLACore=1", "--allowGPUFallback"]),
+    ],
+)
+def test_trtexec_command_per_device(device: str, dla_core: int | None, extra: list[str]) -> None:
+    cmd = trtexec_command("m.onnx", "m.engine", device, workspace_mib=256, dla_core=dla_core)
+    assert cmd == BASE + extra
+
+
+def test_trtexec_command_timing_cache() -> None:
+    cmd = trtexec_command("m.onnx", "m.engine", "rtx", workspace_mib=256, timing_cache=Path("t.cache"))
+    assert cmd == [*BASE, "--timingCacheFile=t.cache"]
+
+
+@pytest.mark.parametrize(
+    ("device", "dla_core", "message"),
+    [
+        ("rtx", 0, "device rtx has no DLA cores"),
+        ("jetson-orin-nano", 0, "device jetson-orin-nano has no DLA cores"),
+        ("jetson-agx-orin", 2, r"DLA core 2 out of range for jetson-agx-orin \(cores 0-1\)"),
+        ("cpu", None, "device cpu has no TensorRT"),
+        ("tpu", None, "unknown device 'tpu'"),
+    ],
+)
+def test_bad_device_options(device: str, dla_core: int | None, message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        trtexec_command("m.onnx", "m.engine", device, dla_core=dla_core)
+
+
+def test_workspace_and_batch_must_be_positive(tmp_path: Path) -> None:
+    onnx_path = write_model(tmp_path / "m.onnx")
+    with pytest.raises(InvalidOptionError, match="workspace"):
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", workspace_mib=0, dry_run=True)
+    with pytest.raises(InvalidOptionError, match="max batch"):
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", max_batch=0, dry_run=True)
+
+
+# --- missing TensorRT, compat errors ------------------------------------------------------------------
+
+
+def test_missing_tensorrt_says_what_to_install(tmp_path: Path, no_tensorrt: None) -> None:
+    onnx_path = write_model(tmp_path / "m.onnx")
+    with pytest.raises(MissingDependencyError) as info:
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx")
+    assert "pip install tensorrt" in str(info.value) and "JetPack" in str(info.value)
+    assert not manifest_path(tmp_path / "m.engine").exists()
+    assert not (tmp_path / "m.engine").exists()
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_compat_errors_stop_the_build_before_tensorrt(tmp_path: Path, no_tensorrt: None, dry_run: bool) -> None:
+    onnx_path = write_model(tmp_path / "m.onnx", random=True)
+    with pytest.raises(
+        InvalidArtifactError, match=r"not TensorRT-compatible \(1 error\(s\)\); first: RandomNormalLike"
+    ):
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", dry_run=dry_run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_jetson_engine_is_not_built_off_the_jetson(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trt_exporter.platform, "machine", lambda: "x86_64")
+    onnx_path = write_model(tmp_path / "m.onnx")
+    with pytest.raises(InvalidOptionError, match="must be built on the Jetson; use --dry-run"):
+        build_engine(onnx_path, tmp_path / "m.engine", "jetson-orin-nano")
+
+
+# --- real-build path against a fake TensorRT -----------------------------------------------------------
+
+
+class FakeTensorRT(types.ModuleType):
+    """FAKE tensorrt module: the subset of the API build_engine calls, recording every call."""
+
+    def __init__(self, *, parse_ok: bool = True, build_ok: bool = True, dla_cores: int = 2) -> None:
+        super().__init__("tensorrt")
+        self.__version__ = "10.3.0.30"
+        self.calls: list[tuple] = []
+        fake = self
+
+        class Severity:
+            INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = range(5)
+
+        class ILogger:
+            def __init__(self) -> None:
+                pass
+
+        ILogger.Severity = Severity
+
+        class Config:
+            default_device_type = "GPU"
+            DLA_core = -1
+
+            def set_memory_pool_limit(self, pool, size):
+                fake.calls.append(("set_memory_pool_limit", pool, size))
+
+            def set_flag(self, flag):
+                fake.calls.append(("set_flag", flag))
+
+            def create_timing_cache(self, data):
+                fake.calls.append(("create_timing_cache", bytes(data)))
+                return data + b"+tuned"
+
+            def set_timing_cache(self, cache, ignore_mismatch):
+                fake.calls.append(("set_timing_cache", cache, ignore_mismatch))
+                self.cache = cache
+                return True
+
+            def get_timing_cache(self):
+                return types.SimpleNamespace(serialize=lambda: self.cache)
+
+            def add_optimization_profile(self, profile):
+                fake.calls.append(("add_optimization_profile", profile.shapes))
+
+        class Profile:
+            def __init__(self) -> None:
+                self.shapes = {}
+
+            def set_shape(self, name, lo, opt, hi):
+                self.shapes[name] = (lo, opt, hi)
+
+        class Builder:
+            num_DLA_cores = dla_cores  # noqa: N815 (TensorRT's name)
+
+            def __init__(self, logger) -> None:
+                self.logger = logger
+
+            def create_network(self, flags):
+                fake.calls.append(("create_network", flags))
+                return "network"
+
+            def create_builder_config(self):
+                fake.config = Config()
+                return fake.config
+
+            def create_optimization_profile(self):
+                return Profile()
+
+            def build_serialized_network(self, network, config):
+                fake.calls.append(("build_serialized_network", network))
+                if not build_ok:
+                    self.logger.log(Severity.ERROR, "out of workspace")
+                    return None
+                return memoryview(b"ENGINE-BYTES")
+
+        class OnnxParser:
+            num_errors = 0 if parse_ok else 1
+
+            def __init__(self, network, logger) -> None:
+                pass
+
+            def parse(self, data, path=None):
+                fake.calls.append(("parse", len(data), path))
+                return parse_ok
+
+            def get_error(self, i):
+                return "In node 0 (importGemm): UNSUPPORTED_NODE"
+
+        self.ILogger = ILogger
+        self.Builder = Builder
+        self.OnnxParser = OnnxParser
+        self.NetworkDefinitionCreationFlag = types.SimpleNamespace(STRONGLY_TYPED=1)
+        self.MemoryPoolType = types.SimpleNamespace(WORKSPACE="WORKSPACE")
+        self.DeviceType = types.SimpleNamespace(DLA="DLA", GPU="GPU")
+        self.BuilderFlag = types.SimpleNamespace(GPU_FALLBACK="GPU_FALLBACK")
+
+
+@pytest.fixture
+def fake_trt(monkeypatch: pytest.MonkeyPatch):
+    def install(**kwargs) -> FakeTensorRT:
+        module = FakeTensorRT(**kwargs)
+        monkeypatch.setitem(sys.modules, "tensorrt", module)
+        return module
+
+    return install
+
+
+def test_fake_tensorrt_build_rtx(tmp_path: Path, fake_trt) -> None:
+    trt = fake_trt()
+    onnx_path = write_model(tmp_path / "m.onnx", batch="N")
+    engine = tmp_path / "m.engine"
+    cache = tmp_path / "timing.cache"
+    manifest = build_engine(onnx_path, engine, "rtx", workspace_mib=64, timing_cache=cache, max_batch=8)
+
+    assert engine.read_bytes() == b"ENGINE-BYTES"
+    assert cache.read_bytes() == b"+tuned"
+    assert trt.calls == [
+        ("create_network", 1 << 1),
+        ("parse", onnx_path.stat().st_size, str(onnx_path)),
+        ("set_memory_pool_limit", "WORKSPACE", 64 << 20),
+        ("add_optimization_profile", {"x": ([1, 8], [8, 8], [8, 8])}),
+        ("create_timing_cache", b""),
+        ("set_timing_cache", b"+tuned", False),
+        ("build_serialized_network", "network"),
+    ]
+    assert trt.config.default_device_type == "GPU"
+    assert manifest["tensorrt_version"] == "10.3.0.30" and manifest["dry_run"] is False
+    assert manifest["engine_sha256"] == hashlib.sha256(b"ENGINE-BYTES").hexdigest()
+    assert check_engine(engine, "rtx") == manifest  # installed version read from the (fake) module
+    build_engine(onnx_path, engine, "rtx", workspace_mib=64, timing_cache=cache, max_batch=8)
+    assert ("create_timing_cache", b"+tuned") in trt.calls  # the saved cache is loaded on the next build
+
+
+def test_fake_tensorrt_build_dla(tmp_path: Path, fake_trt, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trt_exporter.platform, "machine", lambda: "aarch64")
+    trt = fake_trt()
+    onnx_path = write_model(tmp_path / "m.onnx")
+    manifest = build_engine(onnx_path, tmp_path / "m.engine", "jetson-agx-orin", dla_core=1)
+    assert trt.config.default_device_type == "DLA" and trt.config.DLA_core == 1
+    assert ("set_flag", "GPU_FALLBACK") in trt.calls
+    assert manifest["flags"] == ["STRONGLY_TYPED", "GPU_FALLBACK"] and manifest["default_device_type"] == "DLA"
+    fake_trt(dla_cores=1)
+    with pytest.raises(InvalidOptionError, match="DLA core 1 requested, this machine has 1"):
+        build_engine(onnx_path, tmp_path / "m.engine", "jetson-agx-orin", dla_core=1)
+
+
+def test_fake_tensorrt_parser_and_build_failures(tmp_path: Path, fake_trt) -> None:
+    onnx_path = write_model(tmp_path / "m.onnx")
+    fake_trt(parse_ok=False)
+    with pytest.raises(InvalidArtifactError, match=r"TensorRT ONNX parser failed: In node 0 \(importGemm\)"):
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx")
+    fake_trt(build_ok=False)
+    with pytest.raises(EdgeBNNError, match="TensorRT build failed: out of workspace"):
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx")
+    assert not (tmp_path / "m.engine").exists() and not manifest_path(tmp_path / "m.engine").exists()
+
+
+# --- check_engine ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def built(tmp_path: Path, fake_trt) -> Path:
+    fake_trt()
+    engine = tmp_path / "m.engine"
+    build_engine(write_model(tmp_path / "m.onnx"), engine, "rtx")
+    return engine
+
+
+def test_check_engine_accepts_matching_engine(built: Path) -> None:
+    assert check_engine(built, "rtx", tensorrt_version="10.3.0.30")["engine"] == "m.engine"
+
+
+def test_check_engine_version_mismatch(built: Path) -> None:
+    with pytest.raises(InvalidArtifactError, match=r"built with TensorRT 10\.3\.0\.30, installed is 10\.15\.1"):
+        check_engine(built, tensorrt_version="10.15.1")
+
+
+def test_check_engine_device_mismatch(built: Path) -> None:
+    with pytest.raises(InvalidArtifactError, match="built for rtx, not jetson-orin-nano"):
+        check_engine(built, "jetson", tensorrt_version="10.3.0.30")
+
+
+def test_check_engine_tampered_or_missing(built: Path) -> None:
+    built.write_bytes(b"ENGINE-BYTES-but-other")
+    with pytest.raises(InvalidArtifactError, match="does not match its manifest"):
+        check_engine(built, tensorrt_version="10.3.0.30")
+    manifest_path(built).unlink()
+    with pytest.raises(InvalidArtifactError, match=r"no build manifest m\.manifest\.json"):
+        check_engine(built, tensorrt_version="10.3.0.30")
+    built.unlink()
+    with pytest.raises(InvalidArtifactError, match="engine file not found"):
+        check_engine(built, tensorrt_version="10.3.0.30")
+
+
+def test_check_engine_refuses_dry_run_manifest(tmp_path: Path) -> None:
+    engine = tmp_path / "m.engine"
+    build_engine(write_model(tmp_path / "m.onnx"), engine, "rtx", dry_run=True)
+    engine.write_bytes(b"stale")
+    with pytest.raises(InvalidArtifactError, match="manifest of a dry run"):
+        check_engine(engine, tensorrt_version="10.3.0.30")
+    manifest_path(engine).write_text("{not json")
+    with pytest.raises(InvalidArtifactError, match="unreadable build manifest"):
+        check_engine(engine, tensorrt_version="10.3.0.30")
