@@ -8,6 +8,7 @@ Errors a user can cause print one line naming the file, layer or option and exit
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -223,10 +224,11 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--workspace-mib", default=1024, show_default=True, help="TensorRT builder workspace limit.")
 @click.option("--dla-core", type=int, default=None, help="TensorRT on Jetson: run on this DLA core (GPU fallback on).")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")
+@click.option("--max-batch", default=1, show_default=True, help="TensorRT: largest batch the engine accepts.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
 def export(file: str, target: str, samples: int, mode: str, seed: int, device: str | None, dry_run: bool,
-           workspace_mib: int, dla_core: int | None, timing_cache: str | None, output: str) -> None:
+           workspace_mib: int, dla_core: int | None, timing_cache: str | None, max_batch: int, output: str) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
@@ -250,9 +252,9 @@ def export(file: str, target: str, samples: int, mode: str, seed: int, device: s
     console.print(f"wrote {onnx_path} (TensorRT-ready ONNX)")
     manifest = build_engine(onnx_path, Path(output), device or "rtx", workspace_mib=workspace_mib,
                             dla_core=dla_core, timing_cache=Path(timing_cache) if timing_cache else None,
-                            dry_run=dry_run)
-    console.print(" ".join(manifest["trtexec"]) if isinstance(manifest.get("trtexec"), list)
-                  else str(manifest.get("trtexec", "")))
+                            dry_run=dry_run, max_batch=max_batch)
+    what = "dry run: engine not built" if dry_run else f"wrote {output} (TensorRT {manifest['tensorrt_version']})"
+    console.print(f"{what}; trtexec equivalent:\n  {shlex.join(manifest['trtexec'])}", highlight=False)
 
 
 # -- eval -------------------------------------------------------------------------------------------------

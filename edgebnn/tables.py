@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -37,8 +38,8 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
     for col in ("artifact", "runtime", "accuracy", "nll", "ece", "brier", "S", "n"):
         table.add_column(col, justify="left" if col in ("artifact", "runtime") else "right")
     for r in reports:
-        table.add_row(r["artifact"], r["runtime"], f"{r['accuracy']:.4f}", f"{r['nll']:.4f}", f"{r['ece']:.4f}",
-                      f"{r['brier']:.4f}", str(r["samples"]), str(r["n"]))
+        metrics = [f"{r[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")]
+        table.add_row(Path(r["artifact"]).name, r["runtime"], *metrics, str(r["samples"]), str(r["n"]))
     console.print(table)
 
 

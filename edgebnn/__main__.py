@@ -1,0 +1,5 @@
+"""``python -m edgebnn`` runs the command line."""
+
+from edgebnn.cli import main
+
+main()
