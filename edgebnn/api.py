@@ -6,7 +6,6 @@ Each returns a plain dict report (JSON-ready); the CLI and the demo print them w
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,23 +24,9 @@ def load_ir(path: str | Path) -> Any:
 
 def export_metadata(path: str | Path) -> dict[str, Any]:
     """The ``edgebnn.export`` metadata of an exported ONNX file."""
-    import onnx
-    from google.protobuf.message import DecodeError
+    from edgebnn.runtime.session import read_export
 
-    p = Path(path)
-    if not p.is_file():
-        raise InvalidArtifactError(f"{path}: no such file")
-    try:
-        proto = onnx.load(str(p), load_external_data=False)
-    except (DecodeError, OSError, ValueError) as e:
-        raise InvalidArtifactError(f"{path}: not an ONNX file") from e
-    props = {m.key: m.value for m in proto.metadata_props}
-    if "edgebnn.export" not in props:
-        raise InvalidArtifactError(f"{path}: not exported by edgebnn (no edgebnn.export metadata)")
-    try:
-        return json.loads(props["edgebnn.export"])
-    except json.JSONDecodeError as e:
-        raise InvalidArtifactError(f"{path}: edgebnn.export metadata is not valid JSON") from e
+    return read_export(path)[1]
 
 
 def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *, scheme: str = "float",
@@ -67,13 +52,13 @@ def evaluate_artifact(artifact: str | Path, *, data: str = "digits", split: str 
         raise InvalidOptionError(f"--data {data}: only 'digits' ships offline")
     x, y = digits().split(split)
     if Path(artifact).suffix == ".onnx":
-        from edgebnn.targets.runners import OrtRunner
+        from edgebnn.runtime import Session
 
-        meta = export_metadata(artifact)
-        _check_data_shape(artifact, tuple(meta["input_shape"][1:]), x.shape[1:], data)
-        probs = OrtRunner(Path(artifact).read_bytes()).run(x)[0]
-        samples = int(meta["samples"])
-        runtime = f"onnxruntime ({meta['mode']})"
+        sess = Session(artifact, seed=seed)
+        _check_data_shape(artifact, sess.input_shape, x.shape[1:], data)
+        probs = sess.predict(x).probs
+        samples = sess.samples
+        runtime = f"onnxruntime ({sess.mode})"
     else:
         from edgebnn.runtime.reference import predict
 
@@ -90,24 +75,23 @@ def _check_data_shape(artifact: str | Path, want: tuple[int, ...], got: tuple[in
         raise InvalidOptionError(f"{artifact}: takes inputs {tuple(want)}, {data} has {tuple(got)}")
 
 
-def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, onnx_path: str | None = None,
+def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, mode: str = "baked",
+                     onnx_path: str | None = None,
                      batch: int = 1, runs: int = 200, warmup: int = 20, threads: int = 2,
                      power_meter: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Profile an .ebnn's ensemble (exported on the fly, or ``onnx_path``) against its float baselines."""
-    import onnx
-
     from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.runtime.session import read_export
     from edgebnn.targets.profiler import profile
 
     model = load_ir(artifact)
     if onnx_path:
-        meta = export_metadata(onnx_path)
+        ensemble, meta, _ = read_export(onnx_path)
         if meta.get("samples") != samples:
             raise InvalidOptionError(
-                f"{onnx_path}: has S={meta.get('samples')} baked in; pass --samples {meta.get('samples')}"
+                f"{onnx_path}: was exported with S={meta.get('samples')}; pass --samples {meta.get('samples')}"
             )
-        ensemble = onnx.load(onnx_path, load_external_data=False)
     else:
-        ensemble = export_onnx(model, samples)
+        ensemble = export_onnx(model, samples, mode=mode)
     return profile(model, ensemble, device=device, samples=samples, batch=batch, runs=runs, warmup=warmup,
                    threads=threads, power_meter=power_meter, progress=progress)

@@ -215,8 +215,13 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["baked"]), default="baked", show_default=True,
-              help="baked: S posterior samples drawn now and stored; no random ops on the device.")
+@click.option("--mode", type=click.Choice(["baked", "noise", "analytic"]), default="baked", show_default=True,
+              help="baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: the graph "
+                   "takes standard-normal noise inputs that edgebnn.runtime.Session fills; analytic: one pass "
+                   "propagating means and variances.")
+@click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight"]), default="auto",
+              show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
+                                      "weight for Conv + local for Gemm (auto; exact and small).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
 @click.option("--device", default=None,
               help="TensorRT device profile: jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
@@ -227,8 +232,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--max-batch", default=1, show_default=True, help="TensorRT: largest batch the engine accepts.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
-def export(file: str, target: str, samples: int, mode: str, seed: int, device: str | None, dry_run: bool,
-           workspace_mib: int, dla_core: int | None, timing_cache: str | None, max_batch: int, output: str) -> None:
+def export(file: str, target: str, samples: int, mode: str, noise_variant: str, seed: int, device: str | None,
+           dry_run: bool, workspace_mib: int, dla_core: int | None, timing_cache: str | None, max_batch: int,
+           output: str) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
@@ -238,7 +244,7 @@ def export(file: str, target: str, samples: int, mode: str, seed: int, device: s
     model = load_ir(file)
     _check_output_dir(output)
     with console.status(f"exporting {mode} ensemble, S={samples}"):
-        proto = export_onnx(model, samples, mode=mode, seed=seed)
+        proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant)
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")
@@ -282,6 +288,8 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--mode", type=click.Choice(["baked", "noise", "analytic"]), default="baked", show_default=True,
+              help="Export mode of the ensemble profiled (when exporting on the fly).")
 @click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False),
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
 @click.option("--batch", default=1, show_default=True)
@@ -291,13 +299,14 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
 @click.option("--power-meter", default=None, help="nvml, tegrastats, ina3221, jtop, rapl or none (default: auto).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the profile as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
-def profile(artifact: str, device: str, samples: int, onnx_path: str | None, batch: int, runs: int, warmup: int,
-            threads: int, power_meter: str | None, json_out: str | None, plot: str | None) -> None:
+def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str | None, batch: int, runs: int,
+            warmup: int, threads: int, power_meter: str | None, json_out: str | None, plot: str | None) -> None:
     """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run."""
     with console.status("profiling") as status:
         report = profile_artifact(
-            artifact, device=device, samples=samples, onnx_path=onnx_path, batch=batch, runs=runs, warmup=warmup,
-            threads=threads, power_meter=power_meter, progress=lambda name: status.update(f"profiling {name}"),
+            artifact, device=device, samples=samples, mode=mode, onnx_path=onnx_path, batch=batch, runs=runs,
+            warmup=warmup, threads=threads, power_meter=power_meter,
+            progress=lambda name: status.update(f"profiling {name}"),
         )
     print_profile(console, report)
     write_json(json_out, report, report["schema"])

@@ -22,7 +22,12 @@ def trained_digits(tmp_path_factory, digits_data):
 
     torch.manual_seed(0)
     model = digits_cnn()
-    train_bnn(model, digits_data, seed=0, progress=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # fastest for this small CNN
+    try:
+        train_bnn(model, digits_data, seed=0, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     path = tmp_path_factory.mktemp("digits") / "digits_cnn.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     return model, path

@@ -103,5 +103,5 @@ def test_bad_sample_counts(cnn_ir, samples):
 
 
 def test_unknown_mode(cnn_ir):
-    with pytest.raises(InvalidOptionError, match="--mode noise"):
-        export_onnx(cnn_ir, 4, mode="noise")
+    with pytest.raises(InvalidOptionError, match="--mode magic"):
+        export_onnx(cnn_ir, 4, mode="magic")

@@ -1,0 +1,139 @@
+"""On-device sample averaging in user code: ``Session(path).predict(x)`` for any exported ensemble.
+
+The S-sample average happens inside the graph for every mode; for ``noise`` graphs the session draws
+the standard-normal noise inputs on the host (numpy, seedable) so callers never see them::
+
+    from edgebnn.runtime import Session
+    sess = Session("model.onnx", seed=0)
+    pred = sess.predict(x)          # pred.probs [B, K], pred.entropy [B], pred.mutual_info [B]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from google.protobuf.message import DecodeError
+
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.exporters.noise import fill_noise
+from edgebnn.metrics import Predictive
+
+EXPORT_KEY = "edgebnn.export"
+
+
+Source = str | os.PathLike[str] | bytes | onnx.ModelProto
+
+
+def read_export(source: Source) -> tuple[onnx.ModelProto, dict[str, Any], str]:
+    """(model, export metadata, name for messages) of an edgebnn-exported ONNX file, bytes or proto."""
+    if isinstance(source, onnx.ModelProto):
+        proto, where = source, "<model>"
+    else:
+        where = "<bytes>" if isinstance(source, bytes) else str(source)
+        try:
+            data = source if isinstance(source, bytes) else Path(source).read_bytes()
+        except FileNotFoundError as e:
+            raise InvalidArtifactError(f"{where}: no such file") from e
+        except OSError as e:
+            raise InvalidArtifactError(f"{where}: cannot read ({e.strerror or e})") from e
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(data)
+        except (DecodeError, RuntimeError, ValueError) as e:
+            raise InvalidArtifactError(f"{where}: not an ONNX file") from e
+    props = {p.key: p.value for p in proto.metadata_props}
+    if EXPORT_KEY not in props:
+        raise InvalidArtifactError(f"{where}: not exported by edgebnn (no {EXPORT_KEY} metadata)")
+    try:
+        meta = json.loads(props[EXPORT_KEY])
+    except json.JSONDecodeError as e:
+        raise InvalidArtifactError(f"{where}: {EXPORT_KEY} metadata is not valid JSON") from e
+    return proto, meta, where
+
+
+class Session:
+    """Run an exported ensemble and get its predictive distribution.
+
+    Args:
+        source: path, bytes or ``onnx.ModelProto`` written by ``edgebnn export``.
+        seed: seed of the host-side noise for ``noise`` graphs (ignored by other modes).
+        threads: onnxruntime intra-op threads (0: onnxruntime's default).
+        providers: onnxruntime execution providers (default: CPU).
+    """
+
+    def __init__(self, source: Source, *, seed: int | None = 0,
+                 threads: int = 0, providers: list[str] | None = None) -> None:
+        proto, self.meta, self.where = read_export(source)
+        if self.meta.get("mode") in ("float_deterministic", "float_bnn"):
+            raise InvalidArtifactError(f"{self.where}: a float baseline graph, not an ensemble")
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if threads:
+            opts.intra_op_num_threads = threads
+        self._sess = ort.InferenceSession(proto.SerializeToString(), opts,
+                                          providers=providers or ["CPUExecutionProvider"])
+        self.input_name = self.meta.get("input_name", self._sess.get_inputs()[0].name)
+        self.input_shape = tuple(self.meta["input_shape"][1:])
+        self.noise_inputs = self.meta.get("noise_inputs", [])
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def mode(self) -> str:
+        return self.meta["mode"]
+
+    @property
+    def samples(self) -> int:
+        return int(self.meta["samples"])
+
+    def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> Predictive:
+        """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``.
+
+        ``noise`` overrides the host-drawn noise of a ``noise`` graph (standard normal, float32, shapes as
+        in ``self.noise_inputs`` with -1 meaning B·S rows).
+        """
+        x = self._check_input(x)
+        feed = {self.input_name: x}
+        if self.noise_inputs:
+            feed.update(self._check_noise(noise, len(x)) if noise is not None
+                        else fill_noise(self.noise_inputs, len(x), self.samples, self.rng))
+        elif noise:
+            raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
+        probs, entropy, mi = self._sess.run(["probs", "entropy", "mutual_info"], feed)
+        return Predictive(probs, entropy, mi)
+
+    def _check_input(self, x: Any) -> np.ndarray:
+        x = np.asarray(x)
+        if x.dtype.kind != "f":
+            raise InvalidOptionError(f"{self.where}: input dtype {x.dtype} is not floating point; pass float32")
+        if x.ndim != len(self.input_shape) + 1 or tuple(x.shape[1:]) != self.input_shape:
+            want = ", ".join(map(str, self.input_shape))
+            raise InvalidOptionError(f"{self.where}: input has shape {tuple(x.shape)}, the model takes (batch, {want})")
+        if len(x) == 0:
+            raise InvalidOptionError(f"{self.where}: empty batch")
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def _check_noise(self, noise: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+        out = {}
+        for rec in self.noise_inputs:
+            name = rec["name"]
+            if name not in noise:
+                raise InvalidOptionError(f"{self.where}: noise input {name!r} is missing")
+            arr = np.asarray(noise[name])
+            want = (batch * self.samples if rec["per"] == "row" else self.samples, *rec["shape"][1:])
+            if arr.dtype != np.float32:
+                raise InvalidOptionError(f"{self.where}: noise input {name!r} must be float32, got {arr.dtype}")
+            if tuple(arr.shape) != want:
+                raise InvalidOptionError(f"{self.where}: noise input {name!r} has shape {arr.shape}, expected {want}")
+            out[name] = arr
+        extra = set(noise) - set(out)
+        if extra:
+            raise InvalidOptionError(f"{self.where}: unknown noise inputs {sorted(extra)}")
+        return out

@@ -1,0 +1,145 @@
+"""Graph-building pieces shared by the ensemble exporters: constants, the sample fold, the predictive head.
+
+Layout convention (every mode): the sample axis is folded into the batch, batch-major (row b·S + s), so
+deterministic ops run once on B·S rows and a sampled layer is one batched op.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+from edgebnn import __version__
+from edgebnn.ir import BNNModel
+
+P = "ens/"  # prefix of every value an exporter adds
+OUTPUTS = ("probs", "entropy", "mutual_info")
+
+
+class Builder:
+    """Collects nodes, initializers and extra graph inputs for one exported graph."""
+
+    def __init__(self, inits: list[onnx.TensorProto] | None = None) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = list(inits or [])
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self._names = {t.name for t in self.inits}
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        if name in self._names:
+            raise ValueError(f"duplicate initializer {name}")
+        self._names.add(name)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def i64(self, name: str, *values: int) -> str:
+        return self.const(name, np.array(values, np.int64))
+
+    def f32(self, name: str, value: float | np.ndarray) -> str:
+        return self.const(name, np.asarray(value, np.float32))
+
+    def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def input(self, name: str, dims: list[int | str]) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+        return name
+
+    def fold_samples(self, src: str, dst: str, samples: int, dims: list[int]) -> str:
+        """[B, *dims] -> [B·S, *dims], batch-major (Unsqueeze, Expand, Reshape: no copy of weights)."""
+        axes = self.i64(P + "axes1", 1)
+        expand = self.i64(P + "expand_shape", 1, samples, *([1] * len(dims)))
+        flat = self.i64(P + "fold_shape", -1, *dims)
+        x = self.add("Unsqueeze", [src, axes], P + "input_1")
+        x = self.add("Expand", [x, expand], P + "input_s")
+        return self.add("Reshape", [x, flat], dst)
+
+    def predictive_head(self, logits: str, samples: int, classes: int) -> None:
+        """logits [B·S, K] -> probs [B, K], entropy [B], mutual_info [B].
+
+        probs = mean_s softmax; entropy = -Σ probs·log(max(probs, 1e-12));
+        mutual_info = max(entropy - mean_s(-Σ p_s·log_softmax_s), 0) (clamps round-off).
+        """
+        p = P + "head/"
+        ax1, axk = self.i64(p + "axis1", 1), self.i64(p + "axis_last", -1)
+        x3 = self.add("Reshape", [logits, self.i64(p + "shape", -1, samples, classes)], p + "logits3")
+        ps = self.add("Softmax", [x3], p + "p_s", axis=-1)
+        logps = self.add("LogSoftmax", [x3], p + "logp_s", axis=-1)
+        probs = self.add("ReduceMean", [ps, ax1], "probs", keepdims=0)
+        logp = self.add("Log", [self.add("Max", [probs, self.f32(p + "eps", 1e-12)], p + "probs_eps")], p + "logprobs")
+        neg_h = self.add("ReduceSum", [self.add("Mul", [probs, logp], p + "plogp"), axk], p + "neg_h", keepdims=0)
+        self.add("Neg", [neg_h], "entropy")
+        neg_hs = self.add("ReduceSum", [self.add("Mul", [ps, logps], p + "plogp_s"), axk], p + "neg_h_s", keepdims=0)
+        neg_eh = self.add("ReduceMean", [neg_hs, ax1], p + "neg_expected_h", keepdims=0)
+        mi = self.add("Neg", [self.add("Sub", [neg_h, neg_eh], p + "neg_mi")], p + "mi_raw")  # H - E[H_s]
+        self.add("Max", [mi, self.f32(p + "zero", 0.0)], "mutual_info")
+
+    def model(self, base: onnx.ModelProto, graph_inputs: list[onnx.ValueInfoProto], name: str,
+              classes: int) -> onnx.ModelProto:
+        outputs = [
+            helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", classes]),
+            helper.make_tensor_value_info("entropy", TensorProto.FLOAT, ["batch"]),
+            helper.make_tensor_value_info("mutual_info", TensorProto.FLOAT, ["batch"]),
+        ]
+        graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, self.inits)
+        out = helper.make_model(graph, opset_imports=list(base.opset_import), producer_name="edgebnn")
+        out.ir_version = base.ir_version
+        return out
+
+
+def renamed_input(node: onnx.NodeProto, old: str, new: str) -> onnx.NodeProto:
+    """A copy of ``node`` reading ``new`` wherever it read ``old``."""
+    if old not in node.input:
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for i, name in enumerate(copy.input):
+        if name == old:
+            copy.input[i] = new
+    return copy
+
+
+def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def static_shapes(proto: onnx.ModelProto) -> dict[str, list[int]]:
+    """Shapes of every value with the batch set to 1 (non-batch dims must be static)."""
+    probe = onnx.ModelProto()
+    probe.CopyFrom(proto)
+    dims = probe.graph.input[0].type.tensor_type.shape.dim
+    dims[0].Clear()
+    dims[0].dim_value = 1
+    inferred = shape_inference.infer_shapes(probe, data_prop=True)
+    out: dict[str, list[int]] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        shape = vi.type.tensor_type.shape
+        if all(d.HasField("dim_value") for d in shape.dim):
+            out[vi.name] = [d.dim_value for d in shape.dim]
+    return out
+
+
+def set_metadata(proto: onnx.ModelProto, model: BNNModel, *, mode: str, samples: int, seed: int | None,
+                 **extra: Any) -> None:
+    """Record what the graph is (read back by ``edgebnn eval``, ``Session`` and ``compare``)."""
+    del proto.metadata_props[:]
+    meta = {
+        "edgebnn_version": __version__,
+        "mode": mode,
+        "samples": samples,
+        "seed": seed,
+        "scheme": model.manifest.scheme,
+        "source_library": model.manifest.source_library,
+        "input_name": model.manifest.input_name,
+        "input_shape": model.manifest.input_shape,
+        "num_classes": model.manifest.num_classes,
+        "outputs": list(OUTPUTS) if mode not in ("float_deterministic", "float_bnn") else ["probs"],
+        **extra,
+    }
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = "edgebnn.export", json.dumps(meta, sort_keys=True)

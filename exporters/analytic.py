@@ -1,0 +1,189 @@
+"""``analytic`` mode: one pass propagating means and variances (EBP's forward pass, generalised to ReLU
+networks), no sampling of weights.
+
+Every value on the data path carries (m, v) under a diagonal-Gaussian assumption (units independent):
+
+    Conv/Gemm, w ~ (mu, s²), x ~ (m, v):  m' = op(m, mu) + b_mu
+                                           v' = op(m² + v, s²) + op(v, mu²) + s_b²
+                                           (Var Σwx = Σ s²(v + m²) + mu² v; deterministic w: s² = 0)
+    ReLU (rectified Gaussian), α = m/√v:   m' = m Φ(α) + √v φ(α),  v' = (m² + v) Φ(α) + m √v φ(α) − m'²
+    BatchNorm (inference, a·x + c):        m' = BN(m),   v' = a² v
+    MaxPool:                               m' = MaxPool(m); v' = v at the arg-max of m
+    AveragePool over n inputs:             m' = avg(m),  v' = avg(v) / n
+    Add (independent operands):            m' = m₁ + m₂, v' = v₁ + v₂
+    Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
+
+The head turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte Carlo quadrature
+(S scrambled-Sobol standard-normal points, baked as constants): logits_q = m + √v ⊙ z_q, then the same
+head as the sampling modes, so ``mutual_info`` is the logit-level epistemic spread. No random ops.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from scipy.stats import norm, qmc
+
+from edgebnn.errors import UnsupportedLayerError
+from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata, static_shapes
+from edgebnn.ir import BNNModel
+
+SHAPE_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
+VAR_FLOOR = 1e-12  # keeps √v finite where a unit has no variance
+
+
+def quadrature_points(samples: int, classes: int, seed: int = 0) -> np.ndarray:
+    """[samples, classes] standard-normal points from a scrambled Sobol sequence (fixed for a seed)."""
+    u = qmc.Sobol(d=classes, scramble=True, seed=seed).random(samples)
+    return norm.ppf(np.clip(u, 1e-6, 1 - 1e-6)).astype(np.float32)
+
+
+def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
+    encoded = {w.name: w for w in model.encoded_weights()}
+    base = model.float_model()
+    shapes = static_shapes(base)
+    fixed = {t.name: numpy_helper.to_array(t) for t in base.graph.initializer if t.name not in encoded}
+    b = Builder([t for t in base.graph.initializer if t.name not in encoded])
+    var: dict[str, str | None] = {model.manifest.input_name: None}  # data values -> variance value (None = 0)
+
+    def where(node: onnx.NodeProto) -> str:
+        return f"{model.where}: {node.op_type} node {node.name or node.output[0]!r}"
+
+    def moments(name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name in encoded:
+            enc = encoded[name].encoding
+            return enc.mean(), enc.stddev().astype(np.float64) ** 2
+        if name in fixed:
+            return fixed[name], np.zeros_like(fixed[name])
+        raise UnsupportedLayerError(f"{model.where}: weight {name!r} is not a constant; analytic mode needs one")
+
+    for node in base.graph.node:
+        data_in = [i for i in node.input if i in var]
+        if not data_in or node.op_type == "Shape":
+            b.nodes.append(node)
+            continue
+        p = f"{P}{node.output[0]}/"
+        out = node.output[0]
+        op = node.op_type
+        if op in ("Conv", "Gemm"):
+            x = node.input[0]
+            if node.input[1] in var:
+                raise UnsupportedLayerError(f"{where(node)}: weights computed from the input are not supported")
+            attrs = attrs_of(node)
+            if op == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0):
+                raise UnsupportedLayerError(f"{where(node)}: Gemm with transA/alpha is not supported")
+            mu_w, s2_w = moments(node.input[1])
+            has_bias = len(node.input) > 2 and bool(node.input[2])
+            mu_b, s2_b = moments(node.input[2]) if has_bias else (None, None)
+            mean_in = [x, b.f32(p + "mu_w", mu_w) if node.input[1] in encoded else node.input[1]]
+            if has_bias:
+                mean_in.append(b.f32(p + "mu_b", mu_b) if node.input[2] in encoded else node.input[2])
+            b.add(op, mean_in, out, **attrs)
+            terms = []
+            vx = var[x]
+            if s2_w.any():
+                m2 = b.add("Mul", [x, x], p + "m2")
+                ex2 = b.add("Add", [m2, vx], p + "ex2") if vx else m2
+                terms.append(b.add(op, [ex2, b.f32(p + "s2_w", s2_w)], p + "v_w", **attrs))
+            if vx:
+                terms.append(b.add(op, [vx, b.f32(p + "mu_w2", mu_w.astype(np.float64) ** 2)], p + "v_x", **attrs))
+            v = _sum(b, terms, p)
+            if has_bias and s2_b.any():
+                shape = [1, -1, 1, 1] if op == "Conv" else [1, -1]
+                s2b = b.f32(p + "s2_b", s2_b.reshape(shape[1:] if op == "Gemm" else (-1, 1, 1)))
+                v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")],
+                                                                      p + "v")
+            var[out] = v
+        elif op == "Relu":
+            x, vx = node.input[0], var[node.input[0]]
+            if vx is None:
+                b.nodes.append(node)
+                var[out] = None
+                continue
+            var[out] = _relu_moments(b, x, vx, out, p)
+        elif op == "BatchNormalization":
+            b.nodes.append(node)
+            vx = var[node.input[0]]
+            if vx is not None:
+                scale, _, _, rvar = (fixed[n] for n in node.input[1:5])
+                eps = attrs_of(node).get("epsilon", 1e-5)
+                a2 = (scale.astype(np.float64) ** 2 / (rvar + eps)).reshape(-1, 1, 1)
+                var[out] = b.add("Mul", [vx, b.f32(p + "a2", a2)], p + "v")
+            else:
+                var[out] = None
+        elif op == "MaxPool":
+            vx = var[node.input[0]]
+            if vx is None:
+                b.nodes.append(node)
+                var[out] = None
+                continue
+            idx = p + "argmax"
+            b.nodes.append(onnx.helper.make_node("MaxPool", [node.input[0]], [out, idx], **attrs_of(node)))
+            flat = b.add("Reshape", [vx, b.i64(p + "flat", -1)], p + "v_flat")
+            var[out] = b.add("Gather", [flat, idx], p + "v", axis=0)
+        elif op in ("AveragePool", "GlobalAveragePool"):
+            b.nodes.append(node)
+            vx = var[node.input[0]]
+            if vx is None:
+                var[out] = None
+                continue
+            attrs = attrs_of(node)
+            n = math.prod(attrs["kernel_shape"]) if op == "AveragePool" else math.prod(shapes[node.input[0]][2:])
+            pooled = b.add(op, [vx], p + "v_pool", **attrs)
+            var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
+        elif op in SHAPE_OPS:
+            b.nodes.append(node)
+            vx = var[node.input[0]]
+            var[out] = None if vx is None else b.add(op, [vx, *node.input[1:]], p + "v", **attrs_of(node))
+        elif op in ("Add", "Sub"):
+            b.nodes.append(node)
+            vs = [var[i] for i in node.input if var.get(i)]
+            var[out] = _sum(b, vs, p)
+        else:
+            raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}")
+
+    logits = base.graph.output[0].name
+    classes = model.manifest.num_classes
+    v = var.get(logits)
+    if v is None:
+        v = b.add("Mul", [logits, b.f32(P + "zero_v", 0.0)], P + "logit_var")
+    std = b.add("Sqrt", [b.add("Max", [v, b.f32(P + "var_floor", VAR_FLOOR)], P + "v_floor")], P + "logit_std")
+    z = b.f32(P + "quadrature", quadrature_points(samples, classes)[None])  # [1, Q, K]
+    axis1 = b.i64(P + "head_axis1", 1)
+    m3 = b.add("Unsqueeze", [logits, axis1], P + "m3")
+    s3 = b.add("Unsqueeze", [std, axis1], P + "s3")
+    lq = b.add("Add", [m3, b.add("Mul", [s3, z], P + "sz")], P + "logits_q")  # [B, Q, K]
+    flat = b.add("Reshape", [lq, b.i64(P + "q_flat", -1, classes)], P + "logits_flat")
+    b.predictive_head(flat, samples, classes)
+    out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
+    set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0)
+    return out
+
+
+def _sum(b: Builder, terms: list[str], p: str) -> str | None:
+    if not terms:
+        return None
+    total = terms[0]
+    for i, t in enumerate(terms[1:]):
+        total = b.add("Add", [total, t], f"{p}vsum{i}")
+    return total
+
+
+def _relu_moments(b: Builder, m: str, v: str, out: str, p: str) -> str:
+    """Mean and variance of max(0, X), X ~ N(m, v); writes the mean to ``out`` and returns the variance."""
+    s = b.add("Sqrt", [b.add("Max", [v, b.f32(p + "floor", VAR_FLOOR)], p + "vf")], p + "s")
+    a = b.add("Div", [m, s], p + "alpha")
+    cdf = b.add("Mul", [b.add("Add", [b.add("Erf", [b.add("Mul", [a, b.f32(p + "rsqrt2", 1 / math.sqrt(2))],
+                                                                 p + "a_r2")], p + "erf"),
+                                      b.f32(p + "one", 1.0)], p + "erf1"), b.f32(p + "half", 0.5)], p + "cdf")
+    a2 = b.add("Mul", [a, a], p + "a2")
+    pdf = b.add("Mul", [b.add("Exp", [b.add("Mul", [a2, b.f32(p + "mhalf", -0.5)], p + "ea")], p + "exp"),
+                        b.f32(p + "rsqrt2pi", 1 / math.sqrt(2 * math.pi))], p + "pdf")
+    sp = b.add("Mul", [s, pdf], p + "s_pdf")
+    b.add("Add", [b.add("Mul", [m, cdf], p + "m_cdf"), sp], out)
+    ex2 = b.add("Add", [b.add("Mul", [b.add("Add", [b.add("Mul", [m, m], p + "m2"), v], p + "m2v"), cdf], p + "t1"),
+                        b.add("Mul", [m, sp], p + "t2")], p + "ex2")
+    return b.add("Relu", [b.add("Sub", [ex2, b.add("Mul", [out, out], p + "mean2")], p + "var_raw")], p + "v")

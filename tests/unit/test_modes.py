@@ -1,0 +1,126 @@
+"""Export modes noise and analytic, and the Session that runs every mode, against the reference runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from synthetic import synthetic_cnn, synthetic_linear
+
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.exporters.analytic import quadrature_points
+from edgebnn.exporters.ensemble import export_onnx, float_bnn
+from edgebnn.metrics import predictive_from_logits
+from edgebnn.runtime import Session
+from edgebnn.runtime.reference import sample_logits
+
+REF_SAMPLES = 4096
+
+
+@pytest.fixture(scope="module")
+def x():
+    return np.random.default_rng(1).normal(size=(5, 1, 6, 6)).astype(np.float32)
+
+
+def _mc_bound(n_draws: int) -> float:
+    # A probability estimated from n independent draws has sd <= 0.5/sqrt(n); two estimates are compared,
+    # over 15 (row, class) entries: 4 standard deviations of the difference bounds the max.
+    return 4 * 0.5 * np.sqrt(2 / n_draws)
+
+
+@pytest.mark.parametrize("variant", ["auto", "weight"])
+def test_noise_mode_samples_the_posterior(x, variant):
+    """Averaged over R calls, the noise graph's probs converge to the reference predictive."""
+    model = synthetic_cnn(sigma=0.3)
+    ref = predictive_from_logits(sample_logits(model, x, REF_SAMPLES, seed=5)).probs
+    S, R = 64, 64
+    sess = Session(export_onnx(model, S, mode="noise", noise=variant), seed=0)
+    got = np.mean([sess.predict(x).probs for _ in range(R)], axis=0)
+    assert np.abs(got - ref).max() < _mc_bound(min(S * R, REF_SAMPLES))
+
+
+def test_local_noise_is_exact_for_linear_layers():
+    model = synthetic_linear()
+    xl = np.random.default_rng(2).normal(size=(6, 5)).astype(np.float32)
+    ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5)).probs
+    sess = Session(export_onnx(model, 64, mode="noise", noise="local"), seed=0)
+    got = np.mean([sess.predict(xl).probs for _ in range(64)], axis=0)
+    assert np.abs(got - ref).max() < 4 * 0.5 * np.sqrt(2 / REF_SAMPLES) * np.sqrt(24 / 15)  # 24 entries
+
+
+def test_noise_session_is_seedable(x):
+    proto = export_onnx(synthetic_cnn(), 8, mode="noise")
+    a, b, c = (Session(proto, seed=s).predict(x).probs for s in (1, 1, 2))
+    np.testing.assert_array_equal(a, b)
+    assert not np.allclose(a, c)
+
+
+def test_noise_graph_has_no_random_ops_and_declares_its_inputs():
+    proto = export_onnx(synthetic_cnn(), 8, mode="noise")
+    assert not [n for n in proto.graph.node if n.op_type.startswith("Random")]
+    assert {i.name for i in proto.graph.input} == {"input", "noise/conv.weight", "noise/conv.bias", "noise/fc.weight"}
+
+
+def test_analytic_is_exact_for_a_gaussian_linear_layer():
+    """Linear logits are exactly Gaussian, so analytic = quadrature of the true logit distribution."""
+    model = synthetic_linear()
+    xl = np.random.default_rng(2).normal(size=(6, 5)).astype(np.float32)
+    ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5))
+    got = Session(export_onnx(model, 1024, mode="analytic")).predict(xl)
+    bound = _mc_bound(REF_SAMPLES) * np.sqrt(24 / 15)  # QMC error of 1024 Sobol points is far smaller
+    assert np.abs(got.probs - ref.probs).max() < bound
+    assert np.abs(got.mutual_info - ref.mutual_info).max() < 0.02  # MI is a difference of two such means
+
+
+def test_analytic_approximates_a_cnn_with_small_noise(x):
+    # Moment propagation is exact per layer for Gaussian inputs; what it drops (non-Gaussian ReLU and
+    # max-pool outputs, correlations) grows with sigma. With sigma 0.05 the probabilities agree to 0.01.
+    model = synthetic_cnn(sigma=0.05)
+    ref = predictive_from_logits(sample_logits(model, x, REF_SAMPLES, seed=5)).probs
+    got = Session(export_onnx(model, 64, mode="analytic")).predict(x).probs
+    assert np.abs(got - ref).max() < 0.01
+
+
+def test_quadrature_points_are_standard_normal():
+    z = quadrature_points(1024, 3)
+    assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01  # scrambled Sobol: error far below MC's 0.03
+    np.testing.assert_array_equal(z, quadrature_points(1024, 3))
+
+
+@pytest.mark.parametrize("mode", ["baked", "noise", "analytic"])
+def test_session_refuses_bad_inputs(mode, x):
+    sess = Session(export_onnx(synthetic_cnn(), 4, mode=mode))
+    with pytest.raises(InvalidOptionError, match=r"input has shape \(5, 6, 6\), the model takes \(batch, 1, 6"):
+        sess.predict(x[:, 0])
+    with pytest.raises(InvalidOptionError, match="not floating point"):
+        sess.predict(x.astype(np.int32))
+    pred = sess.predict(x.astype(np.float64))  # any float dtype is accepted and cast
+    assert pred.probs.shape == (5, 3)
+
+
+def test_session_refuses_bad_noise(x):
+    sess = Session(export_onnx(synthetic_cnn(), 4, mode="noise"))
+    good = {r["name"]: np.zeros((20 if r["per"] == "row" else 4, *r["shape"][1:]), np.float32)
+            for r in sess.noise_inputs}
+    sess.predict(x, noise=good)
+    bad = dict(good)
+    bad["noise/fc.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(InvalidOptionError, match=r"'noise/fc\.weight' has shape \(3, 3\), expected \(20, 3\)"):
+        sess.predict(x, noise=bad)
+    bad["noise/fc.weight"] = good["noise/fc.weight"].astype(np.float64)
+    with pytest.raises(InvalidOptionError, match="must be float32"):
+        sess.predict(x, noise=bad)
+    with pytest.raises(InvalidOptionError, match=r"'noise/conv\.weight' is missing"):
+        sess.predict(x, noise={})
+
+
+def test_session_refuses_non_ensembles(tmp_path):
+    with pytest.raises(InvalidArtifactError, match="float baseline"):
+        Session(float_bnn(synthetic_cnn()))
+    (tmp_path / "junk.onnx").write_bytes(b"\x08\x01junk")
+    with pytest.raises(InvalidArtifactError, match=r"junk\.onnx"):
+        Session(tmp_path / "junk.onnx")
+
+
+def test_unknown_noise_variant():
+    with pytest.raises(InvalidOptionError, match="--noise sideways"):
+        export_onnx(synthetic_cnn(), 4, mode="noise", noise="sideways")
