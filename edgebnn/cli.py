@@ -317,6 +317,51 @@ def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str 
         console.print(f"wrote {plot}")
 
 
+# -- compare ----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("--data", type=click.Choice(["digits"]), default="digits", show_default=True)
+@click.option("--split", type=click.Choice(["train", "val", "test"]), default="test", show_default=True)
+@click.option("--ir", "ir_path", type=click.Path(dir_okay=False),
+              help="The .ebnn both artifacts came from (needed when A and B are both exports).")
+@click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn side (reference runtime).")
+@click.option("--null-runs", default=99, show_default=True, help="Simulated null pairs for the p-value.")
+@click.option("--alpha", default=0.01, show_default=True, help="Call the distributions different when p <= alpha.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
+def compare(a: str, b: str, data: str, split: str, ir_path: str | None, samples: int, null_runs: int, alpha: float,
+            seed: int, json_out: str | None) -> None:
+    """Do artifacts A and B give the same predictive distribution (within Monte Carlo error)?
+
+    Each side is an .ebnn (run with the reference runtime) or an exported .onnx (any mode). The test
+    simulates its own null distribution from the IR, so it holds for correlated Monte Carlo errors.
+    Exit status 0 when they agree, 1 when they differ.
+    """
+    from edgebnn.compare import compare_artifacts
+    from edgebnn.data import digits
+
+    x, y = digits().split(split)
+    with console.status(f"comparing ({null_runs} simulated null pairs)"):
+        report = compare_artifacts(a, b, x, y, ir=ir_path, samples=samples, null_runs=null_runs, alpha=alpha,
+                                   seed=seed)
+    table = Table(title=f"{data}/{split}: {Path(a).name} vs {Path(b).name}", title_justify="left")
+    for col in ("artifact", "S", "accuracy", "nll", "ece", "brier"):
+        table.add_column(col, justify="left" if col == "artifact" else "right")
+    for side in (report["a"], report["b"]):
+        table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"),
+                      *(f"{side[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")))
+    console.print(table)
+    verdict = "same predictive distribution" if report["same_distribution"] else "DIFFERENT predictive distributions"
+    console.print(f"{verdict}: T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}, "
+                  f"99th pct {report['null_p99']:.3f}), p = {report['p_value']:.3f}, alpha = {alpha}")
+    write_json(json_out, report, "edgebnn.compare/1")
+    if not report["same_distribution"]:
+        sys.exit(1)
+
+
 # -- demo -------------------------------------------------------------------------------------------------
 
 

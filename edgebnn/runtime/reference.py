@@ -51,20 +51,30 @@ def check_input(model: BNNModel, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
+class Reference:
+    """The reference runtime for one IR: one onnxruntime session, weights fed per sample."""
+
+    def __init__(self, model: BNNModel) -> None:
+        self.model = model
+        self.session = session(model.weights_as_inputs().SerializeToString())
+
+    def logits(self, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
+        """Per-sample logits ``[S, N, K]``."""
+        x = check_input(self.model, x)
+        weights = sample_weights(self.model, samples, seed)
+        in_name = self.model.manifest.input_name
+        out = []
+        for s in range(samples):
+            feed_w = {name: w[s] for name, w in weights.items()}
+            chunks = [self.session.run(None, {in_name: x[i : i + batch_size], **feed_w})[0]
+                      for i in range(0, len(x), batch_size)]
+            out.append(np.concatenate(chunks))
+        return np.stack(out)
+
+
 def sample_logits(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
     """Per-sample logits ``[S, N, K]``."""
-    x = check_input(model, x)
-    weights = sample_weights(model, samples, seed)
-    sess = session(model.weights_as_inputs().SerializeToString())
-    in_name = model.manifest.input_name
-    out = []
-    for s in range(samples):
-        feed_w = {name: w[s] for name, w in weights.items()}
-        chunks = [
-            sess.run(None, {in_name: x[i : i + batch_size], **feed_w})[0] for i in range(0, len(x), batch_size)
-        ]
-        out.append(np.concatenate(chunks))
-    return np.stack(out)
+    return Reference(model).logits(x, samples, seed, batch_size)
 
 
 def predict(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0) -> Predictive:
