@@ -222,6 +222,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight"]), default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
                                       "weight for Conv + local for Gemm (auto; exact and small).")
+@click.option("--weights", "weight_format", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
+              help="baked mode: store each member's weights as fp32, or int8 + DequantizeLinear (symmetric, "
+                   "per output channel: TensorRT's explicit-quantization rules).")
 @click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
 @click.option("--device", default=None,
               help="TensorRT device profile: jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
@@ -232,9 +235,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--max-batch", default=1, show_default=True, help="TensorRT: largest batch the engine accepts.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
-def export(file: str, target: str, samples: int, mode: str, noise_variant: str, seed: int, device: str | None,
-           dry_run: bool, workspace_mib: int, dla_core: int | None, timing_cache: str | None, max_batch: int,
-           output: str) -> None:
+def export(file: str, target: str, samples: int, mode: str, noise_variant: str, weight_format: str, seed: int,
+           device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None, timing_cache: str | None,
+           max_batch: int, output: str) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
@@ -244,7 +247,7 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
     model = load_ir(file)
     _check_output_dir(output)
     with console.status(f"exporting {mode} ensemble, S={samples}"):
-        proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant)
+        proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format)
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")

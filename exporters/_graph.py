@@ -42,6 +42,25 @@ class Builder:
     def f32(self, name: str, value: float | np.ndarray) -> str:
         return self.const(name, np.asarray(value, np.float32))
 
+    def weight(self, name: str, value: np.ndarray, dtype: str = "fp32") -> str:
+        """A constant weight, as fp32 or as symmetric int8 + DequantizeLinear with one scale per slice of
+        axis 0 (a 1-D per-channel scale on a constant, zero point 0: TensorRT's explicit-quantization rules).
+
+        The rounding error per weight is at most scale/2 = max|slice|/254; :func:`int8_step` reports it.
+        """
+        if dtype == "fp32":
+            return self.f32(name, value)
+        if dtype != "int8":
+            raise ValueError(dtype)
+        value = np.asarray(value, np.float32)
+        amax = np.abs(value.reshape(len(value), -1)).max(axis=1)
+        scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+        shape = (-1,) + (1,) * (value.ndim - 1)
+        q = np.clip(np.rint(value / scale.reshape(shape)), -127, 127).astype(np.int8)
+        return self.add("DequantizeLinear", [self.const(name + ".q", q), self.const(name + ".scale", scale),
+                                             self.const(name + ".zero", np.zeros(len(scale), np.int8))],
+                        name, axis=0)
+
     def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
         self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
         return output

@@ -42,8 +42,11 @@ MODES = ("baked", "noise", "analytic")
 LayerRewrite = Callable[[Builder, onnx.NodeProto, EncodedWeight, dict[str, list[int]]], None]
 
 
+WEIGHT_FORMATS = ("fp32", "int8")
+
+
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
-                noise: str = "auto") -> onnx.ModelProto:
+                noise: str = "auto", weights: str = "fp32") -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -52,10 +55,15 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         mode: ``baked``, ``noise`` or ``analytic``.
         seed: seed of the baked samples.
         noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations) or ``weight`` (per weight).
+        weights: ``fp32`` or ``int8`` (baked mode: each member's weights as int8 + DequantizeLinear).
     """
     check_samples(samples)
+    if weights not in WEIGHT_FORMATS:
+        raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(WEIGHT_FORMATS)}")
+    if weights != "fp32" and mode != "baked":
+        raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
     if mode == "baked":
-        out = _baked(model, samples, seed)
+        out = _baked(model, samples, seed, weights)
     elif mode == "noise":
         from edgebnn.exporters.noise import export_noise
 
@@ -118,7 +126,7 @@ def bias_name(node: onnx.NodeProto) -> str | None:
     return node.input[2] if len(node.input) > 2 and node.input[2] else None
 
 
-def _baked(model: BNNModel, samples: int, seed: int) -> onnx.ModelProto:
+def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> onnx.ModelProto:
     drawn = sample_weights(model, samples, seed)
     b = Builder()
 
@@ -143,7 +151,7 @@ def _baked(model: BNNModel, samples: int, seed: int) -> onnx.ModelProto:
             group = int(attrs.pop("group", 1))
             out_ch = wsamp.shape[1]
             inputs = [b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples * c, h, wd)], p + "x"),
-                      b.f32(p + "W", wsamp.reshape(samples * out_ch, *wsamp.shape[2:]))]
+                      b.weight(p + "W", wsamp.reshape(samples * out_ch, *wsamp.shape[2:]), weights)]
             bias = bias_samples(node, out_ch)
             if bias is not None:
                 inputs.append(b.f32(p + "b", bias.reshape(-1)))
@@ -155,7 +163,7 @@ def _baked(model: BNNModel, samples: int, seed: int) -> onnx.ModelProto:
             wsamp = wsamp.transpose(0, 2, 1)  # [S, out, in] -> [S, in, out]
         n_in, n_out = wsamp.shape[1], wsamp.shape[2]
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, 1, n_in)], p + "x")
-        y = b.add("MatMul", [x, b.f32(p + "W", wsamp)], p + "xw")
+        y = b.add("MatMul", [x, b.weight(p + "W", wsamp, weights)], p + "xw")
         bias = bias_samples(node, n_out)
         if bias is not None:
             y = b.add("Add", [y, b.f32(p + "b", bias.reshape(samples, 1, n_out))], p + "y")
@@ -163,7 +171,7 @@ def _baked(model: BNNModel, samples: int, seed: int) -> onnx.ModelProto:
 
     base = rewrite_sampled_layers(model, samples, rewrite, b)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode="baked", samples=samples, seed=seed)
+    set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights)
     return out
 
 

@@ -105,3 +105,28 @@ def test_bad_sample_counts(cnn_ir, samples):
 def test_unknown_mode(cnn_ir):
     with pytest.raises(InvalidOptionError, match="--mode magic"):
         export_onnx(cnn_ir, 4, mode="magic")
+
+
+def test_int8_weights_follow_tensorrt_rules_and_stay_within_a_rounding_step(cnn_ir, x):
+    from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
+
+    fp32, int8 = (export_onnx(cnn_ir, 4, seed=2, weights=w) for w in ("fp32", "int8"))
+    assert not has_errors(check_trt_compat(int8))
+    dq = [n for n in int8.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dq) == 2  # one per sampled layer
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in int8.graph.initializer}
+    for n in dq:
+        assert inits[n.input[0]].dtype == np.int8 and not inits[n.input[2]].any()  # symmetric: zero point 0
+        assert inits[n.input[1]].ndim == 1  # one scale per slice of axis 0
+    # Each weight moves by at most half a step (max|slice|/254), so the int8 ensemble stays close to fp32;
+    # the bound on probabilities is loose but would catch a wrong scale axis or sign.
+    p32, p8 = _run(fp32, x)[0], _run(int8, x)[0]
+    assert np.abs(p32 - p8).max() < 0.02
+    w32 = sum(len(t.raw_data) for t in fp32.graph.initializer if t.name.endswith("/W"))
+    w8 = sum(len(t.raw_data) for t in int8.graph.initializer if t.name.endswith("/W.q"))
+    assert w8 * 4 == w32  # the sampled weights take a quarter of the bytes
+
+
+def test_int8_needs_baked(cnn_ir):
+    with pytest.raises(InvalidOptionError, match="baked mode only"):
+        export_onnx(cnn_ir, 4, mode="noise", weights="int8")
