@@ -215,10 +215,12 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["baked", "noise", "analytic"]), default="baked", show_default=True,
+@click.option("--mode", type=click.Choice(["baked", "noise", "shared", "analytic"]), default="baked",
+              show_default=True,
               help="baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: the graph "
-                   "takes standard-normal noise inputs that edgebnn.runtime.Session fills; analytic: one pass "
-                   "propagating means and variances.")
+                   "takes standard-normal noise inputs that edgebnn.runtime.Session fills; shared: codebook "
+                   "models draw K numbers per layer per sample; analytic: one pass propagating means and "
+                   "variances.")
 @click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight"]), default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
                                       "weight for Conv + local for Gemm (auto; exact and small).")
@@ -291,27 +293,49 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["baked", "noise", "analytic"]), default="baked", show_default=True,
-              help="Export mode of the ensemble profiled (when exporting on the fly).")
+@click.option("--mode", type=click.Choice(["auto", "baked", "noise", "analytic"]), default="auto", show_default=True,
+              help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
+                   "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
+                   "--bench-results, else baked.")
 @click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False),
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
+@click.option("--engine", type=click.Path(dir_okay=False),
+              help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one.")
+@click.option("--baseline-runner", type=click.Choice(["auto", "onnxruntime", "torch"]), default="auto",
+              show_default=True, help="Runtime of the float baselines. auto: onnxruntime on the cpu; on rtx/jetson "
+                                      "float_deterministic as a TensorRT engine and float_bnn in torch CUDA.")
+@click.option("--bench-results", type=click.Path(dir_okay=False),
+              help="Mode benchmark JSON that --mode auto reads on the cpu (default: bench/results/modes.json if "
+                   "present).")
 @click.option("--batch", default=1, show_default=True)
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph.")
 @click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
-@click.option("--threads", default=2, show_default=True, help="onnxruntime intra-op threads.")
+@click.option("--threads", default=2, show_default=True, help="onnxruntime/torch CPU threads.")
 @click.option("--power-meter", default=None, help="nvml, tegrastats, ina3221, jtop, rapl or none (default: auto).")
+@click.option("--remote", metavar="USER@HOST",
+              help="Run the profile on this machine over ssh (scp the files, run edgebnn there, fetch the JSON).")
+@click.option("--remote-edgebnn", default="edgebnn", show_default=True, metavar="CMD",
+              help="The edgebnn command on the --remote machine, e.g. ~/venv/bin/edgebnn.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the profile as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
-def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str | None, batch: int, runs: int,
-            warmup: int, threads: int, power_meter: str | None, json_out: str | None, plot: str | None) -> None:
+def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str | None, engine: str | None,
+            baseline_runner: str, bench_results: str | None, batch: int, runs: int, warmup: int, threads: int,
+            power_meter: str | None, remote: str | None, remote_edgebnn: str, json_out: str | None,
+            plot: str | None) -> None:
     """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run."""
     with console.status("profiling") as status:
         report = profile_artifact(
-            artifact, device=device, samples=samples, mode=mode, onnx_path=onnx_path, batch=batch, runs=runs,
-            warmup=warmup, threads=threads, power_meter=power_meter,
-            progress=lambda name: status.update(f"profiling {name}"),
+            artifact, device=device, samples=samples, mode=mode, onnx_path=onnx_path, engine=engine,
+            baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
+            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs, warmup=warmup, threads=threads,
+            power_meter=power_meter, progress=lambda name: status.update(f"profiling {name}"),
         )
     print_profile(console, report)
+    console.print("runners: ensemble on " + ", ".join(
+        f"{name} {r.get('runner')} ({r.get('provider')})"
+        for name, r in [("", report), *report["baselines"].items()]).strip(), highlight=False)
+    if report.get("mode_reason"):
+        console.print(f"mode {report['mode']}: {report['mode_reason']}", highlight=False)
     write_json(json_out, report, report["schema"])
     if plot:
         from edgebnn.targets.profiler import plot_profile
@@ -383,3 +407,63 @@ def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
     from edgebnn.demo import run_demo
 
     run_demo(Path(out_dir), samples=samples, seed=seed, runs=runs, console=console)
+
+
+# -- calibrate --------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--data", default="digits", show_default=True, metavar="digits|DIR",
+              help="Calibration inputs: 'digits' (split --calib-split) or a folder of .npy arrays shaped like the "
+                   "model input, one input or a stack per file, float, preprocessed as the model expects.")
+@click.option("--method", type=click.Choice(["minmax", "percentile", "entropy"]), default="entropy",
+              show_default=True, help="Activation range: observed min-max, the 99.999th percentile of |x|, or the "
+                                      "KL-divergence (entropy) search of TensorRT's calibrator.")
+@click.option("--calib-split", type=click.Choice(["train", "val", "test"]), default="val", show_default=True,
+              help="digits split to calibrate on.")
+@click.option("--eval-split", type=click.Choice(["train", "val", "test"]), default="test", show_default=True,
+              help="digits split for accuracy/NLL/ECE/Brier before and after (never the calibration split).")
+@click.option("--batch", default=32, show_default=True, help="Calibration batch size.")
+@click.option("--max-samples", type=int, default=None, help="Calibrate on at most this many inputs.")
+@click.option("--device", default="jetson", show_default=True,
+              help="TensorRT device profile the compatibility check targets (jetson: TensorRT 10.3, rtx: 11).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="INT8 Q/DQ ONNX to write.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the calibration report as JSON.")
+def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: str, batch: int,
+              max_samples: int | None, device: str, output: str, json_out: str | None) -> None:
+    """INT8-calibrate an exported baked ensemble (symmetric Q/DQ for TensorRT; the predictive head stays float).
+
+    Writes an ONNX that edgebnn eval, edgebnn.runtime.Session and export --target tensorrt take like any
+    export, and reports accuracy, NLL, ECE and Brier before and after INT8 on a held-out split.
+    """
+    from edgebnn.calib.int8 import SCHEMA, Int8Config, calibrate_ensemble
+    from edgebnn.exporters.trt_compat import Finding, format_findings
+
+    _check_output_dir(output)
+    config = Int8Config(method=method, batch=batch, max_samples=max_samples)
+    with console.status(f"calibrating {model} ({method})"):
+        report = calibrate_ensemble(model, output, data=data, config=config, calib_split=calib_split,
+                                    eval_split=eval_split, device=device)
+    cal = report["calibration"]
+    console.print(f"wrote {output} ({fmt_bytes(report['bytes']['after'])}, was {fmt_bytes(report['bytes']['before'])}; "
+                  f"{method} on {cal['samples_used']} inputs)", highlight=False)
+    ev = report["evaluation"]
+    if ev is None:
+        console.print(f"not evaluated: {report['evaluation_reason']}", highlight=False)
+    else:
+        table = Table(title=f"{ev['data']}/{ev['split']} (n={ev['n']})", title_justify="left")
+        for col in ("", "accuracy", "nll", "ece", "brier"):
+            table.add_column(col, justify="left" if not col else "right")
+        for name in ("before", "after", "delta"):
+            fmt = "{:+.4f}" if name == "delta" else "{:.4f}"
+            table.add_row("fp32" if name == "before" else "int8" if name == "after" else "Δ",
+                          *(fmt.format(ev[name][k]) for k in ("accuracy", "nll", "ece", "brier")))
+        console.print(table)
+        agree = ev["agreement"]
+        console.print(f"top-1 agreement {agree['top1']:.4f}; mean |Δ entropy| {agree['mean_abs_entropy']:.4g}, "
+                      f"mean |Δ mutual info| {agree['mean_abs_mutual_info']:.4g}", highlight=False)
+    trt = report["tensorrt_compat"]
+    console.print(f"{format_findings([Finding(**f) for f in trt['findings']])} "
+                  f"(TensorRT {trt['tensorrt']}, {trt['device']})", highlight=False, markup=False)
+    write_json(json_out, report, SCHEMA)

@@ -37,7 +37,7 @@ from edgebnn.exporters._graph import Builder, P, attrs_of, renamed_input, set_me
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.runtime.reference import check_samples, sample_weights
 
-MODES = ("baked", "noise", "analytic")
+MODES = ("baked", "noise", "shared", "analytic")
 # A layer rewrite: (builder, node, weight, static shapes) -> nodes added to the builder.
 LayerRewrite = Callable[[Builder, onnx.NodeProto, EncodedWeight, dict[str, list[int]]], None]
 
@@ -64,10 +64,10 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
     if mode == "baked":
         out = _baked(model, samples, seed, weights)
-    elif mode == "noise":
+    elif mode in ("noise", "shared"):
         from edgebnn.exporters.noise import export_noise
 
-        out = export_noise(model, samples, variant=noise)
+        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise)
     elif mode == "analytic":
         from edgebnn.exporters.analytic import export_analytic
 

@@ -18,6 +18,11 @@ every spatial position independently, while a sampled kernel is shared across po
 default) is exact everywhere and keeps noise small: ``weight`` for Conv (kernels are small), ``local`` for
 Gemm (a row's outputs are fewer than the layer's weights).
 
+``shared`` (stochastic weight sharing, 2DGBNN): a ``CodebookWeight`` layer takes K standard-normal numbers
+per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry, ``W_s = c[:, index]``; outliers
+draw independently (input ``noise/<weight>.outliers``) and blended weights pick their entry with a uniform
+input (``noise/<weight>.blend``), exactly as ``CodebookWeight.sample`` does. Other layers follow ``auto``.
+
 Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape with -1 for the B·S rows,
 ``per`` = ``row`` or ``sample``); :class:`edgebnn.runtime.Session` fills them.
 """
@@ -31,7 +36,7 @@ from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata
 from edgebnn.ir import BNNModel, EncodedWeight
 
-VARIANTS = ("auto", "local", "weight")
+VARIANTS = ("auto", "local", "weight", "shared")
 # Encodings whose samples are Gaussian given their stored mean and stddev (others sample discrete levels).
 GAUSSIAN_ENCODINGS = frozenset({"GaussianWeight", "FixedPointWeight", "IntCountWeight"})
 ROWS = "batch_x_samples"
@@ -43,11 +48,19 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto") -> onn
     if variant not in VARIANTS:
         raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(VARIANTS)}")
     encoded = {w.name: w for w in model.encoded_weights()}
+    kinds = {w.encoding.op_type for w in encoded.values()}
+    if variant == "shared" and "CodebookWeight" not in kinds:
+        raise InvalidOptionError(
+            f"{model.where}: --mode shared needs codebook layers (lower with --scheme codebook); this IR has "
+            f"{', '.join(sorted(kinds))}: use --mode baked or noise"
+        )
+    allowed = GAUSSIAN_ENCODINGS | ({"CodebookWeight"} if variant in ("shared", "weight") else set())
     for w in encoded.values():
-        if w.encoding.op_type not in GAUSSIAN_ENCODINGS:
+        if w.encoding.op_type not in allowed:
             raise InvalidOptionError(
-                f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which samples discrete values; "
-                "--mode noise draws Gaussian weights: use --mode baked (or shared for codebooks)"
+                f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --mode noise cannot draw "
+                f"(it draws Gaussian weights{' and codebooks' if variant == 'weight' else ''}): use --mode baked"
+                + (" or shared" if w.encoding.op_type == "CodebookWeight" else "")
             )
     records: list[dict] = []
     b = Builder()
@@ -57,8 +70,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto") -> onn
         bias = bias_name(node)
         return (encoded.get(bias) if bias else None), bias
 
-    def noise_input(name: str, dims: list[int], per: str) -> str:
-        records.append({"name": name, "shape": [-1 if per == "row" else samples, *dims], "per": per})
+    def noise_input(name: str, dims: list[int], per: str, dist: str = "normal") -> str:
+        records.append({"name": name, "shape": [-1 if per == "row" else samples, *dims], "per": per, "dist": dist})
         return b.input(name, [ROWS if per == "row" else samples, *dims])
 
     def local(b: Builder, node: onnx.NodeProto, w: EncodedWeight, shapes: dict[str, list[int]]) -> None:
@@ -89,12 +102,48 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto") -> onn
         std = b.add("Sqrt", [var], p + "std")
         b.add("Add", [mean, b.add("Mul", [std, eps], p + "scaled")], node.output[0])
 
+    def gaussian_draw(w: EncodedWeight) -> str:
+        """W_s = mu + sigma ⊙ ε_s, [S, *shape]."""
+        p = f"{P}{w.name}/"
+        mu, sigma = b.f32(p + "mu", w.encoding.mean()), b.f32(p + "sigma", w.encoding.stddev())
+        eps = noise_input(f"noise/{w.name}", list(w.encoding.shape), "sample")
+        return b.add("Add", [mu, b.add("Mul", [sigma, eps], p + "scaled")], p + "W_s")
+
+    def codebook_draw(w: EncodedWeight) -> str:
+        """2DGBNN sampling in the graph: one value per codebook entry per sample, shared by its weights."""
+        p = f"{P}{w.name}/"
+        enc = w.encoding
+        eps = noise_input(f"noise/{w.name}", [enc.k], "sample")
+        c = b.add("Add", [b.f32(p + "cb_mean", enc.codebook[:, 0]),
+                          b.add("Mul", [b.f32(p + "cb_std", enc.codebook[:, 1]), eps], p + "cb_scaled")], p + "c")
+        idx = b.add("Cast", [b.const(p + "indices", enc.indices.astype(np.uint8 if enc.k <= 256 else np.uint16))],
+                    p + "idx", to=onnx.TensorProto.INT64)
+        flat = b.add("Gather", [c, idx], p + "w_inliers", axis=1)  # [S, n]
+        if enc.blend_index.size:
+            j = enc.blend_components.shape[1]
+            u = noise_input(f"noise/{w.name}.blend", [enc.blend_index.size], "sample", dist="uniform")
+            cum = np.cumsum(enc.blend_weights(), axis=1)[:, :-1]  # pick = #{cum_j <= u}, as CodebookWeight.sample
+            ge = b.add("GreaterOrEqual", [b.add("Unsqueeze", [u, b.i64(p + "ax2", 2)], p + "u3"),
+                                          b.f32(p + "cum", cum[None])], p + "ge")
+            pick = b.add("ReduceSum", [b.add("Cast", [ge], p + "ge_i", to=onnx.TensorProto.INT64),
+                                       b.i64(p + "ax2b", 2)], p + "pick", keepdims=1)  # [S, n_b, 1]
+            comps = b.add("Expand", [b.const(p + "blend_comp", enc.blend_components.astype(np.int64)[None]),
+                                     b.i64(p + "bshape", samples, enc.blend_index.size, j)], p + "comps")
+            comp = b.add("Squeeze", [b.add("GatherElements", [comps, pick], p + "comp3", axis=2),
+                                     b.i64(p + "ax2c", 2)], p + "comp")
+            vals = b.add("GatherElements", [c, comp], p + "blend_vals", axis=1)
+            flat = _scatter(b, flat, enc.blend_index, vals, samples, p + "blend")
+        if enc.outlier_index.size:
+            eps_o = noise_input(f"noise/{w.name}.outliers", [enc.outlier_index.size], "sample")
+            vals = b.add("Add", [b.f32(p + "o_mu", enc.outlier_mu),
+                                 b.add("Mul", [b.f32(p + "o_sigma", enc.outlier_sigma), eps_o], p + "o_s")], p + "o")
+            flat = _scatter(b, flat, enc.outlier_index, vals, samples, p + "outliers")
+        return b.add("Reshape", [flat, b.i64(p + "draw_shape", samples, *enc.shape)], p + "W_s")
+
     def weight(b: Builder, node: onnx.NodeProto, w: EncodedWeight, shapes: dict[str, list[int]]) -> None:
         p = f"{P}{w.name}/"
         bias_w, bias = bias_of(node)
-        mu, sigma = b.f32(p + "mu", w.encoding.mean()), b.f32(p + "sigma", w.encoding.stddev())
-        eps = noise_input(f"noise/{w.name}", list(w.encoding.shape), "sample")
-        ws = b.add("Add", [mu, b.add("Mul", [sigma, eps], p + "scaled")], p + "W_s")  # [S, *shape]
+        ws = codebook_draw(w) if w.encoding.op_type == "CodebookWeight" else gaussian_draw(w)  # [S, *shape]
         out_dim = int(w.encoding.shape[0])
         bias_s = None
         if bias_w is not None:
@@ -129,11 +178,22 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto") -> onn
     def auto(b: Builder, node: onnx.NodeProto, w: EncodedWeight, shapes: dict[str, list[int]]) -> None:
         (weight if node.op_type == "Conv" else local)(b, node, w, shapes)
 
-    rewrite = {"auto": auto, "local": local, "weight": weight}[variant]
+    def shared(b: Builder, node: onnx.NodeProto, w: EncodedWeight, shapes: dict[str, list[int]]) -> None:
+        (weight if w.encoding.op_type == "CodebookWeight" else auto)(b, node, w, shapes)
+
+    rewrite = {"auto": auto, "local": local, "weight": weight, "shared": shared}[variant]
     base = rewrite_sampled_layers(model, samples, rewrite, b)
-    out = b.model(base, list(base.graph.input), f"edgebnn_noise_{variant}_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode="noise", samples=samples, seed=None, noise=variant, noise_inputs=records)
+    mode = "shared" if variant == "shared" else "noise"
+    out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
+    set_metadata(out, model, mode=mode, samples=samples, seed=None, noise=variant, noise_inputs=records)
     return out
+
+
+def _scatter(b: Builder, flat: str, index: np.ndarray, values: str, samples: int, p: str) -> str:
+    """flat[:, index] = values, for [S, n] flat and [S, len(index)] values."""
+    const = b.const(p + "_idx", index.astype(np.int64)[None])
+    idx = b.add("Expand", [const, b.i64(p + "_ishape", samples, index.size)], p + "_idx_s")
+    return b.add("ScatterElements", [flat, idx, values], p + "_w", axis=1)
 
 
 def fill_noise(noise_inputs: list[dict], batch: int, samples: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -141,5 +201,8 @@ def fill_noise(noise_inputs: list[dict], batch: int, samples: int, rng: np.rando
     out = {}
     for rec in noise_inputs:
         shape = [batch * samples if rec["per"] == "row" else samples, *rec["shape"][1:]]
-        out[rec["name"]] = rng.standard_normal(shape, dtype=np.float32)
+        if rec.get("dist", "normal") == "uniform":
+            out[rec["name"]] = rng.random(shape, dtype=np.float32)
+        else:
+            out[rec["name"]] = rng.standard_normal(shape, dtype=np.float32)
     return out

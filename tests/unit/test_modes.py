@@ -124,3 +124,33 @@ def test_session_refuses_non_ensembles(tmp_path):
 def test_unknown_noise_variant():
     with pytest.raises(InvalidOptionError, match="--noise sideways"):
         export_onnx(synthetic_cnn(), 4, mode="noise", noise="sideways")
+
+
+@pytest.fixture(scope="module")
+def codebook_model():
+    from edgebnn.passes import lower
+
+    model = lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0).model
+    assert any(w.encoding.op_type == "CodebookWeight" for w in model.encoded_weights())
+    return model
+
+
+def test_shared_mode_draws_k_numbers_per_sample_and_matches_the_reference(codebook_model):
+    xl = np.random.default_rng(4).normal(size=(6, 128)).astype(np.float32)
+    sess = Session(export_onnx(codebook_model, 32, mode="shared"), seed=0)
+    weight = next(w for w in codebook_model.encoded_weights() if w.encoding.op_type == "CodebookWeight")
+    shared = next(r for r in sess.noise_inputs if r["name"] == f"noise/{weight.name}")
+    assert shared["shape"] == [32, weight.encoding.k]  # K numbers per sample, not one per weight
+    ref = predictive_from_logits(sample_logits(codebook_model, xl, REF_SAMPLES, seed=5)).probs
+    got = np.mean([sess.predict(xl).probs for _ in range(64)], axis=0)
+    assert np.abs(got - ref).max() < _mc_bound(REF_SAMPLES) * np.sqrt(48 / 15)  # 48 (row, class) entries
+
+
+def test_shared_needs_a_codebook():
+    with pytest.raises(InvalidOptionError, match="--mode shared needs codebook layers"):
+        export_onnx(synthetic_cnn(), 4, mode="shared")
+
+
+def test_noise_refuses_discrete_encodings(codebook_model):
+    with pytest.raises(InvalidOptionError, match=r"CodebookWeight.*use --mode baked or shared"):
+        export_onnx(codebook_model, 4, mode="noise")
