@@ -7,6 +7,7 @@ deterministic ops run once on B·S rows and a sampled layer is one batched op.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -23,11 +24,18 @@ OUTPUTS = ("probs", "entropy", "mutual_info")
 class Builder:
     """Collects nodes, initializers and extra graph inputs for one exported graph."""
 
-    def __init__(self, inits: list[onnx.TensorProto] | None = None) -> None:
+    def __init__(self, inits: Iterable[onnx.TensorProto] = ()) -> None:
         self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = list(inits or [])
+        self.inits: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
-        self._names = {t.name for t in self.inits}
+        self._names: set[str] = set()
+        self.adopt(inits)
+
+    def adopt(self, inits: Iterable[onnx.TensorProto]) -> None:
+        """Keep existing initializers (the skeleton's deterministic parameters)."""
+        for t in inits:
+            self._names.add(t.name)
+            self.inits.append(t)
 
     def const(self, name: str, value: np.ndarray) -> str:
         if name in self._names:

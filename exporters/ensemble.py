@@ -87,8 +87,7 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     base = model.float_model()
     shapes = static_shapes(base)
     in_name = model.manifest.input_name
-    b.inits.extend(t for t in base.graph.initializer if t.name not in encoded)
-    b._names.update(t.name for t in b.inits)
+    b.adopt(t for t in base.graph.initializer if t.name not in encoded)
     tiled = b.fold_samples(in_name, P + "input", samples, model.manifest.input_shape[1:])
     shapes[tiled] = shapes[in_name]
     for node in base.graph.node:
