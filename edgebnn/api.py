@@ -75,23 +75,50 @@ def _check_data_shape(artifact: str | Path, want: tuple[int, ...], got: tuple[in
         raise InvalidOptionError(f"{artifact}: takes inputs {tuple(want)}, {data} has {tuple(got)}")
 
 
-def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, mode: str = "baked",
-                     onnx_path: str | None = None,
+def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, mode: str = "auto",
+                     onnx_path: str | None = None, engine: str | None = None, baseline_runner: str = "auto",
+                     bench_results: str | None = None, remote: str | None = None, remote_edgebnn: str = "edgebnn",
                      batch: int = 1, runs: int = 200, warmup: int = 20, threads: int = 2,
                      power_meter: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Profile an .ebnn's ensemble (exported on the fly, or ``onnx_path``) against its float baselines."""
+    """Profile an .ebnn's ensemble against its float baselines built from the same IR, on one target.
+
+    The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
+    on the fly in ``mode`` (``auto``: :func:`edgebnn.targets.profiler.default_mode`, reading
+    ``bench_results`` on the CPU). ``remote="user@host"`` runs the whole profile on that machine over ssh
+    (:mod:`edgebnn.targets.remote`) and returns its report.
+    """
     from edgebnn.exporters.ensemble import export_onnx
     from edgebnn.runtime.session import read_export
-    from edgebnn.targets.profiler import profile
+    from edgebnn.targets.profiler import default_mode, profile
 
-    model = load_ir(artifact)
-    if onnx_path:
+    model = load_ir(artifact)  # validated here, also before copying it to a remote machine
+    if remote:
+        from edgebnn.targets.remote import profile_remote
+
+        options = {"device": device, "samples": samples, "mode": None if mode == "auto" else mode,
+                   "baseline_runner": baseline_runner, "batch": batch, "runs": runs, "warmup": warmup,
+                   "threads": threads, "power_meter": power_meter}
+        if progress:
+            progress(f"on {remote}")
+        return profile_remote(remote, artifact, options, engine=engine, onnx_path=onnx_path,
+                              remote_edgebnn=remote_edgebnn)
+    ensemble = None
+    mode_reason = None
+    if engine:
+        if onnx_path:
+            raise InvalidOptionError("--engine and --onnx: give one (the engine is the ensemble that is profiled)")
+    elif onnx_path:
         ensemble, meta, _ = read_export(onnx_path)
         if meta.get("samples") != samples:
             raise InvalidOptionError(
                 f"{onnx_path}: was exported with S={meta.get('samples')}; pass --samples {meta.get('samples')}"
             )
     else:
+        if mode == "auto":
+            mode, mode_reason = default_mode(device, samples=samples, bench_results=bench_results)
         ensemble = export_onnx(model, samples, mode=mode)
-    return profile(model, ensemble, device=device, samples=samples, batch=batch, runs=runs, warmup=warmup,
-                   threads=threads, power_meter=power_meter, progress=progress)
+    report = profile(model, ensemble, device=device, samples=samples, engine=engine,
+                     baseline_runner=baseline_runner, batch=batch, runs=runs, warmup=warmup,
+                     threads=threads, power_meter=power_meter, progress=progress)
+    report["mode_reason"] = mode_reason
+    return report

@@ -164,12 +164,13 @@ def inspect(file: str, as_json: bool, plot: str | None) -> None:
     console.print({k: v for k, v in info.items() if k != "layers"})
     if info.get("layers"):
         table = Table(title=file, title_justify="left")
-        for col in ("weight", "layer", "encoding", "shape", "weights", "bytes", "mean |μ|", "mean σ"):
-            table.add_column(col)
+        table.add_column("weight", overflow="fold", min_width=12)  # names wrap, never truncate
+        for col in ("encoding", "shape", "weights", "bytes", "mean |μ|", "mean σ"):
+            table.add_column(col, no_wrap=True, justify="left" if col in ("encoding", "shape") else "right")
         for row in info["layers"]:
-            table.add_row(row["name"], row["layer"], row["encoding"], "x".join(map(str, row["shape"])),
-                          f"{row['n_weights']:,}", fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}",
-                          f"{row['mean_sigma']:.4g}")
+            table.add_row(row["name"], row["encoding"].removesuffix("Weight"), "x".join(map(str, row["shape"])),
+                          f"{row['n_weights']:,}",
+                          fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}", f"{row['mean_sigma']:.4g}")
         console.print(table)
 
 
@@ -331,9 +332,8 @@ def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str 
             power_meter=power_meter, progress=lambda name: status.update(f"profiling {name}"),
         )
     print_profile(console, report)
-    console.print("runners: ensemble on " + ", ".join(
-        f"{name} {r.get('runner')} ({r.get('provider')})"
-        for name, r in [("", report), *report["baselines"].items()]).strip(), highlight=False)
+    console.print("runners: " + "; ".join(f"{name} on {r.get('runner')} ({r.get('provider')})" for name, r in
+                                         [("ensemble", report), *report["baselines"].items()]), highlight=False)
     if report.get("mode_reason"):
         console.print(f"mode {report['mode']}: {report['mode_reason']}", highlight=False)
     write_json(json_out, report, report["schema"])

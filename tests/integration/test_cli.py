@@ -162,6 +162,7 @@ def test_debug_shows_traceback(tmp_path):
 
 def test_console_script_runs_from_a_shell(ebnn):
     # The installed entry point, as a user types it (not the click test runner).
-    r = subprocess.run([sys.executable, "-m", "edgebnn", "inspect", str(ebnn)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "edgebnn", "inspect", str(ebnn), "--json"], capture_output=True,
+                       text=True)
     assert r.returncode == 0, r.stderr
-    assert "conv1.weight" in r.stdout
+    assert json.loads(r.stdout)["layers"][0]["name"] == "conv1.weight"

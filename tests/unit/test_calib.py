@@ -1,0 +1,259 @@
+"""INT8 calibration (edgebnn.calib): readers, Q/DQ rules TensorRT needs, and what INT8 costs on digits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from synthetic import INPUT_SHAPE, synthetic_cnn
+
+from edgebnn.calib.int8 import METHODS, QUANTIZED_OPS, Int8Config, calibrate_ensemble, qdq_summary, quantize_int8
+from edgebnn.calib.readers import BatchReader, load_npy_dir
+from edgebnn.cli import main
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.trt_compat import check_trt_compat
+from edgebnn.runtime import Session
+from edgebnn.runtime.session import read_export
+
+HEAD_OPS = {"Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "Log", "Max", "Neg", "Sub"}
+
+
+def _inputs(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((n, *INPUT_SHAPE[1:]), dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory):
+    """The synthetic CNN's baked S=4 ensemble on disk, and a folder of .npy calibration inputs."""
+    root = tmp_path_factory.mktemp("calib")
+    path = root / "syn.onnx"
+    save_onnx(export_onnx(synthetic_cnn(), 4), path)
+    data = root / "npy"
+    data.mkdir()
+    x = _inputs(96, seed=1)
+    np.save(data / "a.npy", x[:64])  # a stack
+    for i in range(32):  # and single inputs
+        np.save(data / f"b{i:02d}.npy", x[64 + i])
+    return path, data
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def calibrated(request, baked, tmp_path_factory):
+    path, data = baked
+    out = tmp_path_factory.mktemp(request.param) / "int8.onnx"
+    report = calibrate_ensemble(path, out, data=str(data), config=Int8Config(method=request.param, batch=16))
+    return request.param, out, report
+
+
+def test_each_method_writes_a_model_session_runs(calibrated, baked):
+    method, out, report = calibrated
+    sess = Session(out)
+    pred = sess.predict(_inputs(5, seed=7))
+    assert pred.probs.shape == (5, 3) and np.allclose(pred.probs.sum(-1), 1, atol=1e-5)
+    meta = read_export(out)[1]
+    assert meta["mode"] == "baked" and meta["samples"] == 4 and meta["precision"] == "int8"
+    assert meta["calibration"]["method"] == method
+    assert meta["calibration"]["samples_used"] == 96 == report["calibration"]["samples_used"]
+    assert report["evaluation"] is None and "digits" in report["evaluation_reason"]
+
+
+def test_qdq_is_symmetric_int8_on_every_conv_and_matmul(calibrated):
+    _, out, report = calibrated
+    model = onnx.load(str(out))
+    summary = qdq_summary(model)
+    assert summary == report["qdq"]
+    assert summary["types"] == ["int8"] and summary["nonzero_zero_points"] == []
+    assert summary["layers"] and all(summary["layers"].values()), summary["layers"]  # both inputs quantized
+    assert {n.op_type for n in model.graph.node if n.op_type in QUANTIZED_OPS} == {"Conv", "MatMul"}
+    # the predictive head reads float tensors: no DequantizeLinear feeds it
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        if node.op_type in HEAD_OPS:
+            assert all(producers.get(i) is None or producers[i].op_type != "DequantizeLinear" for i in node.input)
+    # biases stay float (TensorRT takes no INT32 DequantizeLinear)
+    ints = {t.name: t.data_type for t in model.graph.initializer}
+    assert onnx.TensorProto.INT32 not in ints.values()
+
+
+@pytest.mark.parametrize("tensorrt", ["10.3", "11"])
+def test_tensorrt_compat_is_clean(calibrated, tensorrt):
+    _, out, report = calibrated
+    assert check_trt_compat(onnx.load(str(out)), tensorrt=tensorrt) == []
+    assert report["tensorrt_compat"]["errors"] == report["tensorrt_compat"]["warnings"] == 0
+
+
+def test_int8_stays_close_to_fp32(calibrated, baked):
+    # Bound: each quantized tensor is rounded to steps of range/254; on this 2-layer net with activation
+    # ranges set from the calibration data (same distribution as x), per-logit errors stay a few steps of the
+    # logit range, which moves softmax probabilities by at most ~0.05 (measured: <= 0.02).
+    _, out, _ = calibrated
+    x = _inputs(64, seed=3)
+    ref = Session(baked[0]).predict(x)
+    got = Session(out).predict(x)
+    assert np.abs(ref.probs - got.probs).max() < 0.05
+    assert np.abs(ref.entropy - got.entropy).max() < 0.1
+
+
+def test_entropy_search_is_not_minmax(baked):
+    # onnxruntime's quantize_static leaves its entropy calibrator at 128 bins = 128 quantized bins, where the
+    # KL search has one candidate: the min-max range. We pass 2048 bins, so entropy picks its own ranges.
+    path, data = baked
+    proto = onnx.load(str(path))
+    reader = BatchReader(load_npy_dir(data, INPUT_SHAPE[1:]), "input", batch=16)
+
+    def scales(method: str) -> dict[str, float]:
+        q = quantize_int8(proto, reader, Int8Config(method=method))
+        return {t.name: float(onnx.numpy_helper.to_array(t)) for t in q.graph.initializer
+                if t.name.endswith("_scale") and not t.dims}
+
+    minmax, entropy = scales("minmax"), scales("entropy")
+    assert minmax.keys() == entropy.keys()
+    assert any(entropy[k] < minmax[k] * 0.99 for k in minmax), (minmax, entropy)
+
+
+def test_only_baked_float_exports_are_calibrated(tmp_path, baked):
+    model = synthetic_cnn()
+    for mode in ("noise", "analytic"):
+        path = tmp_path / f"{mode}.onnx"
+        save_onnx(export_onnx(model, 4, mode=mode), path)
+        with pytest.raises(InvalidOptionError, match=f"a {mode} export cannot be INT8-calibrated"):
+            calibrate_ensemble(path, tmp_path / "o.onnx", data=str(baked[1]))
+    int8w = tmp_path / "w8.onnx"
+    save_onnx(export_onnx(model, 4, weights="int8"), int8w)
+    with pytest.raises(InvalidOptionError, match="weights are already int8"):
+        calibrate_ensemble(int8w, tmp_path / "o.onnx", data=str(baked[1]))
+    plain = tmp_path / "plain.onnx"
+    stripped = onnx.load(str(baked[0]))
+    del stripped.metadata_props[:]
+    onnx.save(stripped, str(plain))
+    with pytest.raises(InvalidArtifactError, match="not exported by edgebnn"):
+        calibrate_ensemble(plain, tmp_path / "o.onnx", data=str(baked[1]))
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_calibrated_model_is_not_calibrated_twice(calibrated, baked, tmp_path):
+    _, out, _ = calibrated
+    with pytest.raises(InvalidOptionError, match="already INT8-calibrated"):
+        calibrate_ensemble(out, tmp_path / "again.onnx", data=str(baked[1]))
+
+
+def test_digits_data_refused_for_other_input_shapes(baked, tmp_path):
+    with pytest.raises(InvalidOptionError, match=r"takes inputs \(1, 6, 6\), digits are \(1, 8, 8\)"):
+        calibrate_ensemble(baked[0], tmp_path / "o.onnx", data="digits")
+
+
+# -- readers ----------------------------------------------------------------------------------------------
+
+
+def test_batch_reader_drops_the_ragged_tail_and_rewinds():
+    reader = BatchReader(_inputs(70), "input", batch=32)
+    batches = list(iter(reader.get_next, None))
+    assert [len(b["input"]) for b in batches] == [32, 32] and reader.samples_used == 64 and len(reader) == 2
+    reader.rewind()
+    assert reader.get_next()["input"].shape == (32, 1, 6, 6)
+    assert BatchReader(_inputs(5), "input", batch=32).samples_used == 5  # a small set is one batch
+    assert BatchReader(_inputs(70), "input", batch=8, limit=20).samples_used == 16
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (np.zeros((2, 1, 6, 6), np.int32), "dtype int32 is not floating point"),
+        (np.zeros((2, 1, 8, 8), np.float32), r"shape \(2, 1, 8, 8\), expected \(1, 6, 6\) or \(n, 1, 6, 6\)"),
+        (np.full((1, 6, 6), np.nan, np.float32), "NaN or infinite"),
+        (np.array([{"a": 1}], dtype=object), "not a plain numeric .npy array"),
+        (b"not an npy file", "not a .npy file"),
+        (b"\x93NUMPY\x01\x00trunc", "unreadable .npy file"),
+    ],
+)
+def test_npy_reader_names_the_bad_file(tmp_path, content, message):
+    np.save(tmp_path / "good.npy", _inputs(2))
+    bad = tmp_path / "bad.npy"
+    if isinstance(content, bytes):
+        bad.write_bytes(content)
+    else:
+        np.save(bad, content, allow_pickle=True)
+    with pytest.raises(InvalidOptionError, match=message) as err:
+        load_npy_dir(tmp_path, INPUT_SHAPE[1:])
+    assert str(bad) in str(err.value)
+
+
+def test_npy_reader_folder_errors(tmp_path):
+    with pytest.raises(InvalidOptionError, match="not a directory"):
+        load_npy_dir(tmp_path / "nope", (1, 6, 6))
+    (tmp_path / "readme.txt").write_text("x")
+    with pytest.raises(InvalidOptionError, match=r"no \.npy files"):
+        load_npy_dir(tmp_path, (1, 6, 6))
+
+
+def test_config_validation():
+    with pytest.raises(InvalidOptionError, match="--method kl"):
+        Int8Config(method="kl")
+    with pytest.raises(InvalidOptionError, match="at least twice num_quantized_bins"):
+        Int8Config(num_bins=128, num_quantized_bins=128)
+
+
+# -- digits: what INT8 costs ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits_export(tmp_path_factory):
+    """A digits CNN trained briefly (15 epochs, ~10 s on one thread; test accuracy ~0.94), baked S=8."""
+    torch = pytest.importorskip("torch")
+    from edgebnn.data import digits
+    from edgebnn.importers import import_model
+    from edgebnn.models import digits_cnn
+    from edgebnn.train import train_bnn
+
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = digits_cnn()
+        train_bnn(model, digits(0), seed=0, epochs=15, kl_warmup_epochs=3, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    path = tmp_path_factory.mktemp("digits") / "digits_S8.onnx"
+    save_onnx(export_onnx(import_model(model, (1, 1, 8, 8), where="digits_cnn"), 8), path)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_digits_int8_accuracy_within_bound(digits_export, tmp_path, method):
+    # Bound: INT8 rounding moves the ensemble's probabilities by at most ~0.02 on digits (measured max |Δp|
+    # 0.011-0.020 for the three methods on the fully trained CNN), so only test images whose fp32 top-2
+    # margin is below ~0.04 can change class: 3 of 360 on the trained CNN. Hence at most 3 flips (top-1
+    # agreement >= 0.99, accuracy within 3/360), and NLL/ECE within 0.01 (about 10% of the fp32 NLL).
+    out = tmp_path / "int8.onnx"
+    r = CliRunner().invoke(
+        main, ["calibrate", str(digits_export), "--method", method, "-o", str(out), "--json", str(tmp_path / "r.json")],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["schema"] == "edgebnn.calibrate/1" and report["edgebnn_version"]
+    ev = report["evaluation"]
+    assert ev["split"] == "test" and ev["n"] == 360 and report["calibration"]["split"] == "val"
+    assert ev["agreement"]["top1"] >= 0.99
+    assert abs(ev["delta"]["accuracy"]) <= 3 / 360 + 1e-9
+    assert abs(ev["delta"]["nll"]) <= 0.01 and abs(ev["delta"]["ece"]) <= 0.01
+    assert report["tensorrt_compat"]["errors"] == 0
+    # edgebnn eval runs the INT8 model like any export
+    r = CliRunner().invoke(main,
+                           ["eval", str(out), "--json", str(tmp_path / "e.json")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "e.json").read_text())["accuracy"] == pytest.approx(ev["after"]["accuracy"])
+
+
+def test_cli_bad_data_is_one_line_exit_2(baked, tmp_path):
+    (tmp_path / "bad").mkdir()
+    np.save(tmp_path / "bad" / "x.npy", np.zeros((1, 6, 6), np.uint8))
+    out = tmp_path / "o.onnx"
+    r = CliRunner().invoke(main, ["calibrate", str(baked[0]), "--data", str(tmp_path / "bad"), "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().startswith("error:") and "x.npy: dtype uint8" in r.output and not out.exists()

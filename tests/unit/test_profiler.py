@@ -1,0 +1,280 @@
+"""The profiler: report keys, default modes, GPU wiring (with fakes), and --remote over fake ssh/scp."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from synthetic import synthetic_cnn
+
+from edgebnn import ir
+from edgebnn.cli import main
+from edgebnn.errors import EdgeBNNError, InvalidOptionError, MissingDependencyError
+from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.targets import profiler, remote
+from edgebnn.targets.profiler import default_mode, fastest_mode_in, plot_profile, profile
+from edgebnn.targets.runners import OrtRunner
+
+FIELDS = {"latency_ms", "throughput_per_s", "energy_mj_per_inference", "energy_source", "energy_reason"}
+QUICK = {"runs": 3, "warmup": 1, "power_meter": "none"}
+
+
+def check_report(report: dict, device: str) -> None:
+    """The keys ARCHITECTURE.md §7 promises, for the ensemble and both baselines."""
+    assert report["schema"] == "edgebnn.profile/1" and report["edgebnn_version"]
+    assert report["device"] == device
+    for key in ("runner", "batch", "baselines", *FIELDS):
+        assert key in report, key
+    assert set(report["baselines"]) == {"float_deterministic", "float_bnn"}
+    for row in (report, *report["baselines"].values()):
+        assert set(row) >= FIELDS
+        assert {"p50", "p90", "p99", "mean"} <= set(row["latency_ms"])
+        assert row["energy_mj_per_inference"] is None and row["energy_reason"]  # no sensor: null, with why
+
+
+@pytest.mark.parametrize("baseline_runner", ["auto", "torch"])
+def test_cpu_profile_report(baseline_runner):
+    if baseline_runner == "torch":
+        pytest.importorskip("torch")
+    model = synthetic_cnn()
+    report = profile(model, export_onnx(model, 4), samples=4, baseline_runner=baseline_runner, **QUICK)
+    check_report(report, "cpu")
+    assert report["runner"] == "onnxruntime" and report["mode"] == "baked"
+    want = "torch" if baseline_runner == "torch" else "onnxruntime"
+    assert {r["runner"] for r in report["baselines"].values()} == {want}
+    assert report["ratios"]["speedup_vs_float_bnn"] > 0
+
+
+def test_plot_profile_writes_png(tmp_path):
+    model = synthetic_cnn()
+    report = profile(model, export_onnx(model, 2), samples=2, **QUICK)
+    plot_profile(report, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_engine_is_for_gpu_targets_only(tmp_path):
+    model = synthetic_cnn()
+    with pytest.raises(InvalidOptionError, match="runs on rtx or jetson, not the cpu"):
+        profile(model, export_onnx(model, 2), samples=2, engine=tmp_path / "m.engine", **QUICK)
+
+
+@pytest.mark.parametrize("device", ["rtx", "jetson"])
+def test_gpu_profile_without_tensorrt_says_what_to_install(monkeypatch, device):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)
+    model = synthetic_cnn()
+    with pytest.raises(MissingDependencyError, match="TensorRT Python package not found"):
+        profile(model, export_onnx(model, 2), device=device, samples=2, **QUICK)
+
+
+# -- GPU wiring, with TensorRT replaced by onnxruntime -----------------------------------------------------
+
+
+class FakeTensorRTRunner:
+    """Stands in for TensorRTRunner: the fake 'engine' file holds the ONNX it was 'built' from."""
+
+    name = "tensorrt"
+
+    def __init__(self, engine_path, device):
+        self.engine_path = Path(engine_path)
+        self.inner = OrtRunner(self.engine_path.read_bytes(), threads=1)
+        self.input_names = self.inner.input_names
+        self.provider = f"fake TensorRT ({device})"
+
+    def bind(self, x):
+        return self.inner.bind(x)
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    built = []
+
+    def build_engine(onnx_path, engine_path, device, **kw):
+        built.append((Path(onnx_path).name, device, kw["max_batch"]))
+        Path(engine_path).write_bytes(Path(onnx_path).read_bytes())
+
+    monkeypatch.setattr(profiler, "import_tensorrt", lambda: None)
+    monkeypatch.setattr("edgebnn.exporters.tensorrt.build_engine", build_engine)
+    monkeypatch.setattr(profiler, "TensorRTRunner", FakeTensorRTRunner)
+    monkeypatch.setattr(profiler, "_gpu_sampling_runner", lambda graph: OrtRunner(graph, threads=1))
+    return built
+
+
+def test_gpu_profile_builds_ensemble_and_deterministic_engines(fake_gpu):
+    model = synthetic_cnn()
+    report = profile(model, export_onnx(model, 4), device="jetson", samples=4, batch=2, **QUICK)
+    check_report(report, "jetson-orin-nano")
+    assert fake_gpu == [("ensemble.onnx", "jetson-orin-nano", 2), ("float_deterministic.onnx", "jetson-orin-nano", 2)]
+    assert report["runner"] == "tensorrt" and report["mode"] == "baked"
+    assert report["baselines"]["float_deterministic"]["runner"] == "tensorrt"
+    # float_bnn redraws weights per pass: never a TensorRT engine (random ops ignore seeds there)
+    assert report["baselines"]["float_bnn"]["runner"] == "onnxruntime"
+
+
+def test_gpu_profile_of_a_given_engine_checks_its_samples(fake_gpu, tmp_path):
+    model = synthetic_cnn()
+    save_onnx(export_onnx(model, 8), tmp_path / "ens.onnx")
+    engine = tmp_path / "ens.engine"
+    engine.write_bytes((tmp_path / "ens.onnx").read_bytes())
+    (tmp_path / "ens.manifest.json").write_text(json.dumps({"onnx": "ens.onnx"}))
+    with pytest.raises(InvalidOptionError, match=r"built from an S=8 ensemble .*pass --samples 8"):
+        profile(model, None, device="rtx", engine=engine, samples=4, **QUICK)
+    report = profile(model, None, device="rtx", engine=engine, samples=8, **QUICK)
+    assert report["engine"] == str(engine) and report["mode"] == "baked" and fake_gpu == [
+        ("float_deterministic.onnx", "rtx", 1)]
+
+
+def test_gpu_profile_refuses_noise_graphs(fake_gpu):
+    model = synthetic_cnn()
+    with pytest.raises(InvalidOptionError, match="--mode noise on rtx: a noise graph takes host-drawn noise"):
+        profile(model, export_onnx(model, 2, mode="noise"), device="rtx", samples=2, **QUICK)
+
+
+def test_gpu_float_bnn_needs_torch_cuda_or_onnxruntime_gpu():
+    torch = pytest.importorskip("torch")
+    import onnxruntime as ort
+
+    if torch.cuda.is_available() or "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("a CUDA runtime is present")
+    from edgebnn.exporters.ensemble import float_bnn
+
+    with pytest.raises(MissingDependencyError, match="needs torch with CUDA or onnxruntime-gpu"):
+        profiler._gpu_sampling_runner(float_bnn(synthetic_cnn()))
+
+
+# -- default mode -----------------------------------------------------------------------------------------
+
+
+def test_default_mode_gpu_is_baked(tmp_path):
+    mode, why = default_mode("jetson-agx-orin", bench_results=tmp_path / "none.json")
+    assert mode == "baked" and "TensorRT ignores RNG seeds" in why
+
+
+def test_default_mode_cpu_reads_bench_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert default_mode("cpu")[0] == "baked"  # no bench/results/modes.json here
+    results = tmp_path / "bench" / "results"
+    results.mkdir(parents=True)
+    (results / "modes.json").write_text(json.dumps({"results": [
+        {"mode": "baked", "device": "cpu", "samples": 16, "latency_ms": {"p50": 0.30}},
+        {"mode": "analytic", "device": "cpu", "samples": 16, "latency_ms": {"p50": 0.10}},
+        {"mode": "noise", "device": "rtx", "samples": 16, "latency_ms": {"p50": 0.01}},  # another device
+        {"mode": "noise", "device": "cpu", "samples": 8, "latency_ms": {"p50": 0.05}},  # another S
+    ]}))
+    mode, why = default_mode("cpu", samples=16)
+    assert mode == "analytic" and "0.1 ms" in why
+    assert fastest_mode_in(results / "modes.json") == ("noise", 0.05)
+    (tmp_path / "flat.json").write_text(json.dumps({"baked": {"p50_ms": 2.0}, "noise": {"p50_ms": 1.0}}))
+    assert fastest_mode_in(tmp_path / "flat.json") == ("noise", 1.0)
+
+
+def test_default_mode_bad_bench_results(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(InvalidOptionError, match="not a readable JSON file"):
+        default_mode("cpu", bench_results=tmp_path / "bad.json")
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(InvalidOptionError, match="no CPU mode measurements"):
+        default_mode("cpu", bench_results=tmp_path / "empty.json")
+
+
+# -- --remote, with ssh and scp replaced by local scripts -------------------------------------------------
+
+
+FAKE_SSH = """\
+import json, subprocess, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(json.dumps(["ssh", *args]) + "\\n")
+{fail}
+i = args.index("--")
+target, command = args[i + 1], args[i + 2:]
+assert len(command) == 1, command  # one string for the remote shell
+sys.exit(subprocess.run(["sh", "-c", command[0]]).returncode)
+"""
+
+FAKE_SCP = """\
+import json, shutil, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(json.dumps(["scp", *args]) + "\\n")
+i = args.index("--")
+src, dst = (p.split(":", 1)[1] if ":" in p and not p.startswith("/") else p for p in args[i + 1 : i + 3])
+shutil.copy(src, dst)
+"""
+
+
+@pytest.fixture
+def fake_ssh(tmp_path, monkeypatch):
+    log = tmp_path / "ssh.log"
+
+    def install(fail: str = "") -> Path:
+        ssh, scp = tmp_path / "fake_ssh.py", tmp_path / "fake_scp.py"
+        ssh.write_text(FAKE_SSH.format(log=str(log), fail=fail))
+        scp.write_text(FAKE_SCP.format(log=str(log)))
+        monkeypatch.setattr(remote, "DEFAULT_SSH", (sys.executable, str(ssh)))
+        monkeypatch.setattr(remote, "DEFAULT_SCP", (sys.executable, str(scp)))
+        return log
+
+    return install
+
+
+@pytest.fixture
+def ebnn_with_space(tmp_path):
+    folder = tmp_path / "my models"
+    folder.mkdir()
+    path = folder / "syn cnn.ebnn"
+    ir.save(synthetic_cnn(), path)
+    return path
+
+
+def test_remote_profile_over_fake_ssh(fake_ssh, ebnn_with_space, tmp_path):
+    log = fake_ssh()
+    out = tmp_path / "p.json"
+    r = CliRunner().invoke(main, [
+        "profile", str(ebnn_with_space), "--samples", "2", "--runs", "3", "--warmup", "1", "--power-meter", "none",
+        "--remote", "jetson@orin.local", "--remote-edgebnn", f"{sys.executable} -m edgebnn",
+        "--json", str(out), "--plot", str(tmp_path / "p.png"),
+    ], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    check_report(report, "cpu")
+    assert report["remote"]["host"] == "jetson@orin.local"
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    kinds = [c[0] for c in calls]
+    assert kinds == ["ssh", "scp", "ssh", "scp", "ssh"]  # mktemp, copy, profile, fetch, rm
+    remote_cmd = shlex.split(calls[2][-1])
+    remote_dir = shlex.split(calls[0][-1])  # mktemp -d -t ...
+    assert remote_dir[:2] == ["mktemp", "-d"]
+    artifact = remote_cmd[remote_cmd.index("profile") + 1]
+    assert artifact.endswith("/syn cnn.ebnn")  # the space survived the remote shell as one word
+    assert remote_cmd[remote_cmd.index("--device") + 1] == "cpu" and "--mode" not in remote_cmd
+    assert calls[-1][-1].startswith("rm -rf -- ")
+    assert not Path(shlex.split(calls[-1][-1])[-1]).exists()  # the remote temp directory is gone
+
+
+def test_remote_connection_failure_is_one_clear_error(fake_ssh, ebnn_with_space):
+    fake_ssh(fail='print("ssh: connect to host orin.local port 22: Connection refused", file=sys.stderr)\n'
+                  "sys.exit(255)")
+    with pytest.raises(EdgeBNNError, match="--remote orin.local: creating a remote directory failed "
+                                           r"\(status 255\): ssh: connect to host orin.local port 22: Connection"):
+        remote.profile_remote("orin.local", ebnn_with_space, {"device": "jetson"})
+
+
+def test_remote_edgebnn_error_is_quoted_and_cleanup_runs(fake_ssh, ebnn_with_space, tmp_path):
+    log = fake_ssh()
+    with pytest.raises(EdgeBNNError, match=r"remote `.* profile` failed \(status 2\): error: TensorRT Python "
+                                           "package not found"):
+        remote.profile_remote("orin", ebnn_with_space, {"device": "jetson", "samples": 2},
+                              remote_edgebnn=f"{sys.executable} -m edgebnn")
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[-1][-1].startswith("rm -rf -- ")
+
+
+@pytest.mark.parametrize("target", ["-oProxyCommand=touch /tmp/x", "user@", "a b", "host;rm", ""])
+def test_remote_target_is_validated(target, ebnn_with_space):
+    with pytest.raises(InvalidOptionError, match="expected user@host or host"):
+        remote.profile_remote(target, ebnn_with_space, {})
