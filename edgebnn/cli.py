@@ -165,8 +165,8 @@ def inspect(file: str, as_json: bool, plot: str | None) -> None:
     if info.get("layers"):
         table = Table(title=file, title_justify="left")
         table.add_column("weight", overflow="fold", min_width=12)  # names wrap, never truncate
-        for col in ("encoding", "shape", "weights", "bytes", "mean |μ|", "mean σ"):
-            table.add_column(col, no_wrap=True, justify="left" if col in ("encoding", "shape") else "right")
+        for col in ("encoding", "shape", "weights", "bytes", "mean|μ|", "mean σ"):
+            table.add_column(col, justify="left" if col in ("encoding", "shape") else "right")
         for row in info["layers"]:
             table.add_row(row["name"], row["encoding"].removesuffix("Weight"), "x".join(map(str, row["shape"])),
                           f"{row['n_weights']:,}",
