@@ -3,6 +3,23 @@
 from __future__ import annotations
 
 from edgebnn.ir.encodings.base import ENCODINGS, Encoding, register_encoding
+from edgebnn.ir.encodings.binary import BinaryWeight
+from edgebnn.ir.encodings.codebook import CodebookWeight
+from edgebnn.ir.encodings.fixedpoint import FixedPointWeight
 from edgebnn.ir.encodings.gaussian import GaussianWeight
+from edgebnn.ir.encodings.intcount import IntCountWeight
+from edgebnn.ir.encodings.sigmacode import SigmaCode
+from edgebnn.ir.encodings.ternary import TernaryWeight
 
-__all__ = ["ENCODINGS", "Encoding", "GaussianWeight", "register_encoding"]
+__all__ = [
+    "ENCODINGS",
+    "BinaryWeight",
+    "CodebookWeight",
+    "Encoding",
+    "FixedPointWeight",
+    "GaussianWeight",
+    "IntCountWeight",
+    "SigmaCode",
+    "TernaryWeight",
+    "register_encoding",
+]

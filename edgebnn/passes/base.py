@@ -1,0 +1,282 @@
+"""The pass machinery: configs, ``PassResult``, the ``Pass`` base class and the per-layer report.
+
+A pass takes a verified IR and returns ``PassResult(model, modified, report)`` with a *new* model (the
+input is never changed). :class:`Pass` verifies the input, runs, verifies the output, records itself in
+``manifest.passes`` and wraps unexpected failures in :class:`PassError` naming the pass and the passes
+before it. :class:`LayerPass` lowers each ``GaussianWeight`` on its own, with a generator seeded by
+``(seed, weight index)``, so the result is deterministic for a seed and independent of other layers.
+
+Per-layer report (one row per encoded weight, graph order):
+
+    name, layer         weight value name and source module path
+    kind                encoding op type after the pass
+    n_weights           elements of the weight
+    bits                bits per weight of the main payload (32 for a GaussianWeight)
+    bits_per_weight     8 · bytes / n_weights: every stored byte, codebooks, σ codes and outliers included
+    sparsity            fraction of weights whose posterior mean is exactly 0
+    bytes               bytes the encoding's tensors take in the ``.ebnn``
+    distortion          distortion_mean + distortion_std, where
+    distortion_mean     ||E[w] - μ||₂ / ||μ||₂     (mean after vs the input Gaussian's μ)
+    distortion_std      ||sd[w] - σ||₂ / ||σ||₂    (std after vs the input σ)
+                        (a zero denominator is replaced by 1: the error is then absolute)
+    noise_ratio         mean((E[w] - μ)²) / mean(σ²): quantisation noise as a fraction of the layer's mean
+                        posterior variance (None when σ = 0 everywhere)
+    skipped             why the layer was left unchanged, else None
+    note                a fallback or adjustment the pass made (capped bits, other encoding, degenerate
+                        input), else None
+
+plus scheme-specific keys documented in each pass module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
+from edgebnn.ir import BNNModel, EncodedWeight, Encoding, GaussianWeight, verify
+from edgebnn.ir.encodings.packing import MAX_BITS
+from edgebnn.ir.encodings.sigmacode import MAX_SIGMA_BITS
+
+DEFAULT_NOISE_FRACTION = 0.25
+DEFAULT_SIGMA_BITS = 2
+
+
+class PassError(EdgeBNNError):
+    """A lowering pass failed unexpectedly or produced an invalid model; names the pass."""
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What a pass returns: the new model, whether anything changed, and its report."""
+
+    model: BNNModel
+    modified: bool
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class LayerOutcome:
+    """One lowered weight: the new encoding, an optional note, and scheme-specific report keys."""
+
+    encoding: Encoding
+    note: str | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def check_int(value: object, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int in ``lo..hi`` or :class:`InvalidOptionError` naming the option."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= int(value) <= hi:
+        raise InvalidOptionError(f"{name}={value!r}: must be an integer in {lo}..{hi}")
+    return int(value)
+
+
+def check_float(value: object, name: str, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    """``value`` as a finite float in ``[lo, hi]`` (``(lo, hi]`` with ``lo_open``)."""
+    ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or not (lo < value <= hi if lo_open else lo <= value <= hi):  # type: ignore[operator]
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise InvalidOptionError(f"{name}={value!r}: must be a finite number in {interval}")
+    return float(value)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class PassConfig:
+    """Base of the per-scheme settings: frozen, validated in ``__post_init__``."""
+
+    VERSION: ClassVar[int] = 1
+
+    def options(self) -> dict[str, Any]:
+        """JSON-ready settings for ``manifest.passes`` (mappings of arrays become their sorted keys)."""
+        out: dict[str, Any] = {"version": self.VERSION}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = sorted(value) if isinstance(value, Mapping) else value
+        return out
+
+
+@dataclass(frozen=True)
+class QuantConfig(PassConfig):
+    """Settings shared by the quantising schemes.
+
+    Attributes:
+        bits: Forced bits per weight, or None for "auto": the smallest width whose quantisation noise stays
+            at most ``noise_fraction`` of the layer's mean posterior variance.
+        noise_fraction: The stated fraction for ``bits=None``.
+        sigma_bits: Bits of the per-weight σ code (0: one σ for the whole layer).
+    """
+
+    bits: int | None = None
+    noise_fraction: float = DEFAULT_NOISE_FRACTION
+    sigma_bits: int = DEFAULT_SIGMA_BITS
+
+    BITS_RANGE: ClassVar[tuple[int, int]] = (2, MAX_BITS)
+
+    def __post_init__(self) -> None:
+        if self.bits is not None:
+            check_int(self.bits, "bits", *self.BITS_RANGE)
+        check_float(self.noise_fraction, "noise_fraction", 0.0, 100.0, lo_open=True)
+        check_int(self.sigma_bits, "sigma_bits", 0, MAX_SIGMA_BITS)
+
+
+_CHUNK = 1 << 18
+
+
+def sum_sq_diff(a: np.ndarray, b: np.ndarray | None = None) -> float:
+    """Σ (a - b)² (Σ a² without ``b``) accumulated in float64, chunk by chunk (no n-sized float64 copy)."""
+    a, b = a.reshape(-1), None if b is None else b.reshape(-1)
+    total = 0.0
+    for start in range(0, a.size, _CHUNK):
+        d = a[start : start + _CHUNK].astype(np.float64)
+        if b is not None:
+            d -= b[start : start + _CHUNK]
+        total += float(np.sum(np.square(d, out=d)))  # not np.dot: BLAS threads crawl on a busy machine
+    return total
+
+
+def relative_error(new: np.ndarray, ref: np.ndarray) -> float:
+    """``||new - ref||₂ / ||ref||₂`` (absolute when ``ref`` is all zero)."""
+    num, den = np.sqrt(sum_sq_diff(new, ref)), np.sqrt(sum_sq_diff(ref))
+    return float(num / den if den > 0 else num)
+
+
+def layer_row(
+    weight: EncodedWeight,
+    new: Encoding,
+    *,
+    skipped: str | None = None,
+    note: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report row of one weight: ``weight.encoding`` is the input, ``new`` the result."""
+    old = weight.encoding
+    mu, sigma = old.mean(), old.stddev()
+    mean, std = new.mean(), new.stddev()
+    var = sum_sq_diff(sigma) / new.size
+    err2 = sum_sq_diff(mean, mu) / new.size
+    d_mean, d_std = relative_error(mean, mu), relative_error(std, sigma)
+    nbytes = new.nbytes
+    return {
+        "name": weight.name,
+        "layer": weight.layer,
+        "kind": new.op_type,
+        "n_weights": new.size,
+        "bits": int(getattr(new, "bits", 32)),
+        "bits_per_weight": round(8 * nbytes / new.size, 4),
+        "sparsity": float(np.count_nonzero(mean == 0) / new.size),
+        "bytes": nbytes,
+        "distortion": d_mean + d_std,
+        "distortion_mean": d_mean,
+        "distortion_std": d_std,
+        "noise_ratio": err2 / var if var > 0 else None,
+        "skipped": skipped,
+        "note": note,
+        **(extra or {}),
+    }
+
+
+class Pass(ABC):
+    """A lowering pass: ``pass_(model, seed=0) -> PassResult``."""
+
+    name: ClassVar[str]
+    config_type: ClassVar[type[PassConfig]]
+
+    def __init__(self, config: PassConfig | None = None) -> None:
+        if config is None:
+            config = self.config_type()
+        if not isinstance(config, self.config_type):
+            raise InvalidOptionError(
+                f"pass {self.name!r} takes a {self.config_type.__name__}, got {type(config).__name__}"
+            )
+        self.config = config
+
+    @abstractmethod
+    def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, Any]], bool]:
+        """Rewrite ``model`` (a private copy) in place; return the layer rows and whether it changed."""
+
+    def __call__(self, model: BNNModel, *, seed: int = 0) -> PassResult:
+        """Verify, run on a copy, verify, record; see the module docstring.
+
+        Raises:
+            InvalidArtifactError: The input model fails verification.
+            InvalidOptionError: An option does not fit this model (names the pass and layer).
+            PassError: The pass failed unexpectedly or produced a model the verifier rejects.
+        """
+        seed = check_int(seed, "seed", 0, 2**63 - 1)
+        before = [str(p.get("name")) for p in model.manifest.passes]
+        context = f"pass {self.name!r}" + (f" (after {' -> '.join(before)})" if before else "")
+        try:
+            verify(model)
+        except InvalidArtifactError as e:
+            raise InvalidArtifactError(f"{context}: input model is invalid: {e}") from e
+        out = model.copy()
+        try:
+            layers, modified = self.run(out, seed)
+        except EdgeBNNError as e:
+            raise type(e)(f"{context}: {e}") from e
+        except Exception as e:
+            raise PassError(f"{context} failed on {model.where}: {type(e).__name__}: {e}") from e
+        try:
+            verify(out)
+        except InvalidArtifactError as e:
+            raise PassError(f"{context} produced an invalid model: {e}") from e
+        options = self.config.options()
+        out.manifest.passes.append({"name": self.name, "options": options, "seed": seed})
+        report = {"pass": self.name, "options": options, "seed": seed, "layers": layers}
+        return PassResult(out, modified, report)
+
+
+class LayerPass(Pass):
+    """A pass that lowers every ``GaussianWeight`` independently (other encodings are skipped, with reason)."""
+
+    @abstractmethod
+    def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+        """Encode one Gaussian weight (``weight.encoding`` is a :class:`GaussianWeight`)."""
+
+    def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, Any]], bool]:
+        rows = []
+        modified = False
+        for i, weight in enumerate(model.encoded_weights()):
+            if not isinstance(weight.encoding, GaussianWeight):
+                reason = f"already a {weight.encoding.op_type}; {self.name} lowers GaussianWeight posteriors only"
+                rows.append(layer_row(weight, weight.encoding, skipped=reason))
+                continue
+            try:
+                outcome = self.lower_weight(weight, np.random.default_rng([seed, i]))
+            except EdgeBNNError as e:
+                raise type(e)(f"weight {weight.name!r}: {e}") from e
+            if outcome.encoding is not weight.encoding:
+                model.replace_encoding(weight, outcome.encoding)
+                modified = True
+            rows.append(layer_row(weight, outcome.encoding, note=outcome.note, extra=outcome.extra))
+        return rows, modified
+
+
+def posterior(weight: EncodedWeight) -> tuple[np.ndarray, np.ndarray]:
+    """``(μ, σ)`` of a Gaussian weight as flat float32 views."""
+    enc = weight.encoding
+    if not isinstance(enc, GaussianWeight):
+        raise TypeError(f"{weight.name} is a {enc.op_type}, not a GaussianWeight")
+    return enc.mu.reshape(-1), enc.sigma.reshape(-1)
+
+
+def degenerate_note(mu: np.ndarray, sigma: np.ndarray) -> str | None:
+    """A note for the degenerate posteriors every scheme must survive (all-zero μ, σ = 0 everywhere)."""
+    notes = []
+    if not np.any(mu):
+        notes.append("all means are 0")
+    if not np.any(sigma):
+        notes.append("sigma is 0 everywhere (a deterministic layer: draws equal the mean)")
+    return "; ".join(notes) or None
+
+
+def join_notes(*notes: str | None) -> str | None:
+    """Join the non-empty notes with '; ' (None when there are none)."""
+    kept = [n for n in notes if n]
+    return "; ".join(kept) or None

@@ -1,0 +1,112 @@
+"""``ternary``: VNQ post-training ternarisation to levels {-a, 0, +a} per layer, σ kept as a code.
+
+Variational Network Quantization, post-training step (no fine-tuning):
+
+1. prune: log α_i = log σ_i² - log μ_i² >= 2 (``prune_log_alpha``), i.e. σ_i² >= e² μ_i²: 0 lies well inside
+   the weight's posterior; a pruned weight becomes an exact, deterministic zero (its σ is coded as 0);
+2. the level ``a`` minimises the squared error of the remaining means against their nearest level:
+   Lloyd's fixed point a = mean{|μ_i| : |μ_i| > a/2} (1-D k-means with the centre 0 held fixed, started at
+   mean|μ|, run on a seeded subsample of at most 65 536 weights); VNQ learns ``a`` in training, a
+   post-hoc model has to fit it;
+3. every remaining weight goes to argmin_k (c_k - μ_i)², c = (-a, 0, a): ±a when |μ_i| > a/2, else 0 (a weight
+   rounded to 0 keeps its σ, only pruned ones are deterministic).
+
+Codes are 2 bits (four per byte), always; ``bits`` may only be None or 2. Biases (1-D weights) are lowered
+with ``fixed`` instead — one level per layer is far too coarse for them — and the report says so.
+Degenerate layers: when every weight is pruned (e.g. all-zero μ) the level is set to 1 (unused) and the
+note says so.
+
+Report keys besides the common ones: ``level`` (a), ``pruned`` (fraction pruned by log α).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from edgebnn.ir import EncodedWeight
+from edgebnn.ir.encodings import SigmaCode, TernaryWeight
+from edgebnn.passes.base import (
+    LayerOutcome,
+    LayerPass,
+    QuantConfig,
+    check_float,
+    degenerate_note,
+    join_notes,
+    posterior,
+)
+from edgebnn.passes.fixed import fallback_fixed
+
+_FIT_SAMPLE = 65536
+_LLOYD_ITERS = 30
+
+
+@dataclass(frozen=True)
+class TernaryConfig(QuantConfig):
+    """Settings of ``ternary``.
+
+    Attributes:
+        prune_log_alpha: Prune weights with log(σ²/μ²) at or above this (VNQ: 2).
+    """
+
+    prune_log_alpha: float = 2.0
+
+    BITS_RANGE: ClassVar[tuple[int, int]] = (2, 2)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_float(self.prune_log_alpha, "prune_log_alpha", -50.0, 50.0)
+
+
+def ternary_level(magnitudes: np.ndarray, rng: np.random.Generator) -> float:
+    """Lloyd's level ``a`` for {-a, 0, a} on the kept ``|μ|`` (0 when all are 0)."""
+    m = magnitudes if magnitudes.size <= _FIT_SAMPLE else rng.choice(magnitudes, _FIT_SAMPLE, replace=False)
+    m = m.astype(np.float64)
+    a = float(m.mean()) if m.size else 0.0
+    for _ in range(_LLOYD_ITERS):
+        big = m[m > a / 2]
+        new = float(big.mean()) if big.size else a
+        if new == a:
+            break
+        a = new
+    return a
+
+
+def lower_ternary(
+    mu: np.ndarray, sigma: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator, config: TernaryConfig
+) -> LayerOutcome:
+    """Encode one Gaussian weight (flat ``mu``, ``sigma``) as a :class:`TernaryWeight`."""
+    threshold = np.float32(np.exp(config.prune_log_alpha))
+    pruned = np.square(sigma) >= threshold * np.square(mu)
+    kept = np.abs(mu[~pruned])
+    level = ternary_level(kept, rng)
+    note = degenerate_note(mu, sigma)
+    if level == 0:
+        level = 1.0
+        note = join_notes(note, "every weight is pruned or zero: level set to 1 (unused)")
+    level = float(np.float32(level))
+    codes = np.zeros(mu.size, np.int16)
+    big = (np.abs(mu) > np.float32(level / 2)) & ~pruned
+    codes[big] = np.where(mu[big] > 0, 1, -1)
+    sigma_kept = np.where(pruned, np.float32(0), sigma)
+    enc = TernaryWeight(codes.reshape(shape), level, 2, SigmaCode.fit(sigma_kept, config.sigma_bits, rng))
+    return LayerOutcome(enc, note, {"level": enc.scale, "pruned": float(np.count_nonzero(pruned) / mu.size)})
+
+
+class TernaryPass(LayerPass):
+    """Lower every Gaussian weight matrix to VNQ ternary codes plus a σ code."""
+
+    name = "ternary"
+    config_type = TernaryConfig
+    config: TernaryConfig
+
+    def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+        c = self.config
+        if len(weight.encoding.shape) == 1:
+            return fallback_fixed(
+                weight, rng, "bias (1-D)", noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits
+            )
+        mu, sigma = posterior(weight)
+        return lower_ternary(mu, sigma, weight.encoding.shape, rng, c)

@@ -1,0 +1,117 @@
+"""Pictures of a lowered model: per layer the μ–σ plane, and the bits per layer.
+
+Matplotlib is driven through ``Figure`` objects (no pyplot, no global backend switch); PNG output goes
+through the Agg renderer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from edgebnn.ir import BNNModel, Encoding
+from edgebnn.ir.encodings import CodebookWeight
+
+_CHI2_95 = 5.991  # squared Mahalanobis radius of the 95% ellipse in 2-D
+
+
+def _subsample(n: int, max_points: int, rng: np.random.Generator) -> np.ndarray:
+    return np.arange(n) if n <= max_points else np.sort(rng.choice(n, max_points, replace=False))
+
+
+def _payload_bits(enc: Encoding) -> int:
+    return int(getattr(enc, "bits", 32))
+
+
+def _draw_codebook(ax, enc: CodebookWeight, ref: Encoding | None, rng: np.random.Generator, max_points: int) -> None:
+    from matplotlib.patches import Ellipse
+
+    sizes = enc.cluster_sizes()
+    used = sizes > 0
+    if ref is not None:  # each entry's 95% ellipse, from its members' posterior points
+        mu, sigma = ref.mean().reshape(-1).astype(np.float64), ref.stddev().reshape(-1).astype(np.float64)
+        own = np.ones(enc.size, bool)
+        own[enc.outlier_index] = own[enc.blend_index] = False
+        for k in np.flatnonzero(sizes > 1):
+            members = own & (enc.indices == k)
+            cov = np.cov(np.stack([mu[members], sigma[members]]))
+            vals, vecs = np.linalg.eigh(cov)  # ascending: vecs[:, 1] is the major axis
+            minor, major = 2 * np.sqrt(np.maximum(vals, 0) * _CHI2_95)
+            angle = float(np.degrees(np.arctan2(vecs[1, 1], vecs[0, 1])))
+            ax.add_patch(Ellipse((mu[members].mean(), sigma[members].mean()), major, minor, angle=angle,
+                                 fill=False, lw=0.6, color="tab:blue", alpha=0.6))
+    ax.scatter(enc.codebook[used, 0], enc.codebook[used, 1], s=8 + 60 * sizes[used] / max(sizes.max(), 1),
+               c="tab:blue", marker="o", label=f"{int(used.sum())} entries", zorder=3)
+    if enc.blend_index.size:
+        mean, std = enc.mean().reshape(-1), enc.stddev().reshape(-1)
+        pick = enc.blend_index[_subsample(enc.blend_index.size, max_points, rng)]
+        ax.scatter(mean[pick], std[pick], s=4, c="gold", label=f"{enc.blend_index.size} blended", zorder=4)
+    if enc.outlier_index.size:
+        pick = _subsample(enc.outlier_index.size, max_points, rng)
+        ax.scatter(enc.outlier_mu[pick], enc.outlier_sigma[pick], s=3, c="tab:red",
+                   label=f"{enc.outlier_index.size} outliers", zorder=4)
+
+
+def plot_layers(
+    model: BNNModel,
+    out_png: str | os.PathLike[str],
+    *,
+    reference: BNNModel | None = None,
+    max_points: int = 4000,
+    seed: int = 0,
+) -> Path:
+    """Draw every encoded weight's μ–σ scatter and a bits-per-layer bar chart into one PNG.
+
+    Args:
+        model: The (lowered) IR to draw.
+        out_png: Where to write the PNG.
+        reference: The model before lowering; its posterior points are drawn in grey under each panel, and
+            codebook layers get each entry's 95% (Mahalanobis 5.991) ellipse from its members' points.
+        max_points: Points drawn per panel at most (a seeded subsample of big layers).
+        seed: Seed of the subsample.
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.figure import Figure
+
+    rng = np.random.default_rng(seed)
+    weights = model.encoded_weights()
+    refs = {w.name: w.encoding for w in reference.encoded_weights()} if reference is not None else {}
+    cols = min(3, max(len(weights), 1))
+    rows = -(-len(weights) // cols) + 1
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), layout="constrained")
+    grid = fig.add_gridspec(rows, cols)
+    for i, w in enumerate(weights):
+        ax = fig.add_subplot(grid[i // cols, i % cols])
+        enc, ref = w.encoding, refs.get(w.name)
+        if ref is not None:
+            pick = _subsample(ref.size, max_points, rng)
+            ax.scatter(ref.mean().reshape(-1)[pick], ref.stddev().reshape(-1)[pick], s=2, c="0.75",
+                       label="posterior", zorder=1)
+        if isinstance(enc, CodebookWeight):
+            _draw_codebook(ax, enc, ref, rng, max_points)
+        else:
+            pick = _subsample(enc.size, max_points, rng)
+            ax.scatter(enc.mean().reshape(-1)[pick], enc.stddev().reshape(-1)[pick], s=2, c="tab:blue",
+                       label=enc.op_type, zorder=2)
+        ax.set_title(f"{w.name}: {enc.op_type}, {_payload_bits(enc)} bits", fontsize=9)
+        ax.set_xlabel("mean μ", fontsize=8)
+        ax.set_ylabel("std σ", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, loc="upper right")
+    bars = fig.add_subplot(grid[rows - 1, :])
+    names = [w.name for w in weights]
+    x = np.arange(len(weights))
+    bars.bar(x - 0.2, [_payload_bits(w.encoding) for w in weights], 0.4, label="payload bits")
+    bars.bar(x + 0.2, [8 * w.encoding.nbytes / w.encoding.size for w in weights], 0.4,
+             label="stored bits per weight (all tensors)")
+    bars.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
+    bars.set_ylabel("bits")
+    bars.set_title(f"bits per layer · scheme {model.manifest.scheme}", fontsize=9)
+    bars.legend(fontsize=7)
+    path = Path(out_png)
+    fig.savefig(path, format="png", dpi=110)
+    return path
