@@ -24,7 +24,8 @@ def print_lower_report(console: Console, report: dict[str, Any], output: str) ->
     for layer in report["layers"]:
         table.add_row(
             layer["name"], str(layer.get("kind", "")), f"{layer['n_weights']:,}", str(layer.get("bits", "")),
-            f"{layer.get('sparsity', 0.0):.1%}", fmt_bytes(int(layer["bytes"])), str(layer.get("skipped") or ""),
+            f"{layer.get('sparsity', 0.0):.1%}", fmt_bytes(int(layer["bytes"])),
+            str(layer.get("skipped") or layer.get("note") or ""),
         )
     console.print(table)
     console.print(
