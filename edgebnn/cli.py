@@ -87,6 +87,18 @@ def _parse_bits(bits: str) -> str | int:
         raise InvalidOptionError(f"--bits {bits}: expected 'auto' or an integer") from e
 
 
+def _parse_hoist(text: str) -> str | float:
+    if text in ("auto", "off"):
+        return text
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise InvalidOptionError(f"--hoist {text}: use auto, off or a non-negative sigma") from e
+    if not value >= 0:
+        raise InvalidOptionError(f"--hoist {text}: use auto, off or a non-negative sigma")
+    return value
+
+
 def write_json(path: str | Path | None, report: dict[str, Any], schema: str) -> None:
     """Write ``report`` with ``schema`` and ``edgebnn_version`` atomically (no-op without a path)."""
     if not path:
@@ -228,6 +240,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--weights", "weight_format", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
               help="baked mode: store each member's weights as fp32, or int8 + DequantizeLinear (symmetric, "
                    "per output channel: TensorRT's explicit-quantization rules).")
+@click.option("--hoist", default="auto", show_default=True,
+              help="Run layers whose posterior noise is below a threshold once, before the sample axis starts: "
+                   "auto (σ below the layer's quantization step), off, or a σ value.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
 @click.option("--device", default=None,
               help="TensorRT device profile: jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
@@ -238,9 +253,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--max-batch", default=1, show_default=True, help="TensorRT: largest batch the engine accepts.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
-def export(file: str, target: str, samples: int, mode: str, noise_variant: str, weight_format: str, seed: int,
-           device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None, timing_cache: str | None,
-           max_batch: int, output: str) -> None:
+def export(file: str, target: str, samples: int, mode: str, noise_variant: str, weight_format: str, hoist: str,
+           seed: int, device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None,
+           timing_cache: str | None, max_batch: int, output: str) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
@@ -250,7 +265,12 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
     model = load_ir(file)
     _check_output_dir(output)
     with console.status(f"exporting {mode} ensemble, S={samples}"):
-        proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format)
+        proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
+                            hoist=_parse_hoist(hoist))
+    layers = json.loads(proto.metadata_props[0].value).get("layers")
+    if layers:
+        console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
+                      f"hoisted (run once): {', '.join(layers['hoisted']) or 'none'}", highlight=False)
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")

@@ -77,13 +77,13 @@ class Builder:
         self.inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
         return name
 
-    def fold_samples(self, src: str, dst: str, samples: int, dims: list[int]) -> str:
+    def fold_samples(self, src: str, dst: str, samples: int, dims: list[int], prefix: str = P) -> str:
         """[B, *dims] -> [B·S, *dims], batch-major (Unsqueeze, Expand, Reshape: no copy of weights)."""
-        axes = self.i64(P + "axes1", 1)
-        expand = self.i64(P + "expand_shape", 1, samples, *([1] * len(dims)))
-        flat = self.i64(P + "fold_shape", -1, *dims)
-        x = self.add("Unsqueeze", [src, axes], P + "input_1")
-        x = self.add("Expand", [x, expand], P + "input_s")
+        axes = self.i64(prefix + "axes1", 1)
+        expand = self.i64(prefix + "expand_shape", 1, samples, *([1] * len(dims)))
+        flat = self.i64(prefix + "fold_shape", -1, *dims)
+        x = self.add("Unsqueeze", [src, axes], prefix + "input_1")
+        x = self.add("Expand", [x, expand], prefix + "input_s")
         return self.add("Reshape", [x, flat], dst)
 
     def predictive_head(self, logits: str, samples: int, classes: int) -> None:

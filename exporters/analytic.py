@@ -9,7 +9,7 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     ReLU (rectified Gaussian), α = m/√v:   m' = m Φ(α) + √v φ(α),  v' = (m² + v) Φ(α) + m √v φ(α) − m'²
     BatchNorm (inference, a·x + c):        m' = BN(m),   v' = a² v
     MaxPool:                               m' = MaxPool(m); v' = v at the arg-max of m
-    AveragePool over n inputs:             m' = avg(m),  v' = avg(v) / n
+    AveragePool / ReduceMean over n units: m' = avg(m),  v' = avg(v) / n
     Add (independent operands):            m' = m₁ + m₂, v' = v₁ + v₂
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
 
@@ -133,6 +133,18 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
             attrs = attrs_of(node)
             n = math.prod(attrs["kernel_shape"]) if op == "AveragePool" else math.prod(shapes[node.input[0]][2:])
             pooled = b.add(op, [vx], p + "v_pool", **attrs)
+            var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
+        elif op == "ReduceMean":  # e.g. AdaptiveAvgPool2d(1): mean of n independent units
+            b.nodes.append(node)
+            vx = var[node.input[0]]
+            if vx is None:
+                var[out] = None
+                continue
+            attrs = attrs_of(node)
+            axes = fixed[node.input[1]].tolist() if len(node.input) > 1 and node.input[1] else attrs.get("axes")
+            dims = shapes[node.input[0]]
+            n = math.prod(dims[a] for a in axes) if axes else math.prod(dims[1:]) * dims[0]
+            pooled = b.add("ReduceMean", [vx, *node.input[1:]], p + "v_mean", **attrs)
             var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
         elif op in SHAPE_OPS:
             b.nodes.append(node)

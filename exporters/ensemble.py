@@ -46,7 +46,7 @@ WEIGHT_FORMATS = ("fp32", "int8")
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
-                noise: str = "auto", weights: str = "fp32") -> onnx.ModelProto:
+                noise: str = "auto", weights: str = "fp32", hoist: str | float = "auto") -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -56,6 +56,8 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         seed: seed of the baked samples.
         noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations) or ``weight`` (per weight).
         weights: ``fp32`` or ``int8`` (baked mode: each member's weights as int8 + DequantizeLinear).
+        hoist: ``auto`` (layers whose σ is below their quantization step run once, before the sample
+            axis), ``off``, or a σ threshold.
     """
     check_samples(samples)
     if weights not in WEIGHT_FORMATS:
@@ -63,11 +65,11 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     if weights != "fp32" and mode != "baked":
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
     if mode == "baked":
-        out = _baked(model, samples, seed, weights)
+        out = _baked(model, samples, seed, weights, hoist)
     elif mode in ("noise", "shared"):
         from edgebnn.exporters.noise import export_noise
 
-        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise)
+        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist)
     elif mode == "analytic":
         from edgebnn.exporters.analytic import export_analytic
 
@@ -78,33 +80,109 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     return out
 
 
-def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder) -> onnx.ModelProto:
-    """Fold the input to B·S rows, copy deterministic nodes, let ``rewrite`` emit each sampled Conv/Gemm.
+def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
+    """Encoded weights whose posterior noise is below the hoisting threshold.
 
-    Returns the float skeleton (for its graph input, opsets and output name).
+    ``hoist="auto"``: max σ at most the encoding's quantization step (float storage: σ = 0 only);
+    a number: max σ at most that value; ``"off"``: none.
+    """
+    if hoist == "off":
+        return set()
+    if hoist != "auto" and (not isinstance(hoist, (int, float)) or hoist < 0):
+        raise InvalidOptionError(f"--hoist {hoist}: use auto, off or a non-negative sigma")
+    out = set()
+    for w in model.encoded_weights():
+        limit = w.encoding.step() if hoist == "auto" else float(hoist)
+        if float(w.encoding.stddev().max(initial=0.0)) <= limit:
+            out.add(w.name)
+    return out
+
+
+def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,
+                           hoist: str | float = "auto") -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """Copy deterministic nodes, let ``rewrite`` emit each sampled Conv/Gemm, add the predictive head.
+
+    Hoisting: layers whose weights are quiet (:func:`quiet_weights`) run once with their mean, and every
+    node before the first sampled layer runs on the B input rows; the sample axis starts there. Values
+    computed before that point and used after it are folded to B·S rows then; ``Shape`` nodes read the
+    folded input so batch arithmetic sees B·S.
+
+    Returns the float skeleton (for its graph input, opsets and output) and ``{"sampled", "hoisted"}`` layer
+    names for the export report.
     """
     encoded = {w.name: w for w in model.encoded_weights()}
-    base = model.float_model()
+    quiet = quiet_weights(model, hoist)
+    base = model.float_model()  # quiet weights keep their mean initializers from here
     shapes = static_shapes(base)
     in_name = model.manifest.input_name
-    b.adopt(t for t in base.graph.initializer if t.name not in encoded)
-    tiled = b.fold_samples(in_name, P + "input", samples, model.manifest.input_shape[1:])
-    shapes[tiled] = shapes[in_name]
-    for node in base.graph.node:
-        node = renamed_input(node, in_name, tiled)
-        hit = [i for i in node.input if i in encoded]
-        if not hit:
+    b.adopt(t for t in base.graph.initializer if t.name not in encoded or t.name in quiet)
+    nodes = list(base.graph.node)
+    sampled_at = {i for i, n in enumerate(nodes) if any(x in encoded and x not in quiet for x in n.input)}
+    start = _fold_point(nodes, in_name, sampled_at)
+
+    folded: dict[str, str] = {}
+
+    def fold(value: str) -> str:
+        """``value`` [B, ...] as [B·S, ...] (once per value)."""
+        if value not in folded:
+            dims = shapes.get(value)
+            if dims is None:
+                raise UnsupportedLayerError(f"{model.where}: hoisting needs a static shape for {value!r}; "
+                                            "export with --hoist off")
+            prefix = P if value == in_name else f"{P}fold/{value}/"
+            folded[value] = b.fold_samples(value, prefix + "input" if value == in_name else prefix + "out",
+                                           samples, dims[1:], prefix)
+            shapes[folded[value]] = dims
+        return folded[value]
+
+    pre_data = {in_name}  # data values computed on B rows, before the sample axis starts
+    shape_vals: set[str] = set()  # values computed from Shape(...): batch arithmetic
+    for i, node in enumerate(nodes):
+        uses_shape = any(x in shape_vals for x in node.input)
+        uses_data = any(x in pre_data for x in node.input)
+        if node.op_type == "Shape" and uses_data:
+            node = renamed_input(node, node.input[0], fold(node.input[0]))  # batch arithmetic sees B·S
+            shape_vals.update(node.output)
+        elif uses_shape and not uses_data:
+            shape_vals.update(node.output)
+        elif i < start and uses_data:
+            pre_data.update(node.output)
+        elif i >= start:
+            for x in set(node.input) & pre_data:
+                node = renamed_input(node, x, fold(x))
+        if i not in sampled_at:
             b.nodes.append(node)
-        elif node.op_type in ("Conv", "Gemm") and node.input[1] in encoded:
-            rewrite(b, node, encoded[node.input[1]], shapes)
-        else:
+            continue
+        hit = [x for x in node.input if x in encoded and x not in quiet]
+        if node.op_type not in ("Conv", "Gemm") or node.input[1] not in hit:
             w = encoded[hit[0]]
             raise UnsupportedLayerError(
                 f"{model.where}: layer {w.layer!r}: a sampled weight feeds {node.op_type} "
                 f"({node.name or node.output[0]}); ensembles handle Conv and Gemm weights"
             )
-    b.predictive_head(base.graph.output[0].name, samples, model.manifest.num_classes)
-    return base
+        rewrite(b, node, encoded[node.input[1]], shapes)
+    logits = base.graph.output[0].name
+    if logits in pre_data:
+        logits = fold(logits)  # every layer was hoisted: S identical members
+    b.predictive_head(logits, samples, model.manifest.num_classes)
+    sampled = {encoded[n].layer for n in encoded if n not in quiet}
+    return base, {"sampled": sorted(sampled), "hoisted": sorted({encoded[n].layer for n in quiet} - sampled)}
+
+
+def _fold_point(nodes: list[onnx.NodeProto], in_name: str, sampled_at: set[int]) -> int:
+    """Index of the first node that must see B·S rows: a sampled layer, or a data op that uses the batch size
+    (e.g. the Reshape of a flatten computed from ``Shape``): hoisted nodes run on B rows before it."""
+    data, shape_vals = {in_name}, set()
+    for i, node in enumerate(nodes):
+        uses_data = any(x in data for x in node.input)
+        uses_shape = any(x in shape_vals for x in node.input)
+        if i in sampled_at or (uses_data and uses_shape and node.op_type != "Shape"):
+            return i
+        if (node.op_type == "Shape" and uses_data) or (uses_shape and not uses_data):
+            shape_vals.update(node.output)
+        elif uses_data:
+            data.update(node.output)
+    return len(nodes)
 
 
 def gemm_attrs(node: onnx.NodeProto, w: EncodedWeight) -> dict:
@@ -125,7 +203,8 @@ def bias_name(node: onnx.NodeProto) -> str | None:
     return node.input[2] if len(node.input) > 2 and node.input[2] else None
 
 
-def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> onnx.ModelProto:
+def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hoist: str | float = "auto",
+           ) -> onnx.ModelProto:
     drawn = sample_weights(model, samples, seed)
     b = Builder()
 
@@ -168,9 +247,9 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> o
             y = b.add("Add", [y, b.f32(p + "b", bias.reshape(samples, 1, n_out))], p + "y")
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
 
-    base = rewrite_sampled_layers(model, samples, rewrite, b)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights)
+    set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers)
     return out
 
 

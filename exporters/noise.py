@@ -37,12 +37,11 @@ from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata
 from edgebnn.ir import BNNModel, EncodedWeight
 
 VARIANTS = ("auto", "local", "weight", "shared")
-# Encodings whose samples are Gaussian given their stored mean and stddev (others sample discrete levels).
-GAUSSIAN_ENCODINGS = frozenset({"GaussianWeight", "FixedPointWeight", "IntCountWeight"})
 ROWS = "batch_x_samples"
 
 
-def export_noise(model: BNNModel, samples: int, *, variant: str = "auto") -> onnx.ModelProto:
+def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "auto",
+                 ) -> onnx.ModelProto:
     from edgebnn.exporters.ensemble import bias_name, conv_shapes, gemm_attrs, rewrite_sampled_layers
 
     if variant not in VARIANTS:
@@ -54,9 +53,9 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto") -> onn
             f"{model.where}: --mode shared needs codebook layers (lower with --scheme codebook); this IR has "
             f"{', '.join(sorted(kinds))}: use --mode baked or noise"
         )
-    allowed = GAUSSIAN_ENCODINGS | ({"CodebookWeight"} if variant in ("shared", "weight") else set())
     for w in encoded.values():
-        if w.encoding.op_type not in allowed:
+        codebook_ok = variant in ("shared", "weight") and w.encoding.op_type == "CodebookWeight"
+        if not (w.encoding.GAUSSIAN or codebook_ok):
             raise InvalidOptionError(
                 f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --mode noise cannot draw "
                 f"(it draws Gaussian weights{' and codebooks' if variant == 'weight' else ''}): use --mode baked"
@@ -182,10 +181,11 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto") -> onn
         (weight if w.encoding.op_type == "CodebookWeight" else auto)(b, node, w, shapes)
 
     rewrite = {"auto": auto, "local": local, "weight": weight, "shared": shared}[variant]
-    base = rewrite_sampled_layers(model, samples, rewrite, b)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist)
     mode = "shared" if variant == "shared" else "noise"
     out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode=mode, samples=samples, seed=None, noise=variant, noise_inputs=records)
+    set_metadata(out, model, mode=mode, samples=samples, seed=None, noise=variant, noise_inputs=records,
+                 layers=layers)
     return out
 
 

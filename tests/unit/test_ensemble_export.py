@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -130,3 +132,32 @@ def test_int8_weights_follow_tensorrt_rules_and_stay_within_a_rounding_step(cnn_
 def test_int8_needs_baked(cnn_ir):
     with pytest.raises(InvalidOptionError, match="baked mode only"):
         export_onnx(cnn_ir, 4, mode="noise", weights="int8")
+
+
+def _quiet_conv(model):
+    """The synthetic CNN with its conv posterior collapsed to the mean (sigma = 0)."""
+    for t in model.proto.graph.initializer:
+        if t.name.startswith("conv") and t.name.endswith(".sigma"):
+            t.CopyFrom(onnx.numpy_helper.from_array(np.zeros(tuple(t.dims), np.float32), t.name))
+    return model
+
+
+def test_hoisting_runs_quiet_layers_once_and_keeps_the_predictive(x):
+    model = _quiet_conv(synthetic_cnn())
+    hoisted, plain = (export_onnx(model, 8, seed=5, hoist=h) for h in ("auto", "off"))
+    conv = next(n for n in hoisted.graph.node if n.op_type == "Conv")
+    assert all(a.i == 1 for a in conv.attribute if a.name == "group")  # one pass on B rows, not S·B
+    meta = json.loads(hoisted.metadata_props[0].value)
+    assert meta["layers"] == {"sampled": ["fc"], "hoisted": ["conv"]}
+    ref = predictive_from_logits(sample_logits(model, x, 8, seed=5))
+    for proto in (hoisted, plain):
+        np.testing.assert_allclose(_run(proto, x)[0], ref.probs, atol=ROUNDOFF)
+
+
+def test_hoisting_threshold(cnn_ir):
+    meta = json.loads(export_onnx(cnn_ir, 4, hoist=10.0).metadata_props[0].value)
+    assert meta["layers"] == {"sampled": [], "hoisted": ["conv", "fc"]}  # every sigma below 10
+    _, _, mi = _run(export_onnx(cnn_ir, 4, hoist=10.0), np.ones((2, 1, 6, 6), np.float32))
+    np.testing.assert_allclose(mi, 0.0, atol=ROUNDOFF)  # S identical members
+    with pytest.raises(InvalidOptionError, match="--hoist"):
+        export_onnx(cnn_ir, 4, hoist=-1.0)

@@ -38,6 +38,11 @@ class Encoding(ABC):
 
     op_type: ClassVar[str]
     FIELDS: ClassVar[tuple[str, ...]]
+    GAUSSIAN: ClassVar[bool] = False  # draws are mean() + stddev() * N(0, 1), weight by weight
+
+    def step(self) -> float:
+        """Quantization step of the stored mean (0 for float storage): noise below it is invisible."""
+        return 0.0
 
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = tuple(int(d) for d in shape)

@@ -98,6 +98,9 @@ class QuantizedWeight(SigmaCodedWeight):
     def mean(self) -> np.ndarray:
         return self.q.astype(np.float32) * np.float32(self.scale)
 
+    def step(self) -> float:
+        return self.scale
+
 
 @register_encoding
 class FixedPointWeight(QuantizedWeight):

@@ -15,6 +15,7 @@ from edgebnn.ir.encodings.base import Encoding, check_finite, check_shape, regis
 class GaussianWeight(Encoding):
     op_type = "GaussianWeight"
     FIELDS = ("mu", "sigma")
+    GAUSSIAN = True
 
     def __init__(self, mu: np.ndarray, sigma: np.ndarray) -> None:
         super().__init__(mu.shape)

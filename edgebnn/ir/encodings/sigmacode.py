@@ -184,6 +184,7 @@ class SigmaCodedWeight(Encoding):
     """
 
     sigma: SigmaCode
+    GAUSSIAN = True
 
     def stddev(self) -> np.ndarray:
         return self.sigma.decode().reshape(self.shape)
