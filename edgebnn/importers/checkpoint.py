@@ -8,6 +8,7 @@ which refuses pickled code); either may hold the state dict itself or nest it un
 from __future__ import annotations
 
 import importlib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,17 @@ def load_factory(spec: str) -> Any:
         module = importlib.import_module(mod_name)
     except ImportError as e:
         raise InvalidOptionError(f"--model {spec}: cannot import module {mod_name!r} ({e})") from e
+    except (Exception, SystemExit) as e:  # the module itself raised (or called sys.exit) while importing
+        raise InvalidOptionError(
+            f"--model {spec}: importing module {mod_name!r} raised {type(e).__name__}: {_first_line(e)}"
+        ) from e
     factory = getattr(module, attr, None)
     if factory is None or not callable(factory):
         raise InvalidOptionError(f"--model {spec}: module {mod_name!r} has no callable {attr!r}")
     try:
         model = factory()
-    except Exception as e:
-        raise InvalidOptionError(f"--model {spec}: the factory raised {type(e).__name__}: {e}") from e
+    except (Exception, SystemExit) as e:  # SystemExit: a factory calling sys.exit() must not end edgebnn with 0
+        raise InvalidOptionError(f"--model {spec}: the factory raised {type(e).__name__}: {_first_line(e)}") from e
     try:
         import torch
     except ImportError as e:
@@ -59,7 +64,9 @@ def read_state_dict(path: str | Path) -> dict[str, Any]:
         except (SafetensorError, OSError, ValueError) as e:
             raise InvalidWeightsError(f"{p}: not a valid safetensors file ({_first_line(e)})") from e
     try:
-        obj = torch.load(str(p), map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below is the one line
+            warnings.simplefilter("ignore")
+            obj = torch.load(str(p), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, BadZipFile, ...
         if "global" in str(e).lower():  # the weights_only unpickler met a class or function
             raise InvalidWeightsError(

@@ -9,6 +9,8 @@ carries the weight's name. The IR core imports neither torch nor tensorrt.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +28,9 @@ FORMAT_VERSION = 1
 MANIFEST_KEY = "edgebnn.manifest"
 MAX_IR_VERSION = 10  # onnxruntime 1.31 loads <= 13; TensorRT 10.3's parser wants <= 10
 OPSET_RANGE = (17, 20)  # TensorRT 10.3 on Jetson Orin parses opset 9-20
+# Elements of one encoded weight: a 2 GiB protobuf cannot hold more weights than this at even a byte each, and
+# a zero-byte encoding (one shared level) must not make the loader allocate a hostile 'shape'.
+MAX_WEIGHT_ELEMENTS = 1 << 31
 
 
 @dataclass
@@ -50,25 +55,34 @@ class Manifest:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
             raise InvalidArtifactError(f"{where}: manifest is not valid JSON ({e.msg})") from e
+        except (ValueError, RecursionError) as e:  # nested too deeply, an integer of thousands of digits
+            raise InvalidArtifactError(f"{where}: manifest is not valid JSON ({type(e).__name__})") from e
         if not isinstance(raw, dict):
             raise InvalidArtifactError(f"{where}: manifest must be a JSON object")
         version = raw.get("format_version")
-        if not isinstance(version, int):
-            raise InvalidArtifactError(f"{where}: manifest has no integer format_version")
+        if not _is_int(version) or version < 1:
+            raise InvalidArtifactError(f"{where}: manifest has no positive integer format_version ({version!r})")
         if version > FORMAT_VERSION:
             raise InvalidArtifactError(
                 f"{where}: written by a newer edgebnn (format {version}, edgebnn "
-                f"{raw.get('edgebnn_version', '?')}); this edgebnn {__version__} reads format <= {FORMAT_VERSION}"
+                f"{_text(raw.get('edgebnn_version', '?'))}); this edgebnn {__version__} reads format "
+                f"<= {FORMAT_VERSION}"
             )
         try:
             man = cls(**raw)
         except TypeError as e:
             raise InvalidArtifactError(f"{where}: manifest fields are wrong ({e})") from e
         shape = man.input_shape
-        if not (isinstance(shape, list) and shape and all(isinstance(d, int) and d > 0 for d in shape)):
+        if not (isinstance(shape, list) and shape and all(_is_int(d) and d > 0 for d in shape)):
             raise InvalidArtifactError(f"{where}: manifest input_shape {shape!r} is not a list of positive ints")
-        if not isinstance(man.num_classes, int) or man.num_classes < 1:
+        if not _is_int(man.num_classes) or man.num_classes < 1:
             raise InvalidArtifactError(f"{where}: manifest num_classes {man.num_classes!r} is not a positive int")
+        for name in ("source_library", "input_name", "scheme", "edgebnn_version"):
+            value = getattr(man, name)
+            if not isinstance(value, str) or not value:
+                raise InvalidArtifactError(f"{where}: manifest {name} {value!r} is not a non-empty string")
+        if not (isinstance(man.passes, list) and all(isinstance(p, dict) for p in man.passes)):
+            raise InvalidArtifactError(f"{where}: manifest passes {man.passes!r} is not a list of objects")
         return man
 
 
@@ -92,7 +106,7 @@ def tensor_to_array(t: onnx.TensorProto, where: str) -> np.ndarray:
         raise InvalidArtifactError(f"{where}: tensor {t.name!r} has unknown data type {t.data_type}") from e
     if any(d < 0 for d in t.dims):
         raise InvalidArtifactError(f"{where}: tensor {t.name!r} has negative dims {list(t.dims)}")
-    count = int(np.prod(t.dims, dtype=np.int64)) if t.dims else 1
+    count = math.prod(int(d) for d in t.dims)  # Python ints: a hostile shape cannot wrap around
     if t.HasField("raw_data"):
         itemsize = np.dtype(np_dtype).itemsize
         packed = t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
@@ -121,28 +135,41 @@ class BNNModel:
 
     def encoded_weights(self) -> list[EncodedWeight]:
         """Every encoding node, decoded and validated, in graph order."""
+        return list(self.iter_encoded_weights())
+
+    def iter_encoded_weights(self) -> Iterator[EncodedWeight]:
+        """Like :meth:`encoded_weights`, one layer at a time: each is decoded when reached, so a caller that
+        drops it keeps at most one layer's arrays alive."""
         inits = self.initializers()
-        out = []
         for node in self.proto.graph.node:
-            if node.domain != DOMAIN:
-                continue
-            out.append(self._decode_node(node, inits))
-        return out
+            if node.domain == DOMAIN:
+                yield self._decode_node(node, inits)
 
     def _decode_node(self, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> EncodedWeight:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         layer = attrs.pop("layer", b"")
-        layer = layer.decode() if isinstance(layer, bytes) else str(layer)
         name = node.output[0] if node.output else "?"
-        where = f"{self.where}: layer {layer or name!r} ({node.op_type})"
+        try:
+            layer = layer.decode() if isinstance(layer, bytes) else str(layer)
+            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
+        except UnicodeDecodeError as e:
+            raise InvalidArtifactError(
+                f"{self.where}: encoding node {name!r} ({_text(node.op_type)}) has an attribute that is not UTF-8 "
+                "text"
+            ) from e
+        where = f"{self.where}: layer {layer or name!r} ({_text(node.op_type)})"
         cls = ENCODINGS.get(node.op_type)
         if cls is None:
             raise InvalidArtifactError(f"{where}: unknown encoding {node.op_type!r} (known: {sorted(ENCODINGS)})")
         if len(node.output) != 1:
             raise InvalidArtifactError(f"{where}: encoding node must have exactly one output")
         shape = attrs.pop("shape", None)
-        if not isinstance(shape, list) or not shape or any(d <= 0 for d in shape):
+        if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
             raise InvalidArtifactError(f"{where}: missing or invalid 'shape' attribute {shape!r}")
+        if math.prod(shape) > MAX_WEIGHT_ELEMENTS:  # checked before any decoding allocates for it
+            raise InvalidArtifactError(
+                f"{where}: 'shape' {shape} declares {math.prod(shape)} weights, more than {MAX_WEIGHT_ELEMENTS}"
+            )
         if len(node.input) != len(cls.FIELDS):
             raise InvalidArtifactError(
                 f"{where}: expected inputs {list(cls.FIELDS)}, got {len(node.input)} inputs"
@@ -152,7 +179,6 @@ class BNNModel:
             if iname not in inits:
                 raise InvalidArtifactError(f"{where}: input {fname} ({iname!r}) is not an initializer")
             fields[fname] = tensor_to_array(inits[iname], where)
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in attrs.items()}
         enc = cls.from_fields(fields, attrs, tuple(shape), where)
         return EncodedWeight(name=name, layer=layer, node=node, encoding=enc)
 
@@ -226,6 +252,17 @@ def make_encoding_node(graph: onnx.GraphProto, name: str, layer: str, enc: Encod
         inputs.append(iname)
     all_attrs = {"layer": layer, "shape": list(enc.shape), **enc.attributes(), **attrs}
     return helper.make_node(enc.op_type, inputs, [name], domain=DOMAIN, name=f"{name}.encoding", **all_attrs)
+
+
+def _text(value: object) -> str:
+    """``value`` for a one-line message: as is when printable, else its repr (no newline from a file)."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
+
+
+def _is_int(value: object) -> bool:
+    """A JSON integer (``True``/``False`` are not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _stored_bytes(t: onnx.TensorProto) -> int:

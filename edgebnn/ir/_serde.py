@@ -37,6 +37,10 @@ def save(model: BNNModel, path: str | os.PathLike[str]) -> Path:
 
 
 def from_bytes(data: bytes, where: str) -> BNNModel:
+    return _model_of(_parse(data, where), where)
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
     if not data:
         raise InvalidArtifactError(f"{where}: file is empty")
     proto = onnx.ModelProto()
@@ -44,6 +48,10 @@ def from_bytes(data: bytes, where: str) -> BNNModel:
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InvalidArtifactError(f"{where}: not an .ebnn/ONNX file (protobuf parse failed)") from e
+    return proto
+
+
+def _model_of(proto: onnx.ModelProto, where: str) -> BNNModel:
     if not proto.graph.node:
         raise InvalidArtifactError(f"{where}: not an .ebnn file (no graph)")
     props = {p.key: p.value for p in proto.metadata_props}
@@ -68,4 +76,6 @@ def load(path: str | os.PathLike[str]) -> BNNModel:
         raise InvalidArtifactError(f"{p}: is a directory, not an .ebnn file") from e
     except OSError as e:
         raise InvalidArtifactError(f"{p}: cannot read ({e.strerror or e})") from e
-    return from_bytes(data, str(p))
+    proto = _parse(data, str(p))
+    del data  # the parsed model holds its own copy: do not keep the file's bytes through verification
+    return _model_of(proto, str(p))
