@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgebnn import __version__
@@ -37,7 +38,8 @@ class _Group(click.Group):
         except EdgeBNNError as e:
             if ctx.obj and ctx.obj.get("debug"):
                 traceback.print_exc()
-            err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            # The message may hold user text (paths, names): never interpret it as rich markup or emoji.
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True, emoji=False)
             sys.exit(2)
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]: no artifact was written or changed")

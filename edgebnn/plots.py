@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from edgebnn._io import atomic_write
 from edgebnn.ir import BNNModel, Encoding
 from edgebnn.ir.encodings import CodebookWeight
 
@@ -112,6 +113,4 @@ def plot_layers(
     bars.set_ylabel("bits")
     bars.set_title(f"bits per layer · scheme {model.manifest.scheme}", fontsize=9)
     bars.legend(fontsize=7)
-    path = Path(out_png)
-    fig.savefig(path, format="png", dpi=110)
-    return path
+    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))

@@ -137,6 +137,19 @@ class BNNModel:
         """Every encoding node, decoded and validated, in graph order."""
         return list(self.iter_encoded_weights())
 
+    def encoded_weight_names(self) -> list[str]:
+        """Names of the encoded weights in graph order, without decoding anything."""
+        return [n.output[0] for n in self.proto.graph.node if n.domain == DOMAIN and n.output]
+
+    def encoded_weight(self, name: str) -> EncodedWeight:
+        """Decode one encoded weight by name (only its own tensors are read)."""
+        node = next((n for n in self.proto.graph.node if n.domain == DOMAIN and n.output and n.output[0] == name),
+                    None)
+        if node is None:
+            raise KeyError(name)
+        wanted = set(node.input)
+        return self._decode_node(node, {t.name: t for t in self.proto.graph.initializer if t.name in wanted})
+
     def iter_encoded_weights(self) -> Iterator[EncodedWeight]:
         """Like :meth:`encoded_weights`, one layer at a time: each is decoded when reached, so a caller that
         drops it keeps at most one layer's arrays alive."""
@@ -191,9 +204,8 @@ class BNNModel:
         """Swap ``weight``'s node and initializers for ``new`` (same output name, same position)."""
         graph = self.proto.graph
         old_inputs = set(weight.node.input)
-        keep = [t for t in graph.initializer if t.name not in old_inputs]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
+        for t in [t for t in graph.initializer if t.name in old_inputs]:
+            graph.initializer.remove(t)  # in place: the other layers' tensors are never copied
         node = make_encoding_node(graph, weight.name, weight.layer, new, **attrs)
         idx = list(graph.node).index(weight.node)
         graph.node.remove(weight.node)

@@ -8,13 +8,14 @@ builds each pass's config from the options, runs the passes in order and writes 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.ir import MANIFEST_KEY, BNNModel, EncodedWeight
+from edgebnn.ir import DOMAIN, MANIFEST_KEY, BNNModel
 from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResult, check_int
 from edgebnn.passes.binary import BinaryConfig, BinaryPass
 from edgebnn.passes.codebook import CodebookConfig, CodebookPass
@@ -93,9 +94,9 @@ def float_bnn_bytes(model: BNNModel) -> int:
     Computed from shapes only, so it is the same before and after lowering. Non-float initializers (shape
     constants) count their stored bytes.
     """
-    encoded: list[EncodedWeight] = model.encoded_weights()
-    total = sum(8 * w.encoding.size for w in encoded)
-    encoding_inputs = {i for w in encoded for i in w.node.input}
+    nodes = [n for n in model.proto.graph.node if n.domain == DOMAIN]  # sizes from 'shape', nothing decoded
+    total = sum(8 * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
+    encoding_inputs = {i for n in nodes for i in n.input}
     for t in model.proto.graph.initializer:
         if t.name in encoding_inputs:
             continue

@@ -242,7 +242,8 @@ class LayerPass(Pass):
     def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, Any]], bool]:
         rows = []
         modified = False
-        for i, weight in enumerate(model.encoded_weights()):
+        for i, name in enumerate(model.encoded_weight_names()):
+            weight = model.encoded_weight(name)  # one layer decoded at a time
             if not isinstance(weight.encoding, GaussianWeight):
                 reason = f"already a {weight.encoding.op_type}; {self.name} lowers GaussianWeight posteriors only"
                 rows.append(layer_row(weight, weight.encoding, skipped=reason))

@@ -147,7 +147,8 @@ def lower_mcq(
         asked = 1 + int(np.ceil(n_samples * p_max)).bit_length()
         if asked > MAX_BITS:
             note = join_notes(note, f"variance rule asks for {asked} bits; capped at {MAX_BITS}")
-        n_samples = max(n_samples, _samples_for_bits(p_max, min(max(asked, 2), MAX_BITS)))
+        # The finest grid the chosen width allows (capped at MAX_BITS: more samples would overflow the counts).
+        n_samples = _samples_for_bits(p_max, min(max(asked, 2), MAX_BITS))
     counts = mcq_counts(mu, n_samples, float(rng.random()), sort=config.sort)
     width = max(2, 1 + int(np.max(np.abs(counts))).bit_length())
     cap = config.bits or MAX_BITS

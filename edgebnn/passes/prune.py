@@ -90,7 +90,7 @@ class PrunePass(LayerPass):
 
     def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, object]], bool]:
         scales = self.config.group_scales or {}
-        names = {w.name for w in model.encoded_weights()}
+        names = set(model.encoded_weight_names())
         unknown = sorted(set(scales) - names)
         if unknown:
             raise InvalidOptionError(f"group_scales names unknown weights {unknown}; weights are {sorted(names)}")

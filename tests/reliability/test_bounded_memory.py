@@ -102,19 +102,12 @@ def test_load_holds_the_file_and_one_layer(tmp_path):
     assert peak < size + 1.5 * LAYER_BYTES, peak / LAYER_BYTES  # the file's bytes while parsing, then one layer
 
 
-ALL_AT_ONCE_LOWER = pytest.mark.xfail(strict=True, reason=(
-    "edgebnn/passes/base.py LayerPass.run loops over model.encoded_weights(), which decodes every layer before "
-    "the first is lowered (PrunePass.run likewise), and lower() calls float_bnn_bytes(), which decodes all "
-    "layers at once: about one extra layer of posterior held per layer. Decoding one layer at a time "
-    "(BNNModel.iter_encoded_weights, or the node of each weight name in turn) bounds it"))
-
-
 # float and prune keep each posterior as it is: their result is the whole model, and lower() reports its size
 # through protobuf's ByteSize (one model-sized buffer), so they are held to what load and verify promise only.
 COMPRESSING = [s for s in SCHEMES if s not in ("float", "prune")]
 
 
-@pytest.mark.parametrize("scheme", [pytest.param(s, marks=ALL_AT_ONCE_LOWER) for s in COMPRESSING])
+@pytest.mark.parametrize("scheme", COMPRESSING)
 def test_lowering_holds_one_layer_at_a_time(scheme):
     assert extra_per_layer(lambda m: lower(m, scheme)) < 0.25
 

@@ -384,19 +384,13 @@ def _(ctx: Ctx) -> Bad:
     return Bad(["eval", str(src)], (str(src), "a float baseline graph, not an ensemble"))
 
 
-CLI_MARKUP_BUG = pytest.mark.xfail(
-    strict=True, reason="edgebnn/cli.py _Group.invoke prints f'[bold red]error:[/] {e}' through rich markup and "
-    "emoji: a message holding '[/]' raises MarkupError (traceback, exit 1) and ':smile:' is replaced by an emoji, "
-    "so the file is misnamed; escape it (rich.markup.escape) and pass emoji=False")
-
-
-@case("run-path-with-markup", marks=(CLI_MARKUP_BUG,))
+@case("run-path-with-markup")
 def _(ctx: Ctx) -> Bad:
     path = ctx.tmp / "x[/]y.ebnn"
     return Bad(["inspect", str(path)], (str(path), "no such file"))
 
 
-@case("run-path-with-emoji-code", marks=(CLI_MARKUP_BUG,))
+@case("run-path-with-emoji-code")
 def _(ctx: Ctx) -> Bad:
     path = ctx.tmp / "[bold]model:smile:.ebnn"
     return Bad(["inspect", str(path)], (str(path), "no such file"))
@@ -465,9 +459,7 @@ def _(ctx: Ctx) -> Bad:
     return Bad(["eval", str(src), "-S", "2", "--json", str(report)], (str(report), "does not exist"))
 
 
-@case("write-inspect-plot-missing-directory", marks=(pytest.mark.xfail(
-    strict=True, reason="edgebnn/plots.py plot_layers calls fig.savefig(path) directly: FileNotFoundError "
-    "traceback (exit 1) instead of ArtifactWriteError; and the write is not atomic"),))
+@case("write-inspect-plot-missing-directory")
 def _(ctx: Ctx) -> Bad:
     src = saved(ctx, synthetic_cnn())
     plot = ctx.tmp / "nodir" / "layers.png"

@@ -155,14 +155,6 @@ def test_fixed_point_decodes_to_the_nearest_grid_value(post, bits, clip, seed):
         assert np.all(err <= step / 2 * (1 + 1e-5) + slop(mu, step))  # the full-range grid never clips
 
 
-MCQ_CAP_BUG = pytest.mark.xfail(strict=True, reason=(
-    "edgebnn/passes/mcq.py lower_mcq, auto bits: when the variance rule asks for more than 16 bits, "
-    "n_samples = max(n_samples, _samples_for_bits(p_max, 16)) keeps the huge N instead of capping it, so the "
-    "counts are clipped to +-32767 while the scale stays ||mu||_1 / N (mean off by many steps), or overflow "
-    "int32 in mcq_counts (OverflowError traceback); it should be n_samples = _samples_for_bits(p_max, 16)"))
-
-
-@MCQ_CAP_BUG
 @cases(500)
 @example(post=(np.array([5017.0], np.float32), np.array([0.125], np.float32)), bits=None, seed=0)  # clipped
 @example(post=(np.array([1.0], np.float32), np.array([1e-19], np.float32)), bits=None, seed=0)  # OverflowError
