@@ -140,11 +140,11 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
             if vx is None:
                 var[out] = None
                 continue
-            attrs = attrs_of(node)
-            axes = fixed[node.input[1]].tolist() if len(node.input) > 1 and node.input[1] else attrs.get("axes")
-            dims = shapes[node.input[0]]
-            n = math.prod(dims[a] for a in axes) if axes else math.prod(dims[1:]) * dims[0]
-            pooled = b.add("ReduceMean", [vx, *node.input[1:]], p + "v_mean", **attrs)
+            # n = elements averaged per output = |input| / |output| (however the axes are expressed)
+            if node.input[0] not in shapes or out not in shapes:
+                raise UnsupportedLayerError(f"{where(node)}: analytic mode needs static shapes around ReduceMean")
+            n = math.prod(shapes[node.input[0]]) // math.prod(shapes[out])
+            pooled = b.add("ReduceMean", [vx, *node.input[1:]], p + "v_mean", **attrs_of(node))
             var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
         elif op in SHAPE_OPS:
             b.nodes.append(node)

@@ -100,11 +100,10 @@ def _mean_layer(torch: Any, post: LayerPosterior, returns_tuple: bool) -> Any:
             super().__init__()
             w = torch.from_numpy(post.weight_mu)
             self.weight = nn.Parameter(w, requires_grad=False)
-            self.bias = (
-                nn.Parameter(torch.from_numpy(post.bias_mu), requires_grad=False)
-                if post.bias_mu is not None
-                else None
-            )
+            # A bias-less layer gets an explicit zero bias: without one, torch.onnx.export builds the zeros
+            # from Shape(weight), which would make the sampled weight feed a Shape node.
+            bias = post.bias_mu if post.bias_mu is not None else np.zeros(post.weight_mu.shape[0], np.float32)
+            self.bias = nn.Parameter(torch.from_numpy(bias), requires_grad=False)
 
         def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
             if post.kind == "conv2d":
