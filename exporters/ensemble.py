@@ -95,6 +95,11 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
         limit = w.encoding.step() if hoist == "auto" else float(hoist)
         if float(w.encoding.stddev().max(initial=0.0)) <= limit:
             out.add(w.name)
+    names = set(model.encoded_weight_names())
+    for node in model.proto.graph.node:  # a layer samples as a whole: a quiet weight with a noisy bias samples
+        own = [x for x in node.input if x in names]
+        if any(x not in out for x in own):
+            out.difference_update(own)
     return out
 
 

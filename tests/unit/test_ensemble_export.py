@@ -161,3 +161,14 @@ def test_hoisting_threshold(cnn_ir):
     np.testing.assert_allclose(mi, 0.0, atol=ROUNDOFF)  # S identical members
     with pytest.raises(InvalidOptionError, match="--hoist"):
         export_onnx(cnn_ir, 4, hoist=-1.0)
+
+
+def test_quiet_weight_with_a_sampled_bias_samples_as_a_layer(x):
+    model = synthetic_cnn()
+    for t in model.proto.graph.initializer:
+        if t.name == "conv.weight.sigma":  # the weight is quiet, its bias still samples
+            t.CopyFrom(onnx.numpy_helper.from_array(np.zeros(tuple(t.dims), np.float32), t.name))
+    proto = export_onnx(model, 4, seed=1)
+    assert json.loads(proto.metadata_props[0].value)["layers"]["sampled"] == ["conv", "fc"]
+    ref = predictive_from_logits(sample_logits(model, x, 4, seed=1))
+    np.testing.assert_allclose(_run(proto, x)[0], ref.probs, atol=ROUNDOFF)
