@@ -48,9 +48,12 @@ _BAYESIAN_PARAM = re.compile(r"(^|_)(rho|log_sigma|sigma|logvar|log_alpha)($|_)|
 
 
 def _adapters() -> list[LayerAdapter]:
-    from edgebnn.importers import bayesian_torch, blitz, edgebnn_layers, torchbnn
+    from edgebnn.importers import bayesian_torch, blitz, edgebnn_layers, recipes, torchbnn
 
-    return [edgebnn_layers.ADAPTER, bayesian_torch.ADAPTER, torchbnn.ADAPTER, blitz.ADAPTER]
+    return [
+        edgebnn_layers.ADAPTER, recipes.VNQ_ADAPTER, recipes.BC_ADAPTER, recipes.EBP_ADAPTER, recipes.TIED_ADAPTER,
+        bayesian_torch.ADAPTER, torchbnn.ADAPTER, blitz.ADAPTER,
+    ]
 
 
 def _torch() -> Any:

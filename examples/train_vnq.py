@@ -1,0 +1,70 @@
+"""VNQ recipe on digits: train with the ternary quantizing prior, lower with ``ternary`` (no fine-tuning),
+export the S=16 ensemble to ONNX; the last stdout line is the JSON result.
+
+    .venv/bin/python examples/train_vnq.py [--epochs 250] [--lr 0.01] [--warmup 80] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import OrderedDict
+
+import torch
+from _common import S, deterministic, emit, exported, metrics
+from torch import nn
+
+from edgebnn.data import digits
+from edgebnn.train import mc_predict
+from edgebnn.train.vnq import VNQConv2d, VNQLinear, level_table, lower_to_ternary, train_vnq, vnq_layers
+
+
+def vnq_cnn() -> nn.Module:
+    """digits_cnn's shape (conv 16, conv 32, fc 64, fc 10) with VNQ layers."""
+    return nn.Sequential(OrderedDict([
+        ("conv1", VNQConv2d(1, 16, 3, padding=1)), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
+        ("conv2", VNQConv2d(16, 32, 3, padding=1)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
+        ("flatten", nn.Flatten()), ("fc1", VNQLinear(128, 64)), ("relu3", nn.ReLU()), ("fc2", VNQLinear(64, 10)),
+    ]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=250)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--warmup", type=int, default=80, help="KL warm-up epochs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    data = digits(args.seed)
+    model = vnq_cnn()
+    result = train_vnq(model, data, epochs=args.epochs, lr=args.lr, kl_warmup_epochs=args.warmup, seed=args.seed)
+    x, y = data.split("test")
+    torch.manual_seed(args.seed)
+    before = metrics(mc_predict(model, x, samples=S), y)
+    for _, layer in vnq_layers(model):
+        layer.use_mean = True
+    with torch.no_grad():
+        mean_probs = torch.softmax(model(torch.from_numpy(x)), -1).numpy()
+    for _, layer in vnq_layers(model):
+        layer.use_mean = False
+    ir, report = lower_to_ternary(model, (1, 1, 8, 8), seed=args.seed)
+    after = exported(ir, x, y, seed=args.seed)
+    emit({
+        "recipe": "vnq",
+        "before": before,
+        "posterior_mean": metrics(mean_probs, y),
+        "after": after,
+        "after_mean": deterministic(ir, x, y),
+        "train_s": round(result.wall_time_s, 1),
+        "epochs": args.epochs,
+        "levels": {k: {"learned": round(v["level"], 4), "prunable": round(v["prunable"], 4)}
+                   for k, v in level_table(model).items()},
+        "ternary_layers": {r["name"]: {"level": round(r["level"], 4), "pruned": round(r["pruned"], 4)}
+                           for r in report["layers"] if "level" in r},
+        "compression_ratio": round(report["compression_ratio"], 2),
+    })
+
+
+if __name__ == "__main__":
+    main()
