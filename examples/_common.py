@@ -23,9 +23,7 @@ def exported(ir: Any, x: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict[st
     from edgebnn.exporters.ensemble import export_onnx
     from edgebnn.runtime.session import Session
 
-    # hoist="off": with "auto" the exporter refuses a layer whose weight is quiet but whose bias is sampled
-    # ("a sampled weight feeds Conv"), which codebook/fixed lowerings of these small layers produce.
-    proto = export_onnx(ir, S, mode="baked", seed=seed, hoist="off")
+    proto = export_onnx(ir, S, mode="baked", seed=seed)
     probs = Session(proto).predict(x).probs
     return {**metrics(probs, y), "bytes": int(ir.nbytes()), "onnx_bytes": len(proto.SerializeToString())}
 
