@@ -123,7 +123,11 @@ def lower_mcq(
     l1 = float(np.sum(np.abs(mu), dtype=np.float64))
     note = degenerate_note(mu, sigma)
     sigma_code = SigmaCode.fit(sigma, config.sigma_bits, rng)
-    if l1 == 0:
+    # The scale ||mu||_1 / N must be a positive float32: means that small (denormals) round to an all-zero layer.
+    tiny = l1 > 0 and not np.float32(l1 / max(n, 1) / (1 << MAX_BITS)) > 0
+    if tiny:
+        note = join_notes(note, "means below float32 resolution: stored as zeros")
+    if l1 == 0 or tiny:
         k = config.samples_per_weight or 1.0
         width = config.bits or 2
         enc = IntCountWeight(np.zeros(shape, np.int16), 1.0, width, sigma_code, samples_per_weight=k)

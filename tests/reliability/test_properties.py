@@ -409,3 +409,11 @@ def test_verifier_accepts_exactly_the_valid_gaussians(which, layer, poison, resh
             ir.verify(model)
     else:
         ir.verify(model)
+
+
+def test_mcq_denormal_means_are_stored_as_zeros():
+    """Found by hypothesis in CI: mu = 1e-45 made the scale ||mu||_1 / N underflow to 0."""
+    out = lower_mcq(np.array([1e-45], np.float32), np.zeros(1, np.float32), (1,), np.random.default_rng(0),
+                    McqConfig())
+    assert out.encoding.scale > 0 and not out.encoding.mean().any()
+    assert "below float32 resolution" in out.note
