@@ -59,7 +59,7 @@ class BinaryConfig(QuantConfig):
 
 def flip_probability(mu: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     """Φ(-|μ|/σ), float32; 0 where σ = 0 < |μ|, 1/2 where μ = σ = 0."""
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # |μ|/σ → ∞ is P = 0 or 1
         z = np.abs(mu) / sigma
     z[np.isnan(z)] = 0.0  # 0/0: no preferred sign
     return ndtr(-z).astype(np.float32)
