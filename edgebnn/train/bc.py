@@ -42,8 +42,7 @@ from torch import Tensor, nn
 from edgebnn.data import DigitsSplits
 from edgebnn.errors import InvalidOptionError
 from edgebnn.nn import _pair
-from edgebnn.train._loop import check_options, run_epochs, training_arrays
-from edgebnn.train.elbo import TrainResult
+from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
 from edgebnn.train.vnq import kl_log_uniform
 
 GROUP_LOG_ALPHA_THRESHOLD = -3.0

@@ -42,8 +42,7 @@ from edgebnn.data import DigitsSplits
 from edgebnn.errors import InvalidOptionError
 from edgebnn.nn import BayesConv2d, BayesLinear, _gaussian_kl, bayesian_layers
 from edgebnn.passes.codebook import blend_candidates, member_moments, merge_pair, own_mahalanobis, wasserstein2_sq
-from edgebnn.train._loop import check_options, run_epochs, training_arrays
-from edgebnn.train.elbo import TrainResult
+from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
 
 
 @dataclass(frozen=True)

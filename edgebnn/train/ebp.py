@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
-from edgebnn.train.elbo import EpochStats, TrainResult
+from edgebnn.train._loop import EpochStats, TrainResult
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _MIN_VAR = 1e-12

@@ -5,124 +5,30 @@ posterior-to-prior KL (:func:`edgebnn.nn.kl_divergence`) spread over the ``N_tra
 ``beta`` rises linearly from 0 to 1, step by step, over the first ``kl_warmup_epochs`` epochs, so the
 means fit the data before the KL pulls the standard deviations towards the prior. The Adam learning rate
 decays from ``lr`` to 0 on a cosine over all steps, which settles the means (and the MC accuracy) at the
-end of a short run.
+end of a short run. The loop itself is :func:`edgebnn.train._loop.run_epochs`, shared with the recipes;
+:class:`EpochStats`, :class:`TrainResult`, :func:`mc_predict` and :func:`mc_accuracy` live there and are
+re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import numpy as np
-import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from edgebnn.data import DigitsSplits
-from edgebnn.errors import EdgeBNNError, InvalidOptionError
-from edgebnn.nn import kl_divergence, posterior_mean
+from edgebnn.nn import kl_divergence
+from edgebnn.train._loop import (
+    EpochStats,
+    TrainResult,
+    check_options,
+    mc_accuracy,
+    mc_predict,
+    run_epochs,
+    training_arrays,
+)
 
-if TYPE_CHECKING:
-    from rich.progress import Progress, TaskID
-
-
-@dataclass(frozen=True)
-class EpochStats:
-    """Averages over one training epoch (numbered from 1).
-
-    ``loss``, ``nll`` and ``kl`` are means over the epoch's mini-batches; ``kl`` is the whole-model KL in
-    nats (not divided by ``N_train``); ``beta`` is the KL weight at the epoch's last step;
-    ``val_accuracy`` is the MC-averaged validation accuracy after the epoch, None without validation data.
-    """
-
-    epoch: int
-    loss: float
-    nll: float
-    kl: float
-    beta: float
-    val_accuracy: float | None
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What :func:`train_bnn` did: per-epoch history, final validation accuracy, wall time."""
-
-    history: tuple[EpochStats, ...]
-    val_accuracy: float | None
-    wall_time_s: float
-
-
-def _as_arrays(x: object, y: object, what: str) -> tuple[np.ndarray, np.ndarray]:
-    xa = np.asarray(x, dtype=np.float32)
-    ya = np.asarray(y)
-    if xa.ndim < 2 or len(xa) == 0:
-        raise InvalidOptionError(f"{what} images must be a non-empty batch (N, ...), got shape {xa.shape}")
-    if ya.shape != (len(xa),) or not np.issubdtype(ya.dtype, np.integer):
-        raise InvalidOptionError(f"{what} labels must be {len(xa)} integers, got shape {ya.shape} dtype {ya.dtype}")
-    if ya.min() < 0:
-        raise InvalidOptionError(f"{what} labels must be non-negative, got {int(ya.min())}")
-    if not np.all(np.isfinite(xa)):
-        raise InvalidOptionError(f"{what} images contain NaN or inf values")
-    return xa, ya.astype(np.int64)
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    for p in model.parameters():
-        return p.device
-    raise InvalidOptionError("model has no parameters to train")
-
-
-def mc_predict(model: nn.Module, x: np.ndarray, *, samples: int = 16, batch_size: int = 512) -> np.ndarray:
-    """Monte Carlo predictive distribution: the softmax averaged over ``samples`` eval-mode forwards.
-
-    The model is put in eval mode (one weight sample per forward) and left there. Sampling draws from
-    torch's global generator; seed it with ``torch.manual_seed`` for repeatable results.
-
-    Args:
-        model: A classifier returning logits ``(N, C)``.
-        x: Inputs ``(N, ...)``.
-        samples: Number of weight samples (ensemble members), at least 1.
-        batch_size: Examples per forward.
-
-    Returns:
-        Class probabilities ``(N, C)`` as float32.
-    """
-    if samples < 1 or batch_size < 1:
-        raise InvalidOptionError(f"samples={samples} and batch_size={batch_size} must be at least 1")
-    device = _model_device(model)
-    xt = torch.as_tensor(np.asarray(x, dtype=np.float32), device=device)
-    model.eval()
-    probs = []
-    with torch.no_grad():
-        for start in range(0, len(xt), batch_size):
-            chunk = xt[start : start + batch_size]
-            total = F.softmax(model(chunk), dim=-1)
-            for _ in range(samples - 1):
-                total += F.softmax(model(chunk), dim=-1)
-            probs.append(total / samples)
-    return torch.cat(probs).cpu().numpy().astype(np.float32)
-
-
-def mc_accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, *, samples: int = 16) -> float:
-    """Accuracy of the argmax of :func:`mc_predict` against labels ``y``.
-
-    Args:
-        model: A classifier returning logits ``(N, C)``.
-        x: Inputs ``(N, ...)``.
-        y: Integer labels ``(N,)``.
-        samples: Number of weight samples averaged.
-
-    Returns:
-        The fraction of correct predictions.
-    """
-    probs = mc_predict(model, x, samples=samples)
-    return float(np.mean(probs.argmax(axis=1) == np.asarray(y)))
-
-
-def _params_finite(model: nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+__all__ = ["EpochStats", "TrainResult", "mc_accuracy", "mc_predict", "train_bnn"]
 
 
 def train_bnn(
@@ -162,141 +68,12 @@ def train_bnn(
         EdgeBNNError: The loss or the parameters became NaN or inf; names the epoch. The model is left with
             its last finite parameters.
     """
-    for name, value, low in (
-        ("epochs", epochs, 1),
-        ("batch_size", batch_size, 1),
-        ("kl_warmup_epochs", kl_warmup_epochs, 0),
-        ("val_samples", val_samples, 1),
-    ):
-        if not isinstance(value, int) or value < low:
-            raise InvalidOptionError(f"{name}={value!r} must be an integer >= {low}")
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise InvalidOptionError(f"lr={lr!r} must be a positive finite number")
-    if isinstance(data, DigitsSplits):
-        x_train, y_train = _as_arrays(data.x_train, data.y_train, "training")
-        val: tuple[np.ndarray, np.ndarray] | None = _as_arrays(data.x_val, data.y_val, "validation")
-    else:
-        x_train, y_train = _as_arrays(*data, "training")
-        val = None
+    check_options(epochs, batch_size, kl_warmup_epochs, lr, val_samples=val_samples)
+    x, y, val = training_arrays(model, data, every_class=False)
 
-    device = _model_device(model)
-    _check_model_accepts(model, x_train, y_train, device)
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    xt = torch.as_tensor(x_train, device=device)
-    yt = torch.as_tensor(y_train, device=device)
-    n_train = len(xt)
-    steps_per_epoch = math.ceil(n_train / batch_size)
-    warmup_steps = kl_warmup_epochs * steps_per_epoch
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=epochs * steps_per_epoch)
+    def loss_terms(xb: Tensor, yb: Tensor) -> tuple[Tensor, Tensor]:
+        return F.cross_entropy(model(xb), yb), kl_divergence(model).to(xb.device)
 
-    history: list[EpochStats] = []
-    started = time.perf_counter()
-    with _EpochBar(epochs, enabled=progress) as bar:
-        step = 0
-        for epoch in range(1, epochs + 1):
-            model.train()
-            order = torch.as_tensor(rng.permutation(n_train), device=device)
-            sums = np.zeros(3)
-            beta = 1.0
-            for start in range(0, n_train, batch_size):
-                idx = order[start : start + batch_size]
-                step += 1
-                beta = min(1.0, step / warmup_steps) if warmup_steps else 1.0
-                nll = F.cross_entropy(model(xt[idx]), yt[idx])
-                kl = kl_divergence(model).to(device)
-                loss = nll + beta * kl / n_train
-                if not torch.isfinite(loss):
-                    raise EdgeBNNError(
-                        f"epoch {epoch}: loss became {_describe(loss)} (nll={nll.item():.4g}, "
-                        f"kl={kl.item():.4g}, beta={beta:.3g}, lr={lr:g}); try a lower lr"
-                    )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                before = [p.detach().clone() for p in model.parameters()]
-                try:
-                    optimizer.step()
-                    problem = None if _params_finite(model) else "parameters became NaN or inf"
-                except RuntimeError as e:  # e.g. an lr so large that the step overflows float32
-                    problem = f"the Adam step failed ({_first_line(e)})"
-                if problem is not None:
-                    with torch.no_grad():
-                        for p, saved in zip(model.parameters(), before, strict=True):
-                            p.copy_(saved)
-                    raise EdgeBNNError(f"epoch {epoch}: {problem} (lr={lr:g}); try a lower lr")
-                schedule.step()
-                sums += (loss.item(), nll.item(), kl.item())
-            val_acc = None if val is None else mc_accuracy(model, val[0], val[1], samples=val_samples)
-            loss_mean, nll_mean, kl_mean = (sums / steps_per_epoch).tolist()
-            stats = EpochStats(epoch, loss_mean, nll_mean, kl_mean, beta, val_acc)
-            history.append(stats)
-            bar.advance(stats)
-    model.eval()
-    return TrainResult(
-        history=tuple(history),
-        val_accuracy=history[-1].val_accuracy,
-        wall_time_s=time.perf_counter() - started,
-    )
-
-
-def _describe(t: torch.Tensor) -> str:
-    return "NaN" if bool(torch.isnan(t)) else "inf"
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _check_model_accepts(model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device) -> None:
-    """Refuse, in one line, a model that cannot take the inputs or has too few outputs for the labels."""
-    was_training = model.training
-    try:
-        with torch.no_grad(), posterior_mean(model):
-            out = model(torch.as_tensor(x[:1], device=device))
-    except RuntimeError as e:
-        raise InvalidOptionError(f"model rejects inputs of shape {tuple(x.shape[1:])}: {_first_line(e)}") from e
-    finally:
-        model.train(was_training)
-    if out.ndim != 2 or out.shape[1] <= int(y.max()):
-        raise InvalidOptionError(
-            f"model output shape {tuple(out.shape[1:])} cannot score labels up to {int(y.max())}; "
-            "it must return logits (N, num_classes)"
-        )
-
-
-class _EpochBar:
-    """A rich progress bar over epochs showing the loss and validation accuracy; inert when disabled."""
-
-    def __init__(self, epochs: int, *, enabled: bool):
-        self._epochs = epochs
-        self._progress: Progress | None = None
-        self._task: TaskID | None = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._progress = Progress(
-                TextColumn("training"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}  val acc {task.fields[val]}"),
-                TimeElapsedColumn(),
-                console=Console(stderr=True),
-            )
-
-    def __enter__(self) -> _EpochBar:
-        if self._progress is not None:
-            self._progress.start()
-            self._task = self._progress.add_task("train", total=self._epochs, loss="-", val="-")
-        return self
-
-    def advance(self, stats: EpochStats) -> None:
-        if self._progress is not None and self._task is not None:
-            val = "-" if stats.val_accuracy is None else f"{stats.val_accuracy:.3f}"
-            self._progress.update(self._task, advance=1, loss=f"{stats.loss:.4f}", val=val)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+    return run_epochs(model, [{"params": list(model.parameters()), "lr": lr}], x, y, val, loss_terms, recipe=None,
+                      epochs=epochs, batch_size=batch_size, kl_warmup_epochs=kl_warmup_epochs, seed=seed,
+                      val_samples=val_samples, lr=lr, progress=progress)

@@ -45,8 +45,7 @@ from torch import Tensor, nn
 from edgebnn.data import DigitsSplits
 from edgebnn.errors import InvalidOptionError
 from edgebnn.nn import _pair
-from edgebnn.train._loop import check_options, run_epochs, training_arrays
-from edgebnn.train.elbo import TrainResult
+from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
 REFERENCE_LEVEL = 0.2
