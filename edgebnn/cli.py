@@ -239,9 +239,11 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight"]), default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
                                       "weight for Conv + local for Gemm (auto; exact and small).")
-@click.option("--weights", "weight_format", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True,
-              help="baked mode: store each member's weights as fp32, or int8 + DequantizeLinear (symmetric, "
-                   "per output channel: TensorRT's explicit-quantization rules).")
+@click.option("--weights", "weight_format", type=click.Choice(["fp32", "int8", "int4"]), default="fp32",
+              show_default=True,
+              help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "
+                   "output channel: TensorRT's explicit-quantization rules), or int4 for Gemm weights (block-wise, "
+                   "weight-only, opset 21: RTX/newer TensorRT; Conv stays int8).")
 @click.option("--hoist", default="auto", show_default=True,
               help="Run layers whose posterior noise is below a threshold once, before the sample axis starts: "
                    "auto (σ below the layer's quantization step), off, or a σ value.")

@@ -18,6 +18,7 @@ from edgebnn import __version__
 from edgebnn.ir import BNNModel
 
 P = "ens/"  # prefix of every value an exporter adds
+INT4_BLOCK = 32
 OUTPUTS = ("probs", "entropy", "mutual_info")
 
 
@@ -29,6 +30,7 @@ class Builder:
         self.inits: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
         self._names: set[str] = set()
+        self.int4_used = False  # int4 DequantizeLinear needs opset 21
         self.adopt(inits)
 
     def adopt(self, inits: Iterable[onnx.TensorProto]) -> None:
@@ -58,6 +60,8 @@ class Builder:
         """
         if dtype == "fp32":
             return self.f32(name, value)
+        if dtype == "int4":
+            return self._int4(name, value)
         if dtype != "int8":
             raise ValueError(dtype)
         value = np.asarray(value, np.float32)
@@ -68,6 +72,26 @@ class Builder:
         return self.add("DequantizeLinear", [self.const(name + ".q", q), self.const(name + ".scale", scale),
                                              self.const(name + ".zero", np.zeros(len(scale), np.int8))],
                         name, axis=0)
+
+    def _int4(self, name: str, value: np.ndarray, block: int = INT4_BLOCK) -> str:
+        """Block-wise symmetric int4 (opset 21 DequantizeLinear, weight-only): one scale per ``block`` values
+        along the second-to-last axis, the layout TensorRT's INT4 weight-only GEMMs take (even last dim)."""
+        value = np.asarray(value, np.float32)
+        k = value.shape[-2]
+        blocks = -(-k // block)
+        pad = blocks * block - k
+        padded = np.pad(value, [(0, 0)] * (value.ndim - 2) + [(0, pad), (0, 0)])
+        shaped = padded.reshape(*value.shape[:-2], blocks, block, value.shape[-1])
+        amax = np.abs(shaped).max(axis=-2)  # [..., blocks, out]
+        scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
+        q = np.clip(np.rint(shaped / scale[..., None, :]), -7, 7).astype(np.int8)
+        q = q.reshape(padded.shape)[..., :k, :]
+        tensor = helper.make_tensor(name + ".q", TensorProto.INT4, q.shape, q.reshape(-1).tolist())
+        self._names.add(tensor.name)
+        self.inits.append(tensor)
+        scale_name = self.const(name + ".scale", scale)
+        self.int4_used = True
+        return self.add("DequantizeLinear", [tensor.name, scale_name], name, axis=value.ndim - 2, block_size=block)
 
     def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
         self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
@@ -114,7 +138,9 @@ class Builder:
             helper.make_tensor_value_info("mutual_info", TensorProto.FLOAT, ["batch"]),
         ]
         graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, self.inits)
-        out = helper.make_model(graph, opset_imports=list(base.opset_import), producer_name="edgebnn")
+        opsets = [helper.make_opsetid(o.domain, max(o.version, 21) if self.int4_used and o.domain in ("", "ai.onnx")
+                                      else o.version) for o in base.opset_import]
+        out = helper.make_model(graph, opset_imports=opsets, producer_name="edgebnn")
         out.ir_version = base.ir_version
         return out
 

@@ -42,7 +42,7 @@ MODES = ("baked", "noise", "shared", "analytic")
 LayerRewrite = Callable[[Builder, onnx.NodeProto, EncodedWeight, dict[str, list[int]]], None]
 
 
-WEIGHT_FORMATS = ("fp32", "int8")
+WEIGHT_FORMATS = ("fp32", "int8", "int4")
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
@@ -55,7 +55,9 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         mode: ``baked``, ``noise`` or ``analytic``.
         seed: seed of the baked samples.
         noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations) or ``weight`` (per weight).
-        weights: ``fp32`` or ``int8`` (baked mode: each member's weights as int8 + DequantizeLinear).
+        weights: ``fp32``, ``int8`` (baked mode: each member's weights as int8 + DequantizeLinear) or ``int4``
+            (Gemm weights block-wise int4 where TensorRT allows it — even output dim —, the rest int8; the graph
+            moves to opset 21, which TensorRT 10.3 on Jetson does not parse: for RTX / newer TensorRT).
         hoist: ``auto`` (layers whose σ is below their quantization step run once, before the sample
             axis), ``off``, or a σ threshold.
     """
@@ -234,7 +236,8 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hois
             group = int(attrs.pop("group", 1))
             out_ch = wsamp.shape[1]
             inputs = [b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples * c, h, wd)], p + "x"),
-                      b.weight(p + "W", wsamp.reshape(samples * out_ch, *wsamp.shape[2:]), weights)]
+                      b.weight(p + "W", wsamp.reshape(samples * out_ch, *wsamp.shape[2:]),
+                               "int8" if weights == "int4" else weights)]  # int4 is for GEMMs only
             bias = bias_samples(node, out_ch)
             if bias is not None:
                 inputs.append(b.f32(p + "b", bias.reshape(-1)))
@@ -246,7 +249,8 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hois
             wsamp = wsamp.transpose(0, 2, 1)  # [S, out, in] -> [S, in, out]
         n_in, n_out = wsamp.shape[1], wsamp.shape[2]
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, 1, n_in)], p + "x")
-        y = b.add("MatMul", [x, b.weight(p + "W", wsamp, weights)], p + "xw")
+        fmt = "int8" if weights == "int4" and n_out % 2 else weights  # TensorRT int4: even last dimension
+        y = b.add("MatMul", [x, b.weight(p + "W", wsamp, fmt)], p + "xw")
         bias = bias_samples(node, n_out)
         if bias is not None:
             y = b.add("Add", [y, b.f32(p + "b", bias.reshape(samples, 1, n_out))], p + "y")

@@ -172,3 +172,27 @@ def test_quiet_weight_with_a_sampled_bias_samples_as_a_layer(x):
     assert json.loads(proto.metadata_props[0].value)["layers"]["sampled"] == ["conv", "fc"]
     ref = predictive_from_logits(sample_logits(model, x, 4, seed=1))
     np.testing.assert_allclose(_run(proto, x)[0], ref.probs, atol=ROUNDOFF)
+
+
+def test_int4_gemm_weights_are_blockwise_and_odd_outputs_fall_back_to_int8():
+    from synthetic import synthetic_linear
+
+    from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
+
+    even, odd = synthetic_linear(n_in=64, classes=4), synthetic_linear(n_in=64, classes=3)
+    xl = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)
+    for model, dtype in ((even, onnx.TensorProto.INT4), (odd, onnx.TensorProto.INT8)):
+        proto = export_onnx(model, 4, seed=1, weights="int4")
+        opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+        assert opset == (21 if dtype == onnx.TensorProto.INT4 else 18)  # int4 DequantizeLinear needs opset 21
+        dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear")
+        q = next(t for t in proto.graph.initializer if t.name == dq.input[0])
+        assert q.data_type == dtype
+        if dtype == onnx.TensorProto.INT4:
+            assert next(a.i for a in dq.attribute if a.name == "block_size") == 32
+        assert not has_errors(check_trt_compat(proto, tensorrt="11"))
+        # int4 rounds each weight by at most half a step, max|block|/14: a coarse but bounded change
+        fp32 = predictive_from_logits(sample_logits(model, xl, 4, seed=1)).probs
+        got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"input": xl})[0]
+        assert np.abs(got - fp32).max() < 0.1
