@@ -318,7 +318,8 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["auto", "baked", "noise", "analytic"]), default="auto", show_default=True,
+@click.option("--mode", type=click.Choice(["auto", "baked", "noise", "shared", "analytic"]), default="auto",
+              show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
                    "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
                    "--bench-results, else baked.")
