@@ -244,9 +244,10 @@ def _describe_onnx(path: str) -> dict[str, Any]:
               help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "
                    "output channel: TensorRT's explicit-quantization rules), or int4 for Gemm weights (block-wise, "
                    "weight-only, opset 21: RTX/newer TensorRT; Conv stays int8).")
-@click.option("--hoist", default="auto", show_default=True,
+@click.option("--hoist", default="off", show_default=True,
               help="Run layers whose posterior noise is below a threshold once, before the sample axis starts: "
-                   "auto (σ below the layer's quantization step), off, or a σ value.")
+                   "off, auto (σ below the layer's quantization step), or a σ value. Faster, but hoisted layers "
+                   "no longer contribute to the mutual information.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
 @click.option("--device", default=None,
               help="TensorRT device profile: jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")

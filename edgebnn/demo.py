@@ -7,6 +7,7 @@ train a Bayesian CNN on sklearn digits -> save weights (safetensors) -> lower (i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     from edgebnn.data import digits
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
     from edgebnn.models import digits_cnn
+    from edgebnn.passes import lower
     from edgebnn.targets.profiler import plot_profile
     from edgebnn.train import train_bnn
 
@@ -36,6 +38,8 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     weights = out / "digits_cnn.safetensors"
     ebnn = out / "digits_cnn.ebnn"
     onnx_path = out / f"digits_cnn_S{samples}.onnx"
+    fixed_ebnn = out / "digits_cnn_fixed.ebnn"
+    small_onnx = out / f"digits_cnn_fixed_S{samples}_int8.onnx"
 
     console.rule("1/5 train a Bayesian CNN on sklearn digits")
     torch.manual_seed(seed)
@@ -56,16 +60,27 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     print_lower_report(console, lower_report, str(ebnn))
     write_json(out / "lower.json", lower_report, "edgebnn.lower/1")
 
-    console.rule(f"3/5 export the baked S={samples} ensemble to ONNX")
+    console.rule(f"3/5 export the baked S={samples} ensemble to ONNX (fp32, and fixed-point lowered + int8)")
     save_onnx(export_onnx(bnn, samples, seed=seed), onnx_path)
     console.print(f"wrote {onnx_path} ({fmt_bytes(onnx_path.stat().st_size)})")
+    fixed = lower(bnn, "fixed", seed=seed).model
+    ir.save(fixed, fixed_ebnn)
+    small_proto = export_onnx(fixed, samples, seed=seed, weights="int8")
+    save_onnx(small_proto, small_onnx)
+    layers = json.loads(small_proto.metadata_props[0].value)["layers"]
+    console.print(f"wrote {fixed_ebnn} ({fmt_bytes(fixed_ebnn.stat().st_size)}, bits per layer from the "
+                  f"posterior variance) and {small_onnx} ({fmt_bytes(small_onnx.stat().st_size)}, int8 weights; "
+                  f"sampled layers: {', '.join(layers['sampled']) or 'none'}; run once, σ below their step: "
+                  f"{', '.join(layers['hoisted']) or 'none'})", highlight=False)
 
     console.rule("4/5 evaluate on the digits test split")
     ref = evaluate_artifact(ebnn, samples=samples, seed=seed)
     exported = evaluate_artifact(onnx_path)
-    print_eval(console, [ref, exported])
+    small = evaluate_artifact(small_onnx)
+    print_eval(console, [ref, exported, small])
     write_json(out / "eval_reference.json", ref, "edgebnn.eval/1")
     write_json(out / "eval_onnx.json", exported, "edgebnn.eval/1")
+    write_json(out / "eval_fixed_int8.json", small, "edgebnn.eval/1")
 
     console.rule("5/5 profile on the CPU against float baselines")
     prof = profile_artifact(ebnn, device="cpu", samples=samples, onnx_path=str(onnx_path), runs=runs)
@@ -74,6 +89,11 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     plot_profile(prof, str(out / "profile.png"))
 
     summary = {
+        "small_artifact_bytes": small_onnx.stat().st_size,
+        "small_ebnn_bytes": fixed_ebnn.stat().st_size,
+        "small_accuracy": small["accuracy"],
+        "small_nll": small["nll"],
+        "small_ece": small["ece"],
         "artifact_bytes": onnx_path.stat().st_size,
         "ebnn_bytes": ebnn.stat().st_size,
         "accuracy": exported["accuracy"],
@@ -99,11 +119,12 @@ def _print_summary(console: Console, s: dict[str, Any], samples: int) -> None:
     table.add_column("")
     table.add_column("value", justify="right")
     for label, value in [
-        ("ONNX ensemble size", fmt_bytes(s["artifact_bytes"])),
-        (".ebnn IR size", fmt_bytes(s["ebnn_bytes"])),
-        ("accuracy", f"{s['accuracy']:.4f}"),
-        ("NLL", f"{s['nll']:.4f}"),
-        ("ECE (15 bins)", f"{s['ece']:.4f}"),
+        ("ONNX ensemble size: fp32 | fixed + int8", f"{fmt_bytes(s['artifact_bytes'])} | "
+                                                    f"{fmt_bytes(s['small_artifact_bytes'])}"),
+        (".ebnn IR size: float | fixed", f"{fmt_bytes(s['ebnn_bytes'])} | {fmt_bytes(s['small_ebnn_bytes'])}"),
+        ("accuracy: fp32 | fixed + int8", f"{s['accuracy']:.4f} | {s['small_accuracy']:.4f}"),
+        ("NLL", f"{s['nll']:.4f} | {s['small_nll']:.4f}"),
+        ("ECE (15 bins)", f"{s['ece']:.4f} | {s['small_ece']:.4f}"),
         ("latency p50, batch 1", f"{ens:.3f} ms"),
         ("vs float deterministic pass", f"{ens / det:.2f}x its {det:.3f} ms"),
         (f"vs float BNN, {samples} sampled passes", f"{bnn / ens:.1f}x faster than {bnn:.3f} ms"),

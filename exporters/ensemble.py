@@ -46,7 +46,7 @@ WEIGHT_FORMATS = ("fp32", "int8", "int4")
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
-                noise: str = "auto", weights: str = "fp32", hoist: str | float = "auto") -> onnx.ModelProto:
+                noise: str = "auto", weights: str = "fp32", hoist: str | float = "off") -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -58,8 +58,10 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         weights: ``fp32``, ``int8`` (baked mode: each member's weights as int8 + DequantizeLinear) or ``int4``
             (Gemm weights block-wise int4 where TensorRT allows it — even output dim —, the rest int8; the graph
             moves to opset 21, which TensorRT 10.3 on Jetson does not parse: for RTX / newer TensorRT).
-        hoist: ``auto`` (layers whose σ is below their quantization step run once, before the sample
-            axis), ``off``, or a σ threshold.
+        hoist: ``off`` (default: every layer samples), ``auto`` (layers whose σ is below their quantization
+            step run once, before the sample axis), or a σ threshold. Off by default because it trades
+            epistemic signal for speed: on the digits CNN lowered with ``fixed``, ``auto`` hoisted 3 of 4 layers
+            and cut the mean mutual information from 0.040 to 0.015.
     """
     check_samples(samples)
     if weights not in WEIGHT_FORMATS:
@@ -106,7 +108,7 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
 
 
 def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,
-                           hoist: str | float = "auto") -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+                           hoist: str | float = "off") -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """Copy deterministic nodes, let ``rewrite`` emit each sampled Conv/Gemm, add the predictive head.
 
     Hoisting: layers whose weights are quiet (:func:`quiet_weights`) run once with their mean, and every
@@ -210,7 +212,7 @@ def bias_name(node: onnx.NodeProto) -> str | None:
     return node.input[2] if len(node.input) > 2 and node.input[2] else None
 
 
-def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hoist: str | float = "auto",
+def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hoist: str | float = "off",
            ) -> onnx.ModelProto:
     drawn = sample_weights(model, samples, seed)
     b = Builder()

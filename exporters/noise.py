@@ -40,7 +40,7 @@ VARIANTS = ("auto", "local", "weight", "shared")
 ROWS = "batch_x_samples"
 
 
-def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "auto",
+def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
                  ) -> onnx.ModelProto:
     from edgebnn.exporters.ensemble import bias_name, conv_shapes, gemm_attrs, rewrite_sampled_layers
 
