@@ -35,7 +35,7 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, attrs_of, renamed_input, set_metadata, static_shapes
 from edgebnn.ir import BNNModel, EncodedWeight
-from edgebnn.runtime.reference import check_samples, sample_weights
+from edgebnn.runtime.reference import check_samples
 
 MODES = ("baked", "noise", "shared", "analytic")
 # A layer rewrite: (builder, node, weight, static shapes) -> nodes added to the builder.
@@ -95,7 +95,7 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
     if hoist != "auto" and (not isinstance(hoist, (int, float)) or hoist < 0):
         raise InvalidOptionError(f"--hoist {hoist}: use auto, off or a non-negative sigma")
     out = set()
-    for w in model.encoded_weights():
+    for w in model.iter_encoded_weights():  # one layer decoded at a time
         limit = w.encoding.step() if hoist == "auto" else float(hoist)
         if float(w.encoding.stddev().max(initial=0.0)) <= limit:
             out.add(w.name)
@@ -119,12 +119,17 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     Returns the float skeleton (for its graph input, opsets and output) and ``{"sampled", "hoisted"}`` layer
     names for the export report.
     """
-    encoded = {w.name: w for w in model.encoded_weights()}
+    encoded = set(model.encoded_weight_names())  # decoded one layer at a time, when its node is reached
+    layer_of = {n.output[0]: next((a.s.decode() for a in n.attribute if a.name == "layer"), n.output[0])
+                for n in model.proto.graph.node if n.output and n.output[0] in encoded}
     quiet = quiet_weights(model, hoist)
-    base = model.float_model()  # quiet weights keep their mean initializers from here
+    base = model.weights_as_inputs()  # the skeleton with shapes only: no posterior is copied
     shapes = static_shapes(base)
     in_name = model.manifest.input_name
-    b.adopt(t for t in base.graph.initializer if t.name not in encoded or t.name in quiet)
+    del base.graph.input[1:]  # the weights were inputs only for shape inference
+    b.adopt(base.graph.initializer)
+    for name in quiet:  # hoisted layers run once with their mean
+        b.f32(name, model.encoded_weight(name).encoding.mean())
     nodes = list(base.graph.node)
     sampled_at = {i for i, n in enumerate(nodes) if any(x in encoded and x not in quiet for x in n.input)}
     start = _fold_point(nodes, in_name, sampled_at)
@@ -164,18 +169,17 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
             continue
         hit = [x for x in node.input if x in encoded and x not in quiet]
         if node.op_type not in ("Conv", "Gemm") or node.input[1] not in hit:
-            w = encoded[hit[0]]
             raise UnsupportedLayerError(
-                f"{model.where}: layer {w.layer!r}: a sampled weight feeds {node.op_type} "
+                f"{model.where}: layer {layer_of[hit[0]]!r}: a sampled weight feeds {node.op_type} "
                 f"({node.name or node.output[0]}); ensembles handle Conv and Gemm weights"
             )
-        rewrite(b, node, encoded[node.input[1]], shapes)
+        rewrite(b, node, model.encoded_weight(node.input[1]), shapes)
     logits = base.graph.output[0].name
     if logits in pre_data:
         logits = fold(logits)  # every layer was hoisted: S identical members
     b.predictive_head(logits, samples, model.manifest.num_classes)
-    sampled = {encoded[n].layer for n in encoded if n not in quiet}
-    return base, {"sampled": sorted(sampled), "hoisted": sorted({encoded[n].layer for n in quiet} - sampled)}
+    sampled = {layer_of[n] for n in encoded if n not in quiet}
+    return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
 
 
 def _fold_point(nodes: list[onnx.NodeProto], in_name: str, sampled_at: set[int]) -> int:
@@ -214,16 +218,20 @@ def bias_name(node: onnx.NodeProto) -> str | None:
 
 def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hoist: str | float = "off",
            ) -> onnx.ModelProto:
-    drawn = sample_weights(model, samples, seed)
+    index = {name: i for i, name in enumerate(model.encoded_weight_names())}
     b = Builder()
+
+    def draw(name: str) -> np.ndarray:
+        """[S, *shape] members of one weight: the reference runtime's stream ``[seed, i]``."""
+        return model.encoded_weight(name).encoding.sample(np.random.default_rng([seed, index[name]]), samples)
 
     def bias_samples(node: onnx.NodeProto, out_dim: int) -> np.ndarray | None:
         """Bias as [S, out]: drawn if Bayesian, the deterministic bias repeated otherwise."""
         name = bias_name(node)
         if name is None:
             return None
-        if name in drawn:
-            return drawn[name]
+        if name in index:
+            return draw(name)
         fixed = next((t for t in b.inits if t.name == name), None)
         if fixed is None:
             raise UnsupportedLayerError(f"{node.name}: bias {name!r} is not a constant")
@@ -231,7 +239,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hois
 
     def rewrite(b: Builder, node: onnx.NodeProto, w: EncodedWeight, shapes: dict[str, list[int]]) -> None:
         p = f"{P}{w.name}/"
-        wsamp = drawn[w.name]
+        wsamp = draw(w.name)
         if node.op_type == "Conv":
             (_, c, h, wd), (_, _, h2, w2) = conv_shapes(node, w, shapes)
             attrs = attrs_of(node)

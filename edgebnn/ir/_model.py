@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -220,38 +220,45 @@ class BNNModel:
     def float_model(self, weights: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
         """A standard ONNX model with every encoded weight replaced by a float initializer.
 
-        ``weights`` maps weight names to values; missing names take the posterior mean.
+        ``weights`` maps weight names to values; missing names take the posterior mean (decoded one layer at a
+        time).
         """
-        weights = dict(weights or {})
-        encoded = self.encoded_weights()
-        for w in encoded:
-            if w.name not in weights:
-                weights[w.name] = w.encoding.mean()
-        return self._strip_encodings(encoded, lambda g, w: g.initializer.append(
-            onnx.numpy_helper.from_array(np.asarray(weights[w.name], np.float32), w.name)))
+        weights = weights or {}
+
+        def add(graph: onnx.GraphProto, name: str, shape: list[int]) -> None:
+            value = weights[name] if name in weights else self.encoded_weight(name).encoding.mean()
+            graph.initializer.append(onnx.numpy_helper.from_array(np.asarray(value, np.float32), name))
+
+        return self._strip_encodings(add)
 
     def weights_as_inputs(self) -> onnx.ModelProto:
-        """A standard ONNX model whose encoded weights are extra graph inputs (float32, fixed shape)."""
-        return self._strip_encodings(self.encoded_weights(), lambda g, w: g.input.append(
-            helper.make_tensor_value_info(w.name, onnx.TensorProto.FLOAT, list(w.encoding.shape))))
+        """A standard ONNX model whose encoded weights are extra graph inputs (float32, fixed shape).
 
-    def _strip_encodings(self, encoded: list[EncodedWeight], add: Any) -> onnx.ModelProto:
-        proto = onnx.ModelProto()
-        proto.CopyFrom(self.proto)
-        graph = proto.graph
-        drop_inputs = {i for w in encoded for i in w.node.input}
-        kept_nodes = [n for n in graph.node if n.domain != DOMAIN]
-        del graph.node[:]
-        graph.node.extend(kept_nodes)
-        kept_inits = [t for t in graph.initializer if t.name not in drop_inputs]
-        del graph.initializer[:]
-        graph.initializer.extend(kept_inits)
-        for w in encoded:
-            add(graph, w)
-        opsets = [o for o in proto.opset_import if o.domain != DOMAIN]
-        del proto.opset_import[:]
-        proto.opset_import.extend(opsets)
-        del proto.metadata_props[:]
+        Nothing is decoded: the shapes come from the encoding nodes' ``shape`` attributes.
+        """
+        return self._strip_encodings(lambda g, name, shape: g.input.append(
+            helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)))
+
+    def _strip_encodings(self, add: Callable[[onnx.GraphProto, str, list[int]], None]) -> onnx.ModelProto:
+        """The graph without encoding nodes or their tensors; ``add(graph, name, shape)`` supplies each weight.
+
+        Built field by field, so the encoded tensors are never copied.
+        """
+        src = self.proto.graph
+        encoded = [n for n in src.node if n.domain == DOMAIN]
+        drop = {i for n in encoded for i in n.input}
+        graph = onnx.GraphProto(name=src.name)
+        graph.node.extend(n for n in src.node if n.domain != DOMAIN)
+        graph.input.extend(src.input)
+        graph.output.extend(src.output)
+        graph.value_info.extend(src.value_info)
+        graph.initializer.extend(t for t in src.initializer if t.name not in drop)
+        for n in encoded:
+            shape = next((list(a.ints) for a in n.attribute if a.name == "shape"), None)
+            add(graph, n.output[0], shape)
+        proto = helper.make_model(graph, opset_imports=[o for o in self.proto.opset_import if o.domain != DOMAIN],
+                                  producer_name=self.proto.producer_name, producer_version=self.proto.producer_version)
+        proto.ir_version = self.proto.ir_version
         return proto
 
 

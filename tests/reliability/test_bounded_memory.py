@@ -112,10 +112,6 @@ def test_lowering_holds_one_layer_at_a_time(scheme):
     assert extra_per_layer(lambda m: lower(m, scheme)) < 0.25
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "exporters/ensemble.py _baked draws every layer's S samples up front (sample_weights(model, S, seed)) and "
-    "rewrite_sampled_layers decodes every layer's mean (model.float_model()) before writing one constant: the "
-    "working set grows by about 1.2 layers of posterior per layer beyond the graph's own bytes"))
 def test_baked_export_holds_one_layer_at_a_time():
     samples = 4
 
