@@ -30,28 +30,27 @@ onnxruntime 1.31, Python 3.11; S = 4, seed 0). Baseline after imports: 84 MiB. "
 peak - baseline over the posterior's 204 MB of fp32 μ and σ:
 
     stage      scheme     peak-baseline   x posterior   seconds   artifact
-    build                      605 MiB        3.11         3.9    204.0 MB .ebnn
-    load                       389 MiB        2.00         0.7    (parse: file bytes + protobuf, then 1 layer)
-    lower      float           802 MiB        4.12         3.7    204.0 MB
-    lower      mcq            1328 MiB        6.83         5.7     37.1 MB
-    lower      fixed          1288 MiB        6.62         5.0     26.6 MB
-    lower      codebook       1386 MiB        7.12        18.1     22.3 MB
-    lower      ternary        1378 MiB        7.08         4.7     12.8 MB
-    lower      binary         1334 MiB        6.86         7.4      9.6 MB
-    lower      prune          1971 MiB       10.13         9.1    204.0 MB
-    export     float          2062 MiB       10.60        10.2    408.1 MB .onnx (S = 4 baked constants)
-    export     mcq            1920 MiB        9.87         8.8    408.1 MB
-    export     fixed          1817 MiB        9.34         8.8    408.1 MB
-    export     codebook       1783 MiB        9.17         9.6    408.1 MB
-    export     ternary        1741 MiB        8.95         8.3    408.1 MB
-    export     binary         1710 MiB        8.79         7.6    408.1 MB
-    export     prune          2062 MiB       10.60         9.2    408.1 MB
+    build                      605 MiB        3.11         3.3    204.0 MB .ebnn
+    load                       389 MiB        2.00         0.5    (parse: file bytes + protobuf, then 1 layer)
+    lower      float           802 MiB        4.12         2.9    204.0 MB
+    lower      mcq             860 MiB        4.42         3.5     37.1 MB
+    lower      fixed           803 MiB        4.13         3.1     26.6 MB
+    lower      codebook        934 MiB        4.80        12.4     22.3 MB
+    lower      ternary         923 MiB        4.75         3.8     12.8 MB
+    lower      binary          844 MiB        4.34         3.9      9.6 MB
+    lower      prune          1002 MiB        5.15         3.6    204.0 MB
+    export     float          1390 MiB        7.15         8.6    408.1 MB .onnx (S = 4 baked constants)
+    export     mcq            1225 MiB        6.29         6.8    408.1 MB
+    export     fixed          1214 MiB        6.24         6.6    408.1 MB
+    export     codebook       1238 MiB        6.36         5.6    408.1 MB
+    export     ternary        1213 MiB        6.24         6.8    408.1 MB
+    export     binary         1203 MiB        6.18         6.7    408.1 MB
+    export     prune          1390 MiB        7.15         8.8    408.1 MB
 
-So lowering a 25M-weight posterior stays under 10.2x its fp32 bytes (under 7.2x for the compressing
-schemes) and a baked S = 4 export under 10.6x (that graph alone is 2x: S·n·4 bytes of constants). Loading
-and verifying decode one layer at a time (2.0x: the file's bytes and the parsed protobuf during the parse;
-before that change, 5.1x). The passes and the exporter still decode every layer up front: see
-``tests/reliability/test_bounded_memory.py`` (strict xfails) for what per-layer processing would save.
+So lowering a 25M-weight posterior stays under 5.2x its fp32 bytes and a baked S = 4 export under 7.2x (that
+graph alone is 2x: S·n·4 bytes of constants, and the loaded input IR another 1-2x). Loading, verifying,
+lowering and the baked export decode one layer at a time (before that change: 5.1x to load, up to 10.1x to
+lower, 10.6x to export); ``tests/reliability/test_bounded_memory.py`` holds them to it.
 """
 
 from __future__ import annotations
