@@ -1,7 +1,7 @@
 """Ensemble latency benchmark: every export mode against the float baselines, measured in one run.
 
 Grid: LeNet-5 (1x28x28) and ResNet-20 (3x32x32) (:mod:`edgebnn.models`) x batch {1, 32} x S {1, 4, 16, 32}
-x mode {baked, noise, analytic}, onnxruntime on 2 threads (FACTS.md benchmark settings), each ensemble run
+x mode {baked, noise, analytic}, onnxruntime on 2 threads (docs/design.md benchmark settings), each ensemble run
 through :class:`edgebnn.runtime.Session` (``predict``: the ``noise`` mode's host-side noise generation is
 inside the timed call). Baselines, timed in the same cell (same passes, same process) as the ensembles:
 
@@ -56,7 +56,7 @@ import numpy as np
 
 # libgomp (torch's OpenMP) spins at barriers by default; on a shared 2-core machine a spinning thread
 # starves its partner and a 0.6 ms LeNet pass can take 60 ms. PASSIVE is the counterpart of onnxruntime's
-# allow_spinning=0 (FACTS.md benchmark settings). Must be set before torch loads; --torch-spin keeps
+# allow_spinning=0 (docs/design.md benchmark settings). Must be set before torch loads; --torch-spin keeps
 # libgomp's default, and an OMP_WAIT_POLICY already in the environment is left alone.
 if "--torch-spin" not in sys.argv[1:]:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -231,7 +231,7 @@ def time_blocks(calls: dict[str, Callable[[], Any]], *, budget_s: float, min_run
     max_runs)`` per call, split over ``BLOCKS`` passes through all the calls (so a burst of load from
     other processes lands on every call, not on one). Each block re-warms with a few untimed runs (a
     fifth of its timed runs, 1 to 10; none for calls over ``NO_REWARM_S``) before its back-to-back timed
-    runs: what is measured is the warm state of ARCHITECTURE.md §6 (weights in cache, thread pools
+    runs: what is measured is the warm state of docs/design.md (weights in cache, thread pools
     awake), not the cold first call after another framework ran.
     """
     single = {}

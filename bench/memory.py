@@ -67,6 +67,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from edgebnn._io import atomic_write_json
+
 SCHEMES = ("float", "mcq", "fixed", "codebook", "ternary", "binary", "prune")
 LAYERS = (  # name, kind, weight shape, Gaussian bias
     ("conv1", "Conv", (128, 16, 3, 3), False),
@@ -184,7 +186,7 @@ def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed:
 def child_main(args: argparse.Namespace) -> None:
     try:
         row = run_stage(args.stage, args.scheme, Path(args.dir), args.samples, args.seed)
-    except Exception as e:  # recorded, not fatal: another engineer may still be finishing a pass
+    except Exception as e:  # reported in the row (and the driver's exit status), so the table shows which stage
         row = {"stage": args.stage, "scheme": args.scheme, "error": f"{type(e).__name__}: {e}".splitlines()[0],
                "traceback": traceback.format_exc(limit=3)}
     print(json.dumps(row))
@@ -278,8 +280,11 @@ def main() -> None:
     result = main_bench(args)
     print(json.dumps(result, separators=(",", ":")))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_json(args.json, result)
     print_table(result)
+    failed = [f"{r['stage']}/{r['scheme']}" for r in result["stages"] if r.get("error")]
+    if failed:
+        sys.exit(f"stages failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ hand-written copy would be more code to get wrong for no gain. We use it in two 
    TensorRT's entropy-calibrator setting (2048 bins, 128 quantized bins) and 2048 bins for percentile.
 2. ``quantize_static(..., calibration_cache_path=ranges)``: Q/DQ insertion from those ranges.
 
-Settings, from what TensorRT accepts (FACTS.md) and what a BNN ensemble needs:
+Settings, from what TensorRT accepts (docs/design.md) and what a BNN ensemble needs:
 
 * ``QuantFormat.QDQ``, INT8 activations and weights, ``ActivationSymmetric`` and ``WeightSymmetric``:
   every zero point is 0 (TensorRT supports symmetric quantization only).

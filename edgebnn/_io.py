@@ -28,6 +28,10 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     except OSError as e:
         raise ArtifactWriteError(f"{dest}: cannot write to {directory}: {e.strerror or e}") from e
     try:
+        # mkstemp creates 0600; give the artifact the mode an ordinary file would get (0666 less the umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -115,7 +115,7 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             )
     else:
         if mode == "auto":
-            mode, mode_reason = default_mode(device, samples=samples, bench_results=bench_results)
+            mode, mode_reason = default_mode(device, samples=samples, batch=batch, bench_results=bench_results)
         ensemble = export_onnx(model, samples, mode=mode)
     report = profile(model, ensemble, device=device, samples=samples, engine=engine,
                      baseline_runner=baseline_runner, batch=batch, runs=runs, warmup=warmup,

@@ -332,8 +332,8 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
               show_default=True, help="Runtime of the float baselines. auto: onnxruntime on the cpu; on rtx/jetson "
                                       "float_deterministic as a TensorRT engine and float_bnn in torch CUDA.")
 @click.option("--bench-results", type=click.Path(dir_okay=False),
-              help="Mode benchmark JSON that --mode auto reads on the cpu (default: bench/results/modes.json if "
-                   "present).")
+              help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu; "
+                   "without it, auto means baked.")
 @click.option("--batch", default=1, show_default=True)
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph.")
 @click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
@@ -427,8 +427,10 @@ def compare(a: str, b: str, data: str, split: str, ir_path: str | None, samples:
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
     """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.
 
-    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx, and the JSON
-    reports lower.json, eval_reference.json, eval_onnx.json, profile.json (plus profile.png).
+    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx, the fixed-point
+    lowering digits_cnn_fixed.ebnn and its int8 export digits_cnn_fixed_S<S>_int8.onnx, and the JSON
+    reports lower.json, eval_reference.json, eval_onnx.json, eval_fixed_int8.json, profile.json and
+    demo.json (plus profile.png).
     """
     from edgebnn.demo import run_demo
 

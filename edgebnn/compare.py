@@ -76,7 +76,7 @@ def compare_artifacts(a: str, b: str, x: np.ndarray, y: np.ndarray, *, ir: str |
     observed = statistic(pa, pb)
     null = []
     for r in range(null_runs):
-        base = 1000 + 2 * r
+        base = seed + 1000 + 2 * r  # null draws: streams disjoint from the artifacts' own (seed, seed + 1)
         draws = [predictive_from_logits(ref.logits(x, s or DETERMINISTIC_STANDIN, seed=base + i)).probs
                  for i, s in enumerate((sa, sb))]
         null.append(statistic(*draws))

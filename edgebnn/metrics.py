@@ -1,4 +1,4 @@
-"""Predictive summaries and calibration metrics (ALGORITHMS.md, "Common evaluation").
+"""Predictive summaries and calibration metrics (docs/design.md, Metrics).
 
 For S sampled networks with class probabilities p_s:
     p̄ = mean_s p_s                                  (predictive distribution)

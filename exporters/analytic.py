@@ -73,8 +73,9 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
             if node.input[1] in var:
                 raise UnsupportedLayerError(f"{where(node)}: weights computed from the input are not supported")
             attrs = attrs_of(node)
-            if op == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0):
-                raise UnsupportedLayerError(f"{where(node)}: Gemm with transA/alpha is not supported")
+            if op == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
+                                 or attrs.get("beta", 1.0) != 1.0):
+                raise UnsupportedLayerError(f"{where(node)}: Gemm with transA/alpha/beta is not supported")
             mu_w, s2_w = moments(node.input[1])
             has_bias = len(node.input) > 2 and bool(node.input[2])
             mu_b, s2_b = moments(node.input[2]) if has_bias else (None, None)
@@ -110,7 +111,8 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
             if vx is not None:
                 scale, _, _, rvar = (fixed[n] for n in node.input[1:5])
                 eps = attrs_of(node).get("epsilon", 1e-5)
-                a2 = (scale.astype(np.float64) ** 2 / (rvar + eps)).reshape(-1, 1, 1)
+                rank = len(shapes.get(node.input[0], [0, 0, 0, 0]))  # [B, C, *spatial]: C on axis 1
+                a2 = (scale.astype(np.float64) ** 2 / (rvar + eps)).reshape(-1, *([1] * (rank - 2)))
                 var[out] = b.add("Mul", [vx, b.f32(p + "a2", a2)], p + "v")
             else:
                 var[out] = None

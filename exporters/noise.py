@@ -1,7 +1,7 @@
 """``noise`` mode: the graph takes standard-normal noise as inputs; the host fills them (cheap, seedable).
 
 No random ops in the graph (TensorRT ignores their seeds, DLA cannot run them, and onnxruntime's
-RandomNormal dominated a 16-sample LeNet's time, FACTS.md). Variants:
+RandomNormal dominated a 16-sample LeNet's time, docs/design.md). Variants:
 
 ``local`` (local reparameterization, Kingma et al. 2015): a Gaussian layer's pre-activation given its input
 is Gaussian, so each of the B·S rows draws it directly::
@@ -143,7 +143,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         p = f"{P}{w.name}/"
         bias_w, bias = bias_of(node)
         ws = codebook_draw(w) if w.encoding.op_type == "CodebookWeight" else gaussian_draw(w)  # [S, *shape]
-        out_dim = int(w.encoding.shape[0])
+        transposed = node.op_type == "Gemm" and not attrs_of(node).get("transB", 0)  # Gemm weight [in, out]
+        out_dim = int(w.encoding.shape[1] if transposed else w.encoding.shape[0])
         bias_s = None
         if bias_w is not None:
             beps = noise_input(f"noise/{bias_w.name}", [out_dim], "sample")
@@ -167,7 +168,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             ws = b.add("Transpose", [ws], p + "W_t", perm=[0, 2, 1])  # [S, out, in] -> [S, in, out]
             n_in, n_out = int(w.encoding.shape[1]), out_dim
         else:
-            n_in, n_out = out_dim, int(w.encoding.shape[1])
+            n_in, n_out = int(w.encoding.shape[0]), out_dim
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, 1, n_in)], p + "x")
         y = b.add("MatMul", [x, ws], p + "xw")
         if bias_s is not None:

@@ -1,6 +1,6 @@
 """``edgebnn profile``: the exported ensemble and both float baselines, measured in one run.
 
-Latency (ARCHITECTURE.md §6): ``warmup`` untimed runs, then ``runs`` timed runs of one batch each;
+Latency (docs/design.md): ``warmup`` untimed runs, then ``runs`` timed runs of one batch each;
 min/mean/p50/p90/p95/p99 in ms and throughput in inferences/s (batch / mean latency). The ``float_bnn``
 baseline needs S graph runs per inference (one posterior sample each, noise drawn in the graph, as
 bayesian-torch does it), so its latency is the time of those S runs. Each timed call returns only when
@@ -53,8 +53,6 @@ from edgebnn.targets.runners import OrtRunner, TensorRTRunner, TorchRunner, impo
 SCHEMA = "edgebnn.profile/1"
 MODES = ("baked", "noise", "analytic")
 BASELINE_RUNNERS = ("auto", "onnxruntime", "torch")
-DEFAULT_BENCH_RESULTS = Path("bench") / "results" / "modes.json"
-"""Where ``mode="auto"`` looks for mode benchmark results on the CPU (relative to the working directory)."""
 
 
 @dataclass
@@ -107,18 +105,24 @@ def measure(fn: Callable[[], Any], *, batch: int, runs: int, warmup: int, meter:
 # -- default mode -----------------------------------------------------------------------------------------
 
 
-def _bench_records(obj: Any) -> Iterator[dict[str, Any]]:
+_CONTEXT_KEYS = ("samples", "batch", "device", "model")
+
+
+def _bench_records(obj: Any, context: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    """Mode records at any depth, each carrying the samples/batch/device/model of the objects around it."""
+    context = dict(context or {})
     if isinstance(obj, dict):
+        context.update({k: obj[k] for k in _CONTEXT_KEYS if k in obj and not isinstance(obj[k], dict | list)})
         if obj.get("mode") in MODES:
-            yield obj
+            yield {**context, **obj}
         for key, value in obj.items():
             if key in MODES and isinstance(value, dict) and "mode" not in value:
-                yield {"mode": key, **value}
+                yield {**context, "mode": key, **value}
             elif isinstance(value, dict | list):
-                yield from _bench_records(value)
+                yield from _bench_records(value, context)
     elif isinstance(obj, list):
         for item in obj:
-            yield from _bench_records(item)
+            yield from _bench_records(item, context)
 
 
 def _latency(record: dict[str, Any]) -> float | None:
@@ -128,13 +132,15 @@ def _latency(record: dict[str, Any]) -> float | None:
     return float(lat) if isinstance(lat, int | float) and not isinstance(lat, bool) else None
 
 
-def fastest_mode_in(path: str | Path, *, device: str = "cpu", samples: int | None = None) -> tuple[str, float] | None:
+def fastest_mode_in(path: str | Path, *, device: str = "cpu", samples: int | None = None,
+                    batch: int | None = None) -> tuple[str, float] | None:
     """The export mode with the lowest latency in a benchmark result file, or None when it has none.
 
     The file is JSON; every object with a ``mode`` (baked/noise/analytic) and a latency — ``latency_ms``
     as a number or as ``{"p50": ...}`` (an ``edgebnn profile --json`` report qualifies), or ``p50_ms`` — is
-    a record, found at any depth; so is ``{"baked": {...}, "noise": {...}}``. Records with a ``device``
-    other than ``device`` or a ``samples`` other than ``samples`` are skipped.
+    a record, found at any depth; so is ``{"baked": {...}, "noise": {...}}``. A record inherits ``samples``,
+    ``batch``, ``device`` and ``model`` from the objects that contain it (``bench/ensemble_latency.py`` writes
+    them on the cell); records with a ``device``, ``samples`` or ``batch`` other than asked are skipped.
 
     Returns:
         ``(mode, p50 ms)`` of the fastest record.
@@ -154,13 +160,15 @@ def fastest_mode_in(path: str | Path, *, device: str = "cpu", samples: int | Non
             continue
         if samples is not None and "samples" in rec and rec["samples"] != samples:
             continue
+        if batch is not None and "batch" in rec and rec["batch"] != batch:
+            continue
         lat = _latency(rec)
         if lat is not None and (best is None or lat < best[1]):
             best = (rec["mode"], lat)
     return best
 
 
-def default_mode(device: str, *, samples: int | None = None,
+def default_mode(device: str, *, samples: int | None = None, batch: int | None = None,
                  bench_results: str | Path | None = None) -> tuple[str, str]:
     """``(mode, reason)``: the export mode ``profile`` uses on ``device`` when none is given."""
     dev = get_device(device)
@@ -169,13 +177,14 @@ def default_mode(device: str, *, samples: int | None = None,
         # undocumented) and DLA runs no random ops at all; a noise graph would need host-drawn noise copied
         # in per call. Baked samples are plain constants: deterministic, DLA-friendly, no transfers.
         return "baked", f"{dev.kind}: TensorRT ignores RNG seeds and DLA has no random ops, so samples are baked"
-    path = Path(bench_results) if bench_results is not None else DEFAULT_BENCH_RESULTS
-    found = fastest_mode_in(path, device=dev.name, samples=samples)
-    if found is not None:
-        return found[0], f"fastest measured mode in {path} ({found[1]:.3g} ms p50)"
-    if bench_results is not None:
-        raise InvalidOptionError(f"--bench-results {path}: no CPU mode measurements in it")
-    return "baked", f"no benchmark results at {path}: baked (no random numbers at run time)"
+    if bench_results is None:
+        return "baked", "no --bench-results given: baked (no random numbers at run time)"
+    path = Path(bench_results)
+    found = fastest_mode_in(path, device=dev.name, samples=samples, batch=batch)
+    if found is None:
+        raise InvalidOptionError(f"--bench-results {path}: no CPU mode measurements for S={samples}, "
+                                 f"batch {batch} in it")
+    return found[0], f"fastest measured mode in {path} ({found[1]:.3g} ms p50)"
 
 
 # -- runners per target ----------------------------------------------------------------------------------

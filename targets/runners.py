@@ -11,7 +11,7 @@ Every runner has the same surface:
   synchronized); outputs stay where they were computed. This is what the profiler times, so the figures
   are compute time without host<->device copies (trtexec's ``--noDataTransfers``).
 
-``OrtRunner``: onnxruntime with the benchmark settings of FACTS.md (``intra_op_num_threads``, no
+``OrtRunner``: onnxruntime with the benchmark settings of docs/design.md (``intra_op_num_threads``, no
 spinning, ``ORT_ENABLE_ALL``); the CUDA provider when asked for (``onnxruntime-gpu`` needed).
 
 ``TorchRunner``: runs an ONNX graph with torch ops, on CPU or CUDA, through a small interpreter

@@ -58,8 +58,11 @@ def synthetic_cnn(seed: int = 0, sigma: float = 0.1) -> BNNModel:
     return BNNModel(model, manifest, "synthetic_cnn")
 
 
-def synthetic_linear(seed: int = 0, sigma: float = 0.3, n_in: int = 5, classes: int = 4) -> BNNModel:
+def synthetic_linear(seed: int = 0, sigma: float = 0.3, n_in: int = 5, classes: int = 4,
+                     trans_b: bool = True) -> BNNModel:
     """input [batch, n_in] -> Gemm(GaussianWeight [classes, n_in], GaussianWeight bias) -> logits.
+
+    ``trans_b=False`` stores the weight as [n_in, classes] with Gemm transB=0 (torch writes transB=1).
 
     Its logits are exactly Gaussian given x: mean x·mu + b_mu, variance x²·sigma² + b_sigma².
     """
@@ -69,11 +72,12 @@ def synthetic_linear(seed: int = 0, sigma: float = 0.3, n_in: int = 5, classes: 
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", n_in])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", classes])],
     )
-    for name, shape in (("fc.weight", (classes, n_in)), ("fc.bias", (classes,))):
+    wshape = (classes, n_in) if trans_b else (n_in, classes)
+    for name, shape in (("fc.weight", wshape), ("fc.bias", (classes,))):
         mu = rng.normal(0, 1.0, shape).astype(np.float32)
         sd = (sigma * rng.uniform(0.5, 1.5, shape)).astype(np.float32)
         graph.node.append(make_encoding_node(graph, name, "fc", GaussianWeight(mu, sd)))
-    graph.node.append(helper.make_node("Gemm", ["input", "fc.weight", "fc.bias"], ["logits"], transB=1))
+    graph.node.append(helper.make_node("Gemm", ["input", "fc.weight", "fc.bias"], ["logits"], transB=int(trans_b)))
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
     model.ir_version = 10
     manifest = Manifest(source_library="synthetic", input_name="input", input_shape=[1, n_in], num_classes=classes)

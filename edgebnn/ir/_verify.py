@@ -1,4 +1,4 @@
-"""The IR verifier: invariants every pass must keep (ARCHITECTURE.md §3).
+"""The IR verifier: invariants every pass must keep (docs/design.md).
 
 - the manifest parses and its format is one this edgebnn reads;
 - ir_version <= 10 and the default opset in 17-20, so onnxruntime and TensorRT 10.3 load exports;

@@ -2,7 +2,7 @@
 
 :func:`lower` is the one entry point: it parses a scheme string (``"codebook"``, ``"prune+mcq"``...),
 builds each pass's config from the options, runs the passes in order and writes the lowering report
-(ARCHITECTURE.md §7).
+(docs/design.md).
 """
 
 from __future__ import annotations

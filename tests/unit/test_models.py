@@ -207,5 +207,26 @@ def test_analytic_export_of_adaptive_avg_pool():
     x = np.random.default_rng(1).random((2, 3, 8, 8), dtype=np.float32)
     got = Session(export_onnx(ir, 64, mode="analytic"), threads=1).predict(x).probs
     ref = predict(ir, x, 2048).probs
-    # moment propagation is an approximation (ALGORITHMS.md); 2048 reference draws add at most ~0.02 (4 sd)
+    # moment propagation is an approximation (docs/design.md); 2048 reference draws add at most ~0.02 (4 sd)
     assert np.abs(got - ref).max() < 0.03
+
+
+def test_analytic_through_batchnorm1d():
+    """Found in review: the BatchNorm variance factor was shaped for NCHW only."""
+    from torch import nn
+
+    from edgebnn.nn import BayesLinear
+    from edgebnn.runtime.reference import predict
+
+    torch.manual_seed(0)
+    model = nn.Sequential(BayesLinear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), BayesLinear(8, 3)).eval()
+    with torch.no_grad():
+        model[1].running_var.uniform_(0.5, 2)
+        model[1].running_mean.normal_()
+        for layer in (model[0], model[3]):
+            layer.weight_rho.fill_(-2.0)
+    ir = import_model(model, (1, 6))
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    got = Session(export_onnx(ir, 256, mode="analytic")).predict(x).probs
+    # moment propagation is approximate; 4096 reference draws add at most ~0.016 (4 sd of a probability)
+    assert np.abs(got - predict(ir, x, 4096).probs).max() < 0.03

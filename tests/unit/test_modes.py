@@ -154,3 +154,17 @@ def test_shared_needs_a_codebook():
 def test_noise_refuses_discrete_encodings(codebook_model):
     with pytest.raises(InvalidOptionError, match=r"CodebookWeight.*use --mode baked or shared"):
         export_onnx(codebook_model, 4, mode="noise")
+
+
+@pytest.mark.parametrize(("mode", "noise"), [("baked", "auto"), ("noise", "weight"), ("noise", "local"),
+                                             ("analytic", "auto")])
+def test_gemm_with_untransposed_weight(mode, noise):
+    """Gemm transB=0 (weight [in, out]; torch writes transB=1): found in review for the weight-noise bias."""
+    model = synthetic_linear(n_in=6, classes=3, trans_b=False)
+    xl = np.random.default_rng(2).normal(size=(4, 6)).astype(np.float32)
+    ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5)).probs
+    sess = Session(export_onnx(model, 64, mode=mode, noise=noise), seed=0)
+    got = np.mean([sess.predict(xl).probs for _ in range(16 if mode == "noise" else 1)], axis=0)
+    # baked: one 64-member draw; noise: 16 x 64; analytic: exact for a linear layer (QMC head)
+    draws = {"baked": 64, "noise": 1024, "analytic": REF_SAMPLES}[mode]
+    assert np.abs(got - ref).max() < _mc_bound(min(draws, REF_SAMPLES)) * np.sqrt(12 / 15)

@@ -24,7 +24,7 @@ QUICK = {"runs": 3, "warmup": 1, "power_meter": "none"}
 
 
 def check_report(report: dict, device: str) -> None:
-    """The keys ARCHITECTURE.md §7 promises, for the ensemble and both baselines."""
+    """The keys docs/design.md promises, for the ensemble and both baselines."""
     assert report["schema"] == "edgebnn.profile/1" and report["edgebnn_version"]
     assert report["device"] == device
     for key in ("runner", "batch", "baselines", *FIELDS):
@@ -153,20 +153,23 @@ def test_default_mode_gpu_is_baked(tmp_path):
     assert mode == "baked" and "TensorRT ignores RNG seeds" in why
 
 
-def test_default_mode_cpu_reads_bench_results(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    assert default_mode("cpu")[0] == "baked"  # no bench/results/modes.json here
-    results = tmp_path / "bench" / "results"
-    results.mkdir(parents=True)
-    (results / "modes.json").write_text(json.dumps({"results": [
-        {"mode": "baked", "device": "cpu", "samples": 16, "latency_ms": {"p50": 0.30}},
-        {"mode": "analytic", "device": "cpu", "samples": 16, "latency_ms": {"p50": 0.10}},
-        {"mode": "noise", "device": "rtx", "samples": 16, "latency_ms": {"p50": 0.01}},  # another device
-        {"mode": "noise", "device": "cpu", "samples": 8, "latency_ms": {"p50": 0.05}},  # another S
-    ]}))
-    mode, why = default_mode("cpu", samples=16)
-    assert mode == "analytic" and "0.1 ms" in why
-    assert fastest_mode_in(results / "modes.json") == ("noise", 0.05)
+def _bench_cell(batch, samples, **p50):
+    """One cell as bench/ensemble_latency.py writes it: models.<name>.cells[] with latency_ms per mode."""
+    return {"batch": batch, "samples": samples, "latency_ms": {m: {"p50": v, "mean": v} for m, v in p50.items()}}
+
+
+def test_default_mode_cpu_reads_bench_results(tmp_path):
+    assert default_mode("cpu", samples=16)[0] == "baked"  # no --bench-results: baked, whatever the cwd holds
+    path = tmp_path / "ensemble_latency.json"
+    path.write_text(json.dumps({"schema": "edgebnn.bench.ensemble_latency/1", "models": {"lenet5": {"cells": [
+        _bench_cell(1, 1, baked=0.06, noise=0.13, analytic=0.01, float_det=0.02),  # another S: analytic wins
+        _bench_cell(1, 16, baked=0.30, noise=0.80, analytic=0.40),
+        _bench_cell(32, 16, baked=5.0, noise=6.0, analytic=2.5),  # another batch
+    ]}}, "goals": {"cell": {"batch": 1, "model": "lenet5", "samples": 16}}}))
+    mode, why = default_mode("cpu", samples=16, batch=1, bench_results=path)
+    assert mode == "baked" and "0.3 ms" in why
+    assert default_mode("cpu", samples=16, batch=32, bench_results=path)[0] == "analytic"
+    assert default_mode("cpu", samples=1, batch=1, bench_results=path)[0] == "analytic"
     (tmp_path / "flat.json").write_text(json.dumps({"baked": {"p50_ms": 2.0}, "noise": {"p50_ms": 1.0}}))
     assert fastest_mode_in(tmp_path / "flat.json") == ("noise", 1.0)
 
