@@ -29,7 +29,6 @@ from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import BinaryWeight, SigmaCode
 from edgebnn.passes.base import (
     LayerOutcome,
-    LayerPass,
     QuantConfig,
     check_int,
     degenerate_note,
@@ -37,7 +36,7 @@ from edgebnn.passes.base import (
     posterior,
     sum_sq_diff,
 )
-from edgebnn.passes.fixed import fallback_fixed
+from edgebnn.passes.fixed import MatrixPass
 
 
 @dataclass(frozen=True)
@@ -83,18 +82,13 @@ def lower_binary(
     return LayerOutcome(enc, note, {"scale": enc.scale, "flip_mean": float(1 - keep.mean(dtype=np.float64)) / 2})
 
 
-class BinaryPass(LayerPass):
+class BinaryPass(MatrixPass):
     """Lower every Gaussian weight matrix to sign bits, a per-layer scale and a flip-probability code."""
 
     name = "binary"
     config_type = BinaryConfig
     config: BinaryConfig
 
-    def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
-        c = self.config
-        if len(weight.encoding.shape) == 1:
-            return fallback_fixed(
-                weight, rng, "bias (1-D)", noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits
-            )
+    def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
         mu, sigma = posterior(weight)
-        return lower_binary(mu, sigma, weight.encoding.shape, rng, c)
+        return lower_binary(mu, sigma, weight.encoding.shape, rng, self.config)

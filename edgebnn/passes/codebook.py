@@ -68,7 +68,6 @@ from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import CodebookWeight
 from edgebnn.passes.base import (
     LayerOutcome,
-    LayerPass,
     QuantConfig,
     check_float,
     check_int,
@@ -77,7 +76,7 @@ from edgebnn.passes.base import (
     posterior,
     sum_sq_diff,
 )
-from edgebnn.passes.fixed import fallback_fixed
+from edgebnn.passes.fixed import MatrixPass
 
 MAX_CLUSTERS = 4096
 AUTO_MAX_BITS = 8
@@ -517,20 +516,14 @@ def lower_codebook(
     return LayerOutcome(enc, join_notes(degenerate_note(mu, sigma), tau_note), extra)
 
 
-class CodebookPass(LayerPass):
+class CodebookPass(MatrixPass):
     """Lower every Gaussian weight matrix to a 2DGBNN stochastic weight-sharing codebook."""
 
     name = "codebook"
     config_type = CodebookConfig
     config: CodebookConfig
 
-    def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
-        c = self.config
-        reason = "bias (1-D)"
-        if len(weight.encoding.shape) > 1:
-            mu, sigma = posterior(weight)
-            out = lower_codebook(weight.name, mu, sigma, weight.encoding.shape, rng, c)
-            if not isinstance(out, str):
-                return out
-            reason = f"too small to cluster: {out}"
-        return fallback_fixed(weight, rng, reason, noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits)
+    def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome | str:
+        mu, sigma = posterior(weight)
+        out = lower_codebook(weight.name, mu, sigma, weight.encoding.shape, rng, self.config)
+        return f"too small to cluster: {out}" if isinstance(out, str) else out

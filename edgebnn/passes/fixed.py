@@ -24,6 +24,7 @@ Report keys besides the common ones: ``scale`` (Δ), ``variance_bits``, ``clippe
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,6 +154,25 @@ def fallback_fixed(
         mu, sigma, weight.encoding.shape, rng, bits=None, noise_fraction=noise_fraction, sigma_bits=sigma_bits
     )
     return LayerOutcome(out.encoding, join_notes(f"{reason}: lowered with fixed instead", out.note), out.extra)
+
+
+class MatrixPass(LayerPass):
+    """A scheme for weight matrices: 1-D weights (biases), and matrices it declines, fall back to ``fixed``.
+
+    Subclasses implement :meth:`lower_matrix`, returning the outcome or the reason to fall back; their config
+    has ``noise_fraction`` and ``sigma_bits`` for the fallback.
+    """
+
+    @abstractmethod
+    def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome | str:
+        """Encode one Gaussian weight of rank >= 2, or say why ``fixed`` should take it instead."""
+
+    def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+        out = "bias (1-D)" if len(weight.encoding.shape) == 1 else self.lower_matrix(weight, rng)
+        if not isinstance(out, str):
+            return out
+        c = self.config
+        return fallback_fixed(weight, rng, out, noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits)
 
 
 class FixedPass(LayerPass):

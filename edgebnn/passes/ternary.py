@@ -30,14 +30,13 @@ from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import SigmaCode, TernaryWeight
 from edgebnn.passes.base import (
     LayerOutcome,
-    LayerPass,
     QuantConfig,
     check_float,
     degenerate_note,
     join_notes,
     posterior,
 )
-from edgebnn.passes.fixed import fallback_fixed
+from edgebnn.passes.fixed import MatrixPass
 
 _FIT_SAMPLE = 65536
 _LLOYD_ITERS = 30
@@ -95,18 +94,13 @@ def lower_ternary(
     return LayerOutcome(enc, note, {"level": enc.scale, "pruned": float(np.count_nonzero(pruned) / mu.size)})
 
 
-class TernaryPass(LayerPass):
+class TernaryPass(MatrixPass):
     """Lower every Gaussian weight matrix to VNQ ternary codes plus a σ code."""
 
     name = "ternary"
     config_type = TernaryConfig
     config: TernaryConfig
 
-    def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
-        c = self.config
-        if len(weight.encoding.shape) == 1:
-            return fallback_fixed(
-                weight, rng, "bias (1-D)", noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits
-            )
+    def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
         mu, sigma = posterior(weight)
-        return lower_ternary(mu, sigma, weight.encoding.shape, rng, c)
+        return lower_ternary(mu, sigma, weight.encoding.shape, rng, self.config)
