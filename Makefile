@@ -25,6 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy edgebnn/ir edgebnn/passes
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

@@ -17,7 +17,7 @@ from typing import IO, Any
 from edgebnn.errors import ArtifactWriteError
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> Path:
     """Call ``write(fileobj)`` on a temp file beside ``path``, then rename it over ``path``."""
     dest = Path(path)
     directory = dest.parent if str(dest.parent) else Path(".")

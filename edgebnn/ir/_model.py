@@ -60,7 +60,7 @@ class Manifest:
         if not isinstance(raw, dict):
             raise InvalidArtifactError(f"{where}: manifest must be a JSON object")
         version = raw.get("format_version")
-        if not _is_int(version) or version < 1:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise InvalidArtifactError(f"{where}: manifest has no positive integer format_version ({version!r})")
         if version > FORMAT_VERSION:
             raise InvalidArtifactError(
@@ -254,7 +254,7 @@ class BNNModel:
         graph.value_info.extend(src.value_info)
         graph.initializer.extend(t for t in src.initializer if t.name not in drop)
         for n in encoded:
-            shape = next((list(a.ints) for a in n.attribute if a.name == "shape"), None)
+            shape = next((list(a.ints) for a in n.attribute if a.name == "shape"), [])
             add(graph, n.output[0], shape)
         proto = helper.make_model(graph, opset_imports=[o for o in self.proto.opset_import if o.domain != DOMAIN],
                                   producer_name=self.proto.producer_name, producer_version=self.proto.producer_version)

@@ -60,9 +60,9 @@ def verify(model: BNNModel) -> None:
         raise InvalidArtifactError(f"{where}: graph has no output")
 
     encoded = []
-    for w in model.iter_encoded_weights():  # decodes and validates each, one layer alive at a time
-        encoded.append(_Weight(w.name, w.layer, w.encoding.shape, tuple(w.node.input)))
-        del w
+    for decoded in model.iter_encoded_weights():  # decodes and validates each, one layer alive at a time
+        encoded.append(_Weight(decoded.name, decoded.layer, decoded.encoding.shape, tuple(decoded.node.input)))
+        del decoded
     consumed = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     for w in encoded:
         if w.name not in consumed:

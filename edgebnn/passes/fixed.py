@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -171,7 +172,7 @@ class MatrixPass(LayerPass):
         out = "bias (1-D)" if len(weight.encoding.shape) == 1 else self.lower_matrix(weight, rng)
         if not isinstance(out, str):
             return out
-        c = self.config
+        c: Any = self.config  # MatrixPass configs carry noise_fraction and sigma_bits
         return fallback_fixed(weight, rng, out, noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits)
 
 
