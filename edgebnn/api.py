@@ -30,8 +30,13 @@ def export_metadata(path: str | Path) -> dict[str, Any]:
 
 
 def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *, scheme: str = "float",
-                seed: int = 0, bits: str | int = "auto", output_index: int = 0) -> tuple[Any, dict[str, Any]]:
-    """Build, load, import and lower a torch model; returns (IR, lowering report)."""
+                seed: int = 0, bits: str | int = "auto", output_index: int = 0,
+                evaluate: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """Build, load, import and lower a torch model; returns (IR, lowering report).
+
+    ``evaluate="digits"`` adds ``report["eval"]``: the lowered model against the float BNN it came from on the
+    validation split (:func:`lowering_quality`).
+    """
     from edgebnn.importers import import_model
     from edgebnn.importers.checkpoint import load_factory, load_weights
     from edgebnn.passes import lower
@@ -39,7 +44,27 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     model = load_weights(load_factory(model_spec), weights)
     bnn = import_model(model, input_shape, output_index=output_index, where=f"{model_spec} ({weights})")
     res = lower(bnn, scheme, seed=seed, bits=bits)
+    if evaluate:
+        res.report["eval"] = lowering_quality(bnn, res.model, data=evaluate, seed=seed)
     return res.model, res.report
+
+
+def lowering_quality(float_ir: Any, lowered: Any, *, data: str = "digits", split: str = "val", samples: int = 16,
+                     seed: int = 0) -> dict[str, Any]:
+    """Accuracy/NLL/ECE/Brier of a lowered IR and of the float BNN it came from (same split, S and seed)."""
+    from edgebnn.data import digits
+    from edgebnn.metrics import classification_report
+    from edgebnn.runtime.reference import predict
+
+    if data != "digits":
+        raise InvalidOptionError(f"--eval {data}: only 'digits' ships offline")
+    x, y = digits().split(split)
+    _check_data_shape(lowered.where, tuple(lowered.manifest.input_shape[1:]), x.shape[1:], data)
+    before = classification_report(predict(float_ir, x, samples, seed).probs, y)
+    after = classification_report(predict(lowered, x, samples, seed).probs, y)
+    return {"data": data, "split": split, "samples": samples, "seed": seed, "n": len(y),
+            "float_bnn": before, "lowered": after,
+            "delta": {k: after[k] - before[k] for k in before}}
 
 
 def evaluate_artifact(artifact: str | Path, *, data: str = "digits", split: str = "test", samples: int = 16,

@@ -133,8 +133,10 @@ def _check_output_dir(path: str) -> None:
               help="Which output to use when forward returns a tuple such as (logits, kl).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the .ebnn IR.")
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the per-layer lowering report as JSON.")
+@click.option("--eval", "eval_data", type=click.Choice(["digits"]), default=None,
+              help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, validation split, S=16).")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: str, seed: int,
-          output_index: int, output: str, report: str | None) -> None:
+          output_index: int, output: str, report: str | None, eval_data: str | None) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -147,9 +149,14 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: st
     _check_output_dir(output)
     with console.status(f"importing {model_spec} and lowering ({scheme})"):
         model, lower_report = lower_model(model_spec, weights, shape, scheme=scheme, seed=seed, bits=bits_opt,
-                                          output_index=output_index)
+                                          output_index=output_index, evaluate=eval_data)
     ir.save(model, output)
     print_lower_report(console, lower_report, output)
+    if "eval" in lower_report:
+        ev = lower_report["eval"]
+        print_eval(console, [{"artifact": name, "runtime": "reference", "data": ev["data"], "split": ev["split"],
+                              "samples": ev["samples"], "n": ev["n"], **ev[key]}
+                             for name, key in (("float BNN", "float_bnn"), (Path(output).name, "lowered"))])
     write_json(report, lower_report, "edgebnn.lower/1")
 
 

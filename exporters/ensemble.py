@@ -23,6 +23,7 @@ bayesian-torch way; S runs make one predictive).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, attrs_of, renamed_input, set_metadata, static_shapes
-from edgebnn.ir import BNNModel, EncodedWeight
+from edgebnn.ir import DOMAIN, BNNModel, EncodedWeight
 from edgebnn.runtime.reference import check_samples
 
 MODES = ("baked", "noise", "shared", "analytic")
@@ -69,6 +70,7 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     if weights != "fp32" and mode != "baked":
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
     if mode == "baked":
+        _check_baked_size(model, samples, weights)
         out = _baked(model, samples, seed, weights, hoist)
     elif mode in ("noise", "shared"):
         from edgebnn.exporters.noise import export_noise
@@ -82,6 +84,24 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
     return out
+
+
+MAX_GRAPH_BYTES = 2**31 - 2**26  # protobuf refuses messages of 2 GiB; keep room for the graph around them
+_BYTES_PER_WEIGHT = {"fp32": 4.0, "int8": 1.0, "int4": 0.5}
+
+
+def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
+    """Refuse, before drawing anything, a baked graph too large for one ONNX file."""
+    n = sum(math.prod(next(a.ints for a in node.attribute if a.name == "shape"))
+            for node in model.proto.graph.node if node.domain == DOMAIN)
+    need = samples * n * _BYTES_PER_WEIGHT[weights]
+    if need > MAX_GRAPH_BYTES:
+        most = int(MAX_GRAPH_BYTES // (n * _BYTES_PER_WEIGHT[weights]))
+        raise InvalidOptionError(
+            f"--samples {samples}: {samples} baked members of {n:,} weights need {need / 2**30:.1f} GiB of "
+            f"{weights} constants, over ONNX's 2 GiB file limit; use at most -S {most}, --weights int8, or "
+            "--mode noise (noise drawn at run time)"
+        )
 
 
 def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:

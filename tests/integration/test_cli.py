@@ -166,3 +166,16 @@ def test_console_script_runs_from_a_shell(ebnn):
                        text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["layers"][0]["name"] == "conv1.weight"
+
+
+def test_lower_eval_compares_with_the_float_bnn(trained_digits, tmp_path):
+    out, report = tmp_path / "f.ebnn", tmp_path / "f.json"
+    r = run("lower", "--model", MODEL, "--weights", trained_digits[1], "--input-shape", "1,1,8,8", "--scheme",
+            "fixed", "--eval", "digits", "-o", out, "--report", report)
+    assert r.exit_code == 0, r.output
+    ev = json.loads(report.read_text())["eval"]
+    assert ev["split"] == "val" and ev["n"] == 360 and ev["samples"] == 16
+    for side in ("float_bnn", "lowered"):
+        assert {"accuracy", "nll", "ece", "brier"} <= set(ev[side])
+    assert ev["delta"]["nll"] == pytest.approx(ev["lowered"]["nll"] - ev["float_bnn"]["nll"])
+    assert ev["float_bnn"]["accuracy"] > 0.9  # the float side is the trained model, not the lowered one

@@ -196,3 +196,12 @@ def test_int4_gemm_weights_are_blockwise_and_odd_outputs_fall_back_to_int8():
         got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
             None, {"input": xl})[0]
         assert np.abs(got - fp32).max() < 0.1
+
+
+def test_too_many_samples_for_one_onnx_file_is_refused_before_drawing(monkeypatch):
+    from edgebnn.exporters import ensemble
+
+    monkeypatch.setattr(ensemble, "MAX_GRAPH_BYTES", 8_000)  # the synthetic CNN has 148 weights: 592 B/member
+    with pytest.raises(InvalidOptionError, match=r"--samples 16: .* use at most -S 13, --weights int8"):
+        export_onnx(synthetic_cnn(), 16)
+    export_onnx(synthetic_cnn(), 13)  # 7.7 kB fits
