@@ -30,10 +30,8 @@ import tracemalloc
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper
 
-from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
+from edgebnn.ir import BNNModel, gaussian_mlp
 from edgebnn.passes import ebnn_bytes, lower
 
 # (label, scheme, options): every scheme at its defaults, plus the settings the goals were checked with
@@ -55,33 +53,14 @@ SYNTHETIC_SIZES = (1024, 2048, 1408, 10)
 def synthetic_posterior(seed: int, sizes: tuple[int, ...] = SYNTHETIC_SIZES) -> BNNModel:
     """The 5M-weight synthetic MLP posterior described in the module docstring."""
     rng = np.random.default_rng(seed)
-    graph = helper.make_graph(
-        [], "synthetic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", sizes[0]])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", sizes[-1]])],
-    )
-    enc_nodes, nodes, prev = [], [], "x"
+    layers = []
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes), start=1):
         scale = np.sqrt(1 / (2 * fan_in))
         mu = (rng.standard_t(4, (fan_out, fan_in)) * scale).astype(np.float32)
         sigma = (0.25 * scale * np.exp(0.5 * rng.standard_normal((fan_out, fan_in)))).astype(np.float32)
-        enc_nodes.append(make_encoding_node(graph, f"W{i}", f"fc{i}", GaussianWeight(mu, sigma)))
         bias = (0.01 * rng.standard_normal(fan_out)).astype(np.float32)
-        if i == 1:
-            b_sigma = np.full(fan_out, 0.005, np.float32)
-            enc_nodes.append(make_encoding_node(graph, f"b{i}", f"fc{i}", GaussianWeight(bias, b_sigma)))
-        else:
-            graph.initializer.append(onnx.numpy_helper.from_array(bias, f"b{i}"))
-        out = "logits" if i == len(sizes) - 1 else f"h{i}"
-        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"b{i}"], [out], transB=1))
-        if out != "logits":
-            nodes.append(helper.make_node("Relu", [out], [f"r{i}"]))
-            prev = f"r{i}"
-    graph.node.extend(enc_nodes + nodes)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
-    proto.ir_version = 10
-    manifest = Manifest(source_library="synthetic", input_name="x", input_shape=[1, sizes[0]], num_classes=sizes[-1])
-    return BNNModel(proto, manifest, "<synthetic 5M posterior>")
+        layers.append((mu, sigma, bias, np.full(fan_out, 0.005, np.float32) if i == 1 else None))
+    return gaussian_mlp(layers, name="synthetic 5M posterior")
 
 
 def bench_synthetic(variants: list[tuple[str, str, dict[str, Any]]], seed: int, repeats: int = 2) -> dict[str, Any]:

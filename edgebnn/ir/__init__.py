@@ -21,6 +21,7 @@ from edgebnn.ir._model import (
 from edgebnn.ir._serde import from_bytes, load, save, to_bytes
 from edgebnn.ir._verify import verify
 from edgebnn.ir.encodings import ENCODINGS, Encoding, GaussianWeight, register_encoding
+from edgebnn.ir.mlp import gaussian_mlp
 
 __all__ = [
     "DOMAIN",
@@ -35,6 +36,7 @@ __all__ = [
     "GaussianWeight",
     "Manifest",
     "from_bytes",
+    "gaussian_mlp",
     "load",
     "make_encoding_node",
     "register_encoding",

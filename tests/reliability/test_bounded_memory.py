@@ -17,13 +17,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 from test_corpus import CASES, Ctx
 
 from edgebnn import ir
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters.ensemble import export_onnx
-from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
+from edgebnn.ir import BNNModel, gaussian_mlp
 from edgebnn.passes import SCHEMES, lower
 
 WIDTH = 512
@@ -61,26 +60,14 @@ def test_hostile_declared_size_allocates_nothing(case_id, tmp_path, monkeypatch,
 
 
 def mlp(layers: int, seed: int = 0) -> BNNModel:
-    """``layers`` Gemm layers of WIDTH x WIDTH Gaussian weights (each LAYER_BYTES of posterior)."""
+    """``layers`` Gemm layers of WIDTH x WIDTH Gaussian weights (each LAYER_BYTES of posterior), no biases."""
     rng = np.random.default_rng(seed)
-    graph = helper.make_graph(
-        [], "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", WIDTH])],
-    )
-    nodes, x = [], "x"
-    for i in range(layers):
+    posteriors = []
+    for _ in range(layers):
         mu = rng.normal(0, 0.05, (WIDTH, WIDTH)).astype(np.float32)
         sigma = (0.02 * np.exp(0.5 * rng.standard_normal((WIDTH, WIDTH)))).astype(np.float32)
-        graph.node.append(make_encoding_node(graph, f"W{i}", f"fc{i}", GaussianWeight(mu, sigma)))
-        y = "logits" if i == layers - 1 else f"h{i}"
-        nodes.append(helper.make_node("Gemm", [x, f"W{i}"], [y], transB=1))
-        if i < layers - 1:
-            nodes.append(helper.make_node("Relu", [y], [f"r{i}"]))
-            x = f"r{i}"
-    graph.node.extend(nodes)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
-    proto.ir_version = 10
-    return BNNModel(proto, Manifest("synthetic", "x", [1, WIDTH], WIDTH), "mlp")
+        posteriors.append((mu, sigma, None, None))
+    return gaussian_mlp(posteriors)
 
 
 def extra_per_layer(run: Callable[[BNNModel], object], size: Callable[[object], int] = lambda r: 0) -> float:

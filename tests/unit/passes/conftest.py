@@ -1,4 +1,4 @@
-"""Synthetic IR models for the pass tests, built with onnx.helper (no torch).
+"""Synthetic IR models for the pass tests (edgebnn.ir.gaussian_mlp, no torch).
 
 ``make_mlp(sizes)`` builds ``x [batch, sizes[0]] -> Gemm(W1, b1, transB=1) -> Relu -> ... -> logits``
 with every weight a ``GaussianWeight`` (μ ~ N(0, 1/fan_in), σ = ratio·std·lognormal); the first bias is
@@ -14,9 +14,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
-from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node, verify
+from edgebnn.ir import BNNModel, gaussian_mlp, verify
 
 
 def build_mlp(
@@ -29,34 +28,17 @@ def build_mlp(
 ) -> BNNModel:
     """A verified MLP IR; ``mu`` / ``sigma`` override the posterior of named weights (``"W1"``, ``"b1"``...)."""
     rng = np.random.default_rng(seed)
-    graph = helper.make_graph([], "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", sizes[0]])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", sizes[-1]])])
-    enc_nodes, nodes = [], []
-    prev = "x"
+    mu, sigma = mu or {}, sigma or {}
+    layers = []
     for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes), start=1):
         std = 1 / np.sqrt(fan_in)
         w_mu = rng.normal(0, std, (fan_out, fan_in)).astype(np.float32)
         w_sigma = (sigma_ratio * std * np.exp(rng.normal(0, 0.4, (fan_out, fan_in)))).astype(np.float32)
-        w_mu = (mu or {}).get(f"W{i}", w_mu)
-        w_sigma = (sigma or {}).get(f"W{i}", w_sigma)
-        enc_nodes.append(make_encoding_node(graph, f"W{i}", f"fc{i}", GaussianWeight(w_mu, w_sigma)))
         b_mu = rng.normal(0, 0.1, fan_out).astype(np.float32)
-        if i == 1:
-            b_sigma = np.full(fan_out, 0.02, np.float32)
-            enc_nodes.append(make_encoding_node(graph, f"b{i}", f"fc{i}", GaussianWeight(
-                (mu or {}).get("b1", b_mu), (sigma or {}).get("b1", b_sigma))))
-        else:
-            graph.initializer.append(onnx.numpy_helper.from_array(b_mu, f"b{i}"))
-        out = "logits" if i == len(sizes) - 1 else f"h{i}"
-        nodes.append(helper.make_node("Gemm", [prev, f"W{i}", f"b{i}"], [out], transB=1))
-        if out != "logits":
-            nodes.append(helper.make_node("Relu", [out], [f"r{i}"]))
-            prev = f"r{i}"
-    graph.node.extend(enc_nodes + nodes)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
-    proto.ir_version = 10
-    manifest = Manifest(source_library="synthetic", input_name="x", input_shape=[1, sizes[0]], num_classes=sizes[-1])
-    model = BNNModel(proto, manifest, "<synthetic mlp>")
+        b_sigma = np.full(fan_out, 0.02, np.float32) if i == 1 else None  # the first bias is Bayesian
+        layers.append((mu.get(f"W{i}", w_mu), sigma.get(f"W{i}", w_sigma), mu.get(f"b{i}", b_mu),
+                       sigma.get(f"b{i}", b_sigma) if b_sigma is not None else None))
+    model = gaussian_mlp(layers, name="synthetic mlp")
     verify(model)
     return model
 
