@@ -307,9 +307,13 @@ class PowerMeter(ABC):
             raise InvalidOptionError(f"power meter {self.name}: {option} must be > 0, got {value}")
         return value
 
-    @abstractmethod
     def unavailable_reason(self) -> str | None:
-        """Why this meter cannot measure on this machine, or None when it can."""
+        """Why this meter cannot measure on this machine, or None when it can (default: try the sensor)."""
+        try:
+            self._release(self._open())
+        except SensorError as e:
+            return str(e)
+        return None
 
     @abstractmethod
     def _open(self) -> _Counter | _Stream:
@@ -527,13 +531,6 @@ class NvmlMeter(PowerMeter):
         super().__init__(idle_s=idle_s)
         self.index = index
         self.interval_s = self._positive("interval_s", interval_s)
-
-    def unavailable_reason(self) -> str | None:
-        try:
-            self._release(self._open())
-        except SensorError as e:
-            return str(e)
-        return None
 
     def _open(self) -> _Counter | _Stream:
         pynvml = _pynvml()
@@ -759,13 +756,6 @@ class Ina3221Meter(PowerMeter):
         """
         return _read_channels(self.channels())
 
-    def unavailable_reason(self) -> str | None:
-        try:
-            self._release(self._open())
-        except SensorError as e:
-            return str(e)
-        return None
-
     def _open(self) -> _Counter | _Stream:
         channels = self.channels()
         if not channels:
@@ -893,13 +883,6 @@ class RaplMeter(PowerMeter):
     def __init__(self, *, idle_s: float = DEFAULT_IDLE_S, root: str | Path = "/sys") -> None:
         super().__init__(idle_s=idle_s)
         self.zone = Path(root) / "class" / "powercap" / "intel-rapl:0"
-
-    def unavailable_reason(self) -> str | None:
-        try:
-            self._release(self._open())
-        except SensorError as e:
-            return str(e)
-        return None
 
     def _open(self) -> _Counter | _Stream:
         energy = self.zone / "energy_uj"
