@@ -6,7 +6,10 @@ input [batch, 1, 6, 6] -> Conv(GaussianWeight 4x1x3x3, GaussianWeight bias, pad 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
@@ -82,3 +85,31 @@ def synthetic_linear(seed: int = 0, sigma: float = 0.3, n_in: int = 5, classes: 
     model.ir_version = 10
     manifest = Manifest(source_library="synthetic", input_name="input", input_shape=[1, n_in], num_classes=classes)
     return BNNModel(model, manifest, "synthetic_linear")
+
+
+def write_trt_model(path: Path, *, batch: int | str = 1, width: int | str = 8, random: bool = False) -> Path:
+    """A small plain ONNX classifier (Gemm, Relu, Softmax; optionally a RandomNormalLike) for the TensorRT
+    exporter: the unit tests and the device tests build the same graph."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
+        numpy_helper.from_array(np.zeros(4, np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Softmax", ["r"], ["probs"], name="softmax", axis=-1),
+    ]
+    if random:
+        nodes.append(helper.make_node("RandomNormalLike", ["probs"], ["eps"], name="noise"))
+    graph = helper.make_graph(
+        nodes,
+        "bnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 4])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path

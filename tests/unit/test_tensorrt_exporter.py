@@ -13,10 +13,8 @@ import sys
 import types
 from pathlib import Path
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from synthetic import write_trt_model as write_model
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
 from edgebnn.exporters import tensorrt as trt_exporter
@@ -27,32 +25,6 @@ from edgebnn.exporters.tensorrt import (
     trtexec_command,
     trtexec_path,
 )
-
-
-def write_model(path: Path, *, batch: int | str = 1, width: int | str = 8, random: bool = False) -> Path:
-    rng = np.random.default_rng(0)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
-        numpy_helper.from_array(np.zeros(4, np.float32), "b"),
-    ]
-    nodes = [
-        helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc"),
-        helper.make_node("Relu", ["h"], ["r"], name="relu"),
-        helper.make_node("Softmax", ["r"], ["probs"], name="softmax", axis=-1),
-    ]
-    if random:
-        nodes.append(helper.make_node("RandomNormalLike", ["probs"], ["eps"], name="noise"))
-    graph = helper.make_graph(
-        nodes,
-        "bnn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, width])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 4])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    onnx.save(model, str(path))
-    return path
 
 
 @pytest.fixture
