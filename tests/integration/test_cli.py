@@ -60,6 +60,7 @@ def test_export_eval_profile(ebnn, tmp_path):
     r = run("eval", onnx_path, "--data", "digits", "--json", tmp_path / "eval.json")
     assert r.exit_code == 0, r.output
     ev = json.loads((tmp_path / "eval.json").read_text())
+    # the trained CNN scores 0.97-0.98 (test_digits_chain); 0.9 only catches a broken export or eval
     assert ev["samples"] == 8 and ev["n"] == 360 and ev["accuracy"] > 0.9
     assert {"accuracy", "nll", "ece", "brier", "schema", "edgebnn_version"} <= set(ev)
     r = run("profile", ebnn, "--device", "cpu", "--samples", 8, "--runs", 5, "--warmup", 1,
@@ -120,7 +121,6 @@ def test_lower_bad_input_is_one_line_exit_2_and_writes_nothing(trained_digits, t
 
 
 def test_nan_sigma_names_the_layer(trained_digits, tmp_path):
-    import torch
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(trained_digits[1]))
@@ -129,7 +129,6 @@ def test_nan_sigma_names_the_layer(trained_digits, tmp_path):
     save_file(state, str(bad))
     r = run("lower", "--model", MODEL, "--weights", bad, "--input-shape", "1,1,8,8", "-o", tmp_path / "o.ebnn")
     assert r.exit_code == 2 and "layer 'fc1'" in r.output and "NaN" in r.output, r.output
-    assert torch  # torch is needed to build the factory
 
 
 def test_misshapen_parameter_is_named(trained_digits, tmp_path):

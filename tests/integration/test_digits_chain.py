@@ -57,4 +57,4 @@ def test_trained_ensemble_is_accurate(digits_ir, digits_data):
     x, y = digits_data.split("test")
     probs = _onnx_probs(export_onnx(digits_ir, S, seed=0), x)
     assert accuracy(probs, y) >= 0.93  # the trainer's own test asserts this bound for the torch model
-    assert nll(probs, y) < 0.3
+    assert nll(probs, y) < 0.3  # measured 0.115; an untrained 10-class model gives about ln 10 = 2.3
