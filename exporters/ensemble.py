@@ -241,9 +241,9 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hois
     index = {name: i for i, name in enumerate(model.encoded_weight_names())}
     b = Builder()
 
-    def draw(name: str) -> np.ndarray:
+    def draw(w: EncodedWeight) -> np.ndarray:
         """[S, *shape] members of one weight: the reference runtime's stream ``[seed, i]``."""
-        return model.encoded_weight(name).encoding.sample(np.random.default_rng([seed, index[name]]), samples)
+        return w.encoding.sample(np.random.default_rng([seed, index[w.name]]), samples)
 
     def bias_samples(node: onnx.NodeProto, out_dim: int) -> np.ndarray | None:
         """Bias as [S, out]: drawn if Bayesian, the deterministic bias repeated otherwise."""
@@ -251,7 +251,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hois
         if name is None:
             return None
         if name in index:
-            return draw(name)
+            return draw(model.encoded_weight(name))
         fixed = next((t for t in b.inits if t.name == name), None)
         if fixed is None:
             raise UnsupportedLayerError(f"{node.name}: bias {name!r} is not a constant")
@@ -259,7 +259,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hois
 
     def rewrite(b: Builder, node: onnx.NodeProto, w: EncodedWeight, shapes: dict[str, list[int]]) -> None:
         p = f"{P}{w.name}/"
-        wsamp = draw(w.name)
+        wsamp = draw(w)  # w is already decoded
         if node.op_type == "Conv":
             (_, c, h, wd), (_, _, h2, w2) = conv_shapes(node, w, shapes)
             attrs = attrs_of(node)
