@@ -14,6 +14,7 @@ from _common import S, emit, exported, metrics
 from torch import nn
 
 from edgebnn.data import digits
+from edgebnn.importers import import_model
 from edgebnn.train import mc_predict
 from edgebnn.train.bc import GroupNJConv2d, GroupNJLinear, compress, train_bc
 
@@ -46,7 +47,7 @@ def main() -> None:
     x, y = data.split("test")
     torch.manual_seed(args.seed)
     before = metrics(mc_predict(model, x, samples=S), y)
-    ir, report = compress(model, (1, 1, 8, 8), threshold=args.threshold, seed=args.seed,
+    ir, report = compress(model, import_model(model, (1, 1, 8, 8)), threshold=args.threshold, seed=args.seed,
                           noise_fraction=args.noise_fraction, sigma_bits=args.sigma_bits)
     after = exported(ir, x, y, seed=args.seed)
     emit({

@@ -14,6 +14,7 @@ from _common import S, deterministic, emit, exported, metrics
 from torch import nn
 
 from edgebnn.data import digits
+from edgebnn.importers import import_model
 from edgebnn.train import mc_predict
 from edgebnn.train.vnq import VNQConv2d, VNQLinear, level_table, lower_to_ternary, train_vnq, vnq_layers
 
@@ -48,7 +49,7 @@ def main() -> None:
         mean_probs = torch.softmax(model(torch.from_numpy(x)), -1).numpy()
     for _, layer in vnq_layers(model):
         layer.use_mean = False
-    ir, report = lower_to_ternary(model, (1, 1, 8, 8), seed=args.seed)
+    ir, report = lower_to_ternary(model, import_model(model, (1, 1, 8, 8)), seed=args.seed)
     after = exported(ir, x, y, seed=args.seed)
     emit({
         "recipe": "vnq",

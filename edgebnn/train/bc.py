@@ -24,7 +24,7 @@ posterior mean Ŵ = diag(m ⊙ μ_z) M_W (Eq. 10) and the marginal variances
 to pick the bits of each layer. In edgebnn: the importer carries w̃, :func:`group_scales` gives
 ``{weight name: (μ_z, σ_z)}``, and ``lower(ir, "prune+fixed", group_scales=...)`` folds Eq. 10-11, prunes the
 groups and picks the fixed-point width of each layer from its posterior variance (:func:`compress` does
-all of it and reports the pruned architecture and the bits per layer).
+all of it on the imported IR and reports the pruned architecture and the bits per layer).
 
 The group horseshoe prior (Sec. 4.2) is not implemented.
 """
@@ -41,7 +41,9 @@ from torch import Tensor, nn
 
 from edgebnn.data import DigitsSplits
 from edgebnn.errors import InvalidOptionError
+from edgebnn.ir import BNNModel
 from edgebnn.nn import _pair
+from edgebnn.passes import lower
 from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
 from edgebnn.train.vnq import kl_log_uniform
 
@@ -221,17 +223,17 @@ def group_scales(model: nn.Module) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def compress(
     model: nn.Module,
-    input_shape: tuple[int, ...],
+    bnn: BNNModel,
     *,
     threshold: float = GROUP_LOG_ALPHA_THRESHOLD,
     seed: int = 0,
     **options: Any,
-) -> tuple[Any, dict[str, Any]]:
-    """Import, then lower with ``prune+fixed`` (``bits="auto"``): pruned groups and bits per layer.
+) -> tuple[BNNModel, dict[str, Any]]:
+    """Lower with ``prune+fixed`` (``bits="auto"``): pruned groups and bits per layer.
 
     Args:
         model: A model trained with :func:`train_bc`.
-        input_shape: One example's shape with a leading batch dim.
+        bnn: Its IR, as ``edgebnn.importers.import_model(model, input_shape)`` gave it.
         threshold: Prune groups with log α >= this.
         seed: Seed of the lowering.
         **options: More options for :func:`edgebnn.passes.lower` (e.g. ``noise_fraction``).
@@ -240,11 +242,7 @@ def compress(
         The lowered IR and the lowering report with ``architecture`` added: per group layer the number of
         groups kept and in all, and the bits the variance rule gave.
     """
-    from edgebnn.importers import import_model
-    from edgebnn.passes import lower
-
-    ir = import_model(model, input_shape)
-    result = lower(ir, "prune+fixed", seed=seed, bits="auto", group_scales=group_scales(model),
+    result = lower(bnn, "prune+fixed", seed=seed, bits="auto", group_scales=group_scales(model),
                    group_log_alpha_threshold=threshold, **options)
     report = dict(result.report)
     bits = {row["name"]: row["bits"] for row in report["layers"]}

@@ -44,7 +44,9 @@ from torch import Tensor, nn
 
 from edgebnn.data import DigitsSplits
 from edgebnn.errors import InvalidOptionError
+from edgebnn.ir import BNNModel
 from edgebnn.nn import _pair
+from edgebnn.passes import lower
 from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
@@ -238,18 +240,19 @@ def level_table(model: nn.Module) -> dict[str, dict[str, float]]:
     }
 
 
-def lower_to_ternary(model: nn.Module, input_shape: tuple[int, ...], *, seed: int = 0) -> tuple[Any, dict[str, Any]]:
-    """Import a VNQ-trained model and lower it with ``ternary`` (prune log α >= 2, nearest level).
+def lower_to_ternary(model: nn.Module, bnn: BNNModel, *, seed: int = 0) -> tuple[BNNModel, dict[str, Any]]:
+    """Lower the IR of a VNQ-trained model with ``ternary`` (prune log α >= 2, nearest level).
+
+    Args:
+        model: A model trained with :func:`train_vnq`.
+        bnn: Its IR, as ``edgebnn.importers.import_model(model, input_shape)`` gave it.
+        seed: Seed of the lowering.
 
     Returns:
         The lowered IR and the lowering report, with ``learned_levels`` (``{weight name: a}``) added next to
         the pass's own per-layer ``level`` (Lloyd's fit: the pass takes no level option).
     """
-    from edgebnn.importers import import_model
-    from edgebnn.passes import lower
-
-    ir = import_model(model, input_shape)
-    result = lower(ir, "ternary", seed=seed)
+    result = lower(bnn, "ternary", seed=seed)
     report = dict(result.report)
     report["learned_levels"] = {f"{p}.weight": float(m.level.detach()) for p, m in vnq_layers(model)}
     return result.model, report

@@ -79,6 +79,7 @@ def test_vnq_kl_prefers_the_codebook_levels():
 
 
 def test_vnq_training_clips_and_lowers_to_ternary(small_digits):
+    from edgebnn.importers import import_model
     from edgebnn.train.vnq import MIN_LEVEL, level_table, lower_to_ternary, train_vnq, vnq_layers
 
     x, y, _, _ = small_digits
@@ -94,7 +95,7 @@ def test_vnq_training_clips_and_lowers_to_ternary(small_digits):
         assert float(log_sigma2.min()) >= -10.0 and float(log_sigma2.max()) <= 1.0
         bound = layer.level + math.exp(-1) * layer.weight_sigma
         assert bool((layer.clipped_mu().abs() <= bound + 1e-6).all())
-    _, report = lower_to_ternary(model, (1, 1, 8, 8))
+    _, report = lower_to_ternary(model, import_model(model, (1, 1, 8, 8)))
     kinds = {row["name"]: row["kind"] for row in report["layers"]}
     assert kinds["fc1.weight"] == kinds["fc2.weight"] == "TernaryWeight"
     prunable = level_table(model)
@@ -106,6 +107,7 @@ def test_vnq_training_clips_and_lowers_to_ternary(small_digits):
 
 def test_bc_prunes_groups_and_picks_bits(small_digits):
     from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.importers import import_model
     from edgebnn.runtime.session import Session
     from edgebnn.train.bc import compress, group_scales, train_bc
 
@@ -116,7 +118,7 @@ def test_bc_prunes_groups_and_picks_bits(small_digits):
     scales = group_scales(model)
     assert {k: v[0].shape for k, v in scales.items()} == {"conv1.weight": (8,), "fc1.weight": (128,),
                                                           "fc2.weight": (32,)}
-    ir, report = compress(model, (1, 1, 8, 8), threshold=-2.0, noise_fraction=0.05)
+    ir, report = compress(model, import_model(model, (1, 1, 8, 8)), threshold=-2.0, noise_fraction=0.05)
     arch = report["architecture"]
     assert sum(a["groups"] - a["kept"] for a in arch.values()) > 0  # some groups pruned
     assert all(a["kept"] > 0 for a in arch.values())
