@@ -85,6 +85,11 @@ class TiedBayesLayer(nn.Module):
     ``alive`` (False once merged into another).
     """
 
+    assign: Tensor
+    points: Tensor
+    comp_cov: Tensor
+    alive: Tensor
+
     def __init__(self, layer: BayesLinear | BayesConv2d, assign: np.ndarray, means: np.ndarray, covs: np.ndarray,
                  points: np.ndarray):
         super().__init__()

@@ -34,7 +34,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -78,11 +79,14 @@ class BinaryLinear(nn.Module):
 class EBPNet(nn.Module):
     """Binary-weight MLP ``sizes[0] -> ... -> 1`` with sign hidden units; returns two logits ±κ u_L / 2."""
 
+    temperature: Tensor
+
     def __init__(self, sizes: list[int] | tuple[int, ...], init_scale: float = 1.0):
         super().__init__()
         if len(sizes) < 2 or sizes[-1] != 1 or any(int(s) < 1 for s in sizes):
             raise InvalidOptionError(f"EBPNet sizes={list(sizes)}: need at least two positive sizes ending in 1")
-        self.layers = nn.ModuleList(BinaryLinear(a, b, init_scale) for a, b in itertools.pairwise(sizes))
+        modules = nn.ModuleList(BinaryLinear(a, b, init_scale) for a, b in itertools.pairwise(sizes))
+        self.layers = cast("Sequence[BinaryLinear]", modules)  # a ModuleList of BinaryLinear
         self.fan_in = [int(s) for s in sizes[:-1]]
         self.register_buffer("temperature", torch.tensor(1.0))
 
@@ -93,9 +97,12 @@ class EBPNet(nn.Module):
     def logits(self, x: Tensor, weights: list[Tensor]) -> Tensor:
         """Logits of the network with the given weight matrices, one per layer; stacked ``[S, out, in]`` with
         ``x`` ``[S, N, in]`` run S networks at once."""
-        return self._run(x, [lambda v, w=w: torch.matmul(v, w.transpose(-1, -2)) for w in weights])
+        def times(w: Tensor) -> Callable[[Tensor], Tensor]:
+            return lambda v: torch.matmul(v, w.transpose(-1, -2))
 
-    def _run(self, x: Tensor, layers: list[Callable[[Tensor], Tensor]]) -> Tensor:
+        return self._run(x, [times(w) for w in weights])
+
+    def _run(self, x: Tensor, layers: Sequence[Callable[[Tensor], Tensor]]) -> Tensor:
         v = x
         for i, (layer, fan_in) in enumerate(zip(layers, self.fan_in, strict=True)):
             u = layer(v) * (1.0 / math.sqrt(fan_in))
@@ -207,7 +214,7 @@ def train_ebp(
                         f"(-log P(y|x) = {loss:.4g}); h keeps its last finite value"
                     )
                 for layer, step in zip(net.layers, steps, strict=True):
-                    layer.h += step.to(layer.h.dtype)
+                    layer.h.add_(step.to(layer.h.dtype))
                 total += loss
             val_acc = None
             if checked_val is not None:
