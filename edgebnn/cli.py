@@ -20,10 +20,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgebnn import __version__
-from edgebnn._io import atomic_write_json
 from edgebnn.api import evaluate_artifact, export_metadata, load_ir, lower_model, profile_artifact
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
+from edgebnn.tables import write_json as write_report
 
 console = Console()
 err_console = Console(stderr=True)
@@ -103,10 +103,7 @@ def _parse_hoist(text: str) -> str | float:
 
 def write_json(path: str | Path | None, report: dict[str, Any], schema: str) -> None:
     """Write ``report`` with ``schema`` and ``edgebnn_version`` atomically (no-op without a path)."""
-    if not path:
-        return
-    atomic_write_json(path, {"schema": schema, "edgebnn_version": __version__, **report})
-    console.print(f"wrote {path}")
+    write_report(console, path, report, schema)
 
 
 def _check_output_dir(path: str) -> None:

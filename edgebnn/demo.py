@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
+from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile, write_json
 
 MODEL_SPEC = "edgebnn.models:digits_cnn"
 INPUT_SHAPE = (1, 1, 8, 8)
@@ -26,7 +26,6 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     from edgebnn import ir
     from edgebnn._io import atomic_write
     from edgebnn.api import evaluate_artifact, lower_model, profile_artifact
-    from edgebnn.cli import write_json
     from edgebnn.data import digits
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
     from edgebnn.models import digits_cnn
@@ -58,7 +57,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     bnn, lower_report = lower_model(MODEL_SPEC, weights, INPUT_SHAPE, scheme="float", seed=seed)
     ir.save(bnn, ebnn)
     print_lower_report(console, lower_report, str(ebnn))
-    write_json(out / "lower.json", lower_report, "edgebnn.lower/1")
+    write_json(console, out / "lower.json", lower_report, "edgebnn.lower/1")
 
     console.rule(f"3/5 export the baked S={samples} ensemble to ONNX (fp32, and fixed-point lowered + int8)")
     save_onnx(export_onnx(bnn, samples, seed=seed), onnx_path)
@@ -78,14 +77,14 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     exported = evaluate_artifact(onnx_path)
     small = evaluate_artifact(small_onnx)
     print_eval(console, [ref, exported, small])
-    write_json(out / "eval_reference.json", ref, "edgebnn.eval/1")
-    write_json(out / "eval_onnx.json", exported, "edgebnn.eval/1")
-    write_json(out / "eval_fixed_int8.json", small, "edgebnn.eval/1")
+    write_json(console, out / "eval_reference.json", ref, "edgebnn.eval/1")
+    write_json(console, out / "eval_onnx.json", exported, "edgebnn.eval/1")
+    write_json(console, out / "eval_fixed_int8.json", small, "edgebnn.eval/1")
 
     console.rule("5/5 profile on the CPU against float baselines")
     prof = profile_artifact(ebnn, device="cpu", samples=samples, onnx_path=str(onnx_path), runs=runs)
     print_profile(console, prof)
-    write_json(out / "profile.json", prof, prof["schema"])
+    write_json(console, out / "profile.json", prof, prof["schema"])
     plot_profile(prof, str(out / "profile.png"))
 
     summary = {
@@ -106,7 +105,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
         "energy_reason": prof["energy_reason"],
     }
     _print_summary(console, summary, samples)
-    write_json(out / "demo.json", summary, "edgebnn.demo/1")
+    write_json(console, out / "demo.json", summary, "edgebnn.demo/1")
     return summary
 
 

@@ -8,6 +8,17 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from edgebnn import __version__
+from edgebnn._io import atomic_write_json
+
+
+def write_json(console: Console, path: str | Path | None, report: dict[str, Any], schema: str) -> None:
+    """Write ``report`` with ``schema`` and ``edgebnn_version`` atomically and say so (no-op without a path)."""
+    if not path:
+        return
+    atomic_write_json(path, {"schema": schema, "edgebnn_version": __version__, **report})
+    console.print(f"wrote {path}")
+
 
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
