@@ -25,7 +25,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy edgebnn/ir edgebnn/passes
+	$(VENV)/bin/mypy -p edgebnn
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)
