@@ -31,6 +31,14 @@ DrawEmitter = Callable[[Builder, Encoding, str, str, dict[str, str], int], str]
 DRAWS: dict[str, DrawEmitter] = {}
 
 
+def register_draw(op_type: str) -> Callable[[DrawEmitter], DrawEmitter]:
+    """Decorator: draw encodings of ``op_type`` in the graph with the decorated emitter."""
+    def register(fn: DrawEmitter) -> DrawEmitter:
+        DRAWS[op_type] = fn
+        return fn
+    return register
+
+
 def draw_emitter(enc: Encoding) -> DrawEmitter | None:
     """How ``enc`` is drawn in a graph, or None when it cannot be (it has no standard-noise form)."""
     if enc.noise_needs() is None:
@@ -44,6 +52,7 @@ def gaussian_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, st
     return b.add("Add", [mu, b.add("Mul", [sigma, eps[""]], p + tag + "scaled")], p + (tag + "s" if tag else "W_s"))
 
 
+@register_draw("CodebookWeight")
 def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """2DGBNN sampling in the graph: one value per codebook entry per sample, shared by its weights."""
     assert isinstance(enc, CodebookWeight)
@@ -72,9 +81,6 @@ def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, st
                      p + "o")
         flat = _scatter(b, flat, enc.outlier_index, vals, samples, p + "outliers")
     return b.add("Reshape", [flat, b.i64(p + "draw_shape", samples, *enc.shape)], p + "W_s")
-
-
-DRAWS["CodebookWeight"] = codebook_draw
 
 
 def _scatter(b: Builder, flat: str, index: np.ndarray, values: str, samples: int, p: str) -> str:

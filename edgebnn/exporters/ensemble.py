@@ -5,16 +5,23 @@ Every mode returns a graph with the IR's input and outputs ``probs`` [B, K], ``e
 ops (ReLU, pooling, BatchNorm, Flatten, residual Adds) run once on B·S rows and each sampled layer is ONE
 batched op, never S unrolled copies.
 
-``baked`` — S posterior samples drawn at export (seeded; the reference runtime's streams) and stored as
-constants; no random ops, so it runs on TensorRT and DLA::
+The exporters are strategies over two registries, so a new layer kind or encoding is one local addition:
 
-    Conv (group g):  [B·S, C, H, W] -> Reshape [B, S·C, H, W] -> Conv(W_s stacked [S·O, C/g, k, k],
-                      group S·g) -> [B, S·O, H', W'] -> Reshape [B·S, O, H', W']       (no transposes)
-    Gemm:            [B·S, in] -> Reshape [B, S, 1, in] -> MatMul W_s [S, in, out] -> + b_s [S, 1, out]
-                      -> Reshape [B·S, out]
+- layer kinds (:mod:`.layers`, by op type: Gemm, Conv of any rank) state how their op is emitted over the
+  sample axis (one grouped Conv / batched MatMul for S weights) and plainly (on moments);
+- encodings (:mod:`edgebnn.ir.encodings`) state their mean, draws, ``moments()``, ``noise_needs()`` and the
+  integer grid their mean / draws lie on; :mod:`.draws` holds the in-graph draw of each (by op type).
 
-``noise`` (:mod:`.noise`) takes standard-normal noise as graph inputs that the host fills;
-``analytic`` (:mod:`.analytic`) propagates means and variances in one pass.
+The strategies (:mod:`.rewrite` copies the deterministic nodes, folds the samples and hands them each sampled
+layer):
+
+``baked`` (here) — S posterior samples drawn at export (seeded; the reference runtime's streams) and stored
+as constants (fp32, int8 or int4: lossless on the encoding's grid) in the layer kind's batched form; no
+random ops, so it runs on TensorRT and DLA.
+``noise`` (:mod:`.noise`) takes standard noise as graph inputs that the host fills: ``weight`` draws W_s in
+the graph (the encoding's draw) for the batched form, ``local`` runs the plain op on means and variances;
+``shared`` draws codebooks per entry. ``analytic`` (:mod:`.analytic`) propagates means and variances in one
+pass.
 
 Float baselines built from the same IR (for ``profile``): ``float_deterministic`` (posterior mean, one
 pass) and ``float_bnn`` (w = mu + sigma·RandomNormal drawn inside the graph on every run, the
@@ -53,9 +60,11 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         mode: ``baked``, ``noise`` or ``analytic``.
         seed: seed of the baked samples.
         noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations) or ``weight`` (per weight).
-        weights: ``fp32``, ``int8`` (baked mode: each member's weights as int8 + DequantizeLinear) or ``int4``
-            (Gemm weights block-wise int4 where TensorRT allows it — even output dim —, the rest int8; the graph
-            moves to opset 21, which TensorRT 10.3 on Jetson does not parse: for RTX / newer TensorRT).
+        weights: ``fp32``, ``int8`` (baked mode: each member's weights, and each hoisted layer's mean, as int8 +
+            DequantizeLinear; weights on an encoding's integer grid of at most 8 bits are stored exactly) or
+            ``int4`` (Gemm weights block-wise int4 where TensorRT allows it — reduction axis blocked, even output
+            dim —, the rest int8; exact on grids of at most 4 bits; the graph moves to opset 21, which TensorRT
+            10.3 on Jetson does not parse: for RTX / newer TensorRT).
         hoist: ``off`` (default: every layer samples), ``auto`` (layers whose σ is below their quantization
             step run once, before the sample axis), or a σ threshold. Off by default because it trades
             epistemic signal for speed: on the digits CNN lowered with ``fixed``, ``auto`` hoisted 3 of 4 layers
