@@ -3,7 +3,8 @@ networks), no sampling of weights.
 
 Every value on the data path carries (m, v) under a diagonal-Gaussian assumption (units independent):
 
-    Conv/Gemm, w ~ (mu, s²), x ~ (m, v):  m' = op(m, mu) + b_mu
+    layer kind (Conv of any rank, Gemm; :mod:`.layers`), w ~ (mu, s²) (the encoding's ``moments()``), x ~ (m, v):
+                                           m' = op(m, mu) + b_mu
                                            v' = op(m² + v, s²) + op(v, mu²) + s_b²
                                            (Var Σwx = Σ s²(v + m²) + mu² v; deterministic w: s² = 0)
     ReLU (rectified Gaussian), α = m/√v:   m' = m Φ(α) + √v φ(α),  v' = (m² + v) Φ(α) + m √v φ(α) − m'²
@@ -161,9 +162,10 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
     kind.attrs(node, where)
     mu_w, s2_w = moments(node.input[1])
     bias = bias_name(node)
+    mu_b, s2_b = moments(bias) if bias else (None, None)
     mean_in = [x, b.f32(p + "mu_w", mu_w) if node.input[1] in encoded else node.input[1]]
     if bias:
-        mean_in.append(b.f32(p + "mu_b", moments(bias)[0]) if bias in encoded else bias)
+        mean_in.append(b.f32(p + "mu_b", mu_b) if bias in encoded and mu_b is not None else bias)
     kind.plain(b, node, mean_in, out)
     terms = []
     vx = var[x]
@@ -174,7 +176,6 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
     if vx:
         terms.append(kind.plain(b, node, [vx, b.f32(p + "mu_w2", mu_w.astype(np.float64) ** 2)], p + "v_x"))
     v = _sum(b, terms, p)
-    s2_b = moments(bias)[1] if bias else None
     if s2_b is not None and s2_b.any():
         s2b = b.f32(p + "s2_b", s2_b.reshape(kind.bias_shape(mu_w.shape)))
         v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")

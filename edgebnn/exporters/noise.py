@@ -6,17 +6,21 @@ RandomNormal dominated a 16-sample LeNet's time, docs/design.md). Variants:
 ``local`` (local reparameterization, Kingma et al. 2015): a Gaussian layer's pre-activation given its input
 is Gaussian, so each of the B·S rows draws it directly::
 
-    mean = Conv(x, mu) + b_mu,   var = Conv(x², sigma²) + b_sigma²,   y = mean + sqrt(var) ⊙ ε_row
+    mean = op(x, mu) + b_mu,   var = op(x², sigma²) + b_sigma²,   y = mean + sqrt(var) ⊙ ε_row
     ε: input ``noise/<weight>`` of shape [B·S, *layer output]          (weights stay shared: no grouped conv)
 
-``weight``: one weight draw per sample, W_s = mu + sigma ⊙ ε_s, then the batched layer of ``baked``::
+(``op`` is the layer kind's plain op, :mod:`.layers`; mean and variance are the encoding's ``moments()``.)
+
+``weight``: one weight draw per sample in the graph (the encoding's draw, :mod:`.draws`; Gaussian:
+W_s = mu + sigma ⊙ ε_s), then the layer kind's batched op, as ``baked``::
 
     ε: input ``noise/<weight>`` of shape [S, *weight shape] (and ``noise/<bias>`` [S, out])
 
 ``local`` is exact for Gemm (each output unit has its own weights) but only approximate for Conv: it draws
 every spatial position independently, while a sampled kernel is shared across positions. ``auto`` (the
-default) is exact everywhere and keeps noise small: ``weight`` for Conv (kernels are small), ``local`` for
-Gemm (a row's outputs are fewer than the layer's weights).
+default) is exact everywhere and keeps noise small: ``weight`` where the layer kind shares weights across
+positions (Conv: kernels are small), ``local`` where it does not (Gemm: a row's outputs are fewer than the
+layer's weights).
 
 ``shared`` (stochastic weight sharing, 2DGBNN): a ``CodebookWeight`` layer takes K standard-normal numbers
 per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry, ``W_s = c[:, index]``; outliers
