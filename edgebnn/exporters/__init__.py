@@ -1,1 +1,15 @@
 """Exporters: graph rewrites from the edgebnn IR to standard ONNX, and ONNX to TensorRT engines."""
+
+from __future__ import annotations
+
+from edgebnn.errors import InvalidOptionError
+
+MAX_SAMPLES = 4096
+
+
+def check_samples(samples: int) -> None:
+    """Refuse an ensemble size that is not a positive integer up to ``MAX_SAMPLES`` (one-line user error)."""
+    if not isinstance(samples, int) or samples <= 0:
+        raise InvalidOptionError(f"--samples {samples}: must be a positive integer")
+    if samples > MAX_SAMPLES:
+        raise InvalidOptionError(f"--samples {samples}: more than {MAX_SAMPLES} is not supported")

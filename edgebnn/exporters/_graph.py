@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from edgebnn import __version__
 from edgebnn.ir import BNNModel
+from edgebnn.ir.encodings import Grid
 
 P = "ens/"  # prefix of every value an exporter adds
 INT4_BLOCK = 32
@@ -52,38 +53,44 @@ class Builder:
     def f32(self, name: str, value: float | np.ndarray) -> str:
         return self.const(name, np.asarray(value, np.float32))
 
-    def weight(self, name: str, value: np.ndarray, dtype: str = "fp32") -> str:
-        """A constant weight, as fp32 or as symmetric int8 + DequantizeLinear with one scale per slice of
-        axis 0 (a 1-D per-channel scale on a constant, zero point 0: TensorRT's explicit-quantization rules).
+    def weight(self, name: str, value: np.ndarray, dtype: str = "fp32", grid: Grid | None = None) -> str:
+        """A constant weight, as fp32, symmetric int8 or block-wise int4 + DequantizeLinear.
 
-        The rounding error per weight is at most scale/2 = max|slice|/254; :func:`int8_step` reports it.
+        int8 has one scale per slice of axis 0 (a 1-D per-channel scale on a constant, zero point 0: TensorRT's
+        explicit-quantization rules), ``max|slice| / 127``: each weight moves by at most half a step,
+        ``max|slice| / 254``. When ``grid`` says the values are exact multiples ``q · step`` with ``q`` within the
+        format (an encoding's integer grid, at most 8 bits for int8, 4 for int4), every scale is ``step`` and
+        the weight is stored losslessly.
         """
         if dtype == "fp32":
             return self.f32(name, value)
-        if dtype == "int4":
-            return self._int4(name, value)
-        if dtype != "int8":
+        if dtype not in ("int8", "int4"):
             raise ValueError(dtype)
         value = np.asarray(value, np.float32)
+        exact = grid is not None and grid.bits <= (8 if dtype == "int8" else 4)
+        if dtype == "int4":
+            return self._int4(name, value, grid.step if exact and grid else None)
         amax = np.abs(value.reshape(len(value), -1)).max(axis=1)
-        scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+        scale = (np.full(len(value), grid.step) if exact and grid else np.where(amax > 0, amax / 127.0, 1.0)
+                 ).astype(np.float32)
         shape = (-1,) + (1,) * (value.ndim - 1)
         q = np.clip(np.rint(value / scale.reshape(shape)), -127, 127).astype(np.int8)
         return self.add("DequantizeLinear", [self.const(name + ".q", q), self.const(name + ".scale", scale),
                                              self.const(name + ".zero", np.zeros(len(scale), np.int8))],
                         name, axis=0)
 
-    def _int4(self, name: str, value: np.ndarray, block: int = INT4_BLOCK) -> str:
+    def _int4(self, name: str, value: np.ndarray, step: float | None, block: int = INT4_BLOCK) -> str:
         """Block-wise symmetric int4 (opset 21 DequantizeLinear, weight-only): one scale per ``block`` values
-        along the second-to-last axis, the layout TensorRT's INT4 weight-only GEMMs take (even last dim)."""
-        value = np.asarray(value, np.float32)
+        along the second-to-last axis, the layout TensorRT's INT4 weight-only GEMMs take (even last dim);
+        ``max|block| / 7``, or ``step`` for values on a known grid."""
         k = value.shape[-2]
         blocks = -(-k // block)
         pad = blocks * block - k
         padded = np.pad(value, [(0, 0)] * (value.ndim - 2) + [(0, pad), (0, 0)])
         shaped = padded.reshape(*value.shape[:-2], blocks, block, value.shape[-1])
         amax = np.abs(shaped).max(axis=-2)  # [..., blocks, out]
-        scale = np.where(amax > 0, amax / 7.0, 1.0).astype(np.float32)
+        scale = (np.full(amax.shape, step) if step is not None else np.where(amax > 0, amax / 7.0, 1.0)
+                 ).astype(np.float32)
         q = np.clip(np.rint(shaped / scale[..., None, :]), -7, 7).astype(np.int8)
         q = q.reshape(padded.shape)[..., :k, :]
         tensor = helper.make_tensor(name + ".q", TensorProto.INT4, q.shape, q.reshape(-1).tolist())
@@ -137,7 +144,9 @@ class Builder:
             helper.make_tensor_value_info("entropy", TensorProto.FLOAT, ["batch"]),
             helper.make_tensor_value_info("mutual_info", TensorProto.FLOAT, ["batch"]),
         ]
-        graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, self.inits)
+        used = {x for node in self.nodes for x in node.input}  # skeleton parameters a rewrite replaced
+        inits = [t for t in self.inits if t.name in used]
+        graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, inits)
         opsets = [helper.make_opsetid(o.domain, max(o.version, 21) if self.int4_used and o.domain in ("", "ai.onnx")
                                       else o.version) for o in base.opset_import]
         out = helper.make_model(graph, opset_imports=opsets, producer_name="edgebnn")

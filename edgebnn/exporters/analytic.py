@@ -3,7 +3,8 @@ networks), no sampling of weights.
 
 Every value on the data path carries (m, v) under a diagonal-Gaussian assumption (units independent):
 
-    Conv/Gemm, w ~ (mu, s²), x ~ (m, v):  m' = op(m, mu) + b_mu
+    layer kind (Conv of any rank, Gemm; :mod:`.layers`), w ~ (mu, s²) (the encoding's ``moments()``), x ~ (m, v):
+                                           m' = op(m, mu) + b_mu
                                            v' = op(m² + v, s²) + op(v, mu²) + s_b²
                                            (Var Σwx = Σ s²(v + m²) + mu² v; deterministic w: s² = 0)
     ReLU (rectified Gaussian), α = m/√v:   m' = m Φ(α) + √v φ(α),  v' = (m² + v) Φ(α) + m √v φ(α) − m'²
@@ -21,6 +22,7 @@ head as the sampling modes, so ``mutual_info`` is the logit-level epistemic spre
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 
 import numpy as np
 import onnx
@@ -29,6 +31,7 @@ from scipy.stats import norm, qmc
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata, static_shapes
+from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.ir import BNNModel
 
 SHAPE_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
@@ -54,8 +57,7 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
 
     def moments(name: str) -> tuple[np.ndarray, np.ndarray]:
         if name in encoded:
-            enc = encoded[name].encoding
-            return enc.mean(), enc.stddev().astype(np.float64) ** 2
+            return encoded[name].encoding.moments()
         if name in fixed:
             return fixed[name], np.zeros_like(fixed[name])
         raise UnsupportedLayerError(f"{model.where}: weight {name!r} is not a constant; analytic mode needs one")
@@ -68,36 +70,9 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
         p = f"{P}{node.output[0]}/"
         out = node.output[0]
         op = node.op_type
-        if op in ("Conv", "Gemm"):
-            x = node.input[0]
-            if node.input[1] in var:
-                raise UnsupportedLayerError(f"{where(node)}: weights computed from the input are not supported")
-            attrs = attrs_of(node)
-            if op == "Gemm" and (attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0
-                                 or attrs.get("beta", 1.0) != 1.0):
-                raise UnsupportedLayerError(f"{where(node)}: Gemm with transA/alpha/beta is not supported")
-            mu_w, s2_w = moments(node.input[1])
-            has_bias = len(node.input) > 2 and bool(node.input[2])
-            mu_b, s2_b = moments(node.input[2]) if has_bias else (None, None)
-            mean_in = [x, b.f32(p + "mu_w", mu_w) if node.input[1] in encoded else node.input[1]]
-            if has_bias:
-                mean_in.append(b.f32(p + "mu_b", mu_b) if node.input[2] in encoded else node.input[2])
-            b.add(op, mean_in, out, **attrs)
-            terms = []
-            vx = var[x]
-            if s2_w.any():
-                m2 = b.add("Mul", [x, x], p + "m2")
-                ex2 = b.add("Add", [m2, vx], p + "ex2") if vx else m2
-                terms.append(b.add(op, [ex2, b.f32(p + "s2_w", s2_w)], p + "v_w", **attrs))
-            if vx:
-                terms.append(b.add(op, [vx, b.f32(p + "mu_w2", mu_w.astype(np.float64) ** 2)], p + "v_x", **attrs))
-            v = _sum(b, terms, p)
-            if has_bias and s2_b.any():
-                shape = [1, -1, 1, 1] if op == "Conv" else [1, -1]
-                s2b = b.f32(p + "s2_b", s2_b.reshape(shape[1:] if op == "Gemm" else (-1, 1, 1)))
-                v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")],
-                                                                      p + "v")
-            var[out] = v
+        kind = layer_kind(node)
+        if kind is not None:
+            _layer_moments(b, node, kind, var, moments, encoded, where(node), p)
         elif op == "Relu":
             x, vx = node.input[0], var[node.input[0]]
             if vx is None:
@@ -154,7 +129,7 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
             var[out] = None if vx is None else b.add(op, [vx, *node.input[1:]], p + "v", **attrs_of(node))
         elif op in ("Add", "Sub"):
             b.nodes.append(node)
-            vs = [var[i] for i in node.input if var.get(i)]
+            vs = [v for i in node.input if (v := var.get(i))]
             var[out] = _sum(b, vs, p)
         else:
             raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}")
@@ -175,6 +150,36 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0)
     return out
+
+
+def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[str, str | None],
+                   moments: Callable[[str], tuple[np.ndarray, np.ndarray]], encoded: Collection[str], where: str,
+                   p: str) -> None:
+    """m' = op(m, mu) + b_mu,  v' = op(m² + v, s²) + op(v, mu²) + s_b² (writes the mean, records the variance)."""
+    x, out = node.input[0], node.output[0]
+    if node.input[1] in var:
+        raise UnsupportedLayerError(f"{where}: weights computed from the input are not supported")
+    kind.attrs(node, where)
+    mu_w, s2_w = moments(node.input[1])
+    bias = bias_name(node)
+    mu_b, s2_b = moments(bias) if bias else (None, None)
+    mean_in = [x, b.f32(p + "mu_w", mu_w) if node.input[1] in encoded else node.input[1]]
+    if bias:
+        mean_in.append(b.f32(p + "mu_b", mu_b) if bias in encoded and mu_b is not None else bias)
+    kind.plain(b, node, mean_in, out)
+    terms = []
+    vx = var[x]
+    if s2_w.any():
+        m2 = b.add("Mul", [x, x], p + "m2")
+        ex2 = b.add("Add", [m2, vx], p + "ex2") if vx else m2
+        terms.append(kind.plain(b, node, [ex2, b.f32(p + "s2_w", s2_w)], p + "v_w"))
+    if vx:
+        terms.append(kind.plain(b, node, [vx, b.f32(p + "mu_w2", mu_w.astype(np.float64) ** 2)], p + "v_x"))
+    v = _sum(b, terms, p)
+    if s2_b is not None and s2_b.any():
+        s2b = b.f32(p + "s2_b", s2_b.reshape(kind.bias_shape(mu_w.shape)))
+        v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")
+    var[out] = v
 
 
 def _sum(b: Builder, terms: list[str], p: str) -> str | None:

@@ -12,17 +12,9 @@ import numpy as np
 import onnxruntime as ort
 
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters import check_samples
 from edgebnn.ir import BNNModel
 from edgebnn.metrics import Predictive, predictive_from_logits
-
-MAX_SAMPLES = 4096
-
-
-def check_samples(samples: int) -> None:
-    if not isinstance(samples, int) or samples <= 0:
-        raise InvalidOptionError(f"--samples {samples}: must be a positive integer")
-    if samples > MAX_SAMPLES:
-        raise InvalidOptionError(f"--samples {samples}: more than {MAX_SAMPLES} is not supported")
 
 
 def sample_weights(model: BNNModel, samples: int, seed: int) -> dict[str, np.ndarray]:

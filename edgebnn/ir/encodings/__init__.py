@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edgebnn.ir.encodings.base import ENCODINGS, Encoding, register_encoding
+from edgebnn.ir.encodings.base import ENCODINGS, Encoding, Grid, NoiseNeed, register_encoding
 from edgebnn.ir.encodings.binary import BinaryWeight
 from edgebnn.ir.encodings.codebook import CodebookWeight
 from edgebnn.ir.encodings.fixedpoint import FixedPointWeight
@@ -18,7 +18,9 @@ __all__ = [
     "Encoding",
     "FixedPointWeight",
     "GaussianWeight",
+    "Grid",
     "IntCountWeight",
+    "NoiseNeed",
     "SigmaCode",
     "TernaryWeight",
     "register_encoding",

@@ -5,12 +5,22 @@ An encoded weight is one node of domain ``ai.edgebnn`` whose output is the weigh
 its attributes are ``layer`` (the source module path), ``shape`` (the decoded weight shape) and the
 encoding's own. Every encoding can give its posterior mean and draw samples, so an exported ensemble
 still samples after lowering.
+
+What the exporters read from an encoding, stated once here:
+
+- ``mean()`` and ``sample(rng, n)``: the posterior mean and ``n`` draws (``baked`` stores the draws);
+- ``moments()``: ``(mean, variance)`` per weight (``noise --noise local`` and ``analytic`` propagate them);
+- ``noise_needs()``: the standard random tensors one in-graph draw consumes per sample (``noise``/``shared``
+  take them as graph inputs), or ``None`` when the encoding is not drawn from standard noise in a graph;
+- ``mean_grid()`` / ``sample_grid()``: an integer grid the mean / every draw lies on exactly, so that int8
+  and int4 weight formats store it losslessly (``q · step``) instead of re-quantizing by ``max|w| / 127``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -18,6 +28,29 @@ import numpy as np
 from edgebnn.errors import InvalidArtifactError
 
 ENCODINGS: dict[str, type[Encoding]] = {}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Values that are exact integer multiples ``q · step`` in float32, with ``|q| <= 2**(bits-1) - 1``."""
+
+    step: float
+    bits: int
+
+
+@dataclass(frozen=True)
+class NoiseNeed:
+    """One standard random tensor an in-graph draw consumes per sample.
+
+    Attributes:
+        suffix: appended to the weight's name to name the graph input (``""`` for the main one).
+        dims: its shape per sample.
+        dist: ``normal`` (standard normal) or ``uniform`` (on [0, 1)).
+    """
+
+    suffix: str
+    dims: tuple[int, ...]
+    dist: str = "normal"
 
 
 def register_encoding(cls: type[Encoding]) -> type[Encoding]:
@@ -77,6 +110,24 @@ class Encoding(ABC):
     def stddev(self) -> np.ndarray:
         """Posterior standard deviation per weight (used by hoisting and reports)."""
         return np.zeros(self.shape, np.float32)
+
+    def moments(self) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior ``(mean, variance)`` per weight, float32, shaped ``self.shape``."""
+        sd = self.stddev()
+        return self.mean(), sd * sd
+
+    def noise_needs(self) -> tuple[NoiseNeed, ...] | None:
+        """Standard noise one draw consumes, when it is ``mean + stddev ⊙ ε`` weight by weight (``GAUSSIAN``);
+        encodings drawn otherwise override this (``None``: not drawn from standard noise in a graph)."""
+        return (NoiseNeed("", self.shape),) if self.GAUSSIAN else None
+
+    def mean_grid(self) -> Grid | None:
+        """The integer grid ``mean()`` lies on exactly, if any."""
+        return None
+
+    def sample_grid(self) -> Grid | None:
+        """The integer grid every draw of ``sample`` lies on exactly, if any."""
+        return None
 
     @property
     def nbytes(self) -> int:

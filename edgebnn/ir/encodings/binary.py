@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.ir.encodings.base import Encoding, register_encoding
+from edgebnn.ir.encodings.base import Encoding, Grid, register_encoding
 from edgebnn.ir.encodings.fixedpoint import attr_number
 from edgebnn.ir.encodings.packing import pack_uint, packed_nbytes, unpack_uint
 from edgebnn.ir.encodings.sigmacode import SigmaCode
@@ -84,3 +84,7 @@ class BinaryWeight(Encoding):
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         flips = rng.random((n, *self.shape), dtype=np.float32) < self.flip_probability()
         return np.where(flips, -self._signed_scale(), self._signed_scale())
+
+    def sample_grid(self) -> Grid:
+        """Every draw is ``±a``: ``q = ±1`` times ``step = a``."""
+        return Grid(self.scale, 2)

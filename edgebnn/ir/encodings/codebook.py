@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.ir.encodings.base import Encoding, check_finite, register_encoding
+from edgebnn.ir.encodings.base import Encoding, NoiseNeed, check_finite, register_encoding
 from edgebnn.ir.encodings.fixedpoint import attr_int
 from edgebnn.ir.encodings.packing import MAX_BITS, bits_for, pack_uint, packed_nbytes, unpack_uint
 
@@ -210,6 +210,16 @@ class CodebookWeight(Encoding):
         out[self.blend_index] = self._blend_moments()[1]
         out[self.outlier_index] = self.outlier_sigma
         return out.reshape(self.shape)
+
+    def noise_needs(self) -> tuple[NoiseNeed, ...]:
+        """What :meth:`sample` consumes per draw, in its order: K shared normals, one uniform per blended weight
+        (it picks the entry), one normal per outlier."""
+        needs = [NoiseNeed("", (self.k,))]
+        if self.blend_index.size:
+            needs.append(NoiseNeed(".blend", (self.blend_index.size,), "uniform"))
+        if self.outlier_index.size:
+            needs.append(NoiseNeed(".outliers", (self.outlier_index.size,)))
+        return tuple(needs)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         shared = self.codebook[:, 0] + self.codebook[:, 1] * rng.standard_normal((n, self.k), dtype=np.float32)

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.ir.encodings.base import register_encoding
+from edgebnn.ir.encodings.base import Grid, register_encoding
 from edgebnn.ir.encodings.packing import MAX_BITS, pack_int, packed_nbytes, unpack_int
 from edgebnn.ir.encodings.sigmacode import SigmaCode, SigmaCodedWeight
 
@@ -100,6 +100,14 @@ class QuantizedWeight(SigmaCodedWeight):
 
     def step(self) -> float:
         return self.scale
+
+    def mean_grid(self) -> Grid:
+        """``mean() = q · scale`` exactly (float32 product), ``|q| <= 2**(bits-1) - 1``."""
+        return Grid(self.scale, self.bits)
+
+    def sample_grid(self) -> Grid | None:
+        """Draws stay on the mean's grid only when no weight has noise (σ ≡ 0)."""
+        return None if self.sigma.levels.any() else self.mean_grid()
 
 
 @register_encoding

@@ -1,0 +1,90 @@
+"""In-graph weight draws: ``W_s`` [S, *shape] from standard-noise graph inputs, one emitter per encoding.
+
+The noise an encoding consumes per draw is its :meth:`~edgebnn.ir.encodings.base.Encoding.noise_needs` (graph
+inputs ``noise/<weight><suffix>``, created by the caller); an emitter turns them into the draw, exactly as the
+encoding's ``sample`` does in numpy:
+
+``GAUSSIAN`` encodings (the default emitter)::
+
+    W_s = mu + sigma ⊙ ε_s,   ε: [S, *shape]
+
+``CodebookWeight`` (2DGBNN stochastic weight sharing)::
+
+    c = m + s ⊙ ε [S, K];  W_s = c[:, index];  blended weight i: entry j with u_i ≥ cum_{j-1} (uniform u);
+    outlier o: μ_o + σ_o ε_o
+
+Adding an encoding that draws differently is one emitter registered in :data:`DRAWS` by op type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from edgebnn.exporters._graph import Builder
+from edgebnn.ir.encodings import CodebookWeight, Encoding
+
+# (builder, encoding, name prefix, tag of the emitted names, {noise suffix: graph input}, samples) -> W_s
+DrawEmitter = Callable[[Builder, Encoding, str, str, dict[str, str], int], str]
+DRAWS: dict[str, DrawEmitter] = {}
+
+
+def register_draw(op_type: str) -> Callable[[DrawEmitter], DrawEmitter]:
+    """Decorator: draw encodings of ``op_type`` in the graph with the decorated emitter."""
+    def register(fn: DrawEmitter) -> DrawEmitter:
+        DRAWS[op_type] = fn
+        return fn
+    return register
+
+
+def draw_emitter(enc: Encoding) -> DrawEmitter | None:
+    """How ``enc`` is drawn in a graph, or None when it cannot be (it has no standard-noise form)."""
+    if enc.noise_needs() is None:
+        return None
+    return DRAWS.get(enc.op_type, gaussian_draw if enc.GAUSSIAN else None)
+
+
+def gaussian_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+    """W_s = mu + sigma ⊙ ε_s; named ``<tag>mu``, ``<tag>sigma``, ... and ``W_s`` (``b_s`` for a bias)."""
+    mu, sigma = b.f32(p + tag + "mu", enc.mean()), b.f32(p + tag + "sigma", enc.stddev())
+    return b.add("Add", [mu, b.add("Mul", [sigma, eps[""]], p + tag + "scaled")], p + (tag + "s" if tag else "W_s"))
+
+
+@register_draw("CodebookWeight")
+def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+    """2DGBNN sampling in the graph: one value per codebook entry per sample, shared by its weights."""
+    assert isinstance(enc, CodebookWeight)
+    p += tag
+    c = b.add("Add", [b.f32(p + "cb_mean", enc.codebook[:, 0]),
+                      b.add("Mul", [b.f32(p + "cb_std", enc.codebook[:, 1]), eps[""]], p + "cb_scaled")], p + "c")
+    idx = b.add("Cast", [b.const(p + "indices", enc.indices.astype(np.uint8 if enc.k <= 256 else np.uint16))],
+                p + "idx", to=onnx.TensorProto.INT64)
+    flat = b.add("Gather", [c, idx], p + "w_inliers", axis=1)  # [S, n]
+    if enc.blend_index.size:
+        j = enc.blend_components.shape[1]
+        cum = np.cumsum(enc.blend_weights(), axis=1)[:, :-1]  # pick = #{cum_j <= u}, as CodebookWeight.sample
+        ge = b.add("GreaterOrEqual", [b.add("Unsqueeze", [eps[".blend"], b.i64(p + "ax2", 2)], p + "u3"),
+                                      b.f32(p + "cum", cum[None])], p + "ge")
+        pick = b.add("ReduceSum", [b.add("Cast", [ge], p + "ge_i", to=onnx.TensorProto.INT64),
+                                   b.i64(p + "ax2b", 2)], p + "pick", keepdims=1)  # [S, n_b, 1]
+        comps = b.add("Expand", [b.const(p + "blend_comp", enc.blend_components.astype(np.int64)[None]),
+                                 b.i64(p + "bshape", samples, enc.blend_index.size, j)], p + "comps")
+        comp = b.add("Squeeze", [b.add("GatherElements", [comps, pick], p + "comp3", axis=2),
+                                 b.i64(p + "ax2c", 2)], p + "comp")
+        vals = b.add("GatherElements", [c, comp], p + "blend_vals", axis=1)
+        flat = _scatter(b, flat, enc.blend_index, vals, samples, p + "blend")
+    if enc.outlier_index.size:
+        vals = b.add("Add", [b.f32(p + "o_mu", enc.outlier_mu),
+                             b.add("Mul", [b.f32(p + "o_sigma", enc.outlier_sigma), eps[".outliers"]], p + "o_s")],
+                     p + "o")
+        flat = _scatter(b, flat, enc.outlier_index, vals, samples, p + "outliers")
+    return b.add("Reshape", [flat, b.i64(p + "draw_shape", samples, *enc.shape)], p + "W_s")
+
+
+def _scatter(b: Builder, flat: str, index: np.ndarray, values: str, samples: int, p: str) -> str:
+    """flat[:, index] = values, for [S, n] flat and [S, len(index)] values."""
+    const = b.const(p + "_idx", index.astype(np.int64)[None])
+    idx = b.add("Expand", [const, b.i64(p + "_ishape", samples, index.size)], p + "_idx_s")
+    return b.add("ScatterElements", [flat, idx, values], p + "_w", axis=1)

@@ -1,0 +1,193 @@
+"""Layer kinds: how each op that reads a sampled weight is emitted, once, for every export mode.
+
+A layer kind is registered by ONNX op type (:data:`LAYERS`) and gives:
+
+- ``batched``: the op over the sample axis with one weight per sample ``W_s`` ([S, *weight shape]), on the
+  folded input (row b·S + s) — ``baked`` and ``noise --noise weight``;
+- ``plain``: the op itself with its own attributes on other operands — ``noise --noise local`` runs it on
+  (x, mu) and (x², σ²), ``analytic`` on means and variances;
+- ``out_dims`` / ``bias_shape``: the per-row output shape and how a per-output bias broadcasts on it;
+- ``LOCAL_EXACT``: whether local reparameterization is exact (each output has its own weights) — ``auto``
+  noise draws per row where it is, per weight where weights are shared across positions.
+
+Batched forms (S samples, no transposes of activations, one op per layer)::
+
+    Conv, any rank (group g):  [B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Conv(W_s as [S·O, C/g, *k],
+                                group S·g, bias b_s as [S·O]) -> [B, S·O, *sp'] -> Reshape [B·S, O, *sp']
+    Gemm:                      [B·S, in] -> Reshape [B, S, 1, in] -> MatMul W_s [S, in, out]
+                                -> + b_s [S, 1, out] -> Reshape [B·S, out]
+
+Weights and biases reach ``batched`` as an :data:`Operand`: a constant array not emitted yet (``baked``: laid
+out in numpy, then stored in the requested weight format) or a graph value (``noise``: laid out by nodes).
+
+Adding a layer kind (ConvTranspose, ...) is one :class:`LayerKind` subclass registered here.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import onnx
+
+from edgebnn.errors import UnsupportedLayerError
+from edgebnn.exporters._graph import Builder, attrs_of
+from edgebnn.ir.encodings import Grid
+
+Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
+LAYERS: dict[str, LayerKind] = {}
+
+
+def register_layer(cls: type[LayerKind]) -> type[LayerKind]:
+    """Class decorator: emit nodes of ``cls.op_type`` whose weight samples with ``cls``."""
+    LAYERS[cls.op_type] = cls()
+    return cls
+
+
+def bias_name(node: onnx.NodeProto) -> str | None:
+    return node.input[2] if len(node.input) > 2 and node.input[2] else None
+
+
+def reshape(b: Builder, v: Operand, dims: tuple[int, ...], shape_name: str, out: str) -> Operand:
+    if isinstance(v, np.ndarray):
+        return v.reshape(dims)
+    return b.add("Reshape", [v, b.i64(shape_name, *dims)], out)
+
+
+def transpose(b: Builder, v: Operand, perm: tuple[int, ...], out: str) -> Operand:
+    return v.transpose(perm) if isinstance(v, np.ndarray) else b.add("Transpose", [v], out, perm=list(perm))
+
+
+def unsqueeze(b: Builder, v: Operand, axis: int, axes_name: str, out: str) -> Operand:
+    if isinstance(v, np.ndarray):
+        return np.expand_dims(v, axis)
+    return b.add("Unsqueeze", [v, b.i64(axes_name, axis)], out)
+
+
+class LayerKind(ABC):
+    """One op type that reads a sampled weight as its input 1 (and an optional bias as input 2)."""
+
+    op_type: ClassVar[str]
+    LOCAL_EXACT: ClassVar[bool]
+
+    def attrs(self, node: onnx.NodeProto, where: str) -> dict[str, Any]:
+        """The node's attributes, refusing forms the exporters do not rewrite."""
+        return attrs_of(node)
+
+    def out_dim(self, node: onnx.NodeProto, wshape: tuple[int, ...]) -> int:
+        """Output features (channels): the length of a bias."""
+        return int(wshape[0])
+
+    @abstractmethod
+    def out_dims(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+                 where: str) -> list[int]:
+        """The output shape of one row (without the batch)."""
+
+    @abstractmethod
+    def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
+        """Shape a per-output vector takes to broadcast on one row's output."""
+
+    def plain(self, b: Builder, node: onnx.NodeProto, inputs: list[str], out: str) -> str:
+        """The op with the node's own attributes on ``inputs`` (x, weight[, bias])."""
+        return b.add(node.op_type, inputs, out, **attrs_of(node))
+
+    def weight_format(self, node: onnx.NodeProto, wshape: tuple[int, ...], dtype: str, batched: bool) -> str:
+        """The weight format this op's weight takes when ``dtype`` is asked for (int4 only where TensorRT's
+        weight-only int4 GEMMs take it: blocks along the reduction axis, even output dim; int8 otherwise)."""
+        return "int8" if dtype == "int4" else dtype
+
+    @abstractmethod
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None) -> None:
+        """Emit the op over the sample axis: ``w`` is [S, *wshape], ``bias`` [S, out]; ``node.output[0]`` is
+        [B·S, ...]. Constant weights take ``dtype`` (with ``grid``: exact), constant biases fp32."""
+
+
+def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | None = None) -> str:
+    return b.weight(name, v, dtype, grid) if isinstance(v, np.ndarray) else v
+
+
+@register_layer
+class Gemm(LayerKind):
+    op_type = "Gemm"
+    LOCAL_EXACT = True
+
+    def attrs(self, node: onnx.NodeProto, where: str) -> dict[str, Any]:
+        attrs = attrs_of(node)
+        if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+            raise UnsupportedLayerError(f"{where}: Gemm with transA/alpha/beta is not supported")
+        return attrs
+
+    def out_dim(self, node: onnx.NodeProto, wshape: tuple[int, ...]) -> int:
+        return int(wshape[0] if attrs_of(node).get("transB", 0) else wshape[1])
+
+    def out_dims(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+                 where: str) -> list[int]:
+        self.attrs(node, where)
+        return [self.out_dim(node, wshape)]
+
+    def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
+        return (-1,)
+
+    def weight_format(self, node: onnx.NodeProto, wshape: tuple[int, ...], dtype: str, batched: bool) -> str:
+        # batched: [S, in, out]; plain: as stored, [in, out] only without transB
+        k_axis_ok = batched or not attrs_of(node).get("transB", 0)
+        return dtype if dtype != "int4" or (k_axis_ok and self.out_dim(node, wshape) % 2 == 0) else "int8"
+
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None) -> None:
+        attrs = self.attrs(node, where)
+        n_out = self.out_dim(node, wshape)
+        if attrs.get("transB", 0):
+            w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
+        n_in = int(wshape[1] if attrs.get("transB", 0) else wshape[0])
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, 1, n_in)], p + "x")
+        y = b.add("MatMul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)], p + "xw")
+        if bias is not None:
+            y = b.add("Add", [y, _const(b, unsqueeze(b, bias, 1, p + "axis1", p + "b3"), p + "b")], p + "y")
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
+
+
+@register_layer
+class Conv(LayerKind):
+    """Conv of any rank: [N, C, *spatial] with a weight [O, C/group, *kernel]."""
+
+    op_type = "Conv"
+    LOCAL_EXACT = False  # a kernel is shared across positions; local noise would draw each position apart
+
+    def shapes(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+               where: str) -> tuple[list[int], list[int]]:
+        xs, ys = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if xs is None or ys is None or len(xs) != len(wshape) or len(ys) != len(wshape):
+            raise UnsupportedLayerError(f"{where}: Conv needs static {len(wshape) - 2}-D feature shapes "
+                                        f"(got {xs} -> {ys})")
+        return xs, ys
+
+    def out_dims(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+                 where: str) -> list[int]:
+        return self.shapes(node, wshape, shapes, where)[1][1:]
+
+    def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
+        return (-1, *[1] * (len(wshape) - 2))
+
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None) -> None:
+        (_, c, *spatial), (_, o, *out_spatial) = self.shapes(node, wshape, shapes, where)
+        attrs = attrs_of(node)
+        group = int(attrs.pop("group", 1))
+        w = reshape(b, w, (samples * o, *wshape[1:]), p + "w_shape", p + "W")
+        inputs = [b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x"),
+                  _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)]
+        if bias is not None:
+            inputs.append(_const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b"))
+        y = b.add("Conv", inputs, p + "y", group=group * samples, **attrs)
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], node.output[0])
+
+
+def layer_kind(node: onnx.NodeProto) -> LayerKind | None:
+    """The kind of ``node``, or None when no exporter rewrites its op type."""
+    return LAYERS.get(node.op_type)

@@ -1,0 +1,150 @@
+"""Rewriting the IR's graph around its sampled layers: the sample fold, hoisting, the predictive head.
+
+Every mode that samples (``baked``, ``noise``, ``shared``) copies the deterministic nodes and hands each
+sampled layer to a :data:`LayerRewrite` (its strategy); the sample axis is folded into the batch,
+batch-major (row b·S + s), so deterministic ops run once on B·S rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+
+from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
+from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
+from edgebnn.exporters.layers import LAYERS, LayerKind, layer_kind
+from edgebnn.ir import BNNModel, EncodedWeight
+
+# A layer rewrite: (builder, node, its layer kind, its weight, static shapes) -> nodes added to the builder.
+LayerRewrite = Callable[[Builder, onnx.NodeProto, LayerKind, EncodedWeight, dict[str, list[int]]], None]
+
+
+def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
+    """Encoded weights whose posterior noise is below the hoisting threshold.
+
+    ``hoist="auto"``: max σ at most the encoding's quantization step (float storage: σ = 0 only);
+    a number: max σ at most that value; ``"off"``: none.
+    """
+    if hoist == "off":
+        return set()
+    if hoist != "auto" and (not isinstance(hoist, (int, float)) or hoist < 0):
+        raise InvalidOptionError(f"--hoist {hoist}: use auto, off or a non-negative sigma")
+    out = set()
+    for w in model.iter_encoded_weights():  # one layer decoded at a time
+        limit = w.encoding.step() if hoist == "auto" else float(hoist)
+        if float(w.encoding.stddev().max(initial=0.0)) <= limit:
+            out.add(w.name)
+    names = set(model.encoded_weight_names())
+    for node in model.proto.graph.node:  # a layer samples as a whole: a quiet weight with a noisy bias samples
+        own = [x for x in node.input if x in names]
+        if any(x not in out for x in own):
+            out.difference_update(own)
+    return out
+
+
+def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,
+                           hoist: str | float = "off", weights: str = "fp32",
+                           ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """Copy deterministic nodes, let ``rewrite`` emit each sampled layer (a registered layer kind), add the
+    predictive head.
+
+    Hoisting: layers whose weights are quiet (:func:`quiet_weights`) run once with their mean (stored in the
+    ``weights`` format their layer kind takes, on the encoding's grid when it has one), and every
+    node before the first sampled layer runs on the B input rows; the sample axis starts there. Values
+    computed before that point and used after it are folded to B·S rows then; ``Shape`` nodes read the
+    folded input so batch arithmetic sees B·S.
+
+    Returns the float skeleton (for its graph input, opsets and output) and ``{"sampled", "hoisted"}`` layer
+    names for the export report.
+    """
+    encoded_order = model.encoded_weight_names()
+    encoded = set(encoded_order)  # decoded one layer at a time, when its node is reached
+    layer_of = {n.output[0]: next((a.s.decode() for a in n.attribute if a.name == "layer"), n.output[0])
+                for n in model.proto.graph.node if n.output and n.output[0] in encoded}
+    quiet = quiet_weights(model, hoist)
+    base = model.weights_as_inputs()  # the skeleton with shapes only: no posterior is copied
+    shapes = static_shapes(base)
+    in_name = model.manifest.input_name
+    del base.graph.input[1:]  # the weights were inputs only for shape inference
+    b.adopt(base.graph.initializer)
+    nodes = list(base.graph.node)
+    for name in (n for n in encoded_order if n in quiet):  # hoisted layers run once with their mean
+        _hoisted_weight(b, nodes, model.encoded_weight(name), weights)
+    sampled_at = {i for i, n in enumerate(nodes) if any(x in encoded and x not in quiet for x in n.input)}
+    start = _fold_point(nodes, in_name, sampled_at)
+
+    folded: dict[str, str] = {}
+
+    def fold(value: str) -> str:
+        """``value`` [B, ...] as [B·S, ...] (once per value)."""
+        if value not in folded:
+            dims = shapes.get(value)
+            if dims is None:
+                raise UnsupportedLayerError(f"{model.where}: hoisting needs a static shape for {value!r}; "
+                                            "export with --hoist off")
+            prefix = P if value == in_name else f"{P}fold/{value}/"
+            folded[value] = b.fold_samples(value, prefix + "input" if value == in_name else prefix + "out",
+                                           samples, dims[1:], prefix)
+            shapes[folded[value]] = dims
+        return folded[value]
+
+    pre_data = {in_name}  # data values computed on B rows, before the sample axis starts
+    shape_vals: set[str] = set()  # values computed from Shape(...): batch arithmetic
+    for i, node in enumerate(nodes):
+        uses_shape = any(x in shape_vals for x in node.input)
+        uses_data = any(x in pre_data for x in node.input)
+        if node.op_type == "Shape" and uses_data:
+            node = renamed_input(node, node.input[0], fold(node.input[0]))  # batch arithmetic sees B·S
+            shape_vals.update(node.output)
+        elif uses_shape and not uses_data:
+            shape_vals.update(node.output)
+        elif i < start and uses_data:
+            pre_data.update(node.output)
+        elif i >= start:
+            for x in set(node.input) & pre_data:
+                node = renamed_input(node, x, fold(x))
+        if i not in sampled_at:
+            b.nodes.append(node)
+            continue
+        hit = [x for x in node.input if x in encoded and x not in quiet]
+        kind = layer_kind(node)
+        if kind is None or node.input[1] not in hit:
+            raise UnsupportedLayerError(
+                f"{model.where}: layer {layer_of[hit[0]]!r}: a sampled weight feeds {node.op_type} "
+                f"({node.name or node.output[0]}); ensembles handle {' and '.join(LAYERS)} weights"
+            )
+        rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes)
+    logits = base.graph.output[0].name
+    if logits in pre_data:
+        logits = fold(logits)  # every layer was hoisted: S identical members
+    b.predictive_head(logits, samples, model.manifest.num_classes)
+    sampled = {layer_of[n] for n in encoded if n not in quiet}
+    return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
+
+
+def _fold_point(nodes: list[onnx.NodeProto], in_name: str, sampled_at: set[int]) -> int:
+    """Index of the first node that must see B·S rows: a sampled layer, or a data op that uses the batch size
+    (e.g. the Reshape of a flatten computed from ``Shape``): hoisted nodes run on B rows before it."""
+    data, shape_vals = {in_name}, set()
+    for i, node in enumerate(nodes):
+        uses_data = any(x in data for x in node.input)
+        uses_shape = any(x in shape_vals for x in node.input)
+        if i in sampled_at or (uses_data and uses_shape and node.op_type != "Shape"):
+            return i
+        if (node.op_type == "Shape" and uses_data) or (uses_shape and not uses_data):
+            shape_vals.update(node.output)
+        elif uses_data:
+            data.update(node.output)
+    return len(nodes)
+
+
+def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, weights: str) -> None:
+    """A quiet weight's mean as a constant: a layer's weight takes ``weights`` (its kind's rule), a bias fp32."""
+    user = next((n for n in nodes if len(n.input) > 1 and n.input[1] == w.name), None)
+    kind = layer_kind(user) if user is not None else None
+    if user is None or kind is None:
+        b.f32(w.name, w.encoding.mean())
+        return
+    b.weight(w.name, w.encoding.mean(), kind.weight_format(user, w.encoding.shape, weights, False),
+             w.encoding.mean_grid())
