@@ -43,10 +43,10 @@ import numpy as np
 import onnx
 
 from edgebnn import __version__
+from edgebnn.devices import DeviceProfile, get_device
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDependencyError
 from edgebnn.ir import BNNModel
 from edgebnn.runtime.reference import check_samples
-from edgebnn.targets.devices import DeviceProfile, get_device
 from edgebnn.targets.power import open_meter
 from edgebnn.targets.runners import OrtRunner, TensorRTRunner, TorchRunner, import_tensorrt
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from edgebnn.devices import get_device
 from edgebnn.errors import InvalidOptionError
-from edgebnn.targets.devices import get_device
 from edgebnn.targets.power.ina3221 import Ina3221Meter
 from edgebnn.targets.power.jtop import JtopMeter
 from edgebnn.targets.power.null import NullMeter
@@ -59,7 +59,7 @@ def open_meter(
     Args:
         name: A key of :data:`METERS`, or None to try the device profile's meters in order
             (jetson: ina3221, tegrastats, jtop; rtx: nvml; cpu: rapl).
-        device: Device profile name (see ``edgebnn.targets.devices``).
+        device: Device profile name (see ``edgebnn.devices``).
         idle_s: Idle period measured before each window, in seconds.
         settings: Per-meter keyword arguments, e.g. ``{"tegrastats": {"interval_ms": 20}}``.
 

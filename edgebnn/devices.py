@@ -2,7 +2,8 @@
 
 A profile is static knowledge about a class of device, not a probe of the machine edgebnn runs on:
 ``get_device("jetson-agx-orin")`` answers the same on a laptop and on the board. Runners and meters
-check the real machine themselves.
+check the real machine themselves. It lives outside ``edgebnn.targets`` so that the exporters (the TensorRT
+builder checks DLA cores and the TensorRT generation) can read it without importing a target.
 
 Known profiles: ``cpu``, ``rtx``, ``jetson-orin-nano``, ``jetson-orin-nx``, ``jetson-agx-orin``; the
 alias ``jetson`` names ``jetson-orin-nano``.
