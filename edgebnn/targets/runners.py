@@ -11,6 +11,9 @@ Every runner has the same surface:
   synchronized); outputs stay where they were computed. This is what the profiler times, so the figures
   are compute time without host<->device copies (trtexec's ``--noDataTransfers``).
 
+``SessionRunner``: an edgebnn ensemble through :class:`edgebnn.runtime.Session` on the CPU, so a ``noise``
+graph gets its noise drawn on the host inside every call, as a user's ``Session.predict`` does.
+
 ``OrtRunner``: onnxruntime with the benchmark settings of docs/design.md (``intra_op_num_threads``, no
 spinning, ``ORT_ENABLE_ALL``); the CUDA provider when asked for (``onnxruntime-gpu`` needed).
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -40,6 +43,22 @@ from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionErro
 from edgebnn.targets.torch_interp import TorchProgram, import_torch
 
 Feed = np.ndarray | Mapping[str, np.ndarray]
+
+
+class Runner(Protocol):
+    """The surface every runner has (see the module docstring)."""
+
+    name: str
+    provider: str
+    input_names: list[str]
+
+    def run(self, x: Feed) -> list[np.ndarray]:
+        """Host arrays in, host arrays out, outputs in graph order."""
+        ...
+
+    def bind(self, x: Feed) -> Callable[[], Any]:
+        """Stage the inputs; return a call that runs one inference and returns when it has finished."""
+        ...
 
 
 def _feed(names: Sequence[str], x: Feed, where: str) -> dict[str, np.ndarray]:
@@ -103,6 +122,38 @@ class OrtRunner:
             self.session.run_with_iobinding(binding)  # returns after the CUDA provider synchronized
 
         return call
+
+
+class SessionRunner:
+    """An edgebnn-exported ensemble through :class:`edgebnn.runtime.Session` on the CPU.
+
+    Args:
+        model: The ensemble, with its export metadata.
+        threads: onnxruntime intra-op threads.
+
+    Raises:
+        InvalidArtifactError: Not an edgebnn ensemble.
+    """
+
+    name = "onnxruntime"
+    provider = "CPUExecutionProvider"
+
+    def __init__(self, model: onnx.ModelProto, *, threads: int = 2) -> None:
+        from edgebnn.runtime import Session
+
+        self.session = Session(model, threads=threads)
+        self.input_names = [self.session.input_name]
+
+    def _input(self, x: Feed) -> np.ndarray:
+        return _feed(self.input_names, x, "onnxruntime")[self.input_names[0]]
+
+    def run(self, x: Feed) -> list[np.ndarray]:
+        p = self.session.predict(self._input(x))
+        return [p.probs, p.entropy, p.mutual_info]
+
+    def bind(self, x: Feed) -> Callable[[], Any]:
+        arr = self._input(x)
+        return lambda: self.session.predict(arr)  # draws a noise graph's noise inside the call
 
 
 # -- torch ------------------------------------------------------------------------------------------------
