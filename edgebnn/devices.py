@@ -56,7 +56,8 @@ DEVICES: dict[str, DeviceProfile] = {
         DeviceProfile(
             name="cpu",
             kind="cpu",
-            precisions=("fp32", "int8"),
+            # onnxruntime's CPU provider dequantizes block-wise INT4 weights (DequantizeLinear, opset 21)
+            precisions=("fp32", "int8", "int4"),
             dla_cores=0,
             memory_gib=None,
             power_meters=("rapl",),

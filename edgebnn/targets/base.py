@@ -187,15 +187,18 @@ class Target(ABC):
         proto, path, where = _graph(model, options.name)
         meta = _export_meta(proto)
         candidates = (runtime or self.runtimes[0],) if isinstance(runtime, str | None) else tuple(runtime)
+        if not candidates:
+            raise InvalidOptionError(f"{where}: no runtime given; {self.name} runs {', '.join(self.runtimes)}")
         for rt in candidates:
             if rt not in self.runtimes:
                 raise InvalidOptionError(f"{where}: runtime {rt!r} is not available on {self.name}, which runs "
                                          f"{', '.join(self.runtimes)}")
             self._check(meta, rt, where)
-        weights = meta.get("weights")
-        if weights is not None and weights not in self.profile.precisions:
-            raise InvalidOptionError(f"{where}: {weights} weights do not run on {self.name}, which takes "
-                                     f"{', '.join(self.profile.precisions)}")
+        for key, what in (("weights", "weights"), ("precision", "activations")):  # export --weights, calibrate
+            value = meta.get(key)
+            if value is not None and value not in self.profile.precisions:
+                raise InvalidOptionError(f"{where}: {value} {what} do not run on {self.name}, which takes "
+                                         f"{', '.join(self.profile.precisions)}")
         if options.dla_core is not None and not 0 <= options.dla_core < self.profile.dla_cores:
             cores = f"cores 0-{self.profile.dla_cores - 1}" if self.profile.dla_cores else "no DLA cores"
             raise InvalidOptionError(f"DLA core {options.dla_core}: {self.name} has {cores}")

@@ -62,23 +62,39 @@ def test_a_target_class_refuses_a_profile_of_another_kind():
 # -- options validated against the device ------------------------------------------------------------------
 
 
-def _with_weights(model: onnx.ModelProto, weights: str) -> onnx.ModelProto:
-    """The export with its metadata claiming another weight precision (the exporter writes fp32/int8/int4)."""
+def _with_meta(model: onnx.ModelProto, **changes: str) -> onnx.ModelProto:
+    """The export with changed metadata, e.g. a weight precision the exporter does not write (it writes
+    fp32/int8/int4)."""
     meta = read_export(model)[1]
     out = onnx.ModelProto()
     out.CopyFrom(model)
     for prop in out.metadata_props:
         if prop.key == EXPORT_KEY:
-            prop.value = json.dumps({**meta, "weights": weights})
+            prop.value = json.dumps({**meta, **changes})
     return out
 
 
 def test_weights_in_a_precision_the_device_lacks_are_refused_naming_what_it_takes():
     # Orin is an Ampere GPU: no FP8 (devices.py); checked before TensorRT is imported
-    fp8 = _with_weights(export_onnx(synthetic_cnn(), 2), "fp8")
+    fp8 = _with_meta(export_onnx(synthetic_cnn(), 2), weights="fp8")
     with pytest.raises(InvalidOptionError) as e:
         get_target("jetson").compile(fp8, options=CompileOptions(name="ens"))
     assert str(e.value) == "ens: fp8 weights do not run on jetson-orin-nano, which takes fp32, fp16, int8, int4"
+
+
+def test_calibrated_activations_in_a_precision_the_device_lacks_are_refused():
+    calibrated = _with_meta(export_onnx(synthetic_cnn(), 2), precision="fp8")  # calibrate writes "precision"
+    with pytest.raises(InvalidOptionError, match="fp8 activations do not run on cpu, which takes fp32, int8, int4"):
+        get_target("cpu").compile(calibrated)
+
+
+def test_every_weight_format_the_exporter_writes_runs_on_the_cpu():
+    model = synthetic_cnn()
+    for weights in ("fp32", "int8", "int4"):  # how close each stays to fp32 is test_ensemble_export's business
+        exe = get_target("cpu").compile(export_onnx(model, 2, weights=weights))
+        probs = exe.run(_x())[0]
+        assert exe.meta["weights"] == weights and probs.shape == (3, 3)
+        np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)  # a softmax mean, up to float32 rounding
 
 
 def test_a_runtime_the_device_lacks_is_refused():
