@@ -53,12 +53,15 @@ class TensorRTTarget(Target):
         from edgebnn.exporters.ensemble import save_onnx
         from edgebnn.exporters.tensorrt import build_engine
 
-        workdir = Path(options.workdir) if options.workdir is not None else path.parent if path is not None else None
-        if workdir is None:
+        if options.workdir is not None:
+            workdir = Path(options.workdir)
+            onnx_path = path if path is not None else save_onnx(proto, workdir / f"{options.name}.onnx")
+            engine = workdir / f"{options.name}.engine"
+        elif path is not None:
+            onnx_path, engine = path, path.with_suffix(".engine")
+        else:
             raise InvalidOptionError(f"{options.name}: building a TensorRT engine of an in-memory graph needs a "
                                      "workdir for the engine file")
-        onnx_path = path if path is not None else save_onnx(proto, workdir / f"{options.name}.onnx")
-        engine = workdir / f"{options.name}.engine"
         build_engine(onnx_path, engine, self.name, workspace_mib=options.workspace_mib, dla_core=options.dla_core,
                      max_batch=options.max_batch)
         runner = TensorRTRunner(engine, self.name)

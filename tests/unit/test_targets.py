@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -16,7 +17,7 @@ from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic, save_onnx
 from edgebnn.runtime import Session
 from edgebnn.runtime.session import EXPORT_KEY, read_export
-from edgebnn.targets import CompileOptions, Executable, get_target, target_names
+from edgebnn.targets import CompileOptions, Executable, get_target, gpu, target_names
 from edgebnn.targets.cpu import CpuTarget
 from edgebnn.targets.gpu import JetsonTarget, RtxTarget
 from edgebnn.targets.power import NullMeter
@@ -183,6 +184,32 @@ def test_cpu_baselines_are_the_exporters_float_graphs():
     assert list(baselines) == ["float_deterministic", "float_bnn"]
     assert baselines["float_deterministic"] == float_deterministic(model)
     assert read_export(baselines["float_bnn"])[1] == read_export(float_bnn(model))[1]
+
+
+def test_gpu_compile_puts_the_engine_in_the_workdir_or_beside_the_onnx(monkeypatch, tmp_path):
+    # TensorRT cannot be installed here: the build writes a placeholder engine, the runner only names it
+    built = []
+
+    def build_engine(onnx_path, engine_path, device, **kw):
+        built.append((Path(onnx_path), Path(engine_path), device, kw["max_batch"], kw["dla_core"]))
+        Path(engine_path).write_bytes(b"engine")
+
+    monkeypatch.setattr(gpu, "import_tensorrt", lambda: None)
+    monkeypatch.setattr("edgebnn.exporters.tensorrt.build_engine", build_engine)
+    monkeypatch.setattr(gpu, "TensorRTRunner", lambda engine, device: SimpleNamespace(
+        name="tensorrt", provider=f"engine for {device}", input_names=["input"], engine_path=Path(engine)))
+    agx = get_target("jetson-agx-orin")
+    graph = export_onnx(synthetic_cnn(), 2)
+    exe = agx.compile(graph, options=CompileOptions(name="ens", workdir=tmp_path, max_batch=4, dla_core=1))
+    assert built[-1] == (tmp_path / "ens.onnx", tmp_path / "ens.engine", "jetson-agx-orin", 4, 1)
+    assert (exe.name, exe.provider, exe.size_bytes, exe.meta["mode"]) == ("tensorrt", "engine for jetson-agx-orin",
+                                                                           6, "baked")
+    path = save_onnx(graph, tmp_path / "m.onnx")
+    agx.compile(path)
+    assert built[-1] == (path, tmp_path / "m.engine", "jetson-agx-orin", 1, None)
+    with pytest.raises(InvalidOptionError, match="ens: building a TensorRT engine of an in-memory graph needs a "
+                                                 "workdir"):
+        agx.compile(graph, options=CompileOptions(name="ens"))
 
 
 # -- the profile loop -------------------------------------------------------------------------------------
