@@ -108,13 +108,14 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
     """Profile an .ebnn's ensemble against its float baselines built from the same IR, on one target.
 
     The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
-    on the fly in ``mode`` (``auto``: :func:`edgebnn.targets.profiler.default_mode`, reading
+    on the fly in ``mode`` (``auto``: the target's :meth:`~edgebnn.targets.base.Target.default_mode`, reading
     ``bench_results`` on the CPU). ``remote="user@host"`` runs the whole profile on that machine over ssh
     (:mod:`edgebnn.targets.remote`) and returns its report.
     """
     from edgebnn.exporters.ensemble import export_onnx
     from edgebnn.runtime.session import read_export
-    from edgebnn.targets.profiler import default_mode, profile
+    from edgebnn.targets.profiler import profile
+    from edgebnn.targets.registry import get_target
 
     model = load_ir(artifact)  # validated here, also before copying it to a remote machine
     if remote:
@@ -140,7 +141,8 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             )
     else:
         if mode == "auto":
-            mode, mode_reason = default_mode(device, samples=samples, batch=batch, bench_results=bench_results)
+            mode, mode_reason = get_target(device).default_mode(samples=samples, batch=batch,
+                                                                bench_results=bench_results)
         ensemble = export_onnx(model, samples, mode=mode)
     report = profile(model, ensemble, device=device, samples=samples, engine=engine,
                      baseline_runner=baseline_runner, batch=batch, runs=runs, warmup=warmup,

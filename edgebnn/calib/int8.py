@@ -273,10 +273,10 @@ def calibrate_ensemble(
         InvalidOptionError: A non-baked or already calibrated export, bad data, or calibrating on the
             evaluation split.
     """
+    from edgebnn.devices import get_device
     from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.trt_compat import check_trt_compat
     from edgebnn.runtime.session import read_export
-    from edgebnn.targets.devices import get_device
 
     config = config or Int8Config()
     profile = get_device(device)

@@ -34,9 +34,9 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from edgebnn._io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from edgebnn.devices import DeviceProfile, get_device
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
 from edgebnn.exporters.trt_compat import check_trt_compat, format_findings, has_errors
-from edgebnn.targets.devices import DeviceProfile, get_device
 
 DEFAULT_WORKSPACE_MIB = 1024
 MANIFEST_FORMAT = "edgebnn-tensorrt-manifest"

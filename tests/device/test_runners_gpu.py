@@ -14,6 +14,7 @@ import pytest
 from synthetic import INPUT_SHAPE, synthetic_cnn
 
 from edgebnn.exporters.ensemble import export_onnx, float_deterministic, save_onnx
+from edgebnn.targets import CompileOptions, get_target
 from edgebnn.targets.runners import OrtRunner, TorchRunner
 
 pytestmark = pytest.mark.device
@@ -83,6 +84,16 @@ def test_tensorrt_runner_matches_onnxruntime(trt_device, cuda_torch, tmp_path):
     assert runner.output_names == ["probs", "entropy", "mutual_info"]
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=ATOL)
+
+
+@pytest.mark.parametrize("runtime", ["torch", "tensorrt"])
+def test_gpu_target_compiles_for_its_runtimes(cuda_torch, runtime, tmp_path, request):
+    device = request.getfixturevalue("trt_device") if runtime == "tensorrt" else "rtx"
+    graph = export_onnx(synthetic_cnn(), 4)
+    exe = get_target(device).compile(graph, runtime=runtime, options=CompileOptions(workdir=tmp_path, max_batch=2))
+    assert exe.name == runtime and exe.meta["mode"] == "baked"
+    for got, want in zip(exe.run(_x()), OrtRunner(graph, threads=1).run(_x()), strict=True):
+        np.testing.assert_allclose(got, want, atol=ATOL)
 
 
 def test_profile_on_the_gpu(trt_device, cuda_torch):

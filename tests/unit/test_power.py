@@ -7,8 +7,10 @@ Sensors are faked: recorded tegrastats lines, sysfs trees in tmp_path, a fake te
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import os
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from edgebnn.targets.power import (
     board_total_mw,
     open_meter,
     parse_tegrastats,
+    probes,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -109,7 +112,7 @@ def test_board_total_other_boards_sum_all_rails_and_empty_is_none() -> None:
 
 
 class FakeClock:
-    """Replaces power._now/_sleep; integrates a settable power into energy as fake time advances."""
+    """Replaces the meters' clock (probes.now/sleep); integrates a settable power into energy as fake time advances."""
 
     def __init__(self, power_mw: float) -> None:
         self.t = 100.0
@@ -127,8 +130,8 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock(power_mw=3000.0)
-    monkeypatch.setattr(power, "_now", lambda: fake.t)
-    monkeypatch.setattr(power, "_sleep", fake.advance)
+    monkeypatch.setattr(probes, "now", lambda: fake.t)
+    monkeypatch.setattr(probes, "sleep", fake.advance)
     return fake
 
 
@@ -272,7 +275,7 @@ def test_fake_nvml_without_counter_samples_power(monkeypatch: pytest.MonkeyPatch
     meter = NvmlMeter(idle_s=0.1, interval_s=interval)
     meter.start()
     level["mw"] = 5000.0
-    power.time.sleep(0.5)
+    time.sleep(0.5)
     result = meter.stop(2)
     assert result.sensor == "power usage, GPU 0"
     # A poll timestamped just before the window opens may read the new level: idle within 1 %.
@@ -379,7 +382,7 @@ def test_ina3221_measures_step_with_polling_thread(tmp_path: Path) -> None:
     with meter:
         meter.start()
         write(chip / "curr1_input", "1000")  # VDD_IN 3000 mW -> 5000 mW
-        power.time.sleep(0.5)
+        time.sleep(0.5)
         result = meter.stop(4)
     assert result.source == "ina3221" and result.sensor == "VDD_IN"
     assert result.idle_power_mw == pytest.approx(3000.0, rel=0.01)
@@ -404,7 +407,7 @@ def test_fake_tegrastats_idle_baseline_and_energy_per_inference(tmp_path: Path) 
     with meter:
         meter.start()
         flag.touch()
-        power.time.sleep(0.5)
+        time.sleep(0.5)
         result = meter.stop(n)
     assert result.source == "tegrastats" and result.sensor == "VDD_IN"
     assert result.reason is None
@@ -417,7 +420,7 @@ def test_fake_tegrastats_idle_baseline_and_energy_per_inference(tmp_path: Path) 
 def test_fake_tegrastats_rail_selection(tmp_path: Path) -> None:
     meter = TegrastatsMeter(binary=FAKE_TEGRASTATS, interval_ms=10, idle_s=0.05, rail="VDD_SOC")
     meter.start()
-    power.time.sleep(0.1)
+    time.sleep(0.1)
     result = meter.stop(1)
     assert result.sensor == "VDD_SOC"
     assert result.idle_power_mw == 1624.0 and result.mean_power_mw == 1624.0
@@ -461,7 +464,7 @@ def test_tegrastats_missing_binary(tmp_path: Path) -> None:
 
 
 def test_open_meter_auto_jetson_reports_every_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(power.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     meter = open_meter(
         None,
         "jetson-agx-orin",
@@ -493,7 +496,7 @@ def test_open_meter_none_and_unknown_names() -> None:
 
 
 def test_open_meter_jtop_absent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(power.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     meter = open_meter("jtop", "jetson")
     assert isinstance(meter, NullMeter)
     meter.start()
@@ -513,7 +516,7 @@ class FakeJtop:
         pass
 
     def ok(self) -> bool:
-        power.time.sleep(self.interval)
+        time.sleep(self.interval)
         return not self.closed
 
     @property
@@ -537,7 +540,7 @@ def test_fake_jtop_measures_step(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(meter, JtopMeter)
     meter.start()
     FakeJtop.level_mw = 5000.0
-    power.time.sleep(0.5)
+    time.sleep(0.5)
     result = meter.stop(5)
     assert result.source == "jtop" and result.sensor == "jtop total"
     assert result.idle_power_mw == pytest.approx(3000.0, rel=0.01)

@@ -15,8 +15,11 @@ from edgebnn import ir
 from edgebnn.cli import main
 from edgebnn.errors import EdgeBNNError, InvalidOptionError, MissingDependencyError
 from edgebnn.exporters.ensemble import export_onnx, save_onnx
-from edgebnn.targets import profiler, remote
-from edgebnn.targets.profiler import default_mode, fastest_mode_in, plot_profile, profile
+from edgebnn.targets import gpu, remote
+from edgebnn.targets.base import CompileOptions
+from edgebnn.targets.cpu import fastest_mode_in
+from edgebnn.targets.profiler import plot_profile, profile
+from edgebnn.targets.registry import get_target
 from edgebnn.targets.runners import OrtRunner
 
 FIELDS = {"latency_ms", "throughput_per_s", "energy_mj_per_inference", "energy_source", "energy_reason"}
@@ -96,10 +99,15 @@ def fake_gpu(monkeypatch):
         built.append((Path(onnx_path).name, device, kw["max_batch"]))
         Path(engine_path).write_bytes(Path(onnx_path).read_bytes())
 
-    monkeypatch.setattr(profiler, "import_tensorrt", lambda: None)
+    def no_torch_cuda(graph, **kw):
+        raise MissingDependencyError("no CUDA build of torch here")
+
+    monkeypatch.setattr(gpu, "import_tensorrt", lambda: None)
     monkeypatch.setattr("edgebnn.exporters.tensorrt.build_engine", build_engine)
-    monkeypatch.setattr(profiler, "TensorRTRunner", FakeTensorRTRunner)
-    monkeypatch.setattr(profiler, "_gpu_sampling_runner", lambda graph: OrtRunner(graph, threads=1))
+    monkeypatch.setattr(gpu, "TensorRTRunner", FakeTensorRTRunner)
+    # float_bnn: torch CUDA missing, so the target falls back to onnxruntime (CUDA provider -> the CPU here)
+    monkeypatch.setattr(gpu, "TorchRunner", no_torch_cuda)
+    monkeypatch.setattr(gpu, "OrtRunner", lambda graph, **kw: OrtRunner(graph, threads=1))
     return built
 
 
@@ -141,15 +149,18 @@ def test_gpu_float_bnn_needs_torch_cuda_or_onnxruntime_gpu():
         pytest.skip("a CUDA runtime is present")
     from edgebnn.exporters.ensemble import float_bnn
 
-    with pytest.raises(MissingDependencyError, match="needs torch with CUDA or onnxruntime-gpu"):
-        profiler._gpu_sampling_runner(float_bnn(synthetic_cnn()))
+    rtx = get_target("rtx")
+    with pytest.raises(MissingDependencyError, match=r"float_bnn on rtx needs one of torch, onnxruntime: the torch "
+                                                     r"CUDA runner needs a CUDA build of PyTorch .*onnxruntime-gpu"):
+        rtx.compile(float_bnn(synthetic_cnn()), runtime=rtx.plan()["float_bnn"],
+                    options=CompileOptions(name="float_bnn"))
 
 
 # -- default mode -----------------------------------------------------------------------------------------
 
 
 def test_default_mode_gpu_is_baked(tmp_path):
-    mode, why = default_mode("jetson-agx-orin", bench_results=tmp_path / "none.json")
+    mode, why = get_target("jetson-agx-orin").default_mode(bench_results=tmp_path / "none.json")
     assert mode == "baked" and "TensorRT ignores RNG seeds" in why
 
 
@@ -159,17 +170,17 @@ def _bench_cell(batch, samples, **p50):
 
 
 def test_default_mode_cpu_reads_bench_results(tmp_path):
-    assert default_mode("cpu", samples=16)[0] == "baked"  # no --bench-results: baked, whatever the cwd holds
+    assert get_target("cpu").default_mode(samples=16)[0] == "baked"  # no --bench-results: baked, whatever the cwd holds
     path = tmp_path / "ensemble_latency.json"
     path.write_text(json.dumps({"schema": "edgebnn.bench.ensemble_latency/1", "models": {"lenet5": {"cells": [
         _bench_cell(1, 1, baked=0.06, noise=0.13, analytic=0.01, float_det=0.02),  # another S: analytic wins
         _bench_cell(1, 16, baked=0.30, noise=0.80, analytic=0.40),
         _bench_cell(32, 16, baked=5.0, noise=6.0, analytic=2.5),  # another batch
     ]}}, "goals": {"cell": {"batch": 1, "model": "lenet5", "samples": 16}}}))
-    mode, why = default_mode("cpu", samples=16, batch=1, bench_results=path)
+    mode, why = get_target("cpu").default_mode(samples=16, batch=1, bench_results=path)
     assert mode == "baked" and "0.3 ms" in why
-    assert default_mode("cpu", samples=16, batch=32, bench_results=path)[0] == "analytic"
-    assert default_mode("cpu", samples=1, batch=1, bench_results=path)[0] == "analytic"
+    assert get_target("cpu").default_mode(samples=16, batch=32, bench_results=path)[0] == "analytic"
+    assert get_target("cpu").default_mode(samples=1, batch=1, bench_results=path)[0] == "analytic"
     (tmp_path / "flat.json").write_text(json.dumps({"baked": {"p50_ms": 2.0}, "noise": {"p50_ms": 1.0}}))
     assert fastest_mode_in(tmp_path / "flat.json") == ("noise", 1.0)
 
@@ -177,10 +188,10 @@ def test_default_mode_cpu_reads_bench_results(tmp_path):
 def test_default_mode_bad_bench_results(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(InvalidOptionError, match="not a readable JSON file"):
-        default_mode("cpu", bench_results=tmp_path / "bad.json")
+        get_target("cpu").default_mode(bench_results=tmp_path / "bad.json")
     (tmp_path / "empty.json").write_text("[]")
     with pytest.raises(InvalidOptionError, match="no CPU mode measurements"):
-        default_mode("cpu", bench_results=tmp_path / "empty.json")
+        get_target("cpu").default_mode(bench_results=tmp_path / "empty.json")
 
 
 # -- --remote, with ssh and scp replaced by local scripts -------------------------------------------------

@@ -2,7 +2,8 @@
 
 A profile is static knowledge about a class of device, not a probe of the machine edgebnn runs on:
 ``get_device("jetson-agx-orin")`` answers the same on a laptop and on the board. Runners and meters
-check the real machine themselves.
+check the real machine themselves. It lives outside ``edgebnn.targets`` so that the exporters (the TensorRT
+builder checks DLA cores and the TensorRT generation) can read it without importing a target.
 
 Known profiles: ``cpu``, ``rtx``, ``jetson-orin-nano``, ``jetson-orin-nx``, ``jetson-agx-orin``; the
 alias ``jetson`` names ``jetson-orin-nano``.
@@ -55,7 +56,8 @@ DEVICES: dict[str, DeviceProfile] = {
         DeviceProfile(
             name="cpu",
             kind="cpu",
-            precisions=("fp32", "int8"),
+            # onnxruntime's CPU provider dequantizes block-wise INT4 weights (DequantizeLinear, opset 21)
+            precisions=("fp32", "int8", "int4"),
             dla_cores=0,
             memory_gib=None,
             power_meters=("rapl",),
