@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -242,17 +241,3 @@ def test_profile_compiles_each_graph_through_the_target_and_runs_float_bnn_s_tim
     # warmup + runs calls per graph; one float_bnn inference is S = 4 sampled passes
     assert runs == {"baked": 5, "float_deterministic": 5, "float_bnn": 20}
     assert report["mode"] == "baked" and report["artifact_bytes"] == export_onnx(model, 4).ByteSize()
-
-
-# -- layering ---------------------------------------------------------------------------------------------
-
-
-def test_no_lower_layer_imports_a_target():
-    offenders = []
-    for layer in ("ir", "passes", "exporters", "runtime"):
-        for path in sorted((ROOT / "edgebnn" / layer).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-                offenders += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("edgebnn.targets")]
-    assert offenders == []
