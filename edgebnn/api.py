@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+
+if TYPE_CHECKING:
+    from edgebnn.exporters.metadata import ExportMetadata
 
 
 def load_ir(path: str | Path) -> Any:
@@ -22,8 +25,8 @@ def load_ir(path: str | Path) -> Any:
     return ir.load(path)
 
 
-def export_metadata(path: str | Path) -> dict[str, Any]:
-    """The ``edgebnn.export`` metadata of an exported ONNX file."""
+def export_metadata(path: str | Path) -> ExportMetadata:
+    """The validated ``edgebnn.export`` metadata of an exported ONNX file (:mod:`edgebnn.exporters.metadata`)."""
     from edgebnn.runtime.session import read_export
 
     return read_export(path)[1]
@@ -134,10 +137,8 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             raise InvalidOptionError("--engine and --onnx: give one (the engine is the ensemble that is profiled)")
     elif onnx_path:
         ensemble, meta, _ = read_export(onnx_path)
-        if meta.get("samples") != samples:
-            raise InvalidOptionError(
-                f"{onnx_path}: was exported with S={meta.get('samples')}; pass --samples {meta.get('samples')}"
-            )
+        if meta.samples != samples:
+            raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
     else:
         if mode == "auto":
             mode, mode_reason = default_mode(device, samples=samples, batch=batch, bench_results=bench_results)

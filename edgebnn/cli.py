@@ -19,11 +19,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from edgebnn import __version__
+from edgebnn import __version__, schemas
 from edgebnn._io import atomic_write_json
-from edgebnn.api import evaluate_artifact, export_metadata, load_ir, lower_model, profile_artifact
+from edgebnn.api import evaluate_artifact, load_ir, lower_model, profile_artifact
+from edgebnn.calib.int8 import METHODS
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.exporters.ensemble import MODES, WEIGHT_FORMATS
+from edgebnn.exporters.noise import VARIANTS
 from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
+from edgebnn.targets.profiler import BASELINE_RUNNERS
 
 console = Console()
 err_console = Console(stderr=True)
@@ -157,7 +161,7 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: st
         print_eval(console, [{"artifact": name, "runtime": "reference", "data": ev["data"], "split": ev["split"],
                               "samples": ev["samples"], "n": ev["n"], **ev[key]}
                              for name, key in (("float BNN", "float_bnn"), (Path(output).name, "lowered"))])
-    write_json(report, lower_report, "edgebnn.lower/1")
+    write_json(report, lower_report, schemas.LOWER)
 
 
 # -- inspect ----------------------------------------------------------------------------------------------
@@ -180,7 +184,7 @@ def inspect(file: str, as_json: bool, plot: str | None) -> None:
             plot_layers(model, plot)
             console.print(f"wrote {plot}")
     if as_json:
-        click.echo(json.dumps({"schema": "edgebnn.inspect/1", "edgebnn_version": __version__, **info}, indent=2))
+        click.echo(json.dumps({"schema": schemas.INSPECT, "edgebnn_version": __version__, **info}, indent=2))
         return
     console.print({k: v for k, v in info.items() if k != "layers"})
     if info.get("layers"):
@@ -219,14 +223,13 @@ def _describe_ir(model: Any) -> dict[str, Any]:
 
 
 def _describe_onnx(path: str) -> dict[str, Any]:
-    import onnx
+    from edgebnn.runtime.session import read_export
 
-    meta = export_metadata(path)
-    proto = onnx.load(path, load_external_data=False)
+    proto, meta, _ = read_export(path)
     ops: dict[str, int] = {}
     for n in proto.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"file": path, "export": meta, "bytes": Path(path).stat().st_size,
+    return {"file": path, "export": meta.to_dict(), "bytes": Path(path).stat().st_size,
             "opset": [(o.domain or "ai.onnx", o.version) for o in proto.opset_import], "ops": ops}
 
 
@@ -237,16 +240,16 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["baked", "noise", "shared", "analytic"]), default="baked",
+@click.option("--mode", type=click.Choice(MODES), default="baked",
               show_default=True,
               help="baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: the graph "
                    "takes standard-normal noise inputs that edgebnn.runtime.Session fills; shared: codebook "
                    "models draw K numbers per layer per sample; analytic: one pass propagating means and "
                    "variances.")
-@click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight"]), default="auto",
+@click.option("--noise", "noise_variant", type=click.Choice([v for v in VARIANTS if v not in MODES]), default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
                                       "weight for Conv + local for Gemm (auto; exact and small).")
-@click.option("--weights", "weight_format", type=click.Choice(["fp32", "int8", "int4"]), default="fp32",
+@click.option("--weights", "weight_format", type=click.Choice(WEIGHT_FORMATS), default="fp32",
               show_default=True,
               help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "
                    "output channel: TensorRT's explicit-quantization rules), or int4 for Gemm weights (block-wise, "
@@ -273,13 +276,14 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
     """
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.metadata import read_metadata
 
     model = load_ir(file)
     _check_output_dir(output)
     with console.status(f"exporting {mode} ensemble, S={samples}"):
         proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
                             hoist=_parse_hoist(hoist))
-    layers = json.loads(proto.metadata_props[0].value).get("layers")
+    layers = read_metadata(proto, output).layers
     if layers:
         console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
                       f"hoisted (run once): {', '.join(layers['hoisted']) or 'none'}", highlight=False)
@@ -316,7 +320,7 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
     with console.status(f"evaluating {artifact}"):
         report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed)
     print_eval(console, [report])
-    write_json(json_out, report, "edgebnn.eval/1")
+    write_json(json_out, report, schemas.EVAL)
 
 
 # -- profile ----------------------------------------------------------------------------------------------
@@ -326,7 +330,7 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["auto", "baked", "noise", "shared", "analytic"]), default="auto",
+@click.option("--mode", type=click.Choice(["auto", *MODES]), default="auto",
               show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
                    "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
@@ -335,7 +339,7 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
 @click.option("--engine", type=click.Path(dir_okay=False),
               help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one.")
-@click.option("--baseline-runner", type=click.Choice(["auto", "onnxruntime", "torch"]), default="auto",
+@click.option("--baseline-runner", type=click.Choice(BASELINE_RUNNERS), default="auto",
               show_default=True, help="Runtime of the float baselines. auto: onnxruntime on the cpu; on rtx/jetson "
                                       "float_deterministic as a TensorRT engine and float_bnn in torch CUDA.")
 @click.option("--bench-results", type=click.Path(dir_okay=False),
@@ -417,7 +421,7 @@ def compare(a: str, b: str, data: str, split: str, ir_path: str | None, samples:
     verdict = "same predictive distribution" if report["same_distribution"] else "DIFFERENT predictive distributions"
     console.print(f"{verdict}: T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}, "
                   f"99th pct {report['null_p99']:.3f}), p = {report['p_value']:.3f}, alpha = {alpha}")
-    write_json(json_out, report, "edgebnn.compare/1")
+    write_json(json_out, report, schemas.COMPARE)
     if not report["same_distribution"]:
         sys.exit(1)
 
@@ -452,7 +456,7 @@ def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
 @click.option("--data", default="digits", show_default=True, metavar="digits|DIR",
               help="Calibration inputs: 'digits' (split --calib-split) or a folder of .npy arrays shaped like the "
                    "model input, one input or a stack per file, float, preprocessed as the model expects.")
-@click.option("--method", type=click.Choice(["minmax", "percentile", "entropy"]), default="entropy",
+@click.option("--method", type=click.Choice(METHODS), default="entropy",
               show_default=True, help="Activation range: observed min-max, the 99.999th percentile of |x|, or the "
                                       "KL-divergence (entropy) search of TensorRT's calibrator.")
 @click.option("--calib-split", type=click.Choice(["train", "val", "test"]), default="val", show_default=True,
@@ -472,7 +476,7 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
     Writes an ONNX that edgebnn eval, edgebnn.runtime.Session and export --target tensorrt take like any
     export, and reports accuracy, NLL, ECE and Brier before and after INT8 on a held-out split.
     """
-    from edgebnn.calib.int8 import SCHEMA, Int8Config, calibrate_ensemble
+    from edgebnn.calib.int8 import Int8Config, calibrate_ensemble
     from edgebnn.exporters.trt_compat import Finding, format_findings
 
     _check_output_dir(output)
@@ -501,4 +505,4 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
     trt = report["tensorrt_compat"]
     console.print(f"{format_findings([Finding(**f) for f in trt['findings']])} "
                   f"(TensorRT {trt['tensorrt']}, {trt['device']})", highlight=False, markup=False)
-    write_json(json_out, report, SCHEMA)
+    write_json(json_out, report, schemas.CALIBRATE)

@@ -44,13 +44,14 @@ import onnx
 
 from edgebnn import __version__
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDependencyError
+from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.ir import BNNModel
 from edgebnn.runtime.reference import check_samples
+from edgebnn.schemas import PROFILE as SCHEMA
 from edgebnn.targets.devices import DeviceProfile, get_device
 from edgebnn.targets.power import open_meter
 from edgebnn.targets.runners import OrtRunner, TensorRTRunner, TorchRunner, import_tensorrt
 
-SCHEMA = "edgebnn.profile/1"
 MODES = ("baked", "noise", "analytic")
 BASELINE_RUNNERS = ("auto", "onnxruntime", "torch")
 
@@ -222,7 +223,7 @@ def _gpu_sampling_runner(graph: onnx.ModelProto) -> Any:
             ) from ort_missing
 
 
-def _engine_export(engine: Path, samples: int) -> dict[str, Any] | None:
+def _engine_export(engine: Path, samples: int) -> ExportMetadata | None:
     """The edgebnn export metadata of the ONNX an engine was built from (named in its manifest), if beside it."""
     from edgebnn.exporters.tensorrt import manifest_path
     from edgebnn.runtime.session import read_export
@@ -235,9 +236,9 @@ def _engine_export(engine: Path, samples: int) -> dict[str, Any] | None:
     if not manifest.get("onnx") or not onnx_file.is_file():
         return None
     meta = read_export(onnx_file)[1]
-    if meta.get("samples") != samples:
-        raise InvalidOptionError(f"{engine}: built from an S={meta.get('samples')} ensemble ({onnx_file.name}); "
-                                 f"pass --samples {meta.get('samples')}")
+    if meta.samples != samples:
+        raise InvalidOptionError(f"{engine}: built from an S={meta.samples} ensemble ({onnx_file.name}); "
+                                 f"pass --samples {meta.samples}")
     return meta
 
 
@@ -314,14 +315,14 @@ def profile(
             if engine is not None:
                 meta = _engine_export(Path(engine), samples)
                 trt_runner = TensorRTRunner(engine, dev.name)
-                mode = meta.get("mode", "unknown") if meta else "unknown (no export ONNX beside the engine)"
+                mode = meta.mode if meta else "unknown (no export ONNX beside the engine)"
                 ens_bytes = Path(engine).stat().st_size
             else:
                 if ensemble is None:
                     raise InvalidOptionError(f"profile on {dev.name} needs --engine or the exported ensemble")
                 from edgebnn.runtime.session import read_export
 
-                mode = read_export(ensemble)[1].get("mode", "unknown")
+                mode = read_export(ensemble)[1].mode
                 if mode == "noise":
                     raise InvalidOptionError(
                         f"--mode noise on {dev.name}: a noise graph takes host-drawn noise inputs, copied to the GPU "
