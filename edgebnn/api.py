@@ -6,14 +6,17 @@ Each returns a plain dict report (JSON-ready); the CLI and the demo print them w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgebnn import schemas
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 
 if TYPE_CHECKING:
     from edgebnn.exporters.metadata import ExportMetadata
+    from edgebnn.passes import LowerConfig
 
 
 def load_ir(path: str | Path) -> Any:
@@ -32,13 +35,14 @@ def export_metadata(path: str | Path) -> ExportMetadata:
     return read_export(path)[1]
 
 
-def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *, scheme: str = "float",
-                seed: int = 0, bits: str | int = "auto", output_index: int = 0,
-                evaluate: str | None = None) -> tuple[Any, dict[str, Any]]:
+def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
+                scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
+                output_index: int = 0, evaluate: str | None = None) -> tuple[Any, dict[str, Any]]:
     """Build, load, import and lower a torch model; returns (IR, lowering report).
 
-    ``evaluate="digits"`` adds ``report["eval"]``: the lowered model against the float BNN it came from on the
-    validation split (:func:`lowering_quality`).
+    ``scheme`` is a scheme string (with ``seed``, default 0, and ``bits``, default auto) or a
+    :class:`~edgebnn.passes.LowerConfig` (which holds both). ``evaluate="digits"`` adds ``report["eval"]``:
+    the lowered model against the float BNN it came from on the validation split (:func:`lowering_quality`).
     """
     from edgebnn.importers import import_model
     from edgebnn.importers.checkpoint import load_factory, load_weights
@@ -48,8 +52,36 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     bnn = import_model(model, input_shape, output_index=output_index, where=f"{model_spec} ({weights})")
     res = lower(bnn, scheme, seed=seed, bits=bits)
     if evaluate:
-        res.report["eval"] = lowering_quality(bnn, res.model, data=evaluate, seed=seed)
+        res.report["eval"] = lowering_quality(bnn, res.model, data=evaluate, seed=res.report["seed"])
     return res.model, res.report
+
+
+def lower_config_of(path: str | Path) -> LowerConfig:
+    """The lowering config in a JSON file (a config, or a ``lower --report``), or the one an ``.ebnn``'s manifest
+    stores: what replays a lowering exactly.
+
+    Raises:
+        InvalidArtifactError: The file is unreadable, or an ``.ebnn`` that stores no config.
+        InvalidOptionError: The config is malformed (names the file and the key).
+    """
+    from edgebnn.passes import LowerConfig
+
+    if Path(path).suffix == ".ebnn":
+        stored = load_ir(path).manifest.lower_config
+        if stored is None:
+            raise InvalidArtifactError(f"{path}: stores no lowering config (not written by edgebnn lower)")
+        return LowerConfig.from_dict(stored, f"{path}: lower_config")
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise InvalidArtifactError(f"{path}: no such file") from e
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deeply
+        raise InvalidOptionError(f"{path}: not a JSON lowering config ({type(e).__name__})") from e
+    except OSError as e:
+        raise InvalidArtifactError(f"{path}: cannot read ({e.strerror or e})") from e
+    if isinstance(raw, dict) and raw.get("schema") == schemas.LOWER:  # a lower --report: replay its config
+        return LowerConfig.from_dict(raw.get("config"), f"{path}: config")
+    return LowerConfig.from_dict(raw, str(path))
 
 
 def lowering_quality(float_ir: Any, lowered: Any, *, data: str = "digits", split: str = "val", samples: int = 16,

@@ -12,7 +12,7 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -27,6 +27,9 @@ from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.exporters.ensemble import MODES, WEIGHT_FORMATS
 from edgebnn.exporters.noise import VARIANTS
 from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
+
+if TYPE_CHECKING:
+    from edgebnn.passes import LowerConfig
 from edgebnn.targets.profiler import BASELINE_RUNNERS
 
 console = Console()
@@ -84,15 +87,6 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _parse_bits(bits: str) -> str | int:
-    if bits == "auto":
-        return bits
-    try:
-        return int(bits)
-    except ValueError as e:
-        raise InvalidOptionError(f"--bits {bits}: expected 'auto' or an integer") from e
-
-
 def _parse_hoist(text: str) -> str | float:
     if text in ("auto", "off"):
         return text
@@ -128,19 +122,26 @@ def _check_output_dir(path: str) -> None:
 @click.option("--weights", type=click.Path(dir_okay=False), required=True,
               help="Trained weights: .safetensors, or .pt/.pth state_dict (loaded with weights_only=True).")
 @click.option("--input-shape", required=True, metavar="B,C,H,W", help="Input shape with batch, e.g. 1,1,8,8.")
-@click.option("--scheme", default="float", show_default=True,
-              help="Lowering scheme: float, mcq, fixed, codebook, ternary, binary, prune, or prune+SCHEME.")
-@click.option("--bits", default="auto", show_default=True,
-              help="Bits per layer: 'auto' (from posterior variance) or N.")
-@click.option("--seed", default=0, show_default=True, help="Seed for every random choice of the lowering.")
+@click.option("--scheme", default=None,
+              help="Lowering scheme: float (default), mcq, fixed, codebook, ternary, binary, prune, or prune+SCHEME.")
+@click.option("--bits", default=None, help="Bits per layer: 'auto' (default: from posterior variance) or N.")
+@click.option("--seed", type=int, default=None, help="Seed for every random choice of the lowering (default 0).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Lowering config: a JSON file (or a lower --report), or an .ebnn whose manifest stores one "
+                   "(replays its lowering exactly). --scheme/--bits/--seed and --set apply on top.")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Change one config key (repeatable): scheme, bits, seed, options.NAME, overrides; VALUE is "
+                   "JSON or a plain string, e.g. --set options.noise_fraction=0.5 "
+                   "--set 'overrides=[{\"pattern\": \"fc*\", \"bits\": 8}]'.")
 @click.option("--output-index", default=0, show_default=True,
               help="Which output to use when forward returns a tuple such as (logits, kl).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the .ebnn IR.")
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the per-layer lowering report as JSON.")
 @click.option("--eval", "eval_data", type=click.Choice(["digits"]), default=None,
               help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, validation split, S=16).")
-def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: str, seed: int,
-          output_index: int, output: str, report: str | None, eval_data: str | None) -> None:
+def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
+          config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
+          report: str | None, eval_data: str | None) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -149,11 +150,11 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: st
     from edgebnn import ir
 
     shape = _parse_shape(input_shape)
-    bits_opt = _parse_bits(bits)
+    config = _lower_config(config_file, scheme, bits, seed, assignments)
     _check_output_dir(output)
-    with console.status(f"importing {model_spec} and lowering ({scheme})"):
-        model, lower_report = lower_model(model_spec, weights, shape, scheme=scheme, seed=seed, bits=bits_opt,
-                                          output_index=output_index, evaluate=eval_data)
+    with console.status(f"importing {model_spec} and lowering ({config.scheme})"):
+        model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
+                                          evaluate=eval_data)
     ir.save(model, output)
     print_lower_report(console, lower_report, output)
     if "eval" in lower_report:
@@ -162,6 +163,19 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: st
                               "samples": ev["samples"], "n": ev["n"], **ev[key]}
                              for name, key in (("float BNN", "float_bnn"), (Path(output).name, "lowered"))])
     write_json(report, lower_report, schemas.LOWER)
+
+
+def _lower_config(config_file: str | None, scheme: str | None, bits: str | None, seed: int | None,
+                  assignments: tuple[str, ...]) -> LowerConfig:
+    """The config file (or the defaults), then --scheme/--bits/--seed, then each --set."""
+    import dataclasses
+
+    from edgebnn.api import lower_config_of
+    from edgebnn.passes.config import LowerConfig, merge_sets
+
+    config = lower_config_of(config_file) if config_file else LowerConfig()
+    flags: dict[str, Any] = {k: v for k, v in (("scheme", scheme), ("bits", bits), ("seed", seed)) if v is not None}
+    return merge_sets(dataclasses.replace(config, **flags), assignments)
 
 
 # -- inspect ----------------------------------------------------------------------------------------------

@@ -11,4 +11,3 @@ COMPARE = "edgebnn.compare/1"
 CALIBRATE = "edgebnn.calibrate/1"
 PROFILE = "edgebnn.profile/1"
 DEMO = "edgebnn.demo/1"
-LOWER_CONFIG = "edgebnn.lower-config/1"  # a lowering config written as JSON (edgebnn.passes.config)
