@@ -747,6 +747,55 @@ def _(ctx: Ctx) -> Bad:
     return Bad(lower_argv(ctx, ctx.weights, "--scheme", "fixed", "--bits", "99"), ("bits=99",))
 
 
+@case("model-set-without-value", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--set", "noise_fraction"),
+               ("--set noise_fraction: expected KEY=VALUE",))
+
+
+@case("model-set-option-of-another-scheme", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--scheme", "fixed", "--set", "options.clusters=4"),
+               ("--set options.clusters=4", "unknown option(s) ['clusters']"))
+
+
+@case("model-set-overrides-not-json", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--set", "overrides=[{pattern: fc*}]"),
+               ("--set overrides=[{pattern: fc*}]", "must be a list of objects"))
+
+
+@case("model-config-missing-file", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(ctx.tmp / "cfg.json")),
+               (str(ctx.tmp / "cfg.json"), "no such file"))
+
+
+@case("model-config-not-json", torch=True)
+def _(ctx: Ctx) -> Bad:
+    cfg = write(ctx.tmp / "cfg.json", b"{oops")
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(cfg)), (str(cfg), "not a JSON lowering config"))
+
+
+@case("model-config-unknown-key", torch=True)
+def _(ctx: Ctx) -> Bad:
+    cfg = write(ctx.tmp / "cfg.json", b'{"scheme": "fixed", "bitz": 3}')
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(cfg)), (str(cfg), "unknown key(s) ['bitz']"))
+
+
+@case("model-config-ebnn-without-config", torch=True)
+def _(ctx: Ctx) -> Bad:
+    src = saved(ctx, digits_shaped())
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(src)), (str(src), "stores no lowering config"))
+
+
+@case("model-config-ebnn-tampered-config", torch=True)
+def _(ctx: Ctx) -> Bad:
+    src = write(ctx.tmp / "lowered.ebnn", edit_manifest(proto_of(lower(digits_shaped(), "fixed").model),
+                                                        lambda m: m["lower_config"].update(seed="zero")))
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(src)), (str(src), "lower_config", "seed='zero'"))
+
+
 @case("model-input-shape-zero", torch=True)
 def _(ctx: Ctx) -> Bad:
     return Bad(lower_argv(ctx, ctx.weights, "--input-shape", "0,1,8,8"), ("--input-shape 0,1,8,8",))
