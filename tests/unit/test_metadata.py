@@ -33,7 +33,8 @@ def test_every_export_reads_back_to_the_bytes_written(mode, kw) -> None:
     assert meta.mode == mode and meta.samples == 4 and meta.input_shape == (1, 1, 6, 6)
     assert meta.outputs == ("probs", "entropy", "mutual_info") and not meta.is_baseline
     assert (meta.seed == 5) == (mode == "baked")
-    assert (meta.noise_inputs is not None) == (mode == "noise") and (meta.quadrature is not None) == (mode == "analytic")
+    assert (meta.noise_inputs is not None) == (mode == "noise")
+    assert (meta.quadrature is not None) == (mode == "analytic")
 
 
 def test_shared_mode_and_baselines_read_back() -> None:
@@ -100,7 +101,7 @@ def test_reader_refuses_tampered_metadata_naming_the_file(edit, needle) -> None:
 def test_reader_needs_exactly_one_entry() -> None:
     proto = export_onnx(synthetic_cnn(), 2)
     proto.metadata_props.add().CopyFrom(proto.metadata_props[0])
-    with pytest.raises(InvalidArtifactError, match="bad.onnx: 2 edgebnn.export metadata entries"):
+    with pytest.raises(InvalidArtifactError, match=r"bad\.onnx: 2 edgebnn\.export metadata entries"):
         read_metadata(proto, "bad.onnx")
     del proto.metadata_props[:]
     with pytest.raises(InvalidArtifactError, match=r"bad.onnx: not exported by edgebnn \(no edgebnn.export"):
