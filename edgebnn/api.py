@@ -65,12 +65,18 @@ def lower_config_of(path: str | Path) -> LowerConfig:
         InvalidOptionError: The config is malformed (names the file and the key).
     """
     from edgebnn.passes import LowerConfig
+    from edgebnn.passes.config import DATA_OPTIONS
 
     if Path(path).suffix == ".ebnn":
-        stored = load_ir(path).manifest.lower_config
-        if stored is None:
+        manifest = load_ir(path).manifest
+        if manifest.lower_config is None:
             raise InvalidArtifactError(f"{path}: stores no lowering config (not written by edgebnn lower)")
-        return LowerConfig.from_dict(stored, f"{path}: lower_config")
+        options = [p["options"] for p in manifest.passes if isinstance(p.get("options"), dict)]
+        data = sorted({k for o in options for k in DATA_OPTIONS if o.get(k)})
+        if data:
+            raise InvalidOptionError(f"{path}: was lowered with {', '.join(data)} arrays passed from Python, which "
+                                     "the manifest does not store; a config cannot replay it")
+        return LowerConfig.from_dict(manifest.lower_config, f"{path}: lower_config")
     try:
         raw = json.loads(Path(path).read_text())
     except FileNotFoundError as e:

@@ -19,6 +19,7 @@ from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResu
 from edgebnn.passes.binary import BinaryConfig
 from edgebnn.passes.codebook import CodebookConfig
 from edgebnn.passes.config import (
+    DATA_OPTIONS,
     PASSES,
     SCHEMES,
     LayerOverride,
@@ -159,9 +160,8 @@ def _config_of(scheme: str | LowerConfig, seed: int | None, bits: str | int | No
     """(the config, the data options) of a ``lower`` call."""
     if "bits" in options:
         raise InvalidOptionError("pass bits as lower(..., bits=N), not as an option")
-    data_fields = set().union(*(config_fields(n)[1] for n in PASSES))
-    data = {k: v for k, v in options.items() if k in data_fields}
-    settings = {k: v for k, v in options.items() if k not in data_fields}
+    data = {k: v for k, v in options.items() if k in DATA_OPTIONS}
+    settings = {k: v for k, v in options.items() if k not in DATA_OPTIONS}
     if isinstance(scheme, LowerConfig):
         if seed is not None or bits is not None or settings:
             raise InvalidOptionError("lower(model, config): the config holds seed, bits and options; give them there")

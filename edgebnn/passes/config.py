@@ -79,6 +79,9 @@ def config_fields(name: str) -> tuple[set[str], set[str]]:
     return {f.name for f in fields if f.compare}, {f.name for f in fields if not f.compare}
 
 
+DATA_OPTIONS = frozenset().union(*(config_fields(n)[1] for n in PASSES))  # gradients, group_scales
+
+
 @dataclass(frozen=True)
 class Plan:
     """What one group of layers gets: the passes to run, in order (each restricted to ``weights``)."""

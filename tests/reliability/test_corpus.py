@@ -796,6 +796,13 @@ def _(ctx: Ctx) -> Bad:
     return Bad(lower_argv(ctx, ctx.weights, "--config", str(src)), (str(src), "lower_config", "seed='zero'"))
 
 
+@case("model-config-ebnn-lowered-with-arrays", torch=True)
+def _(ctx: Ctx) -> Bad:
+    scales = {"fc.weight": (np.ones(64, np.float32), np.full(64, 0.01, np.float32))}
+    src = saved(ctx, lower(digits_shaped(), "prune+fixed", group_scales=scales).model)
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(src)), (str(src), "group_scales arrays"))
+
+
 @case("model-input-shape-zero", torch=True)
 def _(ctx: Ctx) -> Bad:
     return Bad(lower_argv(ctx, ctx.weights, "--input-shape", "0,1,8,8"), ("--input-shape 0,1,8,8",))
