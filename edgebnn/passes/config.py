@@ -31,7 +31,7 @@ from typing import Any
 
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.ir import DOMAIN, BNNModel
-from edgebnn.passes.base import Pass, check_int
+from edgebnn.passes.base import Pass, PassConfig, check_int
 from edgebnn.passes.binary import BinaryPass
 from edgebnn.passes.codebook import CodebookPass
 from edgebnn.passes.fixed import FixedPass
@@ -217,7 +217,7 @@ class LowerConfig:
                 groups[key] = Plan(scheme, bits, options, ())
             plan = groups[key]
             groups[key] = dataclasses.replace(plan, weights=(*plan.weights, name))
-        return list(groups.values())
+        return list(groups.values()) or [Plan(*self.resolve(None, data), ())]  # no weights: the passes still record
 
 
 def _fields_of(raw: object) -> dict[str, Any]:
@@ -281,6 +281,17 @@ def _check_options(options: object, key: str) -> dict[str, Any]:
 def _settings(scheme: str, bits: int | str, options: Mapping[str, Any], data: Mapping[str, Any], where: str,
               ) -> tuple[str, int | str, dict[str, Any]]:
     """Check that ``options`` (and ``data``) fit ``scheme`` and ``bits`` by building its pass configs."""
+    try:
+        pass_configs(scheme, bits, options, data)
+    except EdgeBNNError as e:
+        raise InvalidOptionError(f"{where}: {e}") from e
+    return scheme, bits, dict(options)
+
+
+def pass_configs(scheme: str, bits: int | str, options: Mapping[str, Any], data: Mapping[str, Any],
+                 ) -> list[tuple[str, PassConfig]]:
+    """(pass name, its config) for each pass of ``scheme``: each takes the options its config has, the last
+    one the forced ``bits``."""
     names = parse_scheme(scheme)
     takes = {n: config_fields(n) for n in names}
     settings = set().union(*(s for s, _ in takes.values()))
@@ -291,31 +302,21 @@ def _settings(scheme: str, bits: int | str, options: Mapping[str, Any], data: Ma
     last = names[-1]
     if bits != "auto" and "bits" not in takes[last][0]:
         raise InvalidOptionError(f"--bits {bits}: the {last} scheme has no bit width to set")
+    out = []
     for name in names:
         settings_n, data_n = takes[name]
         kwargs = {k: v for k, v in options.items() if k in settings_n}
         kwargs |= {k: v for k, v in data.items() if k in data_n}
         if name == last and bits != "auto":
             kwargs["bits"] = bits
-        try:
-            PASSES[name].config_type(**kwargs)
-        except EdgeBNNError as e:
-            raise InvalidOptionError(f"{where}: {e}") from e
-    return scheme, bits, dict(options)
+        out.append((name, PASSES[name].config_type(**kwargs)))
+    return out
 
 
 def build_passes(plan: Plan, data: Mapping[str, Any], restrict: bool) -> list[Pass]:
     """The passes of ``plan`` (restricted to its weights when ``restrict``), configured."""
-    names = parse_scheme(plan.scheme)
-    passes = []
-    for name in names:
-        settings_n, data_n = config_fields(name)
-        kwargs = {k: v for k, v in plan.options.items() if k in settings_n}
-        kwargs |= {k: v for k, v in data.items() if k in data_n}
-        if name == names[-1] and plan.bits != "auto":
-            kwargs["bits"] = plan.bits
-        passes.append(PASSES[name](PASSES[name].config_type(**kwargs), weights=plan.weights if restrict else None))
-    return passes
+    return [PASSES[name](config, weights=plan.weights if restrict else None)
+            for name, config in pass_configs(plan.scheme, plan.bits, plan.options, data)]
 
 
 def merge_sets(config: LowerConfig, assignments: Sequence[str]) -> LowerConfig:
