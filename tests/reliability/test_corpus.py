@@ -235,6 +235,7 @@ ebnn("ebnn-manifest-5000-digit-int", lambda p: set_manifest_text(p, '{"format_ve
      "manifest is not valid JSON")
 ebnn("ebnn-manifest-scheme-null", manifest(scheme=None), "manifest scheme None")
 ebnn("ebnn-manifest-classes-bool", manifest(num_classes=True), "manifest num_classes True")
+ebnn("ebnn-manifest-lower-config-list", manifest(lower_config=[1]), "manifest lower_config [1] is not an object")
 ebnn("ebnn-manifest-classes-vs-graph", manifest(num_classes=7),
      "graph output 'logits' has 3 classes, the manifest says 7")
 ebnn("ebnn-manifest-input-vs-graph", manifest(input_shape=[1, 1, 8, 8]), "differs from manifest [1, 8, 8]")
