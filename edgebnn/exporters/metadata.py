@@ -78,7 +78,7 @@ class ExportMetadata:
         return self.mode in BASELINE_MODES
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object: every required field, the optional ones that are set."""
+        """The JSON object (keys sorted): every required field, the optional ones that are set."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -87,7 +87,7 @@ class ExportMetadata:
             if isinstance(value, tuple):
                 value = [dict(v) if isinstance(v, Mapping) else v for v in value]
             out[f.name] = dict(value) if isinstance(value, Mapping) else value
-        return out
+        return dict(sorted(out.items()))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -118,10 +118,10 @@ class ExportMetadata:
             optional = names[name].default is None
             if not (value is None and optional) and not _CHECKS[name](value):
                 raise InvalidArtifactError(f"{bad}: {name} {_short(value)} is not {_DESCRIBE[name]}")
-        from edgebnn.exporters.ensemble import MODES
+        from edgebnn.exporters.ensemble import MODES, WEIGHT_FORMATS
         from edgebnn.exporters.noise import VARIANTS
 
-        for name, allowed in (("mode", (*MODES, *BASELINE_MODES)), ("noise", VARIANTS)):
+        for name, allowed in (("mode", (*MODES, *BASELINE_MODES)), ("noise", VARIANTS), ("weights", WEIGHT_FORMATS)):
             if raw.get(name) is not None and raw[name] not in allowed:
                 raise InvalidArtifactError(f"{bad}: {name} {_short(raw[name])} is not one of {', '.join(allowed)}")
         raw["input_shape"] = tuple(raw["input_shape"])

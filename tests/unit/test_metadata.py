@@ -85,6 +85,7 @@ def _tampered(edit) -> onnx.ModelProto:
         (lambda m: m.update(outputs=["probs"]), "outputs ['probs'] of a baked graph must be"),
         (lambda m: m.update(outputs=["probs", "entropy", "mi"]), "are not all graph outputs"),
         (lambda m: m.update(noise="loud"), 'noise "loud" is not one of auto'),
+        (lambda m: m.update(weights="int3"), 'weights "int3" is not one of fp32, int8, int4'),
         (lambda m: m.update(calibration={"method": 3}), "calibration"),
         (lambda m: m.update(noise_inputs=[{"name": "n", "shape": [-1, 2], "per": "pixel"}]), "noise_inputs"),
         (lambda m: json.dumps(m)[:-1] + ', "seed": 1}', "has the key 'seed' twice"),
