@@ -6,11 +6,17 @@ Each returns a plain dict report (JSON-ready); the CLI and the demo print them w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from edgebnn import schemas
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+
+if TYPE_CHECKING:
+    from edgebnn.exporters.metadata import ExportMetadata
+    from edgebnn.passes import LowerConfig
 
 
 def load_ir(path: str | Path) -> Any:
@@ -22,20 +28,21 @@ def load_ir(path: str | Path) -> Any:
     return ir.load(path)
 
 
-def export_metadata(path: str | Path) -> dict[str, Any]:
-    """The ``edgebnn.export`` metadata of an exported ONNX file."""
+def export_metadata(path: str | Path) -> ExportMetadata:
+    """The validated ``edgebnn.export`` metadata of an exported ONNX file (:mod:`edgebnn.exporters.metadata`)."""
     from edgebnn.runtime.session import read_export
 
     return read_export(path)[1]
 
 
-def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *, scheme: str = "float",
-                seed: int = 0, bits: str | int = "auto", output_index: int = 0,
-                evaluate: str | None = None) -> tuple[Any, dict[str, Any]]:
+def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
+                scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
+                output_index: int = 0, evaluate: str | None = None) -> tuple[Any, dict[str, Any]]:
     """Build, load, import and lower a torch model; returns (IR, lowering report).
 
-    ``evaluate="digits"`` adds ``report["eval"]``: the lowered model against the float BNN it came from on the
-    validation split (:func:`lowering_quality`).
+    ``scheme`` is a scheme string (with ``seed``, default 0, and ``bits``, default auto) or a
+    :class:`~edgebnn.passes.LowerConfig` (which holds both). ``evaluate="digits"`` adds ``report["eval"]``:
+    the lowered model against the float BNN it came from on the validation split (:func:`lowering_quality`).
     """
     from edgebnn.importers import import_model
     from edgebnn.importers.checkpoint import load_factory, load_weights
@@ -45,8 +52,42 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     bnn = import_model(model, input_shape, output_index=output_index, where=f"{model_spec} ({weights})")
     res = lower(bnn, scheme, seed=seed, bits=bits)
     if evaluate:
-        res.report["eval"] = lowering_quality(bnn, res.model, data=evaluate, seed=seed)
+        res.report["eval"] = lowering_quality(bnn, res.model, data=evaluate, seed=res.report["seed"])
     return res.model, res.report
+
+
+def lower_config_of(path: str | Path) -> LowerConfig:
+    """The lowering config in a JSON file (a config, or a ``lower --report``), or the one an ``.ebnn``'s manifest
+    stores: what replays a lowering exactly.
+
+    Raises:
+        InvalidArtifactError: The file is unreadable, or an ``.ebnn`` that stores no config.
+        InvalidOptionError: The config is malformed (names the file and the key).
+    """
+    from edgebnn.passes import LowerConfig
+    from edgebnn.passes.config import DATA_OPTIONS
+
+    if Path(path).suffix == ".ebnn":
+        manifest = load_ir(path).manifest
+        if manifest.lower_config is None:
+            raise InvalidArtifactError(f"{path}: stores no lowering config (not written by edgebnn lower)")
+        options = [p["options"] for p in manifest.passes if isinstance(p.get("options"), dict)]
+        data = sorted({k for o in options for k in DATA_OPTIONS if o.get(k)})
+        if data:
+            raise InvalidOptionError(f"{path}: was lowered with {', '.join(data)} arrays passed from Python, which "
+                                     "the manifest does not store; a config cannot replay it")
+        return LowerConfig.from_dict(manifest.lower_config, f"{path}: lower_config")
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise InvalidArtifactError(f"{path}: no such file") from e
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deeply
+        raise InvalidOptionError(f"{path}: not a JSON lowering config ({type(e).__name__})") from e
+    except OSError as e:
+        raise InvalidArtifactError(f"{path}: cannot read ({e.strerror or e})") from e
+    if isinstance(raw, dict) and raw.get("schema") == schemas.LOWER:  # a lower --report: replay its config
+        return LowerConfig.from_dict(raw.get("config"), f"{path}: config")
+    return LowerConfig.from_dict(raw, str(path))
 
 
 def lowering_quality(float_ir: Any, lowered: Any, *, data: str = "digits", split: str = "val", samples: int = 16,
@@ -135,10 +176,8 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             raise InvalidOptionError("--engine and --onnx: give one (the engine is the ensemble that is profiled)")
     elif onnx_path:
         ensemble, meta, _ = read_export(onnx_path)
-        if meta.get("samples") != samples:
-            raise InvalidOptionError(
-                f"{onnx_path}: was exported with S={meta.get('samples')}; pass --samples {meta.get('samples')}"
-            )
+        if meta.samples != samples:
+            raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
     else:
         if mode == "auto":
             mode, mode_reason = get_target(device).default_mode(samples=samples, batch=batch,

@@ -12,18 +12,24 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from edgebnn import __version__
-from edgebnn.api import evaluate_artifact, export_metadata, load_ir, lower_model, profile_artifact
+from edgebnn import __version__, schemas
+from edgebnn.api import evaluate_artifact, load_ir, lower_model, profile_artifact
+from edgebnn.calib.int8 import METHODS
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
 from edgebnn.tables import write_json as write_report
+from edgebnn.targets.base import BASELINE_RUNNERS
+
+if TYPE_CHECKING:
+    from edgebnn.passes import LowerConfig
 
 console = Console()
 err_console = Console(stderr=True)
@@ -80,15 +86,6 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
-def _parse_bits(bits: str) -> str | int:
-    if bits == "auto":
-        return bits
-    try:
-        return int(bits)
-    except ValueError as e:
-        raise InvalidOptionError(f"--bits {bits}: expected 'auto' or an integer") from e
-
-
 def _parse_hoist(text: str) -> str | float:
     if text in ("auto", "off"):
         return text
@@ -121,19 +118,26 @@ def _check_output_dir(path: str) -> None:
 @click.option("--weights", type=click.Path(dir_okay=False), required=True,
               help="Trained weights: .safetensors, or .pt/.pth state_dict (loaded with weights_only=True).")
 @click.option("--input-shape", required=True, metavar="B,C,H,W", help="Input shape with batch, e.g. 1,1,8,8.")
-@click.option("--scheme", default="float", show_default=True,
-              help="Lowering scheme: float, mcq, fixed, codebook, ternary, binary, prune, or prune+SCHEME.")
-@click.option("--bits", default="auto", show_default=True,
-              help="Bits per layer: 'auto' (from posterior variance) or N.")
-@click.option("--seed", default=0, show_default=True, help="Seed for every random choice of the lowering.")
+@click.option("--scheme", default=None,
+              help="Lowering scheme: float (default), mcq, fixed, codebook, ternary, binary, prune, or prune+SCHEME.")
+@click.option("--bits", default=None, help="Bits per layer: 'auto' (default: from posterior variance) or N.")
+@click.option("--seed", type=int, default=None, help="Seed for every random choice of the lowering (default 0).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Lowering config: a JSON file (or a lower --report), or an .ebnn whose manifest stores one "
+                   "(replays its lowering exactly). --scheme/--bits/--seed and --set apply on top.")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Change one config key (repeatable): scheme, bits, seed, options.NAME, overrides; VALUE is "
+                   "JSON or a plain string, e.g. --set options.noise_fraction=0.5 "
+                   "--set 'overrides=[{\"pattern\": \"fc*\", \"bits\": 8}]'.")
 @click.option("--output-index", default=0, show_default=True,
               help="Which output to use when forward returns a tuple such as (logits, kl).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the .ebnn IR.")
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the per-layer lowering report as JSON.")
 @click.option("--eval", "eval_data", type=click.Choice(["digits"]), default=None,
               help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, validation split, S=16).")
-def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: str, seed: int,
-          output_index: int, output: str, report: str | None, eval_data: str | None) -> None:
+def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
+          config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
+          report: str | None, eval_data: str | None) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -142,11 +146,11 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: st
     from edgebnn import ir
 
     shape = _parse_shape(input_shape)
-    bits_opt = _parse_bits(bits)
+    config = _lower_config(config_file, scheme, bits, seed, assignments)
     _check_output_dir(output)
-    with console.status(f"importing {model_spec} and lowering ({scheme})"):
-        model, lower_report = lower_model(model_spec, weights, shape, scheme=scheme, seed=seed, bits=bits_opt,
-                                          output_index=output_index, evaluate=eval_data)
+    with console.status(f"importing {model_spec} and lowering ({config.scheme})"):
+        model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
+                                          evaluate=eval_data)
     ir.save(model, output)
     print_lower_report(console, lower_report, output)
     if "eval" in lower_report:
@@ -154,7 +158,20 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str, bits: st
         print_eval(console, [{"artifact": name, "runtime": "reference", "data": ev["data"], "split": ev["split"],
                               "samples": ev["samples"], "n": ev["n"], **ev[key]}
                              for name, key in (("float BNN", "float_bnn"), (Path(output).name, "lowered"))])
-    write_json(report, lower_report, "edgebnn.lower/1")
+    write_json(report, lower_report, schemas.LOWER)
+
+
+def _lower_config(config_file: str | None, scheme: str | None, bits: str | None, seed: int | None,
+                  assignments: tuple[str, ...]) -> LowerConfig:
+    """The config file (or the defaults), then --scheme/--bits/--seed, then each --set."""
+    import dataclasses
+
+    from edgebnn.api import lower_config_of
+    from edgebnn.passes.config import LowerConfig, merge_sets
+
+    config = lower_config_of(config_file) if config_file else LowerConfig()
+    flags: dict[str, Any] = {k: v for k, v in (("scheme", scheme), ("bits", bits), ("seed", seed)) if v is not None}
+    return merge_sets(dataclasses.replace(config, **flags), assignments)
 
 
 # -- inspect ----------------------------------------------------------------------------------------------
@@ -177,7 +194,7 @@ def inspect(file: str, as_json: bool, plot: str | None) -> None:
             plot_layers(model, plot)
             console.print(f"wrote {plot}")
     if as_json:
-        click.echo(json.dumps({"schema": "edgebnn.inspect/1", "edgebnn_version": __version__, **info}, indent=2))
+        click.echo(json.dumps({"schema": schemas.INSPECT, "edgebnn_version": __version__, **info}, indent=2))
         return
     console.print({k: v for k, v in info.items() if k != "layers"})
     if info.get("layers"):
@@ -216,14 +233,13 @@ def _describe_ir(model: Any) -> dict[str, Any]:
 
 
 def _describe_onnx(path: str) -> dict[str, Any]:
-    import onnx
+    from edgebnn.runtime.session import read_export
 
-    meta = export_metadata(path)
-    proto = onnx.load(path, load_external_data=False)
+    proto, meta, _ = read_export(path)
     ops: dict[str, int] = {}
     for n in proto.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
-    return {"file": path, "export": meta, "bytes": Path(path).stat().st_size,
+    return {"file": path, "export": meta.to_dict(), "bytes": Path(path).stat().st_size,
             "opset": [(o.domain or "ai.onnx", o.version) for o in proto.opset_import], "ops": ops}
 
 
@@ -234,16 +250,16 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["baked", "noise", "shared", "analytic"]), default="baked",
+@click.option("--mode", type=click.Choice(MODES), default="baked",
               show_default=True,
               help="baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: the graph "
                    "takes standard-normal noise inputs that edgebnn.runtime.Session fills; shared: codebook "
                    "models draw K numbers per layer per sample; analytic: one pass propagating means and "
                    "variances.")
-@click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight"]), default="auto",
+@click.option("--noise", "noise_variant", type=click.Choice([v for v in NOISE_VARIANTS if v not in MODES]), default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
                                       "weight for Conv + local for Gemm (auto; exact and small).")
-@click.option("--weights", "weight_format", type=click.Choice(["fp32", "int8", "int4"]), default="fp32",
+@click.option("--weights", "weight_format", type=click.Choice(WEIGHT_FORMATS), default="fp32",
               show_default=True,
               help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "
                    "output channel: TensorRT's explicit-quantization rules), or int4 for Gemm weights (block-wise, "
@@ -270,13 +286,14 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
     """
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.metadata import read_metadata
 
     model = load_ir(file)
     _check_output_dir(output)
     with console.status(f"exporting {mode} ensemble, S={samples}"):
         proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
                             hoist=_parse_hoist(hoist))
-    layers = json.loads(proto.metadata_props[0].value).get("layers")
+    layers = read_metadata(proto, output).layers
     if layers:
         console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
                       f"hoisted (run once): {', '.join(layers['hoisted']) or 'none'}", highlight=False)
@@ -313,7 +330,7 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
     with console.status(f"evaluating {artifact}"):
         report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed)
     print_eval(console, [report])
-    write_json(json_out, report, "edgebnn.eval/1")
+    write_json(json_out, report, schemas.EVAL)
 
 
 # -- profile ----------------------------------------------------------------------------------------------
@@ -323,7 +340,7 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--mode", type=click.Choice(["auto", "baked", "noise", "shared", "analytic"]), default="auto",
+@click.option("--mode", type=click.Choice(["auto", *MODES]), default="auto",
               show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
                    "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
@@ -332,7 +349,7 @@ def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
 @click.option("--engine", type=click.Path(dir_okay=False),
               help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one.")
-@click.option("--baseline-runner", type=click.Choice(["auto", "onnxruntime", "torch"]), default="auto",
+@click.option("--baseline-runner", type=click.Choice(BASELINE_RUNNERS), default="auto",
               show_default=True, help="Runtime of the float baselines. auto: onnxruntime on the cpu; on rtx/jetson "
                                       "float_deterministic as a TensorRT engine and float_bnn in torch CUDA.")
 @click.option("--bench-results", type=click.Path(dir_okay=False),
@@ -414,7 +431,7 @@ def compare(a: str, b: str, data: str, split: str, ir_path: str | None, samples:
     verdict = "same predictive distribution" if report["same_distribution"] else "DIFFERENT predictive distributions"
     console.print(f"{verdict}: T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}, "
                   f"99th pct {report['null_p99']:.3f}), p = {report['p_value']:.3f}, alpha = {alpha}")
-    write_json(json_out, report, "edgebnn.compare/1")
+    write_json(json_out, report, schemas.COMPARE)
     if not report["same_distribution"]:
         sys.exit(1)
 
@@ -449,7 +466,7 @@ def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
 @click.option("--data", default="digits", show_default=True, metavar="digits|DIR",
               help="Calibration inputs: 'digits' (split --calib-split) or a folder of .npy arrays shaped like the "
                    "model input, one input or a stack per file, float, preprocessed as the model expects.")
-@click.option("--method", type=click.Choice(["minmax", "percentile", "entropy"]), default="entropy",
+@click.option("--method", type=click.Choice(METHODS), default="entropy",
               show_default=True, help="Activation range: observed min-max, the 99.999th percentile of |x|, or the "
                                       "KL-divergence (entropy) search of TensorRT's calibrator.")
 @click.option("--calib-split", type=click.Choice(["train", "val", "test"]), default="val", show_default=True,
@@ -469,7 +486,7 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
     Writes an ONNX that edgebnn eval, edgebnn.runtime.Session and export --target tensorrt take like any
     export, and reports accuracy, NLL, ECE and Brier before and after INT8 on a held-out split.
     """
-    from edgebnn.calib.int8 import SCHEMA, Int8Config, calibrate_ensemble
+    from edgebnn.calib.int8 import Int8Config, calibrate_ensemble
     from edgebnn.exporters.trt_compat import Finding, format_findings
 
     _check_output_dir(output)
@@ -498,4 +515,4 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
     trt = report["tensorrt_compat"]
     console.print(f"{format_findings([Finding(**f) for f in trt['findings']])} "
                   f"(TensorRT {trt['tensorrt']}, {trt['device']})", highlight=False, markup=False)
-    write_json(json_out, report, SCHEMA)
+    write_json(json_out, report, schemas.CALIBRATE)

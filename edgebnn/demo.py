@@ -7,12 +7,12 @@ train a Bayesian CNN on sklearn digits -> save weights (safetensors) -> lower (i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from edgebnn import schemas
 from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile, write_json
 
 MODEL_SPEC = "edgebnn.models:digits_cnn"
@@ -28,6 +28,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     from edgebnn.api import evaluate_artifact, lower_model, profile_artifact
     from edgebnn.data import digits
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.metadata import read_metadata
     from edgebnn.models import digits_cnn
     from edgebnn.passes import lower
     from edgebnn.targets.profiler import plot_profile
@@ -57,7 +58,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     bnn, lower_report = lower_model(MODEL_SPEC, weights, INPUT_SHAPE, scheme="float", seed=seed)
     ir.save(bnn, ebnn)
     print_lower_report(console, lower_report, str(ebnn))
-    write_json(console, out / "lower.json", lower_report, "edgebnn.lower/1")
+    write_json(console, out / "lower.json", lower_report, schemas.LOWER)
 
     console.rule(f"3/5 export the baked S={samples} ensemble to ONNX (fp32, and fixed-point lowered + int8)")
     save_onnx(export_onnx(bnn, samples, seed=seed), onnx_path)
@@ -66,7 +67,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     ir.save(fixed, fixed_ebnn)
     small_proto = export_onnx(fixed, samples, seed=seed, weights="int8")
     save_onnx(small_proto, small_onnx)
-    layers = json.loads(small_proto.metadata_props[0].value)["layers"]
+    layers = read_metadata(small_proto, str(small_onnx)).layers or {"sampled": [], "hoisted": []}
     console.print(f"wrote {fixed_ebnn} ({fmt_bytes(fixed_ebnn.stat().st_size)}, bits per layer from the "
                   f"posterior variance) and {small_onnx} ({fmt_bytes(small_onnx.stat().st_size)}, int8 weights; "
                   f"sampled layers: {', '.join(layers['sampled']) or 'none'}; run once, σ below their step: "
@@ -77,9 +78,9 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     exported = evaluate_artifact(onnx_path)
     small = evaluate_artifact(small_onnx)
     print_eval(console, [ref, exported, small])
-    write_json(console, out / "eval_reference.json", ref, "edgebnn.eval/1")
-    write_json(console, out / "eval_onnx.json", exported, "edgebnn.eval/1")
-    write_json(console, out / "eval_fixed_int8.json", small, "edgebnn.eval/1")
+    write_json(console, out / "eval_reference.json", ref, schemas.EVAL)
+    write_json(console, out / "eval_onnx.json", exported, schemas.EVAL)
+    write_json(console, out / "eval_fixed_int8.json", small, schemas.EVAL)
 
     console.rule("5/5 profile on the CPU against float baselines")
     prof = profile_artifact(ebnn, device="cpu", samples=samples, onnx_path=str(onnx_path), runs=runs)
@@ -105,7 +106,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
         "energy_reason": prof["energy_reason"],
     }
     _print_summary(console, summary, samples)
-    write_json(console, out / "demo.json", summary, "edgebnn.demo/1")
+    write_json(console, out / "demo.json", summary, schemas.DEMO)
     return summary
 
 

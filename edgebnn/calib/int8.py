@@ -49,11 +49,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +63,10 @@ from onnx import TensorProto, numpy_helper
 from edgebnn import __version__
 from edgebnn.calib.readers import DEFAULT_BATCH, BatchReader, digits_inputs, load_npy_dir
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.exporters.metadata import ExportMetadata, write_metadata
 
-SCHEMA = "edgebnn.calibrate/1"
 METHODS = ("minmax", "percentile", "entropy")
 QUANTIZED_OPS = ("Conv", "MatMul", "Gemm")
-EXPORT_KEY = "edgebnn.export"
 DIGITS_SHAPE = (1, 8, 8)
 
 _log = logging.getLogger(__name__)
@@ -205,22 +203,13 @@ def qdq_summary(model: onnx.ModelProto) -> dict[str, Any]:
             "types": sorted(types), "nonzero_zero_points": nonzero, "layers": layers}
 
 
-def _set_metadata(proto: onnx.ModelProto, meta: dict[str, Any]) -> None:
-    for p in proto.metadata_props:
-        if p.key == EXPORT_KEY:
-            p.value = json.dumps(meta, sort_keys=True)
-            return
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = EXPORT_KEY, json.dumps(meta, sort_keys=True)
-
-
-def _check_calibratable(meta: dict[str, Any], where: str) -> None:
-    mode = meta.get("mode")
-    if meta.get("calibration"):
-        raise InvalidOptionError(f"{where}: already INT8-calibrated ({meta['calibration'].get('method')}); "
+def _check_calibratable(meta: ExportMetadata, where: str) -> None:
+    mode = meta.mode
+    if meta.calibration:
+        raise InvalidOptionError(f"{where}: already INT8-calibrated ({meta.calibration['method']}); "
                                  "calibrate the float export")
-    if meta.get("weights", "fp32") != "fp32":
-        raise InvalidOptionError(f"{where}: weights are already {meta['weights']} (export --weights); calibrate the "
+    if (meta.weights or "fp32") != "fp32":
+        raise InvalidOptionError(f"{where}: weights are already {meta.weights} (export --weights); calibrate the "
                                  "fp32 export: INT8 calibration quantizes weights and activations together")
     if mode != "baked":
         why = {
@@ -286,8 +275,8 @@ def calibrate_ensemble(
     _check_calibratable(meta, where)
     if Path(output).resolve() == Path(model_path).resolve():
         raise InvalidOptionError(f"-o {output}: would overwrite the float model it is calibrated from")
-    input_shape = tuple(meta["input_shape"][1:])
-    input_name = meta.get("input_name", proto.graph.input[0].name)
+    input_shape = tuple(meta.input_shape[1:])
+    input_name = meta.input_name
     if data == "digits":
         if input_shape != DIGITS_SHAPE:
             raise InvalidOptionError(f"{where}: takes inputs {input_shape}, digits are {DIGITS_SHAPE}; "
@@ -304,7 +293,7 @@ def calibrate_ensemble(
     quantized = quantize_int8(proto, reader, config)
     calibration = {**asdict(config), **data_desc, "samples_used": reader.samples_used,
                    "onnxruntime": _ort_version(), "edgebnn_version": __version__}
-    _set_metadata(quantized, {**meta, "precision": "int8", "calibration": calibration})
+    write_metadata(quantized, replace(meta, precision="int8", calibration=calibration))
     onnx.checker.check_model(quantized)
 
     evaluation: dict[str, Any] | None = None
@@ -330,8 +319,8 @@ def calibrate_ensemble(
     return {
         "model": str(model_path),
         "output": str(output),
-        "mode": meta.get("mode"),
-        "samples": meta.get("samples"),
+        "mode": meta.mode,
+        "samples": meta.samples,
         "method": config.method,
         "calibration": calibration,
         "qdq": qdq_summary(quantized),

@@ -6,7 +6,6 @@ deterministic ops run once on B·S rows and a sampled layer is one batched op.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -14,13 +13,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from edgebnn import __version__
+from edgebnn.exporters.metadata import ExportMetadata, write_metadata
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import Grid
 
 P = "ens/"  # prefix of every value an exporter adds
 INT4_BLOCK = 32
-OUTPUTS = ("probs", "entropy", "mutual_info")
 
 
 class Builder:
@@ -189,19 +187,4 @@ def static_shapes(proto: onnx.ModelProto) -> dict[str, list[int]]:
 def set_metadata(proto: onnx.ModelProto, model: BNNModel, *, mode: str, samples: int, seed: int | None,
                  **extra: Any) -> None:
     """Record what the graph is (read back by ``edgebnn eval``, ``Session`` and ``compare``)."""
-    del proto.metadata_props[:]
-    meta = {
-        "edgebnn_version": __version__,
-        "mode": mode,
-        "samples": samples,
-        "seed": seed,
-        "scheme": model.manifest.scheme,
-        "source_library": model.manifest.source_library,
-        "input_name": model.manifest.input_name,
-        "input_shape": model.manifest.input_shape,
-        "num_classes": model.manifest.num_classes,
-        "outputs": list(OUTPUTS) if mode not in ("float_deterministic", "float_bnn") else ["probs"],
-        **extra,
-    }
-    entry = proto.metadata_props.add()
-    entry.key, entry.value = "edgebnn.export", json.dumps(meta, sort_keys=True)
+    write_metadata(proto, ExportMetadata.describe(model, mode=mode, samples=samples, seed=seed, **extra))

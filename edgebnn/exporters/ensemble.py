@@ -40,14 +40,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
-from edgebnn.exporters import check_samples
+from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import rewrite_sampled_layers
 from edgebnn.ir import DOMAIN, BNNModel, EncodedWeight
-
-MODES = ("baked", "noise", "shared", "analytic")
-WEIGHT_FORMATS = ("fp32", "int8", "int4")
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,

@@ -37,6 +37,7 @@ import numpy as np
 import onnx
 
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters import NOISE_VARIANTS
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import draw_emitter
 from edgebnn.exporters.layers import LayerKind, bias_name
@@ -44,14 +45,13 @@ from edgebnn.exporters.rewrite import rewrite_sampled_layers
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import Encoding
 
-VARIANTS = ("auto", "local", "weight", "shared")
 ROWS = "batch_x_samples"
 
 
 def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
                  ) -> onnx.ModelProto:
-    if variant not in VARIANTS:
-        raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(VARIANTS)}")
+    if variant not in NOISE_VARIANTS:
+        raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(NOISE_VARIANTS)}")
     encoded = {w.name: w for w in model.encoded_weights()}
     _check_drawable(model, list(encoded.values()), variant)
     records: list[dict] = []

@@ -43,6 +43,7 @@ class Manifest:
     num_classes: int
     scheme: str = "float"
     passes: list[dict[str, Any]] = field(default_factory=list)
+    lower_config: dict[str, Any] | None = None  # the edgebnn.passes.LowerConfig of the last lower(), to replay it
     format_version: int = FORMAT_VERSION
     edgebnn_version: str = __version__
 
@@ -83,6 +84,8 @@ class Manifest:
                 raise InvalidArtifactError(f"{where}: manifest {name} {value!r} is not a non-empty string")
         if not (isinstance(man.passes, list) and all(isinstance(p, dict) for p in man.passes)):
             raise InvalidArtifactError(f"{where}: manifest passes {man.passes!r} is not a list of objects")
+        if man.lower_config is not None and not isinstance(man.lower_config, dict):
+            raise InvalidArtifactError(f"{where}: manifest lower_config {man.lower_config!r} is not an object")
         return man
 
 

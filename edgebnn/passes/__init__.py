@@ -1,13 +1,12 @@
 """Lowering passes: each takes an IR and returns ``PassResult(ir, modified, report)``.
 
-:func:`lower` is the one entry point: it parses a scheme string (``"codebook"``, ``"prune+mcq"``...),
-builds each pass's config from the options, runs the passes in order and writes the lowering report
-(docs/design.md).
+:func:`lower` is the one entry point: it takes a scheme string (``"codebook"``, ``"prune+mcq"``...) and
+options, or a :class:`LowerConfig` (:mod:`edgebnn.passes.config`, per-layer overrides included), builds
+each pass's config, runs the passes in order and writes the lowering report (docs/design.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -16,20 +15,26 @@ from onnx import TensorProto, helper
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import DOMAIN, MANIFEST_KEY, BNNModel
-from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResult, check_int
-from edgebnn.passes.binary import BinaryConfig, BinaryPass
-from edgebnn.passes.codebook import CodebookConfig, CodebookPass
-from edgebnn.passes.fixed import FixedConfig, FixedPass
-from edgebnn.passes.float_ import FloatConfig, FloatPass
-from edgebnn.passes.mcq import McqConfig, McqPass
-from edgebnn.passes.prune import PruneConfig, PrunePass
-from edgebnn.passes.ternary import TernaryConfig, TernaryPass
+from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResult
+from edgebnn.passes.binary import BinaryConfig
+from edgebnn.passes.codebook import CodebookConfig
+from edgebnn.passes.config import (
+    DATA_OPTIONS,
+    PASSES,
+    SCHEMES,
+    LayerOverride,
+    LowerConfig,
+    build_passes,
+    config_fields,
+    parse_scheme,
+)
+from edgebnn.passes.fixed import FixedConfig
+from edgebnn.passes.float_ import FloatConfig
+from edgebnn.passes.mcq import McqConfig
+from edgebnn.passes.prune import PruneConfig
+from edgebnn.passes.ternary import TernaryConfig
 
-PASSES: dict[str, type[Pass]] = {
-    p.name: p for p in (FloatPass, McqPass, FixedPass, CodebookPass, TernaryPass, BinaryPass, PrunePass)
-}
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
-SCHEMES = ("float", "mcq", "fixed", "codebook", "ternary", "binary", "prune")
 
 __all__ = [
     "PASSES",
@@ -38,7 +43,9 @@ __all__ = [
     "CodebookConfig",
     "FixedConfig",
     "FloatConfig",
+    "LayerOverride",
     "LayerPass",
+    "LowerConfig",
     "McqConfig",
     "Pass",
     "PassConfig",
@@ -51,41 +58,6 @@ __all__ = [
     "lower",
     "parse_scheme",
 ]
-
-
-def parse_scheme(scheme: str) -> list[str]:
-    """Split ``"prune+codebook"`` into pass names, checking how they compose.
-
-    ``prune`` may come first and compose with any scheme but ``binary``; at most one other scheme.
-
-    Raises:
-        InvalidOptionError: Unknown name, empty part, or a composition that makes no sense.
-    """
-    if not isinstance(scheme, str) or not scheme.strip():
-        raise InvalidOptionError(f"--scheme {scheme!r}: give one of {', '.join(SCHEMES)} (prune composes: prune+X)")
-    names = [p.strip() for p in scheme.split("+")]
-    for name in names:
-        if name not in PASSES:
-            raise InvalidOptionError(f"--scheme {scheme}: unknown scheme {name!r}; known: {', '.join(SCHEMES)}")
-    rest = [n for n in names if n != "prune"]
-    if len(names) - len(rest) > 1 or ("prune" in names and names[0] != "prune"):
-        raise InvalidOptionError(f"--scheme {scheme}: prune may appear once, first (prune+codebook)")
-    if len(rest) > 1:
-        raise InvalidOptionError(f"--scheme {scheme}: only prune composes; pick one of {', '.join(rest)}")
-    if "prune" in names and rest == ["binary"]:
-        raise InvalidOptionError(f"--scheme {scheme}: a binary weight cannot be 0, so pruning cannot carry over")
-    return names
-
-
-def _parse_bits(bits: str | int) -> int | None:
-    if bits == "auto":
-        return None
-    if isinstance(bits, str):
-        try:
-            bits = int(bits)
-        except ValueError as e:
-            raise InvalidOptionError(f"--bits {bits!r}: give 'auto' or an integer") from e
-    return check_int(bits, "bits", 1, 32)
 
 
 def float_bnn_bytes(model: BNNModel) -> int:
@@ -124,24 +96,29 @@ def ebnn_bytes(model: BNNModel) -> int:
     return int(model.proto.ByteSize())
 
 
-def lower(model: BNNModel, scheme: str, *, seed: int = 0, bits: str | int = "auto", **options: Any) -> PassResult:
-    """Lower ``model`` with ``scheme`` and report what it cost.
+def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None, bits: str | int | None = None,
+          **options: Any) -> PassResult:
+    """Lower ``model`` with a scheme (or a whole :class:`LowerConfig`) and report what it cost.
 
     Args:
         model: A verified IR (not modified).
         scheme: ``float``, ``mcq``, ``fixed``, ``codebook``, ``ternary``, ``binary``, ``prune`` or
-            ``prune+<scheme>``.
-        seed: Seeds every random choice; the same seed gives the same bytes.
-        bits: ``"auto"`` (bits per layer from the posterior variance) or a forced width, given to the last
-            scheme of the composition.
+            ``prune+<scheme>``; or a :class:`LowerConfig` (then give no ``seed``, ``bits`` or settings here:
+            the config holds them, per-layer overrides included).
+        seed: Seeds every random choice; the same seed gives the same bytes (default 0).
+        bits: ``"auto"`` (default: bits per layer from the posterior variance) or a forced width, given to the
+            last scheme of the composition.
         **options: Fields of the schemes' configs (e.g. ``samples_per_weight=2`` for mcq, ``clusters=16``
             for codebook, ``log_alpha_threshold=3`` for prune); each goes to every pass whose config has it.
+            Array-valued ones (``gradients``, ``group_scales``) are data: they go to the passes but not into
+            the config the manifest stores.
 
     Returns:
-        ``PassResult(model, modified, report)`` with report keys ``scheme``, ``seed``, ``layers`` (the last
-        pass's per-layer rows, see :mod:`edgebnn.passes.base`), ``passes`` (each pass's name, options and
-        rows), ``total_bytes`` (``model.nbytes()`` after), ``float_bnn_bytes`` (the fp32 BNN, from the input)
-        ``compression_ratio`` (float_bnn_bytes / total_bytes) and ``ebnn_bytes`` (the size of the file
+        ``PassResult(model, modified, report)`` with report keys ``scheme``, ``seed``, ``config`` (the
+        config's JSON object, also stored as ``manifest.lower_config``), ``layers`` (one row per weight from
+        the last pass that lowered it, see :mod:`edgebnn.passes.base`), ``passes`` (each pass's name, options
+        and rows), ``total_bytes`` (``model.nbytes()`` after), ``float_bnn_bytes`` (the fp32 BNN, from the
+        input) ``compression_ratio`` (float_bnn_bytes / total_bytes) and ``ebnn_bytes`` (the size of the file
         the model saves to: tensors plus graph, names and manifest).
 
     Raises:
@@ -149,38 +126,26 @@ def lower(model: BNNModel, scheme: str, *, seed: int = 0, bits: str | int = "aut
         InvalidArtifactError: The input model fails verification.
         PassError: A pass failed unexpectedly.
     """
-    names = parse_scheme(scheme)
-    forced = _parse_bits(bits)
-    fields = {n: {f.name for f in dataclasses.fields(PASSES[n].config_type)} for n in names}
-    unknown = sorted(set(options) - set().union(*fields.values()))
-    if unknown:
-        known = sorted(set().union(*fields.values()) - {"bits"})
-        raise InvalidOptionError(f"--scheme {scheme}: unknown option(s) {unknown}; this scheme takes {known}")
-    if "bits" in options:
-        raise InvalidOptionError("pass bits as lower(..., bits=N), not as an option")
-    last = names[-1]
-    if forced is not None and "bits" not in fields[last]:
-        raise InvalidOptionError(f"--bits {bits}: the {last} scheme has no bit width to set")
-    passes = []
-    for name in names:
-        kwargs = {k: v for k, v in options.items() if k in fields[name]}
-        if name == last and forced is not None:
-            kwargs["bits"] = forced
-        passes.append(PASSES[name](PASSES[name].config_type(**kwargs)))
-
+    config, data = _config_of(scheme, seed, bits, options)
+    plans = config.plan(model, data)
     reference = float_bnn_bytes(model)
     current, modified, reports = model, False, []
-    for p in passes:
-        result = p(current, seed=seed)
-        current, modified = result.model, modified or result.modified
-        reports.append(result.report)
+    rows: dict[str, dict[str, Any]] = {}
+    for plan in plans:
+        for p in build_passes(plan, data, restrict=len(plans) > 1):
+            result = p(current, seed=config.seed)
+            current, modified = result.model, modified or result.modified
+            reports.append(result.report)
+            rows.update((row["name"], row) for row in result.report["layers"])
     previous = model.manifest.scheme
-    current.manifest.scheme = scheme if previous == "float" else f"{previous}+{scheme}"
+    current.manifest.scheme = config.scheme if previous == "float" else f"{previous}+{config.scheme}"
+    current.manifest.lower_config = config.to_dict()
     total = current.nbytes()
     report = {
-        "scheme": scheme,
-        "seed": seed,
-        "layers": reports[-1]["layers"],
+        "scheme": config.scheme,
+        "seed": config.seed,
+        "config": config.to_dict(),
+        "layers": [rows[name] for name in current.encoded_weight_names() if name in rows],
         "passes": reports,
         "total_bytes": total,
         "float_bnn_bytes": reference,
@@ -188,3 +153,26 @@ def lower(model: BNNModel, scheme: str, *, seed: int = 0, bits: str | int = "aut
         "ebnn_bytes": ebnn_bytes(current),
     }
     return PassResult(current, modified, report)
+
+
+def _config_of(scheme: str | LowerConfig, seed: int | None, bits: str | int | None, options: dict[str, Any],
+               ) -> tuple[LowerConfig, dict[str, Any]]:
+    """(the config, the data options) of a ``lower`` call."""
+    if "bits" in options:
+        raise InvalidOptionError("pass bits as lower(..., bits=N), not as an option")
+    data = {k: v for k, v in options.items() if k in DATA_OPTIONS}
+    settings = {k: v for k, v in options.items() if k not in DATA_OPTIONS}
+    if isinstance(scheme, LowerConfig):
+        if seed is not None or bits is not None or settings:
+            raise InvalidOptionError("lower(model, config): the config holds seed, bits and options; give them there")
+        config = scheme
+    else:
+        config = LowerConfig(scheme=scheme, bits="auto" if bits is None else bits, seed=0 if seed is None else seed,
+                             options=settings)
+    takes = set().union(*(config_fields(n)[1] for n in parse_scheme(config.scheme)))
+    for o in config.overrides:
+        takes |= set().union(*(config_fields(n)[1] for n in parse_scheme(o.scheme or config.scheme)))
+    unknown = sorted(set(data) - takes)
+    if unknown:
+        raise InvalidOptionError(f"--scheme {config.scheme}: unknown option(s) {unknown}; no pass of it takes them")
+    return config, data

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -187,7 +187,9 @@ class Pass(ABC):
     name: ClassVar[str]
     config_type: ClassVar[type[PassConfig]]
 
-    def __init__(self, config: PassConfig | None = None) -> None:
+    def __init__(self, config: PassConfig | None = None, *, weights: Collection[str] | None = None) -> None:
+        """``weights``: lower only these encoded weights (by name; None: all), as per-layer overrides need."""
+        self.weights = None if weights is None else frozenset(weights)
         if config is None:
             config = self.config_type()
         if not isinstance(config, self.config_type):
@@ -227,7 +229,10 @@ class Pass(ABC):
         except InvalidArtifactError as e:
             raise PassError(f"{context} produced an invalid model: {e}") from e
         options = self.config.options()
-        out.manifest.passes.append({"name": self.name, "options": options, "seed": seed})
+        record = {"name": self.name, "options": options, "seed": seed}
+        if self.weights is not None:
+            record["weights"] = sorted(self.weights)
+        out.manifest.passes.append(record)
         report = {"pass": self.name, "options": options, "seed": seed, "layers": layers}
         return PassResult(out, modified, report)
 
@@ -242,7 +247,9 @@ class LayerPass(Pass):
     def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, Any]], bool]:
         rows = []
         modified = False
-        for i, name in enumerate(model.encoded_weight_names()):
+        for i, name in enumerate(model.encoded_weight_names()):  # i seeds the layer: the same with or without others
+            if self.weights is not None and name not in self.weights:
+                continue
             weight = model.encoded_weight(name)  # one layer decoded at a time
             if not isinstance(weight.encoding, GaussianWeight):
                 reason = f"already a {weight.encoding.op_type}; {self.name} lowers GaussianWeight posteriors only"

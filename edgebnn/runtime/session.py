@@ -10,7 +10,6 @@ the standard-normal noise inputs on the host (numpy, seedable) so callers never 
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,19 @@ import onnxruntime as ort
 from google.protobuf.message import DecodeError
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.exporters.metadata import ExportMetadata, read_metadata
 from edgebnn.exporters.noise import fill_noise
 from edgebnn.metrics import Predictive
-
-EXPORT_KEY = "edgebnn.export"
-
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
 
 
-def read_export(source: Source) -> tuple[onnx.ModelProto, dict[str, Any], str]:
-    """(model, export metadata, name for messages) of an edgebnn-exported ONNX file, bytes or proto."""
+def read_export(source: Source) -> tuple[onnx.ModelProto, ExportMetadata, str]:
+    """(model, validated export metadata, name for messages) of an edgebnn-exported ONNX file, bytes or proto.
+
+    Raises:
+        InvalidArtifactError: Unreadable, not ONNX, or its ``edgebnn.export`` metadata is missing or malformed.
+    """
     if isinstance(source, onnx.ModelProto):
         proto, where = source, "<model>"
     else:
@@ -47,14 +48,7 @@ def read_export(source: Source) -> tuple[onnx.ModelProto, dict[str, Any], str]:
             proto.ParseFromString(data)
         except (DecodeError, RuntimeError, ValueError) as e:
             raise InvalidArtifactError(f"{where}: not an ONNX file") from e
-    props = {p.key: p.value for p in proto.metadata_props}
-    if EXPORT_KEY not in props:
-        raise InvalidArtifactError(f"{where}: not exported by edgebnn (no {EXPORT_KEY} metadata)")
-    try:
-        meta = json.loads(props[EXPORT_KEY])
-    except json.JSONDecodeError as e:
-        raise InvalidArtifactError(f"{where}: {EXPORT_KEY} metadata is not valid JSON") from e
-    return proto, meta, where
+    return proto, read_metadata(proto, where), where
 
 
 class Session:
@@ -70,7 +64,7 @@ class Session:
     def __init__(self, source: Source, *, seed: int | None = 0,
                  threads: int = 0, providers: list[str] | None = None) -> None:
         proto, self.meta, self.where = read_export(source)
-        if self.meta.get("mode") in ("float_deterministic", "float_bnn"):
+        if self.meta.is_baseline:
             raise InvalidArtifactError(f"{self.where}: a float baseline graph, not an ensemble")
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
@@ -80,18 +74,18 @@ class Session:
             opts.intra_op_num_threads = threads
         self._sess = ort.InferenceSession(proto.SerializeToString(), opts,
                                           providers=providers or ["CPUExecutionProvider"])
-        self.input_name = self.meta.get("input_name", self._sess.get_inputs()[0].name)
-        self.input_shape = tuple(self.meta["input_shape"][1:])
-        self.noise_inputs = self.meta.get("noise_inputs", [])
+        self.input_name = self.meta.input_name
+        self.input_shape = tuple(self.meta.input_shape[1:])
+        self.noise_inputs = [dict(r) for r in self.meta.noise_inputs or ()]
         self.rng = np.random.default_rng(seed)
 
     @property
     def mode(self) -> str:
-        return self.meta["mode"]
+        return self.meta.mode
 
     @property
     def samples(self) -> int:
-        return int(self.meta["samples"])
+        return self.meta.samples
 
     def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> Predictive:
         """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``.

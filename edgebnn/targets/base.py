@@ -28,9 +28,10 @@ from google.protobuf.message import DecodeError
 
 from edgebnn.devices import DeviceProfile
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDependencyError
+from edgebnn.exporters.metadata import EXPORT_KEY, ExportMetadata
 from edgebnn.exporters.tensorrt import DEFAULT_WORKSPACE_MIB
 from edgebnn.ir import BNNModel
-from edgebnn.runtime.session import EXPORT_KEY, read_export
+from edgebnn.runtime.session import read_export
 from edgebnn.targets.power import DEFAULT_IDLE_S, PowerMeter, open_meter
 from edgebnn.targets.runners import Feed, Runner
 
@@ -80,14 +81,14 @@ class Executable:
     Attributes:
         runner: What runs it (:mod:`edgebnn.targets.runners`).
         target: Device profile name it was compiled for.
-        meta: The graph's edgebnn export metadata (``mode``, ``samples``, ``weights``, ...); empty when the
+        meta: The graph's edgebnn export metadata (``mode``, ``samples``, ``weights``, ...); None when the
             graph carries none.
         size_bytes: Size of what runs: the serialized ONNX, or the engine file.
     """
 
     runner: Runner
     target: str
-    meta: Mapping[str, Any]
+    meta: ExportMetadata | None
     size_bytes: int
 
     @property
@@ -132,10 +133,10 @@ def onnx_size(proto: onnx.ModelProto, path: Path | None) -> int:
     return path.stat().st_size if path is not None else proto.ByteSize()
 
 
-def _export_meta(proto: onnx.ModelProto) -> dict[str, Any]:
-    """The edgebnn export metadata of a graph, or {} for a graph edgebnn did not export."""
+def _export_meta(proto: onnx.ModelProto) -> ExportMetadata | None:
+    """The edgebnn export metadata of a graph, or None for a graph edgebnn did not export."""
     if not any(p.key == EXPORT_KEY for p in proto.metadata_props):
-        return {}
+        return None
     return read_export(proto)[1]
 
 
@@ -195,7 +196,7 @@ class Target(ABC):
                                          f"{', '.join(self.runtimes)}")
             self._check(meta, rt, where)
         for key, what in (("weights", "weights"), ("precision", "activations")):  # export --weights, calibrate
-            value = meta.get(key)
+            value = getattr(meta, key) if meta is not None else None
             if value is not None and value not in self.profile.precisions:
                 raise InvalidOptionError(f"{where}: {value} {what} do not run on {self.name}, which takes "
                                          f"{', '.join(self.profile.precisions)}")
@@ -216,11 +217,11 @@ class Target(ABC):
                                      f"{'; '.join(missing)}")
 
     @abstractmethod
-    def _check(self, meta: Mapping[str, Any], runtime: str, where: str) -> None:
+    def _check(self, meta: ExportMetadata | None, runtime: str, where: str) -> None:
         """Refuse a graph (by its export metadata) that ``runtime`` cannot run on this kind of device."""
 
     @abstractmethod
-    def _compile(self, proto: onnx.ModelProto, path: Path | None, meta: Mapping[str, Any], runtime: str,
+    def _compile(self, proto: onnx.ModelProto, path: Path | None, meta: ExportMetadata | None, runtime: str,
                  options: CompileOptions) -> tuple[Runner, int]:
         """(runner, size in bytes of what it runs) for a validated graph."""
 

@@ -15,13 +15,14 @@ compiled artifacts none: a TensorRT engine runs on rtx or jetson
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.targets.base import BASELINES, CompileOptions, Executable, Runtimes, Target, onnx_size
 from edgebnn.targets.runners import OrtRunner, Runner, SessionRunner, TorchRunner
 
@@ -98,15 +99,15 @@ class CpuTarget(Target):
     kind = "cpu"
     runtimes = ("onnxruntime", "torch")
 
-    def _check(self, meta: Mapping[str, Any], runtime: str, where: str) -> None:
+    def _check(self, meta: ExportMetadata | None, runtime: str, where: str) -> None:
         """onnxruntime and torch run every graph edgebnn exports, noise inputs included."""
 
-    def _compile(self, proto: onnx.ModelProto, path: Path | None, meta: Mapping[str, Any], runtime: str,
+    def _compile(self, proto: onnx.ModelProto, path: Path | None, meta: ExportMetadata | None, runtime: str,
                  options: CompileOptions) -> tuple[Runner, int]:
         size = onnx_size(proto, path)
         if runtime == "torch":
             return TorchRunner(proto, threads=options.threads), size
-        if meta and meta.get("mode") not in BASELINES:  # an ensemble: a noise graph needs its noise drawn per call
+        if meta is not None and not meta.is_baseline:  # an ensemble: a noise graph needs its noise drawn per call
             return SessionRunner(proto, threads=options.threads), size
         return OrtRunner(proto, threads=options.threads), size
 

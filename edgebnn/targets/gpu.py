@@ -19,13 +19,12 @@ passes run where bayesian-torch users run them, in torch on the GPU. For the sam
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import onnx
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.runtime.session import read_export
 from edgebnn.targets.base import CompileOptions, Executable, Runtimes, Target, onnx_size
 from edgebnn.targets.runners import OrtRunner, Runner, TensorRTRunner, TorchRunner, import_tensorrt
@@ -36,14 +35,14 @@ class TensorRTTarget(Target):
 
     runtimes = ("tensorrt", "torch", "onnxruntime")
 
-    def _check(self, meta: Mapping[str, Any], runtime: str, where: str) -> None:
-        if runtime == "tensorrt" and meta.get("mode") == "noise":
+    def _check(self, meta: ExportMetadata | None, runtime: str, where: str) -> None:
+        if runtime == "tensorrt" and meta is not None and meta.mode == "noise":
             raise InvalidOptionError(
                 f"--mode noise on {self.name}: a noise graph takes host-drawn noise inputs, copied to the GPU "
                 "on every call; profile --mode baked (or analytic) on TensorRT"
             )
 
-    def _compile(self, proto: onnx.ModelProto, path: Path | None, meta: Mapping[str, Any], runtime: str,
+    def _compile(self, proto: onnx.ModelProto, path: Path | None, meta: ExportMetadata | None, runtime: str,
                  options: CompileOptions) -> tuple[Runner, int]:
         if runtime == "torch":
             return TorchRunner(proto, device="cuda", threads=options.threads), onnx_size(proto, path)
@@ -103,19 +102,19 @@ class JetsonTarget(TensorRTTarget):
     kind = "jetson"
 
 
-def _engine_export(engine: Path, samples: int | None) -> dict[str, Any]:
+def _engine_export(engine: Path, samples: int | None) -> ExportMetadata | None:
     """The edgebnn export metadata of the ONNX an engine was built from (named in its manifest), if beside it."""
     from edgebnn.exporters.tensorrt import manifest_path
 
     try:
         manifest = json.loads(manifest_path(engine).read_text())
     except (OSError, json.JSONDecodeError):
-        return {}  # check_engine reports a bad manifest with the right message
+        return None  # check_engine reports a bad manifest with the right message
     onnx_file = engine.parent / str(manifest.get("onnx", ""))
     if not manifest.get("onnx") or not onnx_file.is_file():
-        return {}
+        return None
     meta = read_export(onnx_file)[1]
-    if samples is not None and meta.get("samples") != samples:
-        raise InvalidOptionError(f"{engine}: built from an S={meta.get('samples')} ensemble ({onnx_file.name}); "
-                                 f"pass --samples {meta.get('samples')}")
+    if samples is not None and meta.samples != samples:
+        raise InvalidOptionError(f"{engine}: built from an S={meta.samples} ensemble ({onnx_file.name}); "
+                                 f"pass --samples {meta.samples}")
     return meta

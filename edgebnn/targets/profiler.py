@@ -32,10 +32,9 @@ from edgebnn import __version__
 from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import BNNModel
 from edgebnn.runtime.reference import check_samples
+from edgebnn.schemas import PROFILE as SCHEMA
 from edgebnn.targets.base import CompileOptions, Executable
 from edgebnn.targets.registry import get_target
-
-SCHEMA = "edgebnn.profile/1"
 
 
 @dataclass
@@ -156,7 +155,7 @@ def profile(
                 results[name] = measure(call, batch=batch, runs=runs, warmup=warmup, meter=meter)
     for name, exe in executables.items():
         results[name].runner, results[name].provider = exe.name, exe.provider
-    mode = ens.meta.get("mode", "unknown") if ens.meta else "unknown (no export ONNX beside the engine)"
+    mode = ens.meta.mode if ens.meta else "unknown (no export ONNX beside the engine)"
     report: dict[str, Any] = {
         "schema": SCHEMA,
         "edgebnn_version": __version__,

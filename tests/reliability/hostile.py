@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from synthetic import synthetic_cnn
 
 from edgebnn import _io, ir
+from edgebnn.exporters.metadata import EXPORT_KEY
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
 from edgebnn.ir.encodings import CodebookWeight
 
@@ -105,6 +106,13 @@ def edit_manifest(proto: onnx.ModelProto, edit: Callable[[dict[str, Any]], None]
     manifest = json.loads(entry.value)
     edit(manifest)
     entry.value = json.dumps(manifest)
+    return proto
+
+
+def edit_export_metadata(proto: onnx.ModelProto, edit: Callable[[str], str]) -> onnx.ModelProto:
+    """Replace the text of an exported model's ``edgebnn.export`` entry with ``edit(text)``."""
+    entry = next(p for p in proto.metadata_props if p.key == EXPORT_KEY)
+    entry.value = edit(entry.value)
     return proto
 
 

@@ -35,6 +35,7 @@ from hostile import (
     break_writer,
     codebook_cnn,
     digits_shaped,
+    edit_export_metadata,
     edit_manifest,
     initializer,
     proto_of,
@@ -52,6 +53,7 @@ from edgebnn import _io, ir
 from edgebnn.cli import main
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters.ensemble import export_onnx, float_deterministic, save_onnx
+from edgebnn.exporters.metadata import EXPORT_KEY
 from edgebnn.passes import lower
 
 
@@ -233,6 +235,7 @@ ebnn("ebnn-manifest-5000-digit-int", lambda p: set_manifest_text(p, '{"format_ve
      "manifest is not valid JSON")
 ebnn("ebnn-manifest-scheme-null", manifest(scheme=None), "manifest scheme None")
 ebnn("ebnn-manifest-classes-bool", manifest(num_classes=True), "manifest num_classes True")
+ebnn("ebnn-manifest-lower-config-list", manifest(lower_config=[1]), "manifest lower_config [1] is not an object")
 ebnn("ebnn-manifest-classes-vs-graph", manifest(num_classes=7),
      "graph output 'logits' has 3 classes, the manifest says 7")
 ebnn("ebnn-manifest-input-vs-graph", manifest(input_shape=[1, 1, 8, 8]), "differs from manifest [1, 8, 8]")
@@ -399,6 +402,84 @@ def _(ctx: Ctx) -> Bad:
 @case("run-eval-missing-file")
 def _(ctx: Ctx) -> Bad:
     return Bad(["eval", str(ctx.tmp / "nowhere.onnx")], (str(ctx.tmp / "nowhere.onnx"), "no such file"))
+
+
+# -- meta-*: an export whose edgebnn.export metadata was tampered with, through every command that reads one --
+
+
+def _json_edit(edit: Callable[[dict[str, Any]], object]) -> Callable[[str], str]:
+    def apply(text: str) -> str:
+        meta = json.loads(text)
+        out = edit(meta)
+        return json.dumps(meta if out is None else out)
+
+    return apply
+
+
+def _without(key: str) -> Callable[[dict[str, Any]], None]:
+    return lambda m: m.pop(key) and None
+
+
+def _two_entries(p: onnx.ModelProto) -> onnx.ModelProto:
+    entry = p.metadata_props.add()
+    entry.key, entry.value = EXPORT_KEY, p.metadata_props[0].value
+    return p
+
+
+def _renamed_entry(p: onnx.ModelProto) -> onnx.ModelProto:
+    p.metadata_props[0].key = "edgebnn.exprt"
+    return p
+
+
+TAMPERED: dict[str, tuple[Callable[[onnx.ModelProto], onnx.ModelProto], str]] = {
+    "list": (lambda p: edit_export_metadata(p, _json_edit(lambda m: [m])), "must be a JSON object, got a list"),
+    "no-input-shape": (lambda p: edit_export_metadata(p, _json_edit(_without("input_shape"))), "has no input_shape"),
+    "no-mode": (lambda p: edit_export_metadata(p, _json_edit(_without("mode"))), "has no mode"),
+    "samples-string": (lambda p: edit_export_metadata(p, _json_edit(lambda m: m.update(samples="4"))),
+                       'samples "4" is not a positive integer'),
+    "input-shape-strings": (lambda p: edit_export_metadata(p, _json_edit(lambda m: m.update(input_shape=[1, "a"]))),
+                            "input_shape [1, \"a\"] is not a list of at least 2 positive integers"),
+    "input-shape-vs-graph": (lambda p: edit_export_metadata(p, _json_edit(lambda m: m.update(input_shape=[1, 64]))),
+                             "input_shape [1, 64] does not fit the graph input 'input'"),
+    "input-name-vs-graph": (lambda p: edit_export_metadata(p, _json_edit(lambda m: m.update(input_name="x"))),
+                            "input_name 'x' is not a graph input"),
+    "noise-inputs-vs-graph": (lambda p: edit_export_metadata(p, _json_edit(lambda m: m.update(
+        noise_inputs=[{"name": "eps", "shape": [-1, 3], "per": "row"}]))), "noise_inputs do not match"),
+    "mode-unknown": (lambda p: edit_export_metadata(p, _json_edit(lambda m: m.update(mode="quantum"))),
+                     'mode "quantum" is not one of baked'),
+    "unknown-field": (lambda p: edit_export_metadata(p, _json_edit(lambda m: m.update(colour="red"))),
+                      "unknown field(s) ['colour']"),
+    "not-json": (lambda p: edit_export_metadata(p, lambda t: t[:-5]), "metadata is not valid JSON"),
+    "nested-100k": (lambda p: edit_export_metadata(p, lambda t: "[" * 100_000 + "]" * 100_000),
+                    "metadata is not valid JSON"),
+    "duplicate-key": (lambda p: edit_export_metadata(p, lambda t: t[:-1] + ', "mode": "noise"}'),
+                      "has the key 'mode' twice"),
+    "two-entries": (_two_entries, "2 edgebnn.export metadata entries"),
+    "missing-entry": (_renamed_entry, "not exported by edgebnn (no edgebnn.export metadata)"),
+}
+
+
+def tampered_export(ctx: Ctx, kind: str) -> tuple[Path, str]:
+    mutate, needle = TAMPERED[kind]
+    return write(ctx.tmp / "tampered.onnx", mutate(export_onnx(digits_shaped(), 4))), needle
+
+
+META_COMMANDS: dict[str, Callable[[Ctx, Path], list[str]]] = {
+    "eval": lambda ctx, src: ["eval", str(src), "--json", str(ctx.tmp / "e.json")],
+    "inspect": lambda ctx, src: ["inspect", str(src), "--json"],
+    "compare": lambda ctx, src: ["compare", str(src), str(saved(ctx, digits_shaped())), "--json",
+                                 str(ctx.tmp / "c.json")],
+    "calibrate": lambda ctx, src: ["calibrate", str(src), "-o", str(ctx.tmp / "int8.onnx"), "--json",
+                                   str(ctx.tmp / "r.json")],
+    "profile": lambda ctx, src: ["profile", str(saved(ctx, digits_shaped())), "--onnx", str(src), "-S", "4",
+                                 "--power-meter", "none", "--json", str(ctx.tmp / "p.json")],
+}
+for _command in META_COMMANDS:
+    for _kind in TAMPERED:
+        @case(f"meta-{_command}-{_kind}")
+        def _(ctx: Ctx, command: str = _command, kind: str = _kind) -> Bad:
+            src, needle = tampered_export(ctx, kind)
+            return Bad(META_COMMANDS[command](ctx, src), (str(src), needle))
 
 
 # -- write-*: the output cannot be written (the previous artifact survives) -----------------------------
@@ -665,6 +746,62 @@ def _(ctx: Ctx) -> Bad:
 @case("model-bits-99", torch=True, marks=(pytest.mark.slow,))  # the whole import runs first
 def _(ctx: Ctx) -> Bad:
     return Bad(lower_argv(ctx, ctx.weights, "--scheme", "fixed", "--bits", "99"), ("bits=99",))
+
+
+@case("model-set-without-value", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--set", "noise_fraction"),
+               ("--set noise_fraction: expected KEY=VALUE",))
+
+
+@case("model-set-option-of-another-scheme", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--scheme", "fixed", "--set", "options.clusters=4"),
+               ("--set options.clusters=4", "unknown option(s) ['clusters']"))
+
+
+@case("model-set-overrides-not-json", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--set", "overrides=[{pattern: fc*}]"),
+               ("--set overrides=[{pattern: fc*}]", "must be a list of objects"))
+
+
+@case("model-config-missing-file", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(ctx.tmp / "cfg.json")),
+               (str(ctx.tmp / "cfg.json"), "no such file"))
+
+
+@case("model-config-not-json", torch=True)
+def _(ctx: Ctx) -> Bad:
+    cfg = write(ctx.tmp / "cfg.json", b"{oops")
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(cfg)), (str(cfg), "not a JSON lowering config"))
+
+
+@case("model-config-unknown-key", torch=True)
+def _(ctx: Ctx) -> Bad:
+    cfg = write(ctx.tmp / "cfg.json", b'{"scheme": "fixed", "bitz": 3}')
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(cfg)), (str(cfg), "unknown key(s) ['bitz']"))
+
+
+@case("model-config-ebnn-without-config", torch=True)
+def _(ctx: Ctx) -> Bad:
+    src = saved(ctx, digits_shaped())
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(src)), (str(src), "stores no lowering config"))
+
+
+@case("model-config-ebnn-tampered-config", torch=True)
+def _(ctx: Ctx) -> Bad:
+    src = write(ctx.tmp / "lowered.ebnn", edit_manifest(proto_of(lower(digits_shaped(), "fixed").model),
+                                                        lambda m: m["lower_config"].update(seed="zero")))
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(src)), (str(src), "lower_config", "seed='zero'"))
+
+
+@case("model-config-ebnn-lowered-with-arrays", torch=True)
+def _(ctx: Ctx) -> Bad:
+    scales = {"fc.weight": (np.ones(64, np.float32), np.full(64, 0.01, np.float32))}
+    src = saved(ctx, lower(digits_shaped(), "prune+fixed", group_scales=scales).model)
+    return Bad(lower_argv(ctx, ctx.weights, "--config", str(src)), (str(src), "group_scales arrays"))
 
 
 @case("model-input-shape-zero", torch=True)

@@ -55,9 +55,9 @@ def test_each_method_writes_a_model_session_runs(calibrated, baked):
     pred = sess.predict(_inputs(5, seed=7))
     assert pred.probs.shape == (5, 3) and np.allclose(pred.probs.sum(-1), 1, atol=1e-5)
     meta = read_export(out)[1]
-    assert meta["mode"] == "baked" and meta["samples"] == 4 and meta["precision"] == "int8"
-    assert meta["calibration"]["method"] == method
-    assert meta["calibration"]["samples_used"] == 96 == report["calibration"]["samples_used"]
+    assert meta.mode == "baked" and meta.samples == 4 and meta.precision == "int8"
+    assert meta.calibration is not None and meta.calibration["method"] == method
+    assert meta.calibration["samples_used"] == 96 == report["calibration"]["samples_used"]
     assert report["evaluation"] is None and "digits" in report["evaluation_reason"]
 
 

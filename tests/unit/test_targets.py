@@ -93,7 +93,7 @@ def test_every_weight_format_the_exporter_writes_runs_on_the_cpu():
     for weights in ("fp32", "int8", "int4"):  # how close each stays to fp32 is test_ensemble_export's business
         exe = get_target("cpu").compile(export_onnx(model, 2, weights=weights))
         probs = exe.run(_x())[0]
-        assert exe.meta["weights"] == weights and probs.shape == (3, 3)
+        assert exe.meta.weights == weights and probs.shape == (3, 3)
         np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)  # a softmax mean, up to float32 rounding
 
 
@@ -147,7 +147,7 @@ def test_power_meters_come_from_the_profile():
 def test_cpu_compiles_an_ensemble_to_the_session_it_would_run_in():
     graph = export_onnx(synthetic_cnn(), 4)
     exe = get_target("cpu").compile(graph)
-    assert isinstance(exe, Executable) and exe.target == "cpu" and exe.meta["mode"] == "baked"
+    assert isinstance(exe, Executable) and exe.target == "cpu" and exe.meta.mode == "baked"
     assert (exe.name, exe.provider, exe.input_names) == ("onnxruntime", "CPUExecutionProvider", ["input"])
     assert exe.size_bytes == graph.ByteSize()
     want = Session(graph, threads=1).predict(_x())
@@ -173,7 +173,7 @@ def test_cpu_compiles_a_file_with_either_runtime(tmp_path):
     torch_exe = cpu.compile(path, runtime="torch", options=CompileOptions(threads=1))
     assert ort_exe.name == "onnxruntime" and torch_exe.name == "torch"
     assert ort_exe.size_bytes == torch_exe.size_bytes == path.stat().st_size
-    assert ort_exe.meta["mode"] == "float_deterministic"
+    assert ort_exe.meta.mode == "float_deterministic"
     np.testing.assert_allclose(torch_exe.run(_x())[0], ort_exe.run(_x())[0], atol=1e-5)
 
 
@@ -201,7 +201,7 @@ def test_gpu_compile_puts_the_engine_in_the_workdir_or_beside_the_onnx(monkeypat
     graph = export_onnx(synthetic_cnn(), 2)
     exe = agx.compile(graph, options=CompileOptions(name="ens", workdir=tmp_path, max_batch=4, dla_core=1))
     assert built[-1] == (tmp_path / "ens.onnx", tmp_path / "ens.engine", "jetson-agx-orin", 4, 1)
-    assert (exe.name, exe.provider, exe.size_bytes, exe.meta["mode"]) == ("tensorrt", "engine for jetson-agx-orin",
+    assert (exe.name, exe.provider, exe.size_bytes, exe.meta.mode) == ("tensorrt", "engine for jetson-agx-orin",
                                                                            6, "baked")
     path = save_onnx(graph, tmp_path / "m.onnx")
     agx.compile(path)

@@ -20,9 +20,11 @@ def test_float_keeps_every_weight_and_reports(mlp, report_keys, roundtrip) -> No
     assert result.report["total_bytes"] == result.report["float_bnn_bytes"] == mlp.nbytes()
     assert result.report["compression_ratio"] == 1.0
     roundtrip(result.model)
-    # only the manifest changed: the pass is recorded
+    # only the manifest changed: the pass and the config are recorded
     assert [p["name"] for p in result.model.manifest.passes] == ["float"]
+    assert result.model.manifest.lower_config == result.report["config"]
     mlp.manifest.passes.append(result.model.manifest.passes[0])
+    mlp.manifest.lower_config = result.model.manifest.lower_config
     assert to_bytes(result.model) == to_bytes(mlp)
 
 
