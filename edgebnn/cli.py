@@ -256,7 +256,8 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                    "takes standard-normal noise inputs that edgebnn.runtime.Session fills; shared: codebook "
                    "models draw K numbers per layer per sample; analytic: one pass propagating means and "
                    "variances.")
-@click.option("--noise", "noise_variant", type=click.Choice([v for v in NOISE_VARIANTS if v not in MODES]), default="auto",
+@click.option("--noise", "noise_variant", type=click.Choice([v for v in NOISE_VARIANTS if v not in MODES]),
+              default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
                                       "weight for Conv + local for Gemm (auto; exact and small).")
 @click.option("--weights", "weight_format", type=click.Choice(WEIGHT_FORMATS), default="fp32",

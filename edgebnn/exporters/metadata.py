@@ -120,7 +120,8 @@ class ExportMetadata:
             if not (value is None and optional) and not _CHECKS[name](value):
                 raise InvalidArtifactError(f"{bad}: {name} {_short(value)} is not {_DESCRIBE[name]}")
 
-        for name, allowed in (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", WEIGHT_FORMATS)):
+        choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", WEIGHT_FORMATS))
+        for name, allowed in choices:
             if raw.get(name) is not None and raw[name] not in allowed:
                 raise InvalidArtifactError(f"{bad}: {name} {_short(raw[name])} is not one of {', '.join(allowed)}")
         raw["input_shape"] = tuple(raw["input_shape"])
