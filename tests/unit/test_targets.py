@@ -14,8 +14,9 @@ from synthetic import INPUT_SHAPE, synthetic_cnn
 from edgebnn.devices import DEVICES, device_names, get_device
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic, save_onnx
+from edgebnn.exporters.metadata import EXPORT_KEY
 from edgebnn.runtime import Session
-from edgebnn.runtime.session import EXPORT_KEY, read_export
+from edgebnn.runtime.session import read_export
 from edgebnn.targets import CompileOptions, Executable, get_target, gpu, target_names
 from edgebnn.targets.cpu import CpuTarget
 from edgebnn.targets.gpu import JetsonTarget, RtxTarget
