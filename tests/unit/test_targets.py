@@ -225,7 +225,7 @@ def test_profile_compiles_each_graph_through_the_target_and_runs_float_bnn_s_tim
         return exe
 
     def bind(self, inputs):
-        call, mode = real_bind(self, inputs), self.meta["mode"]
+        call, mode = real_bind(self, inputs), self.meta.mode
 
         def counted():
             runs[mode] = runs.get(mode, 0) + 1
