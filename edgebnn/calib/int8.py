@@ -62,7 +62,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from edgebnn import __version__
-from edgebnn.calib.readers import DEFAULT_BATCH, BatchReader, digits_inputs, load_npy_dir
+from edgebnn.calib.readers import DEFAULT_BATCH, BatchReader, digits_inputs, load_inputs
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 
 SCHEMA = "edgebnn.calibrate/1"
@@ -258,7 +258,7 @@ def calibrate_ensemble(
         output: Where to write the INT8 Q/DQ ONNX (atomically). Its ``edgebnn.export`` metadata is the
             input's plus ``precision: int8`` and a ``calibration`` entry (method, samples used, data, ...),
             so ``edgebnn eval``/``edgebnn.runtime.Session`` run it like any export.
-        data: ``digits`` (split ``calib_split``) or a folder of ``.npy`` inputs.
+        data: ``digits`` (split ``calib_split``), an ``.npz`` with ``x`` or a folder of shards (``load_inputs``).
         config: Calibration settings (default: entropy, batch 32).
         calib_split: Digits split to calibrate on.
         eval_split: Digits split for the before/after metrics; must differ from ``calib_split`` when
@@ -298,8 +298,7 @@ def calibrate_ensemble(
         x_cal = digits_inputs(calib_split)[0]
         data_desc: dict[str, Any] = {"data": "digits", "split": calib_split}
     else:
-        x_cal = load_npy_dir(data, input_shape)
-        data_desc = {"data": str(data), "files": len([p for p in Path(data).iterdir() if p.suffix == ".npy"])}
+        x_cal, data_desc = load_inputs(data, input_shape, limit=config.max_samples)
     reader = BatchReader(x_cal, input_name, batch=config.batch, limit=config.max_samples)
     quantized = quantize_int8(proto, reader, config)
     calibration = {**asdict(config), **data_desc, "samples_used": reader.samples_used,
