@@ -83,7 +83,8 @@ def print_lower_report(console: Console, report: dict[str, Any], output: str, *,
             table.add_column(col, justify="left" if col in ("encoding", "note") else "right", no_wrap=True)
         for layer in layers:
             table.add_row(
-                layer["name"], str(layer.get("kind", "")), f"{layer['n_weights']:,}", str(layer.get("bits", "")),
+                layer["name"], str(layer.get("kind", "")).removesuffix("Weight"), f"{layer['n_weights']:,}",
+                str(layer.get("bits", "")),
                 *((f"{layer.get('sparsity', 0.0):.1%}",) if sparse else ()), fmt_bytes(int(layer["bytes"])),
                 notes.ref(str(layer.get("skipped") or layer.get("note") or "")),
             )
@@ -100,7 +101,7 @@ def _grouped(layers: list[dict[str, Any]], keys: list[tuple[str, str]], sparse: 
     """One row per distinct value of ``keys``: how many layers, weights and bytes."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for layer in layers:
-        groups.setdefault(tuple(str(layer.get(k, "")) for k, _ in keys), []).append(layer)
+        groups.setdefault(tuple(str(layer.get(k, "")).removesuffix("Weight") for k, _ in keys), []).append(layer)
     table = Table(title_justify="left")
     for _, title in keys:
         table.add_column(title)
