@@ -14,8 +14,9 @@ Run from the repository root (needs the folder's size free in the temp dir; abou
     .venv/bin/python bench/data_scale.py [--gib 2] [--shard-mib 256] [--samples 4] [--json out.json]
 
 Prints one JSON line on stdout and a summary on stderr. Measured on the CI machine (2 shared cores,
-edgebnn 0.1.0, numpy 2.4, onnxruntime 1.31), ``--gib 2``: see the JSON it prints (``peak_mib``,
-``baseline_mib``, ``data_mib``); the figures are in the README's section on your own data.
+edgebnn 0.1.0, numpy 2.4, onnxruntime 1.31, S = 4), ``--gib 2``: 2048 MiB of inputs (174,762 rows in 9
+shards) evaluated in 64 s with a peak RSS of 167 MiB, 3 MiB over the 163 MiB after imports and model load
+(the model load's own high-water mark covers the streaming working set); ``--gib 0.25``: 166 MiB.
 """
 
 from __future__ import annotations
