@@ -506,9 +506,9 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
 
     _check_output_dir(output)
     config = Int8Config(method=method, batch=batch, max_samples=max_samples)
-    with console.status(f"calibrating {model} ({method})"):
+    with _progress_bar(f"calibrating {Path(model).name} ({method})") as progress:
         report = calibrate_ensemble(model, output, data=data, config=config, calib_split=calib_split,
-                                    eval_split=eval_split, device=device)
+                                    eval_split=eval_split, device=device, progress=progress)
     cal = report["calibration"]
     console.print(f"wrote {output} ({fmt_bytes(report['bytes']['after'])}, was {fmt_bytes(report['bytes']['before'])}; "
                   f"{method} on {cal['samples_used']} inputs)", highlight=False)

@@ -53,6 +53,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,7 @@ def calibrate_ensemble(
     calib_split: str = "val",
     eval_split: str = "test",
     device: str = "jetson",
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """INT8-calibrate an exported baked ensemble, write it, and report what it cost.
 
@@ -264,6 +266,7 @@ def calibrate_ensemble(
         eval_split: Digits split for the before/after metrics; must differ from ``calib_split`` when
             calibrating on digits. Skipped (with the reason) for models that do not take 8x8 digits.
         device: TensorRT device profile whose TensorRT version the compatibility check targets.
+        progress: Called as ``progress(batches, batches per pass)`` while the float graph runs on the data.
 
     Returns:
         The ``edgebnn.calibrate/1`` report (without ``schema``/``edgebnn_version``, which the CLI adds).
@@ -299,7 +302,7 @@ def calibrate_ensemble(
         data_desc: dict[str, Any] = {"data": "digits", "split": calib_split}
     else:
         x_cal, data_desc = load_inputs(data, input_shape, limit=config.max_samples)
-    reader = BatchReader(x_cal, input_name, batch=config.batch, limit=config.max_samples)
+    reader = BatchReader(x_cal, input_name, batch=config.batch, limit=config.max_samples, progress=progress)
     quantized = quantize_int8(proto, reader, config)
     calibration = {**asdict(config), **data_desc, "samples_used": reader.samples_used,
                    "onnxruntime": _ort_version(), "edgebnn_version": __version__}

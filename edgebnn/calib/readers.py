@@ -18,7 +18,7 @@ batches. :attr:`BatchReader.samples_used` says how many inputs were actually use
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,9 +37,11 @@ class BatchReader(CalibrationDataReader):
         input_name: Name of the graph input.
         batch: Batch size; clipped to N, so a small set is one batch.
         limit: Use at most this many inputs (the first ``limit``), or all when None.
+        progress: Called as ``progress(batches given, batches per pass)`` after each batch.
     """
 
-    def __init__(self, x: np.ndarray, input_name: str, *, batch: int = DEFAULT_BATCH, limit: int | None = None) -> None:
+    def __init__(self, x: np.ndarray, input_name: str, *, batch: int = DEFAULT_BATCH, limit: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
         if batch < 1:
             raise InvalidOptionError(f"calibration batch must be at least 1, got {batch}")
         if limit is not None and limit < 1:
@@ -51,6 +53,7 @@ class BatchReader(CalibrationDataReader):
         self.samples_used = len(x) // self.batch * self.batch
         self.x = np.ascontiguousarray(x[: self.samples_used], dtype=np.float32)
         self.input_name = input_name
+        self.progress = progress
         self._next = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -58,6 +61,8 @@ class BatchReader(CalibrationDataReader):
             return None
         chunk = self.x[self._next : self._next + self.batch]
         self._next += self.batch
+        if self.progress:
+            self.progress(self._next // self.batch, len(self))
         return {self.input_name: chunk}
 
     def __len__(self) -> int:
