@@ -419,7 +419,8 @@ def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str 
 @click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn side (reference runtime).")
 @click.option("--null-runs", default=99, show_default=True, help="Simulated null pairs for the p-value.")
 @click.option("--alpha", default=0.01, show_default=True, help="Call the distributions different when p <= alpha.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True,
+              help="Sampling seed: A's side uses it, B's seed + 1, the null simulation seeds from seed + 1000.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
 def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, null_runs: int,
             alpha: float, seed: int, json_out: str | None) -> None:
