@@ -4,9 +4,69 @@ A trained BNN goes in (edgebnn, bayesian-torch, torchbnn or blitz layers); out c
 TensorRT engine that computes the whole S-sample predictive distribution on the device.
 
     import ──> IR (.ebnn) ──lowering passes──> IR (encoded weights) ──export──> ONNX / TensorRT
+
+The workflow in Python (each step has an ``edgebnn`` command that does the same)::
+
+    import edgebnn
+
+    ir = edgebnn.from_torch(model, (1, 1, 28, 28))          # a trained torch BNN -> IR    (edgebnn lower)
+    small = edgebnn.lower(ir, "fixed")                       # compress; small.lowering_report
+    edgebnn.save(small, "model.ebnn")                        # the .ebnn file               (edgebnn inspect)
+    edgebnn.export(small, "model.onnx", samples=16)          # the S-sample ensemble        (edgebnn export)
+    report = edgebnn.evaluate("model.onnx", data="test.npz", ood_data="ood.npz")   # (edgebnn eval)
+    pred = edgebnn.Session("model.onnx").predict(x)          # probs, entropy, mutual_info per input
+
+Data (``data=``, ``--data``) is ``"digits"`` (the built-in set), an ``.npz`` with ``x`` (N, ...) float32
+inputs and ``y`` (N,) integer labels, a folder of ``.npy``/``.npz`` shards (streamed in batches), or
+``(x, y)`` arrays: see :func:`load_data`. Errors a user can cause raise :class:`EdgeBNNError` subclasses
+whose message names the file, key, layer or option at fault.
+
+Importing ``edgebnn`` is light: torch is imported by :func:`from_torch` only, onnxruntime by
+:class:`Session` (resolved on first use) and the functions that run models.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-__all__ = ["__version__"]
+from typing import TYPE_CHECKING, Any
+
+from edgebnn._version import __version__
+from edgebnn.api import evaluate_artifact as evaluate
+from edgebnn.api import export, from_torch, load_ir, lower, save
+from edgebnn.errors import EdgeBNNError
+
+if TYPE_CHECKING:
+    from edgebnn.data import Dataset, load_data
+    from edgebnn.runtime import Session
+
+__all__ = [
+    "Dataset",
+    "EdgeBNNError",
+    "Session",
+    "__version__",
+    "evaluate",
+    "export",
+    "from_torch",
+    "load",
+    "load_data",
+    "lower",
+    "save",
+]
+
+load = load_ir
+
+_LAZY = {"Session": "edgebnn.runtime", "load_data": "edgebnn.data", "Dataset": "edgebnn.data"}
+
+
+def __getattr__(name: str) -> Any:
+    """``Session``, ``load_data`` and ``Dataset`` are imported on first use (they need numpy/onnxruntime)."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'edgebnn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

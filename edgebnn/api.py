@@ -1,13 +1,16 @@
-"""The workflows behind the CLI, callable from Python: lower, evaluate, profile.
+"""The Python API, and the workflows behind the CLI: import, lower, export, load, evaluate, profile.
 
-Each returns a plain dict report (JSON-ready); the CLI and the demo print them with
-:mod:`edgebnn.tables`.
+The CLI is a thin layer over these functions (:mod:`edgebnn.cli` parses options and prints tables with
+:mod:`edgebnn.tables`); each report is a plain, JSON-ready dict. The package re-exports the public ones:
+``edgebnn.from_torch``, ``edgebnn.lower``, ``edgebnn.export``, ``edgebnn.load``, ``edgebnn.save``,
+``edgebnn.evaluate``, ``edgebnn.load_data`` (see ``help(edgebnn)``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,45 +18,144 @@ from edgebnn import schemas
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from edgebnn._lowered import LoweredModel
+    from edgebnn.data import Dataset, DataSource
     from edgebnn.exporters.metadata import ExportMetadata
+    from edgebnn.ir import BNNModel
+    from edgebnn.metrics import Predictive
     from edgebnn.passes import LowerConfig
+    from edgebnn.runtime import Session
 
+PathLike = str | os.PathLike[str]
+Progress = Callable[[int, int], None]
+"""A progress callback: ``progress(done, total)`` in rows (evaluation) or batches."""
 
-def load_ir(path: str | Path) -> Any:
-    """Load an .ebnn file (refusing exported .onnx files with a pointer to the right command)."""
+def load_ir(path: PathLike) -> BNNModel:
+    """Load an .ebnn IR file, verified (an exported .onnx is refused with a pointer to ``Session``).
+
+    Args:
+        path: The ``.ebnn`` file (from ``edgebnn lower`` or :func:`save`).
+
+    Returns:
+        The IR.
+
+    Raises:
+        InvalidArtifactError: Missing, corrupt or unverifiable file, or an exported ``.onnx``.
+    """
     from edgebnn import ir
 
     if Path(path).suffix == ".onnx":
-        raise InvalidArtifactError(f"{path}: this command takes an .ebnn IR file (from edgebnn lower), not an export")
+        raise InvalidArtifactError(f"{path}: this takes an .ebnn IR file (from edgebnn lower), not an export; "
+                                   "run an export with edgebnn.Session")
     return ir.load(path)
 
 
-def export_metadata(path: str | Path) -> ExportMetadata:
+def save(model: BNNModel, path: PathLike) -> Path:
+    """Write an IR as an ``.ebnn`` file, atomically; the same model gives the same bytes."""
+    from edgebnn import ir
+
+    return ir.save(model, path)
+
+
+def export_metadata(path: PathLike) -> ExportMetadata:
     """The validated ``edgebnn.export`` metadata of an exported ONNX file (:mod:`edgebnn.exporters.metadata`)."""
     from edgebnn.runtime.session import read_export
 
     return read_export(path)[1]
 
 
-def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
-                scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
-                output_index: int = 0, evaluate: str | None = None) -> tuple[Any, dict[str, Any]]:
-    """Build, load, import and lower a torch model; returns (IR, lowering report).
+def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None) -> BNNModel:
+    """Import a trained PyTorch BNN into the IR (needs torch).
 
-    ``scheme`` is a scheme string (with ``seed``, default 0, and ``bits``, default auto) or a
-    :class:`~edgebnn.passes.LowerConfig` (which holds both). ``evaluate="digits"`` adds ``report["eval"]``:
-    the lowered model against the float BNN it came from on the validation split (:func:`lowering_quality`).
+    Args:
+        model: The trained ``torch.nn.Module``: edgebnn, bayesian-torch (reparameterization or flipout,
+            hand-written or ``dnn_to_bnn``), torchbnn or blitz layers; plain Linear/Conv2d/BatchNorm layers are
+            carried through as deterministic layers.
+        input_shape: One example's shape with a leading batch dim, e.g. ``(1, 1, 28, 28)``.
+        output_index: Which output to use when ``forward`` returns a tuple such as ``(logits, kl)``.
+        name: How errors name the model (default: its class name).
+
+    Returns:
+        The IR, one ``GaussianWeight`` per Bayesian weight; lower it with :func:`lower`.
+
+    Raises:
+        UnsupportedLayerError: No Bayesian layer, or a layer edgebnn cannot import (named by its path).
+        MissingDependencyError: torch is not installed.
     """
     from edgebnn.importers import import_model
+
+    return import_model(model, tuple(input_shape), output_index=output_index, where=name or type(model).__name__)
+
+
+def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | None = None,
+          bits: str | int | None = None, **options: Any) -> LoweredModel:
+    """Lower an IR with a compression scheme; the lowering report is attached as ``result.lowering_report``.
+
+    Args:
+        model: The IR (not modified).
+        scheme: ``float``, ``mcq``, ``fixed``, ``codebook``, ``ternary``, ``binary``, ``prune`` or
+            ``prune+SCHEME``; or a :class:`edgebnn.passes.LowerConfig` (per-layer overrides; it holds the seed,
+            bits and options, so give none of them here).
+        seed: Seeds every random choice; the same seed gives the same bytes (default 0).
+        bits: ``"auto"`` (default: bits per layer from the posterior variance) or a forced width.
+        **options: Scheme options, e.g. ``clusters=16`` for codebook (see :func:`edgebnn.passes.lower`).
+
+    Returns:
+        The lowered IR (a ``LoweredModel``, which is a ``BNNModel``): ``.lowering_report`` holds ``scheme``, ``layers``,
+        ``total_bytes``, ``float_bnn_bytes``, ``compression_ratio``, ...
+    """
+    from edgebnn._lowered import LoweredModel
+    from edgebnn.passes import lower as run_passes
+
+    result = run_passes(model, scheme, seed=seed, bits=bits, **options)
+    return LoweredModel(result.model, result.report)
+
+
+def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mode: str = "baked",
+           weights: str = "fp32", seed: int = 0, noise: str = "auto", hoist: str | float = "off") -> Path:
+    """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
+
+    Args:
+        model: The IR, or the path of an ``.ebnn``.
+        path: The ``.onnx`` to write (atomically).
+        samples: Ensemble size S.
+        mode: ``baked`` (S samples stored as constants; TensorRT/DLA-safe), ``noise`` (host-drawn noise
+            inputs, filled by :class:`Session`), ``shared`` (codebook models) or ``analytic``.
+        weights: Baked mode: ``fp32``, ``int8`` or ``int4`` member weights.
+        seed: Seed of the baked samples.
+        noise: Noise mode variant: ``auto``, ``local`` or ``weight``.
+        hoist: ``off``, ``auto`` or a σ threshold below which layers run once (see ``edgebnn export --help``).
+
+    Returns:
+        The path written. Run it with ``edgebnn.Session(path).predict(x)``.
+    """
+    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+
+    ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
+    return save_onnx(export_onnx(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights,
+                                 hoist=hoist), path)
+
+
+def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
+                scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
+                output_index: int = 0,
+                evaluate: DataSource | None = None) -> tuple[BNNModel, dict[str, Any]]:
+    """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
+
+    ``evaluate`` (``digits`` or a data file/folder, see :func:`edgebnn.data.load_data`) adds ``report["eval"]``:
+    the lowered model against the float BNN it came from (:func:`lowering_quality`).
+    """
     from edgebnn.importers.checkpoint import load_factory, load_weights
-    from edgebnn.passes import lower
 
     model = load_weights(load_factory(model_spec), weights)
-    bnn = import_model(model, input_shape, output_index=output_index, where=f"{model_spec} ({weights})")
-    res = lower(bnn, scheme, seed=seed, bits=bits)
-    if evaluate:
-        res.report["eval"] = lowering_quality(bnn, res.model, data=evaluate, seed=res.report["seed"])
-    return res.model, res.report
+    bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})")
+    lowered = lower(bnn, scheme, seed=seed, bits=bits)
+    report = lowered.lowering_report
+    if evaluate is not None:
+        report["eval"] = lowering_quality(bnn, lowered, data=evaluate, seed=report["seed"])
+    return lowered, report
 
 
 def lower_config_of(path: str | Path) -> LowerConfig:
@@ -90,55 +192,164 @@ def lower_config_of(path: str | Path) -> LowerConfig:
     return LowerConfig.from_dict(raw, str(path))
 
 
-def lowering_quality(float_ir: Any, lowered: Any, *, data: str = "digits", split: str = "val", samples: int = 16,
-                     seed: int = 0) -> dict[str, Any]:
-    """Accuracy/NLL/ECE/Brier of a lowered IR and of the float BNN it came from (same split, S and seed)."""
-    from edgebnn.data import digits
-    from edgebnn.metrics import classification_report
-    from edgebnn.runtime.reference import predict
-
-    if data != "digits":
-        raise InvalidOptionError(f"--eval {data}: only 'digits' ships offline")
-    x, y = digits().split(split)
-    _check_data_shape(lowered.where, tuple(lowered.manifest.input_shape[1:]), x.shape[1:], data)
-    before = classification_report(predict(float_ir, x, samples, seed).probs, y)
-    after = classification_report(predict(lowered, x, samples, seed).probs, y)
-    return {"data": data, "split": split, "samples": samples, "seed": seed, "n": len(y),
-            "float_bnn": before, "lowered": after,
-            "delta": {k: after[k] - before[k] for k in before}}
 
 
-def evaluate_artifact(artifact: str | Path, *, data: str = "digits", split: str = "test", samples: int = 16,
-                      seed: int = 0) -> dict[str, Any]:
-    """Accuracy/NLL/ECE/Brier of an .ebnn (reference runtime, S samples) or an exported .onnx."""
-    from edgebnn.data import digits
-    from edgebnn.metrics import classification_report
+def lowering_quality(float_ir: BNNModel, lowered: BNNModel, *, data: DataSource = "digits",
+                     split: str | None = None, samples: int = 16, seed: int = 0,
+                     progress: Progress | None = None) -> dict[str, Any]:
+    """Accuracy/NLL/ECE/Brier of a lowered IR and of the float BNN it came from (same data, S and seed).
 
-    if data != "digits":
-        raise InvalidOptionError(f"--data {data}: only 'digits' ships offline")
-    x, y = digits().split(split)
-    if Path(artifact).suffix == ".onnx":
-        from edgebnn.runtime import Session
+    ``data`` is ``digits`` (split ``split``, default ``val``) or a labelled file or folder.
+    """
+    from edgebnn.runtime.reference import check_samples
 
-        sess = Session(artifact, seed=seed)
-        _check_data_shape(artifact, sess.input_shape, x.shape[1:], data)
-        probs = sess.predict(x).probs
-        samples = sess.samples
-        runtime = f"onnxruntime ({sess.mode})"
+    check_samples(samples)
+    dataset = dataset_for(lowered, data, split=split or ("val" if str(data) == "digits" else None), option="--eval")
+    before, after = _stream([_reference(float_ir, samples, seed), _reference(lowered, samples, seed)], dataset,
+                            progress)
+    b, a = before.report(), after.report()
+    return {**dataset.describe(), "samples": samples, "seed": seed, "float_bnn": b, "lowered": a,
+            "delta": {k: a[k] - b[k] for k in b}}
+
+
+def _reference(model: BNNModel, samples: int, seed: int) -> Callable[[np.ndarray], Predictive]:
+    from edgebnn.metrics import predictive_from_logits
+    from edgebnn.runtime.reference import Reference
+
+    ref = Reference(model)
+    return lambda x: predictive_from_logits(ref.logits(x, samples, seed))
+
+
+class _Sums:
+    """One predictor's running metrics over a stream, plus its per-input uncertainties."""
+
+    def __init__(self) -> None:
+        from edgebnn.metrics import MetricSums
+
+        self.metrics = MetricSums()
+        self.entropy: list[np.ndarray] = []
+        self.mutual_info: list[np.ndarray] = []
+
+    def report(self) -> dict[str, float]:
+        return self.metrics.report()
+
+
+def _stream(predictors: Iterable[Callable[[np.ndarray], Predictive]], dataset: Dataset,
+            progress: Progress | None, *, labelled: bool = True) -> list[_Sums]:
+    """Run every predictor on every batch of ``dataset``; only metric sums and two floats per input are kept."""
+    from edgebnn.data import DEFAULT_BATCH
+
+    fns = list(predictors)
+    sums = [_Sums() for _ in fns]
+    done = 0
+    for x, y in dataset.batches(DEFAULT_BATCH):
+        for fn, acc in zip(fns, sums, strict=True):
+            pred = fn(x)
+            if labelled and y is not None:
+                acc.metrics.add(pred.probs, y)
+            acc.entropy.append(pred.entropy)
+            acc.mutual_info.append(pred.mutual_info)
+        done += len(x)
+        if progress:
+            progress(done, dataset.n)
+    return sums
+
+
+def dataset_for(model: BNNModel | Session, data: DataSource, *, split: str | None = None, labels: bool = True,
+                option: str = "--data") -> Dataset:
+    """Open ``data`` (:func:`edgebnn.data.load_data`) for ``model``: its input shape and class count are checked."""
+    from edgebnn.data import load_data
+    from edgebnn.ir import BNNModel
+
+    shape: tuple[int, ...]
+    classes: int | None
+    if isinstance(model, BNNModel):
+        shape, classes = tuple(model.manifest.input_shape[1:]), model.manifest.num_classes
     else:
-        from edgebnn.runtime.reference import predict
+        shape, classes = model.input_shape, model.meta.num_classes
+    where = model.where
+    # Files are checked against the model's input shape as they are opened (the message names the file).
+    want = None if isinstance(data, str) and data == "digits" else shape
+    dataset = load_data(data, split=split, input_shape=want, num_classes=classes, labels=labels, option=option)
+    if tuple(dataset.input_shape) != tuple(shape):
+        raise InvalidOptionError(f"{where}: takes inputs {tuple(shape)}, {dataset.name} has {dataset.input_shape}")
+    return dataset
 
-        model = load_ir(artifact)
-        _check_data_shape(artifact, tuple(model.manifest.input_shape[1:]), x.shape[1:], data)
-        probs = predict(model, x, samples, seed).probs
-        runtime = "reference"
-    return {"artifact": str(artifact), "runtime": runtime, "data": data, "split": split,
-            **classification_report(probs, y), "samples": samples, "n": len(y)}
 
+def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSource = "digits",
+                      split: str | None = None, samples: int = 16, seed: int = 0, ood_data: DataSource | None = None,
+                      plot: PathLike | None = None, progress: Progress | None = None) -> dict[str, Any]:
+    """Accuracy, NLL, ECE (15 bins) and Brier of an IR (reference runtime, S samples) or an exported ensemble.
 
-def _check_data_shape(artifact: str | Path, want: tuple[int, ...], got: tuple[int, ...], data: str) -> None:
-    if tuple(want) != tuple(got):
-        raise InvalidOptionError(f"{artifact}: takes inputs {tuple(want)}, {data} has {tuple(got)}")
+    Data streams in batches, so a shard folder larger than memory is evaluated in bounded memory.
+
+    Args:
+        artifact: An ``.ebnn`` or exported ``.onnx`` path, an IR, or a :class:`Session`.
+        data: ``digits``, a labelled ``.npz`` (``x``, ``y``), a folder of shards, or ``(x, y)`` arrays
+            (:func:`edgebnn.data.load_data`).
+        split: Digits split (default ``test``); digits only.
+        samples: S for an IR (an export has S built in).
+        seed: Sampling seed for an IR, and of the host-drawn noise of a ``noise`` export.
+        ood_data: Out-of-distribution inputs (``x`` only; any labels are ignored). Adds ``ood``:
+            ``auroc_mutual_info``, ``auroc_entropy``, ``aupr_mutual_info``, ``fpr_at_95_tpr``
+            (:func:`edgebnn.metrics.ood_report`), ``data``, ``n`` and the mean mutual information of each side.
+        plot: Write a PNG: reliability diagram, and the mutual-information histogram (in vs OOD).
+        progress: Called as ``progress(rows done, rows total)`` after each batch.
+
+    Returns:
+        The ``edgebnn.eval/1`` report: ``artifact``, ``runtime``, ``data``, ``split``, ``accuracy``, ``nll``,
+        ``ece``, ``brier``, ``samples``, ``n`` (and ``ood``).
+
+    Raises:
+        InvalidOptionError: Bad data (named by file and key), inputs of another shape than the model's.
+        InvalidArtifactError: A missing or corrupt artifact.
+    """
+    import numpy as np
+
+    from edgebnn.ir import BNNModel
+    from edgebnn.runtime import Session
+    from edgebnn.runtime.reference import check_samples
+
+    if isinstance(artifact, (BNNModel, Session)):
+        model: BNNModel | Session = artifact
+        name = model.where
+    elif Path(artifact).suffix == ".onnx":
+        model, name = Session(artifact, seed=seed), str(artifact)
+    else:
+        model, name = load_ir(artifact), str(artifact)
+    if isinstance(model, Session):
+        predict: Callable[[np.ndarray], Predictive] = model.predict
+        samples, runtime = model.samples, f"onnxruntime ({model.mode})"
+    else:
+        check_samples(samples)
+        predict, runtime = _reference(model, samples, seed), "reference"
+    dataset = dataset_for(model, data, split=split)
+    ood = None if ood_data is None else dataset_for(model, ood_data, split=None, labels=False, option="--ood-data")
+    total = dataset.n + (ood.n if ood else 0)
+
+    def step(offset: int) -> Progress | None:
+        return (lambda done, _n: progress(offset + done, total)) if progress else None
+
+    sums = _stream([predict], dataset, step(0))[0]
+    report: dict[str, Any] = {"artifact": name, "runtime": runtime, **dataset.describe(), **sums.report(),
+                              "samples": samples}
+    report["n"] = dataset.n
+    in_mi = np.concatenate(sums.mutual_info)
+    ood_mi = None
+    if ood is not None:
+        from edgebnn.metrics import ood_report
+
+        out = _stream([predict], ood, step(dataset.n), labelled=False)[0]
+        ood_mi = np.concatenate(out.mutual_info)
+        report["ood"] = {"data": ood.name, "n": ood.n,
+                         **ood_report(np.concatenate(sums.entropy), in_mi, np.concatenate(out.entropy), ood_mi),
+                         "mean_mutual_info_in": float(in_mi.mean()), "mean_mutual_info_ood": float(ood_mi.mean())}
+    if plot:
+        from edgebnn.plots import plot_evaluation
+
+        plot_evaluation(sums.metrics.reliability(), in_mi, ood_mi, plot,
+                        title=f"{Path(name).name} on {dataset.name}" + (f" vs {ood.name}" if ood else ""))
+    return report
 
 
 def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, mode: str = "auto",

@@ -7,10 +7,12 @@ Errors a user can cause print one line naming the file, layer or option and exit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +21,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from edgebnn import __version__, schemas
+from edgebnn import schemas
+from edgebnn._version import __version__
 from edgebnn.api import evaluate_artifact, load_ir, lower_model, profile_artifact
 from edgebnn.calib.int8 import METHODS
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
-from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile
+from edgebnn.tables import fmt_bytes, print_eval, print_inspect, print_lower_report, print_profile
 from edgebnn.tables import write_json as write_report
 from edgebnn.targets.base import BASELINE_RUNNERS
 
@@ -67,6 +70,7 @@ def main(ctx: click.Context, debug: bool) -> None:
       edgebnn inspect model.ebnn                       # layers, encodings, sizes
       edgebnn export model.ebnn --target onnx --samples 16 -o model.onnx
       edgebnn eval model.onnx --data digits            # accuracy, NLL, ECE, Brier
+      edgebnn eval model.onnx --data test.npz --ood-data ood.npz   # your data; OOD detection
       edgebnn profile model.ebnn --device cpu --samples 16   # vs float baselines
     """
     ctx.ensure_object(dict)
@@ -96,6 +100,23 @@ def _parse_hoist(text: str) -> str | float:
     if not value >= 0:
         raise InvalidOptionError(f"--hoist {text}: use auto, off or a non-negative sigma")
     return value
+
+
+DATA_HELP = ("'digits' (the built-in set; --split picks the part), an .npz with x (N, ...) float32 inputs and y (N,) "
+             "integer labels, or a folder of .npy/.npz shards (x_000.npy + y_000.npy, or .npz with x and y), "
+             "streamed in batches. Inputs must be preprocessed as the model expects.")
+SPLIT_HELP = "digits split (default: test); for --data digits only."
+
+
+@contextlib.contextmanager
+def _progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A transient rich progress bar on stderr; yields ``update(done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task(escape(description), total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def write_json(path: str | Path | None, report: dict[str, Any], schema: str) -> None:
@@ -133,11 +154,13 @@ def _check_output_dir(path: str) -> None:
               help="Which output to use when forward returns a tuple such as (logits, kl).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the .ebnn IR.")
 @click.option("--report", type=click.Path(dir_okay=False), help="Write the per-layer lowering report as JSON.")
-@click.option("--eval", "eval_data", type=click.Choice(["digits"]), default=None,
-              help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, validation split, S=16).")
+@click.option("--eval", "eval_data", default=None, metavar="digits|FILE|DIR",
+              help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, S=16) on this data: "
+                   "'digits' (validation split), a labelled .npz or a folder of shards (see eval --help).")
+@click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
-          report: str | None, eval_data: str | None) -> None:
+          report: str | None, eval_data: str | None, verbose: bool) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -152,7 +175,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
         model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
                                           evaluate=eval_data)
     ir.save(model, output)
-    print_lower_report(console, lower_report, output)
+    print_lower_report(console, lower_report, output, model=f"{model_spec} ({weights})",
+                       manifest=json.loads(model.manifest.to_json()), verbose=verbose)
     if "eval" in lower_report:
         ev = lower_report["eval"]
         print_eval(console, [{"artifact": name, "runtime": "reference", "data": ev["data"], "split": ev["split"],
@@ -179,9 +203,10 @@ def _lower_config(config_file: str | None, scheme: str | None, bits: str | None,
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON description instead of tables.")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw description as JSON instead of tables.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Draw per-layer μ–σ scatter and bits chart to a PNG.")
-def inspect(file: str, as_json: bool, plot: str | None) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="One table row per weight, however many weights.")
+def inspect(file: str, as_json: bool, plot: str | None, verbose: bool) -> None:
     """Show an .ebnn file's manifest and layers (or an exported .onnx ensemble's metadata)."""
     if Path(file).suffix == ".onnx":
         info = _describe_onnx(file)
@@ -196,17 +221,7 @@ def inspect(file: str, as_json: bool, plot: str | None) -> None:
     if as_json:
         click.echo(json.dumps({"schema": schemas.INSPECT, "edgebnn_version": __version__, **info}, indent=2))
         return
-    console.print({k: v for k, v in info.items() if k != "layers"})
-    if info.get("layers"):
-        table = Table(title=file, title_justify="left")
-        table.add_column("weight", overflow="fold", min_width=12)  # names wrap, never truncate
-        for col in ("encoding", "shape", "weights", "bytes", "mean|μ|", "mean σ"):
-            table.add_column(col, justify="left" if col in ("encoding", "shape") else "right")
-        for row in info["layers"]:
-            table.add_row(row["name"], row["encoding"].removesuffix("Weight"), "x".join(map(str, row["shape"])),
-                          f"{row['n_weights']:,}",
-                          fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}", f"{row['mean_sigma']:.4g}")
-        console.print(table)
+    print_inspect(console, info, verbose=verbose)
 
 
 def _describe_ir(model: Any) -> dict[str, Any]:
@@ -321,16 +336,31 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
 
 @main.command(name="eval")
 @click.argument("artifact", type=click.Path(dir_okay=False))
-@click.option("--data", type=click.Choice(["digits"]), default="digits", show_default=True)
-@click.option("--split", type=click.Choice(["train", "val", "test"]), default="test", show_default=True)
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", help=DATA_HELP)
+@click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
+@click.option("--ood-data", default=None, metavar="FILE|DIR",
+              help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
+                   "of mutual information and entropy and FPR at 95% TPR.")
 @click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn (an .onnx has S baked in).")
-@click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn.")
+@click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
-def eval_cmd(artifact: str, data: str, split: str, samples: int, seed: int, json_out: str | None) -> None:
-    """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx."""
-    with console.status(f"evaluating {artifact}"):
-        report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed)
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD).")
+def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: int, seed: int,
+             json_out: str | None, plot: str | None) -> None:
+    """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx.
+
+    With --ood-data, also how well the model's uncertainty tells those inputs from --data.
+    """
+    for path in (json_out, plot):
+        if path:
+            _check_output_dir(path)
+    with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
+        report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed, ood_data=ood_data,
+                                   plot=plot, progress=progress)
     print_eval(console, [report])
+    if plot:
+        console.print(f"wrote {plot}")
     write_json(json_out, report, schemas.EVAL)
 
 
@@ -398,17 +428,18 @@ def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str 
 @main.command()
 @click.argument("a", type=click.Path(dir_okay=False))
 @click.argument("b", type=click.Path(dir_okay=False))
-@click.option("--data", type=click.Choice(["digits"]), default="digits", show_default=True)
-@click.option("--split", type=click.Choice(["train", "val", "test"]), default="test", show_default=True)
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", help=DATA_HELP)
+@click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
 @click.option("--ir", "ir_path", type=click.Path(dir_okay=False),
               help="The .ebnn both artifacts came from (needed when A and B are both exports).")
 @click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn side (reference runtime).")
 @click.option("--null-runs", default=99, show_default=True, help="Simulated null pairs for the p-value.")
 @click.option("--alpha", default=0.01, show_default=True, help="Call the distributions different when p <= alpha.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True,
+              help="Sampling seed: A's side uses it, B's seed + 1, the null simulation seeds from seed + 1000.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
-def compare(a: str, b: str, data: str, split: str, ir_path: str | None, samples: int, null_runs: int, alpha: float,
-            seed: int, json_out: str | None) -> None:
+def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, null_runs: int,
+            alpha: float, seed: int, json_out: str | None) -> None:
     """Do artifacts A and B give the same predictive distribution (within Monte Carlo error)?
 
     Each side is an .ebnn (run with the reference runtime) or an exported .onnx (any mode). The test
@@ -416,13 +447,12 @@ def compare(a: str, b: str, data: str, split: str, ir_path: str | None, samples:
     Exit status 0 when they agree, 1 when they differ.
     """
     from edgebnn.compare import compare_artifacts
-    from edgebnn.data import digits
 
-    x, y = digits().split(split)
     with console.status(f"comparing ({null_runs} simulated null pairs)"):
-        report = compare_artifacts(a, b, x, y, ir=ir_path, samples=samples, null_runs=null_runs, alpha=alpha,
-                                   seed=seed)
-    table = Table(title=f"{data}/{split}: {Path(a).name} vs {Path(b).name}", title_justify="left")
+        report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, null_runs=null_runs,
+                                   alpha=alpha, seed=seed)
+    where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
+    table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
     for col in ("artifact", "S", "accuracy", "nll", "ece", "brier"):
         table.add_column(col, justify="left" if col == "artifact" else "right")
     for side in (report["a"], report["b"]):
@@ -464,9 +494,10 @@ def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", default="digits", show_default=True, metavar="digits|DIR",
-              help="Calibration inputs: 'digits' (split --calib-split) or a folder of .npy arrays shaped like the "
-                   "model input, one input or a stack per file, float, preprocessed as the model expects.")
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR",
+              help="Calibration inputs: 'digits' (split --calib-split), an .npz with x (labels not needed), or a "
+                   "folder of .npy/.npz shards (a .npy may also hold a single input), float, preprocessed as the "
+                   "model expects.")
 @click.option("--method", type=click.Choice(METHODS), default="entropy",
               show_default=True, help="Activation range: observed min-max, the 99.999th percentile of |x|, or the "
                                       "KL-divergence (entropy) search of TensorRT's calibrator.")
@@ -492,9 +523,9 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
 
     _check_output_dir(output)
     config = Int8Config(method=method, batch=batch, max_samples=max_samples)
-    with console.status(f"calibrating {model} ({method})"):
+    with _progress_bar(f"calibrating {Path(model).name} ({method})") as progress:
         report = calibrate_ensemble(model, output, data=data, config=config, calib_split=calib_split,
-                                    eval_split=eval_split, device=device)
+                                    eval_split=eval_split, device=device, progress=progress)
     cal = report["calibration"]
     console.print(f"wrote {output} ({fmt_bytes(report['bytes']['after'])}, was {fmt_bytes(report['bytes']['before'])}; "
                   f"{method} on {cal['samples_used']} inputs)", highlight=False)

@@ -17,46 +17,65 @@ ensemble). p = (1 + #{T_null ≥ T}) / (R + 1); the verdict is "different" when 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.metrics import classification_report, log_softmax, predictive_from_logits
 
+if TYPE_CHECKING:
+    from edgebnn.data import DataSource
+
 VAR_FLOOR = 1e-8
 REF_MEMBERS = 64
 DETERMINISTIC_STANDIN = 256  # members that stand in for an infinite ensemble in the null simulation
 
 
-def _side(path: str, x: np.ndarray, samples: int, seed: int) -> tuple[np.ndarray, int | None, Any]:
-    """(mean probs, S or None for a deterministic artifact, the IR if ``path`` is one)."""
+def _open(path: str, seed: int) -> Any:
+    """A :class:`~edgebnn.runtime.Session` for an export, the IR for an .ebnn."""
     from edgebnn.api import load_ir
 
     if Path(path).suffix == ".onnx":
         from edgebnn.runtime import Session
 
-        sess = Session(path, seed=seed)
-        s = None if sess.mode == "analytic" else sess.samples
-        return sess.predict(x).probs, s, None
+        return Session(path, seed=seed)
+    return load_ir(path)
+
+
+def _side(side: Any, x: np.ndarray, samples: int, seed: int) -> tuple[np.ndarray, int | None, Any]:
+    """(mean probs, S or None for a deterministic artifact, the IR if ``side`` is one)."""
+    from edgebnn.runtime import Session
+
+    if isinstance(side, Session):
+        s = None if side.mode == "analytic" else side.samples
+        return side.predict(x).probs, s, None
     from edgebnn.runtime.reference import predict
 
-    model = load_ir(path)
-    return predict(model, x, samples, seed).probs, samples, model
+    return predict(side, x, samples, seed).probs, samples, side
 
 
-def compare_artifacts(a: str, b: str, x: np.ndarray, y: np.ndarray, *, ir: str | None = None, samples: int = 16,
-                      null_runs: int = 99, alpha: float = 0.01, seed: int = 0) -> dict[str, Any]:
-    """Compare the predictive distributions of artifacts ``a`` and ``b`` on inputs ``x`` (labels ``y``)."""
-    from edgebnn.api import load_ir
+def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str | None = None, ir: str | None = None,
+                      samples: int = 16, null_runs: int = 99, alpha: float = 0.01, seed: int = 0) -> dict[str, Any]:
+    """Compare the predictive distributions of artifacts ``a`` and ``b`` on ``data``.
+
+    ``data`` is ``digits`` (split ``split``, default test), a labelled ``.npz``, a folder of shards or
+    ``(x, y)`` arrays (:func:`edgebnn.data.load_data`); it is held in memory (the null simulation runs the
+    IR on it many times).
+    """
+    from edgebnn.api import dataset_for, load_ir
     from edgebnn.runtime.reference import Reference
 
     if null_runs < 19:
         raise InvalidOptionError(f"--null-runs {null_runs}: need at least 19 for a p-value of 0.05")
     if not 0 < alpha < 1:
         raise InvalidOptionError(f"--alpha {alpha}: must be in (0, 1)")
-    pa, sa, ir_a = _side(a, x, samples, seed)
-    pb, sb, ir_b = _side(b, x, samples, seed + 1)
+    side_a, side_b = _open(a, seed), _open(b, seed + 1)
+    dataset = dataset_for(side_a, data, split=split)
+    x, y = dataset.arrays()
+    assert y is not None  # labels=True
+    pa, sa, ir_a = _side(side_a, x, samples, seed)
+    pb, sb, ir_b = _side(side_b, x, samples, seed + 1)
     model = load_ir(ir) if ir else (ir_a or ir_b)
     if model is None:
         raise InvalidOptionError("both artifacts are exports: pass --ir MODEL.ebnn, the IR they came from")
@@ -93,6 +112,6 @@ def compare_artifacts(a: str, b: str, x: np.ndarray, y: np.ndarray, *, ir: str |
         "alpha": alpha,
         "same_distribution": p_value > alpha,
         "max_abs_prob_diff": float(np.abs(pa - pb).max()),
-        "n": len(x),
+        **dataset.describe(),
     }
 

@@ -1,13 +1,24 @@
-"""The digits data set (sklearn's 8x8 handwritten digits) with a fixed, seeded train/val/test split.
+"""Data: the built-in digits set, and the loader every command uses for the user's own data.
 
-1797 grey-scale images of the digits 0-9, shipped with scikit-learn (no download). Pixels are scaled from
-0..16 to [0, 1] and laid out as float32 ``(N, 1, 8, 8)`` images; labels are int64. The split is 60/20/20
-and stratified by class; the same seed gives the same split on every run and machine.
+:func:`digits`: sklearn's 8x8 handwritten digits (1797 grey-scale images of 0-9, shipped with scikit-learn,
+no download). Pixels are scaled from 0..16 to [0, 1] and laid out as float32 ``(N, 1, 8, 8)`` images;
+labels are int64. The split is 60/20/20 and stratified by class; the same seed gives the same split on
+every run and machine.
+
+:func:`load_data`: ``digits``, an ``.npz`` with ``x`` (N, ...) float32 inputs and ``y`` (N,) integer
+labels, or a folder of ``.npy``/``.npz`` shards streamed in batches (``--data`` of ``eval``, ``compare``,
+``calibrate`` and ``lower --eval``; ``--ood-data`` of ``eval``). Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import zipfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
@@ -79,3 +90,334 @@ def digits(seed: int = 0) -> DigitsSplits:
         x_test=np.ascontiguousarray(x_test),
         y_test=np.ascontiguousarray(y_test),
     )
+
+
+# -- the user's own data ------------------------------------------------------------------------------------
+
+DIGITS = "digits"
+DEFAULT_BATCH = 1024  # rows per batch streamed from disk
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_FORMAT_HINT = "give 'digits', an .npz with x (N, ...) float32 and y (N,) int labels, or a folder of .npy/.npz shards"
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One array on disk: a whole ``.npy`` file, or key ``key`` of an ``.npz``; only its header is read."""
+
+    path: Path
+    key: str | None  # None: a .npy file
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def where(self) -> str:
+        return str(self.path) if self.key is None else f"{self.path}['{self.key}']"
+
+    def chunks(self, size: int) -> Iterator[np.ndarray]:
+        """The rows in chunks of ``size``, each a fresh array.
+
+        A .npy is memory-mapped only while one chunk is copied out, so the pages read do not stay resident;
+        an .npz member is read whole, once (keep .npz shards smaller than memory).
+        """
+        if self.key is not None:
+            with np.load(self.path, allow_pickle=False) as z:
+                whole = np.asarray(z[self.key]).reshape(self.shape)
+            for start in range(0, self.shape[0], size):
+                yield whole[start : start + size]
+            return
+        for start in range(0, self.shape[0], size):
+            mapped = np.load(self.path, mmap_mode="r", allow_pickle=False).reshape(self.shape)
+            yield np.array(mapped[start : start + size])
+            del mapped
+
+
+def _header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """(shape, dtype) from a .npy header, refusing object arrays (they would need pickle)."""
+    if f.read(6) != _NPY_MAGIC:
+        raise InvalidOptionError(f"{where}: not a .npy array (no NUMPY header)")
+    version = tuple(f.read(2))
+    if version not in ((1, 0), (2, 0), (3, 0)):
+        raise InvalidOptionError(f"{where}: unreadable .npy header (format version {version})")
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    try:
+        shape, _, dtype = read(f)
+    except (ValueError, OSError, EOFError) as e:
+        raise InvalidOptionError(f"{where}: unreadable .npy header ({e})") from e
+    if dtype.hasobject:
+        raise InvalidOptionError(f"{where}: not a plain numeric array (object arrays need pickle, which is refused)")
+    return tuple(int(d) for d in shape), dtype
+
+
+def _npy_member(path: Path) -> _Member:
+    try:
+        with path.open("rb") as f:
+            if not f.read(1):
+                raise InvalidOptionError(f"{path}: empty file")
+            f.seek(0)
+            shape, dtype = _header(f, str(path))
+    except OSError as e:
+        raise InvalidOptionError(f"{path}: cannot read ({e.strerror or e})") from e
+    return _Member(path, None, shape, dtype)
+
+
+def _npz_members(path: Path) -> dict[str, _Member]:
+    """Every array of an .npz, by key (headers only; nothing is loaded)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+        if not head:
+            raise InvalidOptionError(f"{path}: empty file")
+        if head not in _ZIP_MAGIC:
+            raise InvalidOptionError(f"{path}: not an .npz file (not a zip archive)")
+        out = {}
+        with zipfile.ZipFile(path) as zf:
+            for name in zf.namelist():
+                if name.endswith(".npy"):
+                    key = name[: -len(".npy")]
+                    with zf.open(name) as f:
+                        shape, dtype = _header(f, f"{path}['{key}']")
+                    out[key] = _Member(path, key, shape, dtype)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise InvalidOptionError(f"{path}: unreadable .npz file ({e})") from e
+    return out
+
+
+Array = _Member | np.ndarray
+
+
+def _chunks(a: Array, size: int) -> Iterator[np.ndarray]:
+    if isinstance(a, _Member):
+        yield from a.chunks(size)
+    else:
+        for start in range(0, len(a), size):
+            yield a[start : start + size]
+
+
+def _where(a: Array, default: str) -> str:
+    return a.where if isinstance(a, _Member) else default
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """The rows of one file (or of arrays in memory): inputs and, when needed, their labels."""
+
+    x: Array
+    y: Array | None
+    where: str  # names the inputs in messages
+    y_where: str
+
+
+def _label_partner(path: Path) -> Path:
+    """Where the labels of a .npy input shard live: its name with the last ``x`` changed to ``y``."""
+    stem = path.name[: -len(".npy")]
+    i = stem.rfind("x")
+    return path.with_name(f"{stem[:i]}y{stem[i + 1:]}.npy") if i >= 0 else path.with_name(f"{stem}.labels.npy")
+
+
+def _files_of(path: Path, option: str) -> tuple[list[Path], set[Path]]:
+    """(input files, label files) of ``--data PATH``."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in (".npy", ".npz"))
+        if not files:
+            raise InvalidOptionError(f"{option} {path}: no .npy or .npz files in this folder")
+        npy = {p for p in files if p.suffix == ".npy"}
+        partners = {_label_partner(p) for p in npy} & npy
+        return [p for p in files if p not in partners], partners
+    if path.is_file():
+        if path.suffix not in (".npz", ".npy"):
+            raise InvalidOptionError(f"{option} {path}: not an .npz or .npy file; {_FORMAT_HINT}")
+        return [path], set()
+    raise InvalidOptionError(f"{option} {path}: no such file or directory; {_FORMAT_HINT}")
+
+
+def _file_shards(path: Path, labels: bool, option: str) -> list[_Shard]:
+    inputs, partners = _files_of(path, option)
+    shards = []
+    for p in inputs:
+        y: _Member | None = None
+        if p.suffix == ".npz":
+            members = _npz_members(p)
+            if "x" not in members:
+                keys = ", ".join(sorted(members)) or "none"
+                raise InvalidOptionError(f"{p}: no key 'x' (it holds: {keys}); {_FORMAT_HINT}")
+            x = members["x"]
+            if labels:
+                if "y" not in members:
+                    raise InvalidOptionError(f"{p}: no key 'y' (integer labels, one per row of 'x')")
+                y = members["y"]
+        else:
+            x = _npy_member(p)
+            if labels:
+                partner = _label_partner(p)
+                if partner not in partners:
+                    raise InvalidOptionError(f"{p}: no labels: expected {partner.name}, (N,) integer labels, beside it")
+                y = _npy_member(partner)
+        shards.append(_Shard(x, y, x.where, y.where if y is not None else ""))
+    return shards
+
+
+class Dataset:
+    """A labelled (or inputs-only) data set, streamed in batches; build it with :func:`load_data`.
+
+    Files are checked when the data set is built (keys, dtypes, shapes, row counts: headers only); values
+    (NaN or infinite inputs, labels out of range) are checked per batch as they are read.
+
+    Attributes:
+        name: What the data came from (``digits``, a path, or ``<arrays>``), for reports.
+        split: The digits split, or None.
+        n: Number of rows.
+        input_shape: Shape of one input, without the batch axis.
+        num_classes: Labels must lie in ``0..num_classes-1`` (None: only ``>= 0`` is checked).
+    """
+
+    def __init__(self, name: str, shards: list[_Shard], *, input_shape: tuple[int, ...], split: str | None = None,
+                 num_classes: int | None = None) -> None:
+        self.name = name
+        self.split = split
+        self._shards = shards
+        self.n = sum(s.x.shape[0] for s in shards)
+        self.input_shape = input_shape
+        self.num_classes = num_classes
+
+    @property
+    def has_labels(self) -> bool:
+        return all(s.y is not None for s in self._shards)
+
+    @property
+    def files(self) -> int:
+        """Number of shards (files) the data set reads."""
+        return len(self._shards)
+
+    def describe(self) -> dict[str, Any]:
+        """``{"data", "split", "n"}`` for a report."""
+        return {"data": self.name, "split": self.split, "n": self.n}
+
+    def batches(self, size: int = DEFAULT_BATCH) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """Yield ``(x, y)`` batches of at most ``size`` rows, in order: x float32, y int64 (None without labels).
+
+        Raises:
+            InvalidOptionError: A batch holds NaN or infinite inputs, or a label outside ``0..num_classes-1``
+                (the message names the file, key and row).
+        """
+        if size < 1:
+            raise InvalidOptionError(f"batch size must be at least 1, got {size}")
+        for shard in self._shards:
+            ys = _chunks(shard.y, size) if shard.y is not None else None
+            start = 0
+            for x in _chunks(shard.x, size):
+                bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+                if bad.any():
+                    raise InvalidOptionError(f"{shard.where}: NaN or infinite input at row {start + int(bad.argmax())}")
+                y = None
+                if ys is not None:
+                    y = next(ys).astype(np.int64, copy=False)
+                    self._check_labels(shard, start, y)
+                yield np.ascontiguousarray(x, dtype=np.float32), y
+                start += len(x)
+
+    def _check_labels(self, shard: _Shard, start: int, y: np.ndarray) -> None:
+        k = self.num_classes
+        bad = (y < 0) | (y >= k) if k is not None else y < 0
+        if bad.any():
+            i = int(bad.argmax())
+            classes = f"the model's {k} classes (0..{k - 1})" if k is not None else "class indices (>= 0)"
+            raise InvalidOptionError(f"{shard.y_where}: label {int(y[i])} at row {start + i} is outside {classes}")
+
+    def arrays(self, limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """All rows (or the first ``limit``) in memory: ``(x float32, y int64 or None)``."""
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        for x, y in self.batches():
+            xs.append(x)
+            if y is not None:
+                ys.append(y)
+            if limit is not None and sum(map(len, xs)) >= limit:
+                break
+        return np.concatenate(xs)[:limit], (np.concatenate(ys)[:limit] if ys else None)
+
+
+DataSource = str | os.PathLike[str] | np.ndarray | tuple[np.ndarray, np.ndarray] | Dataset
+
+
+def load_data(source: DataSource, *, split: str | None = None, input_shape: Sequence[int] | None = None,
+              num_classes: int | None = None, labels: bool = True, option: str = "--data") -> Dataset:
+    """Open a data set for a model: ``digits``, an ``.npz``, a folder of shards, or numpy arrays.
+
+    Formats (``x``: inputs ``(N, *input_shape)``, floating point, preprocessed as the model expects;
+    ``y``: ``(N,)`` integer labels in ``0..K-1``):
+
+    * ``"digits"``: sklearn's digits, split ``split`` (default ``test``), ``(N, 1, 8, 8)``;
+    * ``data.npz``: keys ``x`` and ``y`` (``y`` may be absent when ``labels=False``);
+    * a folder: every ``.npz`` shard (keys ``x``, ``y``) and ``.npy`` input shard, in name order; a ``.npy``
+      shard's labels are the file whose name has its last ``x`` changed to ``y`` (``x_000.npy`` and
+      ``y_000.npy``). ``.npy`` shards are memory-mapped and read one batch at a time, so a folder larger
+      than memory streams in bounded memory. With ``labels=False`` a ``.npy`` may also hold one input
+      shaped ``input_shape`` (no batch axis);
+    * ``(x, y)`` arrays, or ``x`` alone when ``labels=False`` (Python only).
+
+    Files are read with ``allow_pickle=False``; here only their array headers are read.
+
+    Args:
+        source: The data, as above.
+        split: Digits split (``train``, ``val``, ``test``); digits only.
+        input_shape: Shape of one model input without the batch axis; checked against every file.
+        num_classes: The model's class count; labels outside it are refused as they are read.
+        labels: Whether labels are needed (False: inputs only, e.g. OOD or calibration data).
+        option: The option named in messages (``--data``, ``--ood-data``, ``--eval``).
+
+    Returns:
+        The :class:`Dataset`.
+
+    Raises:
+        InvalidOptionError: A missing file or key, a pickled or non-numeric array, inputs of the wrong dtype
+            or shape, labels of the wrong dtype or count, or an empty file (one line naming file and key).
+    """
+    if isinstance(source, Dataset):
+        return source
+    want = tuple(int(d) for d in input_shape) if input_shape is not None else None
+    if isinstance(source, (tuple, np.ndarray)):
+        if split is not None:
+            raise InvalidOptionError(f"split={split!r}: applies to digits only")
+        x, y = (source, None) if isinstance(source, np.ndarray) else (np.asarray(source[0]), np.asarray(source[1]))
+        if labels and y is None:
+            raise InvalidOptionError("data: labels are needed; pass (x, y)")
+        shards = [_Shard(x, y if labels else None, "<arrays> x", "<arrays> y")]
+        name = "<arrays>"
+    elif str(source) == DIGITS:
+        split = split or "test"
+        x, y = digits().split(split)
+        shards = [_Shard(x, y if labels else None, f"digits/{split}", f"digits/{split}")]
+        name = DIGITS
+    else:
+        if split is not None:
+            raise InvalidOptionError(f"--split {split}: applies to --data digits only, not to {source}")
+        shards = _file_shards(Path(source), labels, option)
+        if not labels and want is not None:  # a .npy holding one input: give it its batch axis
+            shards = [_Shard(dataclasses.replace(s.x, shape=(1, *want)), None, s.where, "")
+                      if isinstance(s.x, _Member) and s.x.shape == want else s for s in shards]
+        name = str(source)
+    return Dataset(name, shards, input_shape=_check_shards(shards, want), split=split, num_classes=num_classes)
+
+
+def _check_shards(shards: list[_Shard], want: tuple[int, ...] | None) -> tuple[int, ...]:
+    """Check dtypes and shapes of every shard (headers only); return the shape of one input."""
+    item = want
+    for s in shards:
+        if s.x.dtype.kind != "f":
+            raise InvalidOptionError(f"{s.where}: dtype {s.x.dtype} is not floating point; save the inputs as "
+                                     "float32, preprocessed exactly as the model expects")
+        shape = tuple(s.x.shape)
+        if len(shape) < 2 or shape[0] == 0:
+            raise InvalidOptionError(f"{s.where}: shape {shape}: expected (N, ...) with N >= 1 rows")
+        item = item if item is not None else shape[1:]
+        if shape[1:] != item:
+            raise InvalidOptionError(f"{s.where}: shape {shape}, the model takes (N, {', '.join(map(str, item))})")
+        if s.y is not None:
+            if s.y.dtype.kind not in "iu":
+                raise InvalidOptionError(f"{s.y_where}: dtype {s.y.dtype}; labels must be integer class indices")
+            if tuple(s.y.shape) != (shape[0],):
+                raise InvalidOptionError(f"{s.y_where}: shape {tuple(s.y.shape)}, expected ({shape[0]},): one integer "
+                                         "label per input")
+    assert item is not None
+    return item

@@ -55,23 +55,90 @@ def brier(probs: np.ndarray, y: np.ndarray) -> float:
     return float(((probs.astype(np.float64) - onehot) ** 2).sum(-1).mean())
 
 
+def _bin_sums(probs: np.ndarray, y: np.ndarray, bins: int) -> np.ndarray:
+    """Per equal-width bin of the max probability: ``[3, bins]`` rows count, sum of confidence, sum correct."""
+    conf = probs.max(-1).astype(np.float64)
+    correct = (probs.argmax(-1) == y).astype(np.float64)
+    idx = np.minimum((conf * bins).astype(int), bins - 1)
+    return np.stack([np.bincount(idx, minlength=bins).astype(np.float64),
+                     np.bincount(idx, conf, minlength=bins), np.bincount(idx, correct, minlength=bins)])
+
+
+def _ece_from_sums(sums: np.ndarray) -> float:
+    count, conf, correct = sums
+    used = count > 0
+    return float((np.abs(correct[used] - conf[used])).sum() / count.sum())
+
+
 def ece(probs: np.ndarray, y: np.ndarray, bins: int = ECE_BINS) -> float:
     """Expected calibration error with ``bins`` equal-width bins of the max probability."""
-    conf = probs.max(-1).astype(np.float64)
-    correct = probs.argmax(-1) == y
-    idx = np.minimum((conf * bins).astype(int), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        mask = idx == b
-        if mask.any():
-            total += mask.mean() * abs(correct[mask].mean() - conf[mask].mean())
-    return float(total)
+    return _ece_from_sums(_bin_sums(probs, y, bins))
 
 
 def classification_report(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """``accuracy``, ``nll``, ``ece`` (15 bins) and ``brier`` of mean probabilities ``[N, K]`` against labels."""
     return {
         "accuracy": accuracy(probs, y),
         "nll": nll(probs, y),
         "ece": ece(probs, y),
         "brier": brier(probs, y),
+    }
+
+
+class MetricSums:
+    """:func:`classification_report` over a stream of batches: sums per batch, the same numbers at the end.
+
+    Also keeps the per-bin counts of the reliability diagram (:meth:`reliability`).
+    """
+
+    def __init__(self, bins: int = ECE_BINS) -> None:
+        self.bins = bins
+        self.n = 0
+        self._sums = {"accuracy": 0.0, "nll": 0.0, "brier": 0.0}
+        self._bin_sums = np.zeros((3, bins))
+
+    def add(self, probs: np.ndarray, y: np.ndarray) -> None:
+        """Add one batch of mean probabilities ``[B, K]`` and labels ``[B]``."""
+        b = len(y)
+        self.n += b
+        for name, fn in (("accuracy", accuracy), ("nll", nll), ("brier", brier)):
+            self._sums[name] += fn(probs, y) * b
+        self._bin_sums += _bin_sums(probs, y, self.bins)
+
+    def report(self) -> dict[str, float]:
+        """The :func:`classification_report` of every batch added."""
+        out = {k: v / self.n for k, v in self._sums.items()}
+        return {"accuracy": out["accuracy"], "nll": out["nll"], "ece": _ece_from_sums(self._bin_sums),
+                "brier": out["brier"]}
+
+    def reliability(self) -> dict[str, list[float]]:
+        """Per bin: ``count``, mean ``confidence`` and ``accuracy`` (NaN for an empty bin)."""
+        count, conf, correct = self._bin_sums
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {"count": count.tolist(), "confidence": (conf / count).tolist(),
+                    "accuracy": (correct / count).tolist()}
+
+
+def ood_report(in_entropy: np.ndarray, in_mutual_info: np.ndarray, ood_entropy: np.ndarray,
+               ood_mutual_info: np.ndarray) -> dict[str, float]:
+    """How well uncertainty separates out-of-distribution inputs from in-distribution ones (scikit-learn).
+
+    Returns:
+        ``auroc_mutual_info`` and ``auroc_entropy``: area under the ROC curve of each score, OOD as the
+        positive class (0.5: no separation, 1: perfect); ``aupr_mutual_info``: average precision of the
+        mutual information, OOD positive; ``fpr_at_95_tpr``: the fraction of OOD inputs taken for
+        in-distribution when the mutual-information threshold keeps 95% of the in-distribution inputs
+        (in-distribution positive, lower is better).
+    """
+    from sklearn.metrics import average_precision_score, roc_auc_score, roc_curve
+
+    is_ood = np.concatenate([np.zeros(len(in_entropy)), np.ones(len(ood_entropy))])
+    mi = np.concatenate([in_mutual_info, ood_mutual_info]).astype(np.float64)
+    ent = np.concatenate([in_entropy, ood_entropy]).astype(np.float64)
+    fpr, tpr, _ = roc_curve(1 - is_ood, -mi)  # in-distribution positive: low mutual information
+    return {
+        "auroc_mutual_info": float(roc_auc_score(is_ood, mi)),
+        "auroc_entropy": float(roc_auc_score(is_ood, ent)),
+        "aupr_mutual_info": float(average_precision_score(is_ood, mi)),
+        "fpr_at_95_tpr": float(fpr[np.searchsorted(tpr, 0.95, side="left")]),
     }

@@ -1,4 +1,5 @@
-"""Pictures of a lowered model: per layer the μ–σ plane, and the bits per layer.
+"""Pictures: of a lowered model (per layer the μ–σ plane, and the bits per layer), and of an evaluation
+(reliability diagram, uncertainty histogram in vs out of distribution).
 
 Matplotlib is driven through ``Figure`` objects (no pyplot, no global backend switch); PNG output goes
 through the Agg renderer.
@@ -113,4 +114,62 @@ def plot_layers(
     bars.set_ylabel("bits")
     bars.set_title(f"bits per layer · scheme {model.manifest.scheme}", fontsize=9)
     bars.legend(fontsize=7)
+    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))
+
+
+def plot_evaluation(
+    reliability: dict[str, list[float]],
+    in_mutual_info: np.ndarray,
+    ood_mutual_info: np.ndarray | None,
+    out_png: str | os.PathLike[str],
+    *,
+    title: str = "",
+) -> Path:
+    """Draw a reliability diagram and a mutual-information histogram (in-distribution vs OOD) into one PNG.
+
+    Args:
+        reliability: Per confidence bin ``count``, ``confidence`` and ``accuracy``
+            (:meth:`edgebnn.metrics.MetricSums.reliability`).
+        in_mutual_info: Mutual information of each in-distribution input.
+        ood_mutual_info: Mutual information of each out-of-distribution input, or None.
+        out_png: Where to write the PNG.
+        title: Figure title.
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    rel, hist = fig.subplots(1, 2)
+    count = np.asarray(reliability["count"])
+    bins = len(count)
+    edges = np.linspace(0, 1, bins + 1)
+    used = count > 0
+    centers = (edges[:-1] + edges[1:]) / 2
+    rel.bar(centers[used], np.asarray(reliability["accuracy"])[used], width=1 / bins, edgecolor="k", lw=0.4,
+            label="accuracy")
+    rel.plot([0, 1], [0, 1], "--", color="0.5", lw=0.8, label="perfect calibration")
+    rel.plot(np.asarray(reliability["confidence"])[used], np.asarray(reliability["accuracy"])[used], "o",
+             ms=3, color="tab:red", label="mean confidence")
+    rel.set_xlim(0, 1)
+    rel.set_ylim(0, 1)
+    rel.set_xlabel("confidence (max mean probability)")
+    rel.set_ylabel("accuracy")
+    rel.set_title(f"reliability diagram ({bins} bins)", fontsize=9)
+    rel.legend(fontsize=7, loc="upper left")
+    top = max(float(in_mutual_info.max(initial=0.0)),
+              float(ood_mutual_info.max(initial=0.0)) if ood_mutual_info is not None else 0.0)
+    hist_bins = np.linspace(0, max(top, 1e-6), 41)
+    hist.hist(in_mutual_info, bins=hist_bins, alpha=0.6, density=True,
+              label=f"in-distribution (n={len(in_mutual_info)})")
+    if ood_mutual_info is not None:
+        hist.hist(ood_mutual_info, bins=hist_bins, alpha=0.6, density=True,
+                  label=f"out-of-distribution (n={len(ood_mutual_info)})")
+    hist.set_xlabel("mutual information (nats)")
+    hist.set_ylabel("density")
+    hist.set_title("epistemic uncertainty", fontsize=9)
+    hist.legend(fontsize=7)
     return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))

@@ -8,8 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from edgebnn import __version__
 from edgebnn._io import atomic_write_json
+from edgebnn._version import __version__
 
 
 def write_json(console: Console, path: str | Path | None, report: dict[str, Any], schema: str) -> None:
@@ -28,30 +28,175 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def print_lower_report(console: Console, report: dict[str, Any], output: str) -> None:
-    table = Table(title=f"{output} · scheme {report['scheme']}", title_justify="left")
-    for col in ("layer", "encoding", "weights", "bits", "sparsity", "bytes", "note"):
-        table.add_column(col, justify="right" if col in ("weights", "bits", "sparsity", "bytes") else "left")
-    for layer in report["layers"]:
-        table.add_row(
-            layer["name"], str(layer.get("kind", "")), f"{layer['n_weights']:,}", str(layer.get("bits", "")),
-            f"{layer.get('sparsity', 0.0):.1%}", fmt_bytes(int(layer["bytes"])),
-            str(layer.get("skipped") or layer.get("note") or ""),
-        )
+COMPACT_ROWS = 24  # more layers than this: one row per (encoding, bits) group unless verbose
+
+
+def _header(console: Console, rows: list[tuple[str, str]]) -> None:
+    """A two-column summary: label, value (values wrap; labels never do)."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for label, value in rows:
+        grid.add_row(label, value)
+    console.print(grid)
+
+
+def _model_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    shape = manifest.get("input_shape") or []
+    return [("source", f"{manifest.get('source_library', '?')} · input {tuple(shape)} · "
+                       f"{manifest.get('num_classes', '?')} classes")]
+
+
+class _Footnotes:
+    """Long notes leave the table: the cell shows ``[n]``, the note is printed once under the table."""
+
+    def __init__(self) -> None:
+        self.notes: dict[str, int] = {}
+
+    def ref(self, note: str) -> str:
+        if not note:
+            return ""
+        return f"[{self.notes.setdefault(note, len(self.notes) + 1)}]"
+
+    def print(self, console: Console) -> None:
+        for note, i in self.notes.items():
+            console.print(f"[{i}] {note}", highlight=False, markup=False)
+
+
+def print_lower_report(console: Console, report: dict[str, Any], output: str, *, model: str | None = None,
+                       manifest: dict[str, Any] | None = None, verbose: bool = False) -> None:
+    """The lowering report: a summary header, then the layers in a table that fits the console.
+
+    Args:
+        console: Where to print.
+        report: The lowering report (:func:`edgebnn.passes.lower`).
+        output: The .ebnn written.
+        model: What was lowered (e.g. the factory and weights), for the header.
+        manifest: The IR's manifest (source library, input shape, classes), for the header.
+        verbose: One row per layer however many there are (otherwise a model with more than
+            ``COMPACT_ROWS`` layers gets one row per encoding and bit width).
+    """
+    layers = report["layers"]
+    rows = [("model", f"{model} → {output}" if model else output)]
+    rows += _model_rows(manifest) if manifest else []
+    rows += [
+        ("scheme", f"{report['scheme']} · seed {report.get('seed', 0)} · {len(layers)} Bayesian weights"),
+        ("size", f"{fmt_bytes(report['total_bytes'])} vs fp32 BNN {fmt_bytes(report['float_bnn_bytes'])}: "
+                 f"{report['compression_ratio']:.1f}x smaller"),
+    ]
+    _header(console, rows)
+    notes = _Footnotes()
+    sparse = any(layer.get("sparsity") for layer in layers)
+    if verbose or len(layers) <= COMPACT_ROWS:
+        table = Table(title_justify="left")
+        table.add_column("layer", overflow="fold", ratio=1, min_width=12)
+        for col in ("encoding", "weights", "bits", *(("sparsity",) if sparse else ()), "bytes", "note"):
+            table.add_column(col, justify="left" if col in ("encoding", "note") else "right", no_wrap=True)
+        for layer in layers:
+            table.add_row(
+                layer["name"], str(layer.get("kind", "")).removesuffix("Weight"), f"{layer['n_weights']:,}",
+                str(layer.get("bits", "")),
+                *((f"{layer.get('sparsity', 0.0):.1%}",) if sparse else ()), fmt_bytes(int(layer["bytes"])),
+                notes.ref(str(layer.get("skipped") or layer.get("note") or "")),
+            )
+    else:
+        table = _grouped(layers, [("kind", "encoding"), ("bits", "bits")], sparse)
     console.print(table)
-    console.print(
-        f"total {fmt_bytes(report['total_bytes'])} vs fp32 BNN {fmt_bytes(report['float_bnn_bytes'])}: "
-        f"{report['compression_ratio']:.1f}x smaller"
-    )
+    notes.print(console)
+    if not verbose and len(layers) > COMPACT_ROWS:
+        console.print(f"{len(layers)} layers grouped by encoding and bits; --verbose lists each layer "
+                      "(--report FILE writes them all as JSON)", highlight=False)
+
+
+def _grouped(layers: list[dict[str, Any]], keys: list[tuple[str, str]], sparse: bool) -> Table:
+    """One row per distinct value of ``keys``: how many layers, weights and bytes."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for layer in layers:
+        groups.setdefault(tuple(str(layer.get(k, "")).removesuffix("Weight") for k, _ in keys), []).append(layer)
+    table = Table(title_justify="left")
+    for _, title in keys:
+        table.add_column(title)
+    for col in ("layers", "weights", *(("sparsity",) if sparse else ()), "bytes", "first layer"):
+        table.add_column(col, justify="left" if col == "first layer" else "right",
+                         overflow="ellipsis" if col == "first layer" else "fold")
+    for key, members in groups.items():
+        n = sum(m["n_weights"] for m in members)
+        zeros = sum(m.get("sparsity", 0.0) * m["n_weights"] for m in members)
+        table.add_row(*key, str(len(members)), f"{n:,}", *((f"{zeros / max(n, 1):.1%}",) if sparse else ()),
+                      fmt_bytes(sum(int(m["bytes"]) for m in members)), members[0]["name"])
+    return table
+
+
+def print_inspect(console: Console, info: dict[str, Any], *, verbose: bool = False) -> None:
+    """``edgebnn inspect``: a summary header, then the encoded weights in a table that fits the console."""
+    ops = ", ".join(f"{k} {v}" for k, v in sorted(info.get("ops", {}).items(), key=lambda kv: -kv[1]))
+    if "export" in info:  # an exported .onnx
+        meta = info["export"]
+        rows = [("file", info["file"]), *_model_rows(meta),
+                ("ensemble", f"{meta.get('mode')} · S={meta.get('samples')} · scheme {meta.get('scheme')} · "
+                             f"{fmt_bytes(info['bytes'])}"),
+                ("opset", ", ".join(f"{d} {v}" for d, v in info["opset"]))]
+        layers = meta.get("layers")
+        if layers:
+            rows.append(("sampled", ", ".join(layers.get("sampled", [])) or "none"))
+            rows.append(("hoisted", ", ".join(layers.get("hoisted", [])) or "none"))
+        _header(console, [*rows, ("ops", ops)])
+        return
+    manifest = info["manifest"]
+    weights = info["layers"]
+    n = sum(w["n_weights"] for w in weights)
+    passes = " → ".join(p.get("name", "?") for p in manifest.get("passes", [])) or "none"
+    _header(console, [
+        ("file", info["file"]), *_model_rows(manifest),
+        ("scheme", f"{manifest.get('scheme')} · passes: {passes}"),
+        ("size", f"{fmt_bytes(info['total_bytes'])} for {n:,} Bayesian weights in {len(weights)} tensors"),
+        ("format", f"edgebnn IR {manifest.get('format_version')} · edgebnn {manifest.get('edgebnn_version')}"),
+        ("ops", ops),
+    ])
+    if not weights:
+        return
+    if verbose or len(weights) <= COMPACT_ROWS:
+        table = Table(title_justify="left")
+        table.add_column("weight", overflow="fold", ratio=1, min_width=12)  # names wrap, never truncate
+        for col in ("encoding", "shape", "weights", "bytes", "mean|μ|", "mean σ"):
+            table.add_column(col, justify="left" if col in ("encoding", "shape") else "right",
+                             overflow="fold" if col == "shape" else "ellipsis", no_wrap=col != "shape")
+        for row in weights:
+            table.add_row(row["name"], row["encoding"].removesuffix("Weight"), "x".join(map(str, row["shape"])),
+                          f"{row['n_weights']:,}", fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}",
+                          f"{row['mean_sigma']:.4g}")
+        console.print(table)
+        return
+    console.print(_grouped(weights, [("encoding", "encoding")], sparse=False))
+    console.print(f"{len(weights)} weights grouped by encoding; --verbose lists each, --json prints everything",
+                  highlight=False)
 
 
 def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
-    table = Table(title=f"{reports[0]['data']}/{reports[0]['split']}", title_justify="left")
-    for col in ("artifact", "runtime", "accuracy", "nll", "ece", "brier", "S", "n"):
-        table.add_column(col, justify="left" if col in ("artifact", "runtime") else "right")
+    """Accuracy/NLL/ECE/Brier rows (one per artifact), and the OOD detection metrics when present."""
+    first = reports[0]
+    title = f"{first['data']}/{first['split']}" if first.get("split") else str(first["data"])
+    table = Table(title=f"{title} (n={first['n']})", title_justify="left")
+    for col in ("artifact", "runtime", "accuracy", "nll", "ece", "brier", "S"):
+        table.add_column(col, justify="left" if col in ("artifact", "runtime") else "right",
+                         overflow="fold" if col == "artifact" else "ellipsis")
     for r in reports:
         metrics = [f"{r[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")]
-        table.add_row(Path(r["artifact"]).name, r["runtime"], *metrics, str(r["samples"]), str(r["n"]))
+        table.add_row(Path(r["artifact"]).name, r["runtime"], *metrics, str(r["samples"]))
+    console.print(table)
+    oods = [r for r in reports if r.get("ood")]
+    if not oods:
+        return
+    ood = oods[0]["ood"]
+    table = Table(title=f"OOD: {ood['data']} (n={ood['n']}) vs {title}", title_justify="left")
+    for col in ("artifact", "AUROC MI", "AUROC entropy", "AUPR MI", "FPR@95TPR", "MI in", "MI OOD"):
+        table.add_column(col, justify="left" if col == "artifact" else "right",
+                         overflow="fold" if col == "artifact" else "ellipsis")
+    for r in oods:
+        o = r["ood"]
+        table.add_row(Path(r["artifact"]).name, *(f"{o[k]:.4f}" for k in (
+            "auroc_mutual_info", "auroc_entropy", "aupr_mutual_info", "fpr_at_95_tpr", "mean_mutual_info_in",
+            "mean_mutual_info_ood")))
     console.print(table)
 
 

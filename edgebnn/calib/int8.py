@@ -52,6 +52,7 @@ import io
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,8 +61,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from edgebnn import __version__
-from edgebnn.calib.readers import DEFAULT_BATCH, BatchReader, digits_inputs, load_npy_dir
+from edgebnn._version import __version__
+from edgebnn.calib.readers import DEFAULT_BATCH, BatchReader, digits_inputs, load_inputs
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, write_metadata
 
@@ -239,6 +240,7 @@ def calibrate_ensemble(
     calib_split: str = "val",
     eval_split: str = "test",
     device: str = "jetson",
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """INT8-calibrate an exported baked ensemble, write it, and report what it cost.
 
@@ -247,12 +249,13 @@ def calibrate_ensemble(
         output: Where to write the INT8 Q/DQ ONNX (atomically). Its ``edgebnn.export`` metadata is the
             input's plus ``precision: int8`` and a ``calibration`` entry (method, samples used, data, ...),
             so ``edgebnn eval``/``edgebnn.runtime.Session`` run it like any export.
-        data: ``digits`` (split ``calib_split``) or a folder of ``.npy`` inputs.
+        data: ``digits`` (split ``calib_split``), an ``.npz`` with ``x`` or a folder of shards (``load_inputs``).
         config: Calibration settings (default: entropy, batch 32).
         calib_split: Digits split to calibrate on.
         eval_split: Digits split for the before/after metrics; must differ from ``calib_split`` when
             calibrating on digits. Skipped (with the reason) for models that do not take 8x8 digits.
         device: TensorRT device profile whose TensorRT version the compatibility check targets.
+        progress: Called as ``progress(batches, batches per pass)`` while the float graph runs on the data.
 
     Returns:
         The ``edgebnn.calibrate/1`` report (without ``schema``/``edgebnn_version``, which the CLI adds).
@@ -287,9 +290,8 @@ def calibrate_ensemble(
         x_cal = digits_inputs(calib_split)[0]
         data_desc: dict[str, Any] = {"data": "digits", "split": calib_split}
     else:
-        x_cal = load_npy_dir(data, input_shape)
-        data_desc = {"data": str(data), "files": len([p for p in Path(data).iterdir() if p.suffix == ".npy"])}
-    reader = BatchReader(x_cal, input_name, batch=config.batch, limit=config.max_samples)
+        x_cal, data_desc = load_inputs(data, input_shape, limit=config.max_samples)
+    reader = BatchReader(x_cal, input_name, batch=config.batch, limit=config.max_samples, progress=progress)
     quantized = quantize_int8(proto, reader, config)
     calibration = {**asdict(config), **data_desc, "samples_used": reader.samples_used,
                    "onnxruntime": _ort_version(), "edgebnn_version": __version__}

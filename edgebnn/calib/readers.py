@@ -5,9 +5,10 @@ onnxruntime's calibrators one batch at a time:
 
 * ``digits``: one split of :func:`edgebnn.data.digits` (default ``val``: the model was trained on
   ``train`` and is evaluated on ``test``, so calibrating on ``val`` touches neither);
-* a folder of ``.npy`` files, read with ``allow_pickle=False``: each file holds one input
-  ``input_shape`` or a stack ``(n, *input_shape)`` of floating-point values. Every file is checked
-  (dtype, shape, finite values) and the first bad one is named in a single :class:`InvalidOptionError`.
+* an ``.npz`` with ``x``, or a folder of ``.npy``/``.npz`` shards, read by :func:`edgebnn.data.load_data`
+  (``allow_pickle=False``): a ``.npy`` holds one input ``input_shape`` or a stack ``(n, *input_shape)`` of
+  floating-point values. Every file is checked (dtype, shape, finite values) and the first bad one is named
+  in a single :class:`InvalidOptionError`.
 
 Batches all have the same size and a last partial batch is dropped: onnxruntime's histogram
 calibrators (percentile, entropy) stack the per-batch outputs with ``np.asarray`` and fail on ragged
@@ -17,8 +18,8 @@ batches. :attr:`BatchReader.samples_used` says how many inputs were actually use
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from onnxruntime.quantization import CalibrationDataReader
@@ -36,9 +37,11 @@ class BatchReader(CalibrationDataReader):
         input_name: Name of the graph input.
         batch: Batch size; clipped to N, so a small set is one batch.
         limit: Use at most this many inputs (the first ``limit``), or all when None.
+        progress: Called as ``progress(batches given, batches per pass)`` after each batch.
     """
 
-    def __init__(self, x: np.ndarray, input_name: str, *, batch: int = DEFAULT_BATCH, limit: int | None = None) -> None:
+    def __init__(self, x: np.ndarray, input_name: str, *, batch: int = DEFAULT_BATCH, limit: int | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
         if batch < 1:
             raise InvalidOptionError(f"calibration batch must be at least 1, got {batch}")
         if limit is not None and limit < 1:
@@ -50,6 +53,7 @@ class BatchReader(CalibrationDataReader):
         self.samples_used = len(x) // self.batch * self.batch
         self.x = np.ascontiguousarray(x[: self.samples_used], dtype=np.float32)
         self.input_name = input_name
+        self.progress = progress
         self._next = 0
 
     def get_next(self) -> dict[str, np.ndarray] | None:
@@ -57,6 +61,8 @@ class BatchReader(CalibrationDataReader):
             return None
         chunk = self.x[self._next : self._next + self.batch]
         self._next += self.batch
+        if self.progress:
+            self.progress(self._next // self.batch, len(self))
         return {self.input_name: chunk}
 
     def __len__(self) -> int:
@@ -73,51 +79,27 @@ def digits_inputs(split: str = "val", *, seed: int = 0) -> tuple[np.ndarray, np.
     return digits(seed).split(split)
 
 
-def load_npy_dir(directory: str | os.PathLike[str], input_shape: Sequence[int]) -> np.ndarray:
-    """Stack every ``*.npy`` file of ``directory`` (sorted by name) into ``(N, *input_shape)`` float32.
+def load_inputs(data: str | os.PathLike[str], input_shape: Sequence[int], *,
+                limit: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """Calibration inputs ``(N, *input_shape)`` float32 from an ``.npz`` or a folder of shards, and a description.
+
+    Read with :func:`edgebnn.data.load_data` (labels not needed; a ``.npy`` in a folder may hold a single
+    input shaped ``input_shape``).
 
     Args:
-        directory: Folder of ``.npy`` files; other files are ignored.
+        data: An ``.npz`` with ``x``, or a folder of ``.npy``/``.npz`` shards.
         input_shape: Shape of one input, without the batch axis.
+        limit: Read only the first ``limit`` inputs (None: all).
 
     Returns:
-        The stacked inputs.
+        ``(x, {"data": str(data), "files": number of shards})``.
 
     Raises:
-        InvalidOptionError: The folder is missing or holds no ``.npy`` file, or a file is unreadable, a pickle,
-            not floating point, misshapen or not finite (the message names that file).
+        InvalidOptionError: A missing folder or file, a pickle, a non-float or misshapen array, or NaN or
+            infinite values (the message names the file and key).
     """
-    folder = Path(directory)
-    if not folder.is_dir():
-        raise InvalidOptionError(f"--data {folder}: not a directory (give 'digits' or a folder of .npy files)")
-    files = sorted(p for p in folder.iterdir() if p.suffix == ".npy" and p.is_file())
-    if not files:
-        raise InvalidOptionError(f"--data {folder}: no .npy files")
-    want = tuple(int(d) for d in input_shape)
-    arrays = []
-    for path in files:
-        try:
-            with path.open("rb") as f:
-                if f.read(6) != b"\x93NUMPY":  # np.load would take anything else for a pickle
-                    raise InvalidOptionError(f"{path}: not a .npy file (no NUMPY header)")
-            arr = np.load(path, allow_pickle=False)
-        except ValueError as e:
-            if "pickle" in str(e):  # object arrays need pickle; refused
-                raise InvalidOptionError(f"{path}: not a plain numeric .npy array (object arrays need pickle)") from e
-            raise InvalidOptionError(f"{path}: unreadable .npy file ({e})") from e
-        except (OSError, EOFError) as e:
-            raise InvalidOptionError(f"{path}: unreadable .npy file ({e})") from e
-        if arr.dtype.kind != "f":
-            raise InvalidOptionError(
-                f"{path}: dtype {arr.dtype} is not floating point; save the inputs as float32, preprocessed exactly "
-                "as the model expects"
-            )
-        if tuple(arr.shape) == want:
-            arr = arr[None]
-        elif arr.ndim != len(want) + 1 or tuple(arr.shape[1:]) != want or len(arr) == 0:
-            shape = ", ".join(map(str, want))
-            raise InvalidOptionError(f"{path}: shape {tuple(arr.shape)}, expected ({shape}) or (n, {shape})")
-        if not np.isfinite(arr).all():
-            raise InvalidOptionError(f"{path}: contains NaN or infinite values")
-        arrays.append(arr.astype(np.float32, copy=False))
-    return np.ascontiguousarray(np.concatenate(arrays))
+    from edgebnn.data import load_data
+
+    dataset = load_data(data, input_shape=input_shape, labels=False)
+    x, _ = dataset.arrays(limit)
+    return x, {"data": str(data), "files": dataset.files}

@@ -28,7 +28,7 @@ from typing import Any
 
 import onnx
 
-from edgebnn import __version__
+from edgebnn._version import __version__
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.ir import MANIFEST_KEY, BNNModel

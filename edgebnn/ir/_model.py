@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from edgebnn import __version__
+from edgebnn._version import __version__
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.ir.encodings import ENCODINGS, Encoding
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from edgebnn import __version__
+from edgebnn._version import __version__
 from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import BNNModel
 from edgebnn.runtime.reference import check_samples

@@ -482,6 +482,110 @@ for _command in META_COMMANDS:
             return Bad(META_COMMANDS[command](ctx, src), (str(src), needle))
 
 
+# -- data-*: the user's data files (eval, compare, calibrate, lower --eval share one loader) -------------
+
+
+def data_case(case_id: str, arrays: dict[str, Any] | bytes, *needles: str, command: str = "eval",
+              option: str = "--data") -> None:
+    """``edgebnn COMMAND model --data bad.npz`` (or ``--ood-data``) on a model that takes digits (1, 8, 8), 10
+    classes; ``--json`` and ``--plot`` outputs are requested so that writing any of them would show."""
+
+    def build(ctx: Ctx) -> Bad:
+        bad = ctx.tmp / "bad.npz"
+        if isinstance(arrays, bytes):
+            bad.write_bytes(arrays)
+        else:
+            np.savez(bad, **arrays, allow_pickle=True)
+        model = saved(ctx, digits_shaped())
+        if command == "compare":
+            argv = ["compare", str(model), str(model), "--null-runs", "19", "--data", str(bad)]
+        else:
+            data = ["--data", "digits", "--ood-data", str(bad)] if option == "--ood-data" else ["--data", str(bad)]
+            argv = ["eval", str(model), "-S", "2", *data, "--json", str(ctx.tmp / "e.json"),
+                    "--plot", str(ctx.tmp / "e.png")]
+        return Bad(argv, (str(bad), *needles))
+
+    CASES.append(Case(case_id, build))
+
+
+X8 = np.zeros((4, 1, 8, 8), np.float32)
+Y4 = np.array([0, 1, 2, 3])
+data_case("data-npz-without-x", {"y": Y4}, "no key 'x'")
+data_case("data-npz-without-y", {"x": X8}, "no key 'y'")
+data_case("data-labels-out-of-range", {"x": X8, "y": np.array([0, 1, 10, 3])}, "['y']",
+          "label 10 at row 2 is outside the model's 10 classes")
+data_case("data-labels-negative", {"x": X8, "y": np.array([0, -1, 2, 3])}, "label -1 at row 1")
+data_case("data-labels-float", {"x": X8, "y": Y4.astype(np.float32)}, "['y']", "must be integer")
+data_case("data-labels-count", {"x": X8, "y": Y4[:3]}, "['y']", "expected (4,)")
+data_case("data-x-wrong-shape", {"x": np.zeros((4, 8, 8), np.float32), "y": Y4}, "['x']",
+          "the model takes (N, 1, 8, 8)")
+data_case("data-x-uint8", {"x": X8.astype(np.uint8), "y": Y4}, "['x']", "dtype uint8 is not floating point")
+data_case("data-x-nan-pixel", {"x": np.where(np.arange(256).reshape(4, 1, 8, 8) == 77, np.nan, X8), "y": Y4},
+          "['x']", "NaN or infinite input at row 1")
+data_case("data-x-no-rows", {"x": X8[:0], "y": Y4[:0]}, "['x']", "N >= 1 rows")
+data_case("data-empty-file", b"", "empty file")
+data_case("data-not-a-zip", b"just some text", "not an .npz file")
+data_case("data-pickled-object-array", {"x": np.array([{"a": 1}], dtype=object), "y": Y4[:1]}, "['x']",
+          "object arrays need pickle")
+data_case("data-compare-labels-out-of-range", {"x": X8, "y": np.array([0, 1, 99, 3])}, "label 99",
+          command="compare")
+data_case("data-ood-without-x", {"y": Y4}, "no key 'x'", option="--ood-data")
+data_case("data-ood-wrong-shape", {"x": np.zeros((4, 1, 6, 6), np.float32)}, "the model takes (N, 1, 8, 8)",
+          option="--ood-data")
+
+
+@case("data-pickle-payload-never-runs")
+def _(ctx: Ctx) -> Bad:
+    """An .npz whose x.npy member is a pickle (object array) that would drop a marker file if loaded."""
+    marker = ctx.tmp / "pwned"
+    bad = ctx.tmp / "evil.npz"
+    payload = pickle.dumps(OpenMarker(marker), protocol=2)
+    header = b"{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    header += b" " * (63 - len(header)) + b"\n"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("x.npy", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + payload)
+        zf.writestr("y.npy", _npy_bytes(Y4[:1]))
+    return Bad(["eval", str(saved(ctx, digits_shaped())), "-S", "2", "--data", str(bad)],
+               (str(bad), "object arrays need pickle"), marker=marker)
+
+
+@case("data-npy-shards-missing-labels")
+def _(ctx: Ctx) -> Bad:
+    folder = ctx.tmp / "shards"
+    folder.mkdir()
+    np.save(folder / "x_000.npy", X8)
+    np.save(folder / "y_000.npy", Y4)
+    np.save(folder / "x_001.npy", X8)
+    return Bad(["eval", str(saved(ctx, digits_shaped())), "-S", "2", "--data", str(folder)],
+               (str(folder / "x_001.npy"), "no labels", "y_001.npy"))
+
+
+@case("data-split-with-a-file")
+def _(ctx: Ctx) -> Bad:
+    data = ctx.tmp / "d.npz"
+    np.savez(data, x=X8, y=Y4)
+    return Bad(["eval", str(saved(ctx, digits_shaped())), "--data", str(data), "--split", "val"],
+               ("--split val", "digits only", str(data)))
+
+
+@case("data-calibrate-folder-nan")
+def _(ctx: Ctx) -> Bad:
+    folder = ctx.tmp / "calib"
+    folder.mkdir()
+    np.save(folder / "a.npy", np.full((2, 1, 8, 8), np.inf, np.float32))
+    src = save_onnx(export_onnx(digits_shaped(), 2), ctx.tmp / "m.onnx")
+    return Bad(["calibrate", str(src), "--data", str(folder), "-o", str(ctx.tmp / "q.onnx")],
+               (str(folder / "a.npy"), "NaN or infinite input at row 0"))
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    return buf.getvalue()
+
+
 # -- write-*: the output cannot be written (the previous artifact survives) -----------------------------
 
 

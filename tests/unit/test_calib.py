@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from synthetic import INPUT_SHAPE, synthetic_cnn
 
 from edgebnn.calib.int8 import METHODS, QUANTIZED_OPS, Int8Config, calibrate_ensemble, qdq_summary, quantize_int8
-from edgebnn.calib.readers import BatchReader, load_npy_dir
+from edgebnn.calib.readers import BatchReader, load_inputs
 from edgebnn.cli import main
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.ensemble import export_onnx, save_onnx
@@ -103,7 +103,7 @@ def test_entropy_search_is_not_minmax(baked):
     # KL search has one candidate: the min-max range. We pass 2048 bins, so entropy picks its own ranges.
     path, data = baked
     proto = onnx.load(str(path))
-    reader = BatchReader(load_npy_dir(data, INPUT_SHAPE[1:]), "input", batch=16)
+    reader = BatchReader(load_inputs(data, INPUT_SHAPE[1:])[0], "input", batch=16)
 
     def scales(method: str) -> dict[str, float]:
         q = quantize_int8(proto, reader, Int8Config(method=method))
@@ -163,11 +163,12 @@ def test_batch_reader_drops_the_ragged_tail_and_rewinds():
     ("content", "message"),
     [
         (np.zeros((2, 1, 6, 6), np.int32), "dtype int32 is not floating point"),
-        (np.zeros((2, 1, 8, 8), np.float32), r"shape \(2, 1, 8, 8\), expected \(1, 6, 6\) or \(n, 1, 6, 6\)"),
+        (np.zeros((2, 1, 8, 8), np.float32), r"shape \(2, 1, 8, 8\), the model takes \(N, 1, 6, 6\)"),
         (np.full((1, 6, 6), np.nan, np.float32), "NaN or infinite"),
-        (np.array([{"a": 1}], dtype=object), "not a plain numeric .npy array"),
-        (b"not an npy file", "not a .npy file"),
-        (b"\x93NUMPY\x01\x00trunc", "unreadable .npy file"),
+        (np.array([{"a": 1}], dtype=object), "not a plain numeric array"),
+        (b"not an npy file", "not a .npy array"),
+        (b"\x93NUMPY\x01\x00trunc", "unreadable .npy header"),
+        (b"", "empty file"),
     ],
 )
 def test_npy_reader_names_the_bad_file(tmp_path, content, message):
@@ -178,16 +179,16 @@ def test_npy_reader_names_the_bad_file(tmp_path, content, message):
     else:
         np.save(bad, content, allow_pickle=True)
     with pytest.raises(InvalidOptionError, match=message) as err:
-        load_npy_dir(tmp_path, INPUT_SHAPE[1:])
+        load_inputs(tmp_path, INPUT_SHAPE[1:])
     assert str(bad) in str(err.value)
 
 
 def test_npy_reader_folder_errors(tmp_path):
-    with pytest.raises(InvalidOptionError, match="not a directory"):
-        load_npy_dir(tmp_path / "nope", (1, 6, 6))
+    with pytest.raises(InvalidOptionError, match="no such file or directory"):
+        load_inputs(tmp_path / "nope", (1, 6, 6))
     (tmp_path / "readme.txt").write_text("x")
-    with pytest.raises(InvalidOptionError, match=r"no \.npy files"):
-        load_npy_dir(tmp_path, (1, 6, 6))
+    with pytest.raises(InvalidOptionError, match=r"no \.npy or \.npz files"):
+        load_inputs(tmp_path, (1, 6, 6))
 
 
 def test_config_validation():

@@ -39,13 +39,13 @@ def files(tmp_path_factory):
 
 @pytest.mark.parametrize("other", ["baked.onnx", "noise.onnx"])
 def test_same_posterior_is_same(files, data, other):
-    report = compare_artifacts(str(files / "m.ebnn"), str(files / other), *data, null_runs=NULL_RUNS, alpha=0.05)
+    report = compare_artifacts(str(files / "m.ebnn"), str(files / other), data, null_runs=NULL_RUNS, alpha=0.05)
     assert report["same_distribution"], report
     assert report["a"]["samples"] == report["b"]["samples"] == 16
 
 
 def test_wider_posterior_is_different(files, data):
-    report = compare_artifacts(str(files / "baked.onnx"), str(files / "wider.onnx"), *data,
+    report = compare_artifacts(str(files / "baked.onnx"), str(files / "wider.onnx"), data,
                                ir=str(files / "m.ebnn"), null_runs=NULL_RUNS, alpha=0.05)
     assert not report["same_distribution"], report
     assert report["p_value"] == pytest.approx(1 / (NULL_RUNS + 1))
@@ -53,4 +53,4 @@ def test_wider_posterior_is_different(files, data):
 
 def test_two_exports_need_the_ir(files, data):
     with pytest.raises(InvalidOptionError, match="--ir"):
-        compare_artifacts(str(files / "baked.onnx"), str(files / "noise.onnx"), *data)
+        compare_artifacts(str(files / "baked.onnx"), str(files / "noise.onnx"), data)
