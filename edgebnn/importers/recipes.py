@@ -11,69 +11,71 @@
   and the same sign probability, μ = 2p - 1, σ = |μ| / |Φ⁻¹(p)| (so Φ(μ/σ) = p; σ is capped where p ≈ ½),
   which the ``binary`` pass turns back into sign bits, flip probabilities Φ(-|μ|/σ) = min(p, 1-p), and a
   per-layer scale ≈ 1.
+
+The adapters never import :mod:`edgebnn.train`: they look its layer classes up in ``sys.modules`` (a model
+holding such a layer has imported its module), so the dependency runs one way, train -> importers
+(``edgebnn.train.bc.compress`` and ``edgebnn.train.vnq.lower_to_ternary`` call :func:`import_model`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
-from edgebnn.importers.base import LayerPosterior, pair, to_numpy
+from edgebnn.importers.base import LayerPosterior, ntuple, to_numpy
 
 if TYPE_CHECKING:
     import torch
 
 
-def _posterior(module: torch.nn.Module, path: str, mu: torch.Tensor, sigma: torch.Tensor) -> LayerPosterior:
+def _is(module: object, module_name: str, class_name: str) -> bool:
+    """``isinstance(module, module_name.class_name)`` without importing ``module_name``."""
+    cls = getattr(sys.modules.get(module_name), class_name, None)
+    return isinstance(cls, type) and isinstance(module, cls)
+
+
+def _posterior(module: Any, path: str, mu: torch.Tensor, sigma: torch.Tensor) -> LayerPosterior:
     bias = getattr(module, "bias", None)
-    common = {
-        "path": path,
-        "weight_mu": to_numpy(mu),
-        "weight_sigma": to_numpy(sigma),
-        "bias_mu": None if bias is None else to_numpy(bias),
-    }
+    weight, bias_mu = (to_numpy(mu), to_numpy(sigma)), None if bias is None else to_numpy(bias)
     if mu.ndim == 4:
         return LayerPosterior(
-            kind="conv2d", stride=pair(module.stride, "stride", path), padding=pair(module.padding, "padding", path),
-            **common,
+            path, "conv", *weight, bias_mu, stride=ntuple(module.stride, 2, "stride", path),
+            padding=ntuple(module.padding, 2, "padding", path),
         )
-    return LayerPosterior(kind="linear", **common)
+    return LayerPosterior(path, "linear", *weight, bias_mu)
 
 
 class VNQAdapter:
     library = "edgebnn-vnq"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        from edgebnn.train.vnq import _VNQLayer
-
-        return isinstance(module, _VNQLayer)
+        return _is(module, "edgebnn.train.vnq", "_VNQLayer")
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
-        return _posterior(module, path, module.clipped_mu(), module.weight_sigma)
+        m: Any = module
+        return _posterior(m, path, m.clipped_mu(), m.weight_sigma)
 
 
 class BCAdapter:
     library = "edgebnn-bc"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        from edgebnn.train.bc import _GroupNJLayer
-
-        return isinstance(module, _GroupNJLayer)
+        return _is(module, "edgebnn.train.bc", "_GroupNJLayer")
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
-        return _posterior(module, path, module.weight_mu, module.weight_sigma)
+        m: Any = module
+        return _posterior(m, path, m.weight_mu, m.weight_sigma)
 
 
 class EBPAdapter:
     library = "edgebnn-ebp"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        from edgebnn.train.ebp import BinaryLinear
-
-        return isinstance(module, BinaryLinear)
+        return _is(module, "edgebnn.train.ebp", "BinaryLinear")
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
-        mu, sigma = module.gaussian_posterior()
+        mu, sigma = module.gaussian_posterior()  # type: ignore[operator]
         return _posterior(module, path, mu, sigma)
 
 
@@ -81,15 +83,14 @@ class TiedAdapter:
     library = "edgebnn-2dgbnn"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        from edgebnn.train.dgbnn import TiedBayesLayer
-
-        return isinstance(module, TiedBayesLayer)
+        return _is(module, "edgebnn.train.dgbnn", "TiedBayesLayer")
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         from edgebnn.importers.edgebnn_layers import ADAPTER
 
-        inner = ADAPTER.extract(module.layer, path)
-        mu, sigma = module.posterior()
+        m: Any = module
+        inner = ADAPTER.extract(m.layer, path)
+        mu, sigma = m.posterior()
         return dataclasses.replace(inner, weight_mu=to_numpy(mu), weight_sigma=to_numpy(sigma))
 
 
