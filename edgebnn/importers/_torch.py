@@ -17,6 +17,7 @@ import io
 import logging
 import re
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -203,6 +204,12 @@ def import_model(
     finally:
         for h in hooks:
             h.remove()
+    if isinstance(out, Mapping):
+        keys = ", ".join(repr(k) for k in list(out)[:4])
+        raise UnsupportedLayerError(
+            f"{where}: forward of {type(model).__name__} returns a dict ({keys}); wrap the model so that forward "
+            "returns the logits tensor (or a tuple with the logits at --output-index)"
+        )
     if isinstance(out, (tuple, list)):
         if not 0 <= output_index < len(out):
             raise InvalidOptionError(f"{where}: forward returns {len(out)} outputs; output index {output_index}")
