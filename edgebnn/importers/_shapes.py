@@ -11,7 +11,8 @@ and no exporter can lay out an ensemble there.
 values (float weights never are: nothing that reads a weight is folded). Each shape value that a
 non-shape node reads is computed by onnxruntime at two batch sizes; where both runs agree it does not
 depend on the batch and becomes an initializer, otherwise (e.g. the batch entry of a flatten's target
-shape) its computation stays in the graph. Nodes left without a consumer are dropped.
+shape) its computation stays in the graph. Nodes left without a consumer are dropped. A graph onnxruntime
+cannot run is left unfolded (the importer's static-shape check then names the layer it cannot lay out).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ def fold_shape_computations(proto: onnx.ModelProto) -> onnx.ModelProto:
     } | {o.name for o in graph.output if o.name in shape_values})
     if not frontier:
         return proto
-    values = [_evaluate(proto, frontier, batch) for batch in _PROBE_BATCHES]
+    try:
+        values = [_evaluate(proto, frontier, batch) for batch in _PROBE_BATCHES]
+    except Exception:  # onnxruntime cannot run this graph: leave it as is; the static-shape check names the layer
+        return proto
     folded = {
         name: first for name, first, second in zip(frontier, values[0], values[1], strict=True)
         if first.shape == second.shape and np.array_equal(first, second)

@@ -2,11 +2,14 @@
 
 1. Find the Bayesian layers with the library adapters and read their posteriors.
 2. Probe one forward pass to learn which layers return ``(out, kl)`` tuples (hand-written bayesian-torch
-   models) and which model output is the prediction.
-3. Swap each Bayesian layer for a deterministic ``nn.Linear``/``nn.Conv2d`` holding the posterior mean
-   (returning a tuple again where the original did) and export that network with ``torch.onnx.export``
-   (dynamo, ``optimize=False`` so BatchNorm is never folded into a Bayesian weight; batch axis dynamic).
-4. Replace each mean-weight initializer by a ``GaussianWeight(mu, sigma)`` node with the same output name.
+   models) and which model output is the prediction (a dict output is refused).
+3. Swap each Bayesian layer for a deterministic twin holding the posterior mean (``F.linear``, ``F.convNd``,
+   ``F.conv_transposeNd`` or ``F.batch_norm``, returning a tuple again where the original did) and export
+   that network with ``torch.onnx.export`` (dynamo, ``optimize=False`` so BatchNorm is never folded into a
+   Bayesian weight; batch axis dynamic).
+4. Fold the shape arithmetic the export leaves (:mod:`edgebnn.importers._shapes`), keeping the batch
+   dynamic, and require static non-batch shapes around every Bayesian layer.
+5. Replace each mean-weight initializer by a ``GaussianWeight(mu, sigma)`` node with the same output name.
 """
 
 from __future__ import annotations

@@ -774,3 +774,41 @@ def test_import_refuses_unreadable_layers(bl: Any, bm: Any) -> None:
     gru = nn.Sequential(nn.Flatten(2), bm.BayesianGRU(8, 3))
     with pytest.raises(UnsupportedLayerError, match=r"^layer '1' \(BayesianGRU\): recurrent layers"):
         import_model(gru, (1, 1, 8, 8))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("cls_name", "kwargs", "shape"),
+    [
+        ("Conv1dFlipout", {"stride": 2, "padding": 1}, (1, 2, 9)),
+        ("Conv3dReparameterization", {"padding": 1}, (1, 2, 3, 4, 5)),
+        ("ConvTranspose1dReparameterization", {"stride": 2, "output_padding": 1}, (1, 2, 5)),
+        # bias=False: bayesian-torch 0.5's ConvTranspose3dFlipout fails with a bias when it returns no KL
+        ("ConvTranspose3dFlipout", {"stride": 2, "padding": 1, "bias": False}, (1, 2, 2, 3, 3)),
+    ],
+)
+def test_import_other_conv_kinds(bl: Any, cls_name: str, kwargs: dict[str, Any], shape: tuple[int, ...]) -> None:
+    """Import -> IR -> onnxruntime (the posterior-mean network, and the reference runtime's draws)."""
+    ort = pytest.importorskip("onnxruntime")
+    from edgebnn.importers import import_model
+    from edgebnn.runtime.reference import sample_logits
+
+    torch.manual_seed(0)
+    layer = getattr(bl, cls_name)(2, 4, 3, **kwargs, **_BT_PRIORS)
+    layer.dnn_to_bnn_flag = True  # forward returns the output only, as after dnn_to_bnn
+    layer.prior_weight_sigma = torch.ones_like(layer.mu_kernel)  # see test_bayesian_torch_every_conv_kind
+    model = nn.Sequential(layer, nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
+    with torch.no_grad():
+        model(torch.zeros(shape))  # materialise the lazy head
+    bnn = import_model(model, shape)
+    [conv_weight] = [w for w in bnn.encoded_weights() if w.name == "0.weight"]
+    np.testing.assert_array_equal(conv_weight.encoding.mean(), layer.mu_kernel.detach().numpy())
+    denoised = copy.deepcopy(model)
+    _bt_shrink(denoised[0])
+    x = torch.randn(5, *shape[1:])
+    session = ort.InferenceSession(bnn.float_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {bnn.manifest.input_name: x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(got, denoised(x).numpy(), rtol=1e-5, atol=1e-5)
+    draws = sample_logits(bnn, x.numpy(), 8, seed=0)  # the reference runtime samples this layer kind
+    assert draws.shape == (8, 5, 3) and np.all(draws.std(0) > 0)  # (tests/integration/test_zoo.py: vs the library)
