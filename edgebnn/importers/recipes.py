@@ -12,27 +12,19 @@
   which the ``binary`` pass turns back into sign bits, flip probabilities Φ(-|μ|/σ) = min(p, 1-p), and a
   per-layer scale ≈ 1.
 
-The adapters never import :mod:`edgebnn.train`: they look its layer classes up in ``sys.modules`` (a model
-holding such a layer has imported its module), so the dependency runs one way, train -> importers
-(``edgebnn.train.bc.compress`` and ``edgebnn.train.vnq.lower_to_ternary`` call :func:`import_model`).
+Dependencies run one way, importers -> train (train is the layer below, docs/design.md): the adapters import
+the recipe layer classes when asked to match a module, and :mod:`edgebnn.train` never imports the importers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from typing import TYPE_CHECKING, Any
 
 from edgebnn.importers.base import LayerPosterior, ntuple, to_numpy
 
 if TYPE_CHECKING:
     import torch
-
-
-def _is(module: object, module_name: str, class_name: str) -> bool:
-    """``isinstance(module, module_name.class_name)`` without importing ``module_name``."""
-    cls = getattr(sys.modules.get(module_name), class_name, None)
-    return isinstance(cls, type) and isinstance(module, cls)
 
 
 def _posterior(module: Any, path: str, mu: torch.Tensor, sigma: torch.Tensor) -> LayerPosterior:
@@ -50,7 +42,9 @@ class VNQAdapter:
     library = "edgebnn-vnq"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        return _is(module, "edgebnn.train.vnq", "_VNQLayer")
+        from edgebnn.train.vnq import _VNQLayer
+
+        return isinstance(module, _VNQLayer)
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         m: Any = module
@@ -61,7 +55,9 @@ class BCAdapter:
     library = "edgebnn-bc"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        return _is(module, "edgebnn.train.bc", "_GroupNJLayer")
+        from edgebnn.train.bc import _GroupNJLayer
+
+        return isinstance(module, _GroupNJLayer)
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         m: Any = module
@@ -72,7 +68,9 @@ class EBPAdapter:
     library = "edgebnn-ebp"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        return _is(module, "edgebnn.train.ebp", "BinaryLinear")
+        from edgebnn.train.ebp import BinaryLinear
+
+        return isinstance(module, BinaryLinear)
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         mu, sigma = module.gaussian_posterior()  # type: ignore[operator]
@@ -83,7 +81,9 @@ class TiedAdapter:
     library = "edgebnn-2dgbnn"
 
     def matches(self, module: torch.nn.Module) -> bool:
-        return _is(module, "edgebnn.train.dgbnn", "TiedBayesLayer")
+        from edgebnn.train.dgbnn import TiedBayesLayer
+
+        return isinstance(module, TiedBayesLayer)
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         from edgebnn.importers.edgebnn_layers import ADAPTER
