@@ -10,8 +10,11 @@ and no exporter can lay out an ensemble there.
 ``Constant`` and ``Shape`` nodes, integer initializers, and every output of a node whose inputs are all shape
 values (float weights never are: nothing that reads a weight is folded). Each shape value that a
 non-shape node reads is computed by onnxruntime at two batch sizes; where both runs agree it does not
-depend on the batch and becomes an initializer, otherwise (e.g. the batch entry of a flatten's target
-shape) its computation stays in the graph. Nodes left without a consumer are dropped. A graph onnxruntime
+depend on the batch and becomes an initializer. A data ``Reshape`` whose computed target depends on the batch
+(``view(x.size(0), -1)``) gets the constant target of its probed output shape with -1 in the one entry that
+differs between the probes, which is exact at any batch size and lets shape inference see every size on a
+batch-1 probe. Other batch-dependent values keep their computation.
+Nodes left without a consumer are dropped. A graph onnxruntime
 cannot run is left unfolded (the importer's static-shape check then names the layer it cannot lay out).
 """
 
@@ -44,18 +47,31 @@ def fold_shape_computations(proto: onnx.ModelProto) -> onnx.ModelProto:
     } | {o.name for o in graph.output if o.name in shape_values})
     if not frontier:
         return proto
+    reshapes = [  # data Reshapes whose target is computed: their output shapes are probed too
+        n.output[0] for i, n in enumerate(graph.node)
+        if i not in shape_nodes and n.op_type == "Reshape" and n.input[1] in frontier
+    ]
     try:
-        values = [_evaluate(proto, frontier, batch) for batch in _PROBE_BATCHES]
+        values = [_evaluate(proto, frontier + reshapes, batch) for batch in _PROBE_BATCHES]
     except Exception:  # onnxruntime cannot run this graph: leave it as is; the static-shape check names the layer
         return proto
     folded = {
-        name: first for name, first, second in zip(frontier, values[0], values[1], strict=True)
+        name: first for name, first, second in zip(frontier, values[0], values[1], strict=False)  # then reshapes
         if first.shape == second.shape and np.array_equal(first, second)
     }
+    targets = {}
+    for k, name in enumerate(reshapes, start=len(frontier)):
+        target = _batch_as_minus_one(values[0][k].shape, values[1][k].shape)
+        if target is not None:
+            targets[name] = target
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     graph = out.graph
     kept = [n for n in graph.node if not set(n.output) & set(folded)]
+    for node in kept:
+        if node.op_type == "Reshape" and node.output[0] in targets and node.input[1] not in folded:
+            node.input[1] = f"{node.output[0]}__target"
+            folded[node.input[1]] = targets[node.output[0]]
     graph.initializer.extend(numpy_helper.from_array(value, name) for name, value in folded.items())
     del graph.node[:]
     graph.node.extend(_live(kept, {o.name for o in graph.output}))
@@ -64,6 +80,22 @@ def fold_shape_computations(proto: onnx.ModelProto) -> onnx.ModelProto:
     for t in dead:
         graph.initializer.remove(t)
     return out
+
+
+def _batch_as_minus_one(first: tuple[int, ...], second: tuple[int, ...]) -> np.ndarray | None:
+    """The Reshape target for output shapes ``first``/``second`` (the two probe batches) that differ in one entry.
+
+    With every other entry fixed, the element count determines that entry, so -1 there reproduces the output
+    at any batch size: ``view(x.size(0), -1)`` on ``[B, 64, 1, 1]`` becomes the constant target ``[-1, 64]``.
+    """
+    if len(first) != len(second) or 0 in first:  # no 0 entries: the target means the same with allowzero on or off
+        return None
+    differ = [k for k, (a, b) in enumerate(zip(first, second, strict=True)) if a != b]
+    if len(differ) != 1:
+        return None
+    target = np.array(first, dtype=np.int64)
+    target[differ[0]] = -1
+    return target
 
 
 def _live(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:

@@ -280,7 +280,8 @@ def _export(torch: Any, module: Any, example: Any, where: str) -> onnx.ModelProt
 
 
 def _check_static_shapes(proto: onnx.ModelProto, classes: dict[str, str], prefix: str, where: str) -> None:
-    """Every node a Bayesian weight feeds must see static non-batch shapes: exporters lay out samples by them."""
+    """Every node a Bayesian weight feeds must see static shapes on a batch-1 probe: exporters lay samples out
+    by them (the batch itself stays dynamic in the graph)."""
     shapes = static_feature_shapes(proto)
     layer_of = {f"{prefix}{path}.weight": path for path in classes}
     for node in proto.graph.node:
@@ -289,9 +290,9 @@ def _check_static_shapes(proto: onnx.ModelProto, classes: dict[str, str], prefix
             continue
         for role, value in (("input", node.input[0]), ("output", node.output[0])):
             shape = shapes.get(value)
-            if shape is None or any(d is None for d in shape[1:]):
-                got = "unknown" if shape is None else "[batch, " + ", ".join("?" if d is None else str(d)
-                                                                            for d in shape[1:]) + "]"
+            if shape is None or any(d is None for d in shape):
+                got = "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d)
+                                                                     for d in shape) + "] at batch 1"
                 raise UnsupportedLayerError(
                     f"{where}: layer {path!r} ({classes[path]}): its {node.op_type} {role} shape is {got} even "
                     "after folding shape computations; make every size but the batch follow from --input-shape "
