@@ -21,9 +21,8 @@ If both sample the same posterior predictive, numerator and denominator have the
 independent S-sample estimates each). Measured spread of this ratio between three library runs (the null),
 S = 8, R = 2, 16-64 examples (6 for the 1.2M-weight simple CNNs): 0.84-1.15 over 30 draws on the ten models, so
 the bound 1.2 sits above the null's range; edgebnn measured 0.98-1.05 (0.67 on the 6-example simple CNN). The
-power check replaces edgebnn by
-the same IR with every sigma doubled, which must exceed the bound (measured 1.7-6.0; on the two 1.2M-weight simple
-CNNs, where it is skipped for time, 1.3 and 1.9).
+power check replaces edgebnn by the same IR with every sigma doubled, which must exceed the bound (measured
+1.7-6.0; on the two 1.2M-weight simple CNNs, where it is skipped for time, 1.3 and 1.9).
 
 The zoo models' posteriors are set to sigma in [0.1, 0.6] x each layer's weight-mean std, per weight
 (:func:`_spread_posterior`): trained posteriors are heterogeneous, so a sigma read from the wrong position
