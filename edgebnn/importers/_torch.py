@@ -2,11 +2,14 @@
 
 1. Find the Bayesian layers with the library adapters and read their posteriors.
 2. Probe one forward pass to learn which layers return ``(out, kl)`` tuples (hand-written bayesian-torch
-   models) and which model output is the prediction.
-3. Swap each Bayesian layer for a deterministic ``nn.Linear``/``nn.Conv2d`` holding the posterior mean
-   (returning a tuple again where the original did) and export that network with ``torch.onnx.export``
-   (dynamo, ``optimize=False`` so BatchNorm is never folded into a Bayesian weight; batch axis dynamic).
-4. Replace each mean-weight initializer by a ``GaussianWeight(mu, sigma)`` node with the same output name.
+   models) and which model output is the prediction (a dict output is refused).
+3. Swap each Bayesian layer for a deterministic twin holding the posterior mean (``F.linear``, ``F.convNd``,
+   ``F.conv_transposeNd`` or ``F.batch_norm``, returning a tuple again where the original did) and export
+   that network with ``torch.onnx.export`` (dynamo, ``optimize=False`` so BatchNorm is never folded into a
+   Bayesian weight; batch axis dynamic).
+4. Fold the shape arithmetic the export leaves (:mod:`edgebnn.importers._shapes`), keeping the batch
+   dynamic, and require static non-batch shapes around every Bayesian layer.
+5. Replace each mean-weight initializer by a ``GaussianWeight(mu, sigma)`` node with the same output name.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import io
 import logging
 import re
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,6 +32,7 @@ from edgebnn.errors import (
     MissingDependencyError,
     UnsupportedLayerError,
 )
+from edgebnn.importers._shapes import fold_shape_computations, static_feature_shapes
 from edgebnn.importers.base import LayerAdapter, LayerPosterior
 from edgebnn.ir import (
     DOMAIN,
@@ -93,28 +98,55 @@ def find_bayesian_layers(model: Any) -> tuple[dict[str, LayerPosterior], set[str
     return found, libraries
 
 
-def _mean_layer(torch: Any, post: LayerPosterior, returns_tuple: bool) -> Any:
-    nn = torch.nn
+def mean_forward(post: LayerPosterior, x: Any, weight: Any = None, bias: Any = None, stats: Any = None) -> Any:
+    """The layer ``post`` describes applied to the torch tensor ``x``.
+
+    ``weight``, ``bias`` and (batch norm) ``stats = (running_mean, running_var)`` default to the posterior
+    means and statistics in ``post``.
+    """
+    import torch.nn.functional as F
+
+    weight = torch_tensor(post.weight_mu) if weight is None else weight
+    bias = torch_tensor(post.bias_mu) if bias is None else bias
+    if post.kind == "linear":
+        return F.linear(x, weight, bias)
+    if post.kind == "batchnorm":
+        mean, var = (torch_tensor(post.running_mean), torch_tensor(post.running_var)) if stats is None else stats
+        return F.batch_norm(x, mean, var, weight, bias, False, 0.0, post.eps)
+    if post.kind == "conv":
+        conv = getattr(F, f"conv{post.rank}d")
+        return conv(x, weight, bias, post.stride, post.padding, post.dilation, post.groups)
+    conv = getattr(F, f"conv_transpose{post.rank}d")
+    return conv(x, weight, bias, post.stride, post.padding, post.output_padding, post.groups, post.dilation)
+
+
+def torch_tensor(a: np.ndarray | None) -> Any:
+    import torch
+
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _mean_layer(post: LayerPosterior, returns_tuple: bool) -> Any:
+    import torch
+    from torch import nn
 
     class _Mean(nn.Module):
         """Deterministic twin of a Bayesian layer holding the posterior mean."""
 
         def __init__(self) -> None:
             super().__init__()
-            w = torch.from_numpy(post.weight_mu)
-            self.weight = nn.Parameter(w, requires_grad=False)
+            self.weight = nn.Parameter(torch_tensor(post.weight_mu), requires_grad=False)
             # A bias-less layer gets an explicit zero bias: without one, torch.onnx.export builds the zeros
             # from Shape(weight), which would make the sampled weight feed a Shape node.
-            bias = post.bias_mu if post.bias_mu is not None else np.zeros(post.weight_mu.shape[0], np.float32)
-            self.bias = nn.Parameter(torch.from_numpy(bias), requires_grad=False)
+            bias = post.bias_mu if post.bias_mu is not None else np.zeros(post.out_channels, np.float32)
+            self.bias = nn.Parameter(torch_tensor(bias), requires_grad=False)
+            if post.kind == "batchnorm":
+                self.register_buffer("running_mean", torch_tensor(post.running_mean))
+                self.register_buffer("running_var", torch_tensor(post.running_var))
 
         def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
-            if post.kind == "conv2d":
-                out = torch.nn.functional.conv2d(
-                    x, self.weight, self.bias, post.stride, post.padding, post.dilation, post.groups
-                )
-            else:
-                out = torch.nn.functional.linear(x, self.weight, self.bias)
+            stats = (self.running_mean, self.running_var) if post.kind == "batchnorm" else None
+            out = mean_forward(post, x, self.weight, self.bias, stats)
             return (out, torch.zeros((), dtype=out.dtype)) if returns_tuple else out
 
     return _Mean()
@@ -175,6 +207,12 @@ def import_model(
     finally:
         for h in hooks:
             h.remove()
+    if isinstance(out, Mapping):
+        keys = ", ".join(repr(k) for k in list(out)[:4])
+        raise UnsupportedLayerError(
+            f"{where}: forward of {type(model).__name__} returns a dict ({keys}); wrap the model so that forward "
+            "returns the logits tensor (or a tuple with the logits at --output-index)"
+        )
     if isinstance(out, (tuple, list)):
         if not 0 <= output_index < len(out):
             raise InvalidOptionError(f"{where}: forward returns {len(out)} outputs; output index {output_index}")
@@ -187,9 +225,11 @@ def import_model(
 
     mean_model = copy.deepcopy(model)
     for path, post in posteriors.items():
-        _set_submodule(mean_model, path, _mean_layer(torch, post, returns_tuple.get(path, False)))
+        _set_submodule(mean_model, path, _mean_layer(post, returns_tuple.get(path, False)))
 
-    class _Select(torch.nn.Module):
+    from torch import nn
+
+    class _Select(nn.Module):
         def __init__(self, inner: Any) -> None:
             super().__init__()
             self.net = inner
@@ -198,7 +238,8 @@ def import_model(
             y = self.net(x)
             return y[output_index] if isinstance(y, (tuple, list)) else y
 
-    proto = _export(torch, _Select(mean_model).eval(), example, where)
+    proto = fold_shape_computations(_export(torch, _Select(mean_model).eval(), example, where))
+    _check_static_shapes(proto, {p: type(model.get_submodule(p)).__name__ for p in posteriors}, "net.", where)
     return _attach_posteriors(proto, posteriors, "net.", Manifest(
         source_library="+".join(sorted(libraries)),
         input_name=INPUT_NAME,
@@ -238,6 +279,27 @@ def _export(torch: Any, module: Any, example: Any, where: str) -> onnx.ModelProt
     return program.model_proto
 
 
+def _check_static_shapes(proto: onnx.ModelProto, classes: dict[str, str], prefix: str, where: str) -> None:
+    """Every node a Bayesian weight feeds must see static shapes on a batch-1 probe: exporters lay samples out
+    by them (the batch itself stays dynamic in the graph)."""
+    shapes = static_feature_shapes(proto)
+    layer_of = {f"{prefix}{path}.weight": path for path in classes}
+    for node in proto.graph.node:
+        path = next((layer_of[x] for x in node.input if x in layer_of), None)
+        if path is None:
+            continue
+        for role, value in (("input", node.input[0]), ("output", node.output[0])):
+            shape = shapes.get(value)
+            if shape is None or any(d is None for d in shape):
+                got = "unknown" if shape is None else "[" + ", ".join("?" if d is None else str(d)
+                                                                     for d in shape) + "] at batch 1"
+                raise UnsupportedLayerError(
+                    f"{where}: layer {path!r} ({classes[path]}): its {node.op_type} {role} shape is {got} even "
+                    "after folding shape computations; make every size but the batch follow from --input-shape "
+                    "(no data-dependent sizes)"
+                )
+
+
 def _strip_prefix(graph: onnx.GraphProto, prefix: str) -> None:
     """Rename initializers ``net.conv1.weight`` -> ``conv1.weight`` (the wrapper's prefix) everywhere."""
     renames = {t.name: t.name[len(prefix):] for t in graph.initializer if t.name.startswith(prefix)}
@@ -267,7 +329,7 @@ def _attach_posteriors(
     new_nodes = []
     for path, post in posteriors.items():
         pairs = [("weight", post.weight_mu, post.weight_sigma)]
-        if post.bias_sigma is not None:
+        if post.bias_mu is not None and post.bias_sigma is not None:
             pairs.append(("bias", post.bias_mu, post.bias_sigma))
         for role, mu, sigma in pairs:
             name = f"{path}.{role}"

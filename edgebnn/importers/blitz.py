@@ -1,37 +1,39 @@
-"""Adapter for blitz-bayesian-pytorch: ``BayesianLinear`` and ``BayesianConv2d``, sigma = log1p(exp(rho)).
+"""Adapter for blitz-bayesian-pytorch: ``BayesianLinear``, ``BayesianConv1d/2d/3d``, sigma = log1p(exp(rho)).
 
 A blitz layer holds its posterior twice: ``weight_mu``/``weight_rho`` (used by ``forward_frozen``) and
 ``weight_sampler.mu``/``rho`` (used by the sampling ``forward``). They share storage when the layer is
 built, but ``.to()``/``.cuda()``/``.double()`` copies each separately and training then moves only one;
 such a layer is refused rather than guessing which copy is the trained posterior. The ``freeze`` flag
 only selects the forward and does not change the posterior.
+
+Refused, naming the layer: ``BayesianLSTM``/``BayesianGRU`` (recurrent), ``BayesianEmbedding`` (a lookup,
+not a weight applied by Gemm/Conv) and layers wrapped by ``blitz.utils.Flipout`` (a changed forward).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgebnn.errors import InvalidWeightsError, UnsupportedLayerError
-from edgebnn.importers.base import LayerPosterior, softplus, to_numpy
-from edgebnn.importers.bayesian_torch import conv_geometry, describe, loaded
+from edgebnn.importers.base import LayerPosterior, conv_posterior, describe, loaded, softplus, to_numpy
 
 if TYPE_CHECKING:
     import torch
 
-_BAYESIAN_LAYERS = (
-    "BayesianLinear",
-    "BayesianConv1d",
-    "BayesianConv2d",
-    "BayesianConv3d",
-    "BayesianLSTM",
-    "BayesianGRU",
-    "BayesianEmbedding",
-)
+_READ = ("BayesianLinear", "BayesianConv1d", "BayesianConv2d", "BayesianConv3d")
+_REFUSED = {
+    "BayesianLSTM": "recurrent layers are not supported (edgebnn exports feed-forward graphs); keep the "
+    "recurrence deterministic (nn.LSTM/nn.GRU) with a Bayesian head, or model the sequence with BayesianConv1d",
+    "BayesianEmbedding": "embeddings are not supported; keep the embedding deterministic (nn.Embedding) "
+    "and make the layers after it Bayesian",
+}
+_REFUSED["BayesianGRU"] = _REFUSED["BayesianLSTM"]
+_BAYESIAN_LAYERS = _READ + tuple(_REFUSED)
 
 
-def _read(module: torch.nn.Module, path: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _read(module: Any, path: str, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Mean and sigma of ``{name}_mu``/``{name}_rho``, checked against the layer's ``{name}_sampler``."""
     mu, rho = to_numpy(getattr(module, f"{name}_mu")), to_numpy(getattr(module, f"{name}_rho"))
     sampler = getattr(module, f"{name}_sampler")
@@ -46,7 +48,7 @@ def _read(module: torch.nn.Module, path: str, name: str) -> tuple[np.ndarray, np
 
 
 class BlitzAdapter:
-    """Reads blitz layers; its other Bayesian layers (1-D/3-D convs, RNNs, embeddings) are refused."""
+    """Reads blitz's Linear and Conv layers; its recurrent and embedding layers are refused."""
 
     library = "blitz"
 
@@ -57,18 +59,18 @@ class BlitzAdapter:
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         modules = loaded("blitz.modules")
-        cls = type(module)
-        if modules is None or cls not in (modules.BayesianLinear, modules.BayesianConv2d):
-            raise UnsupportedLayerError(
-                f"{describe(module, path)}: not supported; edgebnn reads blitz BayesianLinear, BayesianConv2d"
-            )
-        weight_mu, weight_sigma = _read(module, path, "weight")
+        name = type(module).__name__
+        if modules is None or name not in _BAYESIAN_LAYERS or type(module) is not getattr(modules, name):
+            reason = f"not supported; edgebnn reads blitz {', '.join(_READ)}"
+            raise UnsupportedLayerError(f"{describe(module, path)}: {reason}")
+        if name in _REFUSED:
+            raise UnsupportedLayerError(f"{describe(module, path)}: {_REFUSED[name]}")
+        weight = _read(module, path, "weight")
         # with bias=False blitz adds zeros; BayesianLinear still holds unused bias_mu/bias_rho then
-        bias_mu, bias_sigma = _read(module, path, "bias") if module.bias else (None, None)
-        if cls is modules.BayesianLinear:
-            return LayerPosterior(path, "linear", weight_mu, weight_sigma, bias_mu, bias_sigma)
-        geometry = conv_geometry(module, path, (weight_mu.shape[2], weight_mu.shape[3]))
-        return LayerPosterior(path, "conv2d", weight_mu, weight_sigma, bias_mu, bias_sigma, **geometry)
+        bias = _read(module, path, "bias") if module.bias else (None, None)
+        if name == "BayesianLinear":
+            return LayerPosterior(path, "linear", *weight, *bias)
+        return conv_posterior(module, path, weight, bias)
 
 
 ADAPTER = BlitzAdapter()

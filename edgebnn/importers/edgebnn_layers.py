@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from edgebnn.importers.base import LayerPosterior, pair, softplus, to_numpy
+import numpy as np
+
+from edgebnn.importers.base import LayerPosterior, ntuple, softplus, to_numpy
 
 if TYPE_CHECKING:
     import torch
@@ -21,24 +23,18 @@ class EdgeBNNAdapter:
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         from edgebnn.nn import BayesConv2d
 
-        has_bias = getattr(module, "bias_mu", None) is not None
-        common = {
-            "path": path,
-            "weight_mu": to_numpy(module.weight_mu),
-            "weight_sigma": softplus(to_numpy(module.weight_rho)),
-            "bias_mu": to_numpy(module.bias_mu) if has_bias else None,
-            "bias_sigma": softplus(to_numpy(module.bias_rho)) if has_bias else None,
-        }
-        if isinstance(module, BayesConv2d):
-            return LayerPosterior(
-                kind="conv2d",
-                stride=pair(module.stride, "stride", path),
-                padding=pair(module.padding, "padding", path),
-                dilation=pair(module.dilation, "dilation", path),
-                groups=int(module.groups),
-                **common,
-            )
-        return LayerPosterior(kind="linear", **common)
+        m: Any = module
+        bias: tuple[np.ndarray, np.ndarray] | tuple[None, None] = (None, None)
+        if m.bias_mu is not None:
+            bias = (to_numpy(m.bias_mu), softplus(to_numpy(m.bias_rho)))
+        weight = (to_numpy(m.weight_mu), softplus(to_numpy(m.weight_rho)))
+        if not isinstance(m, BayesConv2d):
+            return LayerPosterior(path, "linear", *weight, *bias)
+        return LayerPosterior(
+            path, "conv", weight[0], weight[1], bias[0], bias[1], stride=ntuple(m.stride, 2, "stride", path),
+            padding=ntuple(m.padding, 2, "padding", path), dilation=ntuple(m.dilation, 2, "dilation", path),
+            groups=int(m.groups),
+        )
 
 
 ADAPTER = EdgeBNNAdapter()

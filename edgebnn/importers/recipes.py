@@ -11,33 +11,31 @@
   and the same sign probability, μ = 2p - 1, σ = |μ| / |Φ⁻¹(p)| (so Φ(μ/σ) = p; σ is capped where p ≈ ½),
   which the ``binary`` pass turns back into sign bits, flip probabilities Φ(-|μ|/σ) = min(p, 1-p), and a
   per-layer scale ≈ 1.
+
+Dependencies run one way, importers -> train (train is the layer below, docs/design.md): the adapters import
+the recipe layer classes when asked to match a module, and :mod:`edgebnn.train` never imports the importers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from edgebnn.importers.base import LayerPosterior, pair, to_numpy
+from edgebnn.importers.base import LayerPosterior, ntuple, to_numpy
 
 if TYPE_CHECKING:
     import torch
 
 
-def _posterior(module: torch.nn.Module, path: str, mu: torch.Tensor, sigma: torch.Tensor) -> LayerPosterior:
+def _posterior(module: Any, path: str, mu: torch.Tensor, sigma: torch.Tensor) -> LayerPosterior:
     bias = getattr(module, "bias", None)
-    common = {
-        "path": path,
-        "weight_mu": to_numpy(mu),
-        "weight_sigma": to_numpy(sigma),
-        "bias_mu": None if bias is None else to_numpy(bias),
-    }
+    weight, bias_mu = (to_numpy(mu), to_numpy(sigma)), None if bias is None else to_numpy(bias)
     if mu.ndim == 4:
         return LayerPosterior(
-            kind="conv2d", stride=pair(module.stride, "stride", path), padding=pair(module.padding, "padding", path),
-            **common,
+            path, "conv", *weight, bias_mu, stride=ntuple(module.stride, 2, "stride", path),
+            padding=ntuple(module.padding, 2, "padding", path),
         )
-    return LayerPosterior(kind="linear", **common)
+    return LayerPosterior(path, "linear", *weight, bias_mu)
 
 
 class VNQAdapter:
@@ -49,7 +47,8 @@ class VNQAdapter:
         return isinstance(module, _VNQLayer)
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
-        return _posterior(module, path, module.clipped_mu(), module.weight_sigma)
+        m: Any = module
+        return _posterior(m, path, m.clipped_mu(), m.weight_sigma)
 
 
 class BCAdapter:
@@ -61,7 +60,8 @@ class BCAdapter:
         return isinstance(module, _GroupNJLayer)
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
-        return _posterior(module, path, module.weight_mu, module.weight_sigma)
+        m: Any = module
+        return _posterior(m, path, m.weight_mu, m.weight_sigma)
 
 
 class EBPAdapter:
@@ -73,7 +73,7 @@ class EBPAdapter:
         return isinstance(module, BinaryLinear)
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
-        mu, sigma = module.gaussian_posterior()
+        mu, sigma = module.gaussian_posterior()  # type: ignore[operator]
         return _posterior(module, path, mu, sigma)
 
 
@@ -88,8 +88,9 @@ class TiedAdapter:
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         from edgebnn.importers.edgebnn_layers import ADAPTER
 
-        inner = ADAPTER.extract(module.layer, path)
-        mu, sigma = module.posterior()
+        m: Any = module
+        inner = ADAPTER.extract(m.layer, path)
+        mu, sigma = m.posterior()
         return dataclasses.replace(inner, weight_mu=to_numpy(mu), weight_sigma=to_numpy(sigma))
 
 

@@ -1,25 +1,43 @@
-"""Adapter for torchbnn (Harry24k): ``BayesLinear`` and ``BayesConv2d``, sigma = exp(log_sigma)."""
+"""Adapter for torchbnn (Harry24k): ``BayesLinear``, ``BayesConv2d`` and ``BayesBatchNorm2d``.
+
+sigma = exp(log_sigma). ``BayesBatchNorm2d`` samples its affine scale and shift; in eval mode it
+normalises with the running statistics, so it imports as a batch norm whose scale and shift are Gaussian.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.importers.base import LayerPosterior, to_numpy
-from edgebnn.importers.bayesian_torch import conv_geometry, describe, loaded
+from edgebnn.importers.base import LayerPosterior, conv_posterior, describe, loaded, to_numpy
 
 if TYPE_CHECKING:
     import torch
 
 
-def _sigma(log_sigma: torch.Tensor) -> np.ndarray:
+def _sigma(log_sigma: Any) -> np.ndarray:
     return np.exp(to_numpy(log_sigma).astype(np.float64)).astype(np.float32)
 
 
+def _batchnorm(m: Any, path: str) -> LayerPosterior:
+    if not m.affine:
+        raise UnsupportedLayerError(f"{describe(m, path)}: affine=False has no posterior; use nn.BatchNorm2d")
+    if not m.track_running_stats:
+        raise UnsupportedLayerError(
+            f"{describe(m, path)}: track_running_stats=False normalises with each batch's statistics; "
+            "train with running statistics so one example's prediction does not depend on the batch"
+        )
+    return LayerPosterior(
+        path, "batchnorm", to_numpy(m.weight_mu), _sigma(m.weight_log_sigma), to_numpy(m.bias_mu),
+        _sigma(m.bias_log_sigma), running_mean=to_numpy(m.running_mean), running_var=to_numpy(m.running_var),
+        eps=float(m.eps),
+    )
+
+
 class TorchBNNAdapter:
-    """Reads torchbnn layers; its Bayesian batch norm matches too, and is refused."""
+    """Reads torchbnn's Bayesian layers."""
 
     library = "torchbnn"
 
@@ -31,21 +49,23 @@ class TorchBNNAdapter:
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         bnn = loaded("torchbnn")
         cls = type(module)
-        if bnn is None or cls not in (bnn.BayesLinear, bnn.BayesConv2d):
+        if bnn is None or cls not in (bnn.BayesLinear, bnn.BayesConv2d, bnn.BayesBatchNorm2d):
             raise UnsupportedLayerError(
-                f"{describe(module, path)}: not supported; edgebnn reads torchbnn BayesLinear and BayesConv2d"
+                f"{describe(module, path)}: not supported; edgebnn reads torchbnn BayesLinear, BayesConv2d and "
+                "BayesBatchNorm2d"
             )
-        bias_mu = bias_sigma = None
-        if module.bias:  # torchbnn keeps a bool here; bias_mu is None when it is False
-            bias_mu, bias_sigma = to_numpy(module.bias_mu), _sigma(module.bias_log_sigma)
-        weight_mu, weight_sigma = to_numpy(module.weight_mu), _sigma(module.weight_log_sigma)
+        m: Any = module
+        if cls is bnn.BayesBatchNorm2d:
+            return _batchnorm(m, path)
+        bias: tuple[np.ndarray, np.ndarray] | tuple[None, None] = (None, None)
+        if m.bias:  # torchbnn keeps a bool here; bias_mu is None when it is False
+            bias = (to_numpy(m.bias_mu), _sigma(m.bias_log_sigma))
+        weight = (to_numpy(m.weight_mu), _sigma(m.weight_log_sigma))
         if cls is bnn.BayesLinear:
-            return LayerPosterior(path, "linear", weight_mu, weight_sigma, bias_mu, bias_sigma)
-        if module.padding_mode != "zeros":
-            mode = module.padding_mode
-            raise UnsupportedLayerError(f"{describe(module, path)}: padding_mode={mode!r} is not supported")
-        geometry = conv_geometry(module, path, (weight_mu.shape[2], weight_mu.shape[3]))
-        return LayerPosterior(path, "conv2d", weight_mu, weight_sigma, bias_mu, bias_sigma, **geometry)
+            return LayerPosterior(path, "linear", *weight, *bias)
+        if m.padding_mode != "zeros":
+            raise UnsupportedLayerError(f"{describe(m, path)}: padding_mode={m.padding_mode!r} is not supported")
+        return conv_posterior(m, path, weight, bias)
 
 
 ADAPTER = TorchBNNAdapter()

@@ -2,7 +2,8 @@
 
 Each layer test checks three things: the extracted means are the layer's parameters bit for bit, the
 sigmas match the library's own rho/log_sigma -> sigma formula, and the geometry is right: the library's
-forward with its noise removed equals ``F.linear``/``F.conv2d`` with the extracted means and geometry.
+forward with its noise removed equals the importer's ``mean_forward`` (``F.linear``, ``F.convNd``,
+``F.conv_transposeNd``, ``F.batch_norm``) with the extracted means and geometry.
 bayesian-torch redraws its noise inside ``forward``, so there sigma is pushed to ~4e-18 (rho = -40)
 instead; the noise then moves no float32 weight of magnitude above ~1e-10.
 """
@@ -21,6 +22,7 @@ from edgebnn.errors import InvalidWeightsError, UnsupportedLayerError
 from edgebnn.importers import bayesian_torch as bt_adapter
 from edgebnn.importers import blitz as blitz_adapter
 from edgebnn.importers import torchbnn as tbnn_adapter
+from edgebnn.importers._torch import mean_forward
 from edgebnn.importers.base import LayerPosterior
 
 torch = pytest.importorskip("torch")
@@ -62,15 +64,6 @@ def tbnn() -> Any:
 @pytest.fixture
 def bm() -> Any:
     return pytest.importorskip("blitz.modules")
-
-
-def mean_forward(post: LayerPosterior, x: torch.Tensor) -> torch.Tensor:
-    """The deterministic layer the importer builds from a posterior."""
-    w = torch.from_numpy(post.weight_mu)
-    b = None if post.bias_mu is None else torch.from_numpy(post.bias_mu)
-    if post.kind == "linear":
-        return F.linear(x, w, b)
-    return F.conv2d(x, w, b, post.stride, post.padding, post.dilation, post.groups)
 
 
 class MeanLayer(nn.Module):
@@ -122,7 +115,7 @@ def assert_geometry(post: LayerPosterior, kwargs: dict[str, Any]) -> None:
     def two(v: Any) -> tuple[int, int]:
         return (v, v) if isinstance(v, int) else tuple(v)
 
-    assert post.kind == "conv2d"
+    assert post.kind == "conv"
     assert post.stride == two(kwargs.get("stride", 1))
     assert post.padding == two(kwargs.get("padding", 0))
     assert post.dilation == two(kwargs.get("dilation", 1))
@@ -221,24 +214,71 @@ def test_bayesian_torch_asymmetric_same_padding_is_refused(bl: Any, kernel: Any,
         bt_adapter.ADAPTER.extract(layer, "enc.conv")
 
 
+_BT_PRIORS = {"prior_mean": 0.0, "prior_variance": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0}
+# (layer, kwargs beyond channels and kernel, input shape): every geometry argument off its default, groups 2
+_BT_KINDS = [
+    ("Conv1d", {"stride": 2, "padding": 1, "dilation": 2}, (2, 4, 11)),
+    ("Conv3d", {"stride": 2, "padding": 1}, (2, 4, 5, 6, 7)),
+    ("ConvTranspose1d", {"stride": 2, "padding": 1, "output_padding": 1, "dilation": 2}, (2, 4, 6)),
+    ("ConvTranspose2d", {"stride": 2, "padding": 1, "output_padding": 1}, (2, 4, 5, 6)),
+    ("ConvTranspose3d", {"stride": 2, "padding": 0}, (2, 4, 3, 4, 5)),
+]
+
+
+@pytest.mark.parametrize("method", ["Reparameterization", "Flipout"])
+@pytest.mark.parametrize(("kind", "kwargs", "shape"), _BT_KINDS, ids=[k[0] for k in _BT_KINDS])
+@pytest.mark.parametrize("bias", [True, False])
+def test_bayesian_torch_every_conv_kind(
+    bl: Any, method: str, kind: str, kwargs: dict[str, Any], shape: tuple[int, ...], bias: bool
+) -> None:
+    torch.manual_seed(0)
+    layer = getattr(bl, kind + method)(4, 6, 3, groups=2, bias=bias, **kwargs, **_BT_PRIORS)
+    post = bt_adapter.ADAPTER.extract(layer, "enc.3")
+    rank = len(shape) - 2
+    assert post.kind == ("conv_transpose" if "Transpose" in kind else "conv") and post.rank == rank
+    assert (post.stride, post.padding, post.groups) == ((2,) * rank, (kwargs["padding"],) * rank, 2)
+    assert post.dilation == (kwargs.get("dilation", 1),) * rank
+    if "Transpose" in kind:
+        assert post.output_padding == (kwargs.get("output_padding", 0),) * rank
+    assert_posterior(
+        post,
+        layer.mu_kernel,
+        _bt_softplus(layer.rho_kernel),
+        layer.mu_bias,
+        None if layer.rho_bias is None else _bt_softplus(layer.rho_bias),
+    )
+    _bt_shrink(layer)
+    # bayesian-torch 0.5 bugs: ConvTranspose*Flipout builds its prior sigma in the forward conv's layout (the KL
+    # fails unless in = out), and ConvTranspose3dFlipout fails with a bias unless return_kl; reshape the prior
+    layer.prior_weight_sigma = torch.ones_like(layer.mu_kernel)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        got = _bt_out(layer(x))
+    torch.testing.assert_close(got, mean_forward(post, x), rtol=0, atol=ATOL)
+
+
 @pytest.mark.parametrize(
-    ("cls_name", "args"),
+    ("cls_name", "args", "why"),
     [
-        ("Conv1dReparameterization", (2, 3, 3)),
-        ("Conv3dReparameterization", (2, 3, 3, 0.0, 1.0, 0.0, -3.0)),  # its priors have no defaults
-        ("Conv1dFlipout", (2, 3, 3)),
-        ("Conv3dFlipout", (2, 3, 3)),
-        ("ConvTranspose2dReparameterization", (2, 3, 3)),
-        ("ConvTranspose2dFlipout", (2, 3, 3)),
-        ("LSTMReparameterization", (4, 5)),
-        ("QuantizedLinearFlipout", (4, 5)),
+        ("LSTMReparameterization", (4, 5), "recurrent layers are not supported"),
+        ("LSTMFlipout", (4, 5), "recurrent layers are not supported"),
+        ("QuantizedLinearFlipout", (4, 5), "quantized bayesian-torch layers hold int8 tensors"),
+        ("QuantizedConv2dReparameterization", (2, 3, 3), "quantized bayesian-torch layers hold int8 tensors"),
     ],
 )
-def test_bayesian_torch_other_layers_are_refused(bl: Any, cls_name: str, args: tuple[float, ...]) -> None:
+def test_bayesian_torch_other_layers_are_refused(bl: Any, cls_name: str, args: tuple[float, ...], why: str) -> None:
     layer = getattr(bl, cls_name)(*args)
     assert bt_adapter.ADAPTER.matches(layer)  # matched, so the importer cannot treat it as deterministic
-    with pytest.raises(UnsupportedLayerError, match=rf"^layer 'blocks\.1' \({cls_name}\): not supported"):
+    with pytest.raises(UnsupportedLayerError, match=rf"^layer 'blocks\.1' \({cls_name}\): {why}"):
         bt_adapter.ADAPTER.extract(layer, "blocks.1")
+
+
+def test_bayesian_torch_subclass_is_refused(bl: Any) -> None:
+    class MyConv(bl.Conv2dFlipout):  # a changed forward could draw noise differently
+        pass
+
+    with pytest.raises(UnsupportedLayerError, match=r"^layer 'c' \(MyConv\): not supported; edgebnn reads"):
+        bt_adapter.ADAPTER.extract(MyConv(2, 3, 3), "c")
 
 
 @pytest.mark.parametrize("field", ["rho_kernel", "rho_bias", "mu_kernel"])
@@ -291,7 +331,7 @@ def test_bayesian_torch_dnn_to_bnn(bl: Any, kind: str, moped: bool) -> None:
 
     posts = extract_all(bt_adapter.ADAPTER, model)
     assert list(posts) == ["0", "2", "5"]
-    assert [p.kind for p in posts.values()] == ["conv2d", "conv2d", "linear"]
+    assert [p.kind for p in posts.values()] == ["conv", "conv", "linear"]
     assert posts["0"].padding == (1, 1)  # nn.Conv2d's 'same' carried over as a string
     assert (posts["2"].stride, posts["2"].padding, posts["2"].groups) == ((2, 2), (1, 1), 2)
     assert posts["2"].bias_mu is None
@@ -407,11 +447,35 @@ def test_torchbnn_conv2d(tbnn: Any, kwargs: dict[str, Any], shape: tuple[int, ..
         torch.testing.assert_close(layer(x), mean_forward(post, x), rtol=0, atol=ATOL)
 
 
-def test_torchbnn_refusals(tbnn: Any) -> None:
+def test_torchbnn_batchnorm(tbnn: Any) -> None:
+    torch.manual_seed(0)
     bn = tbnn.BayesBatchNorm2d(prior_mu=0.0, prior_sigma=0.1, num_features=3)
+    _tbnn_randomise(bn)
+    bn.train()
+    with torch.no_grad():
+        bn(torch.randn(8, 3, 4, 4) * 2 + 1)  # running statistics away from (0, 1)
+    bn.eval()
     assert tbnn_adapter.ADAPTER.matches(bn)
-    with pytest.raises(UnsupportedLayerError, match=r"^layer 'bn1' \(BayesBatchNorm2d\): not supported"):
-        tbnn_adapter.ADAPTER.extract(bn, "bn1")
+    post = tbnn_adapter.ADAPTER.extract(bn, "bn1")
+    assert post.kind == "batchnorm" and post.eps == bn.eps
+    np.testing.assert_array_equal(post.running_mean, bn.running_mean.numpy())
+    np.testing.assert_array_equal(post.running_var, bn.running_var.numpy())
+    assert_posterior(
+        post, bn.weight_mu, torch.exp(bn.weight_log_sigma), bn.bias_mu, torch.exp(bn.bias_log_sigma)
+    )
+    bn.weight_eps, bn.bias_eps = torch.zeros(3), torch.zeros(3)  # torchbnn's freeze with eps fixed at zero
+    x = torch.randn(2, 3, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(bn(x), mean_forward(post, x), rtol=0, atol=ATOL)
+
+
+def test_torchbnn_refusals(tbnn: Any) -> None:
+    fixed = tbnn.BayesBatchNorm2d(prior_mu=0.0, prior_sigma=0.1, num_features=3, affine=False)
+    with pytest.raises(UnsupportedLayerError, match=r"^layer 'bn1' \(BayesBatchNorm2d\): affine=False"):
+        tbnn_adapter.ADAPTER.extract(fixed, "bn1")
+    batch_stats = tbnn.BayesBatchNorm2d(prior_mu=0.0, prior_sigma=0.1, num_features=3, track_running_stats=False)
+    with pytest.raises(UnsupportedLayerError, match=r"^layer 'bn1' \(BayesBatchNorm2d\): track_running_stats"):
+        tbnn_adapter.ADAPTER.extract(batch_stats, "bn1")
     circular = tbnn.BayesConv2d(0.0, 0.1, 2, 3, 3, padding=1, padding_mode="circular")
     with pytest.raises(UnsupportedLayerError, match=r"^layer 'c' \(BayesConv2d\): padding_mode='circular'"):
         tbnn_adapter.ADAPTER.extract(circular, "c")
@@ -516,19 +580,36 @@ def test_blitz_out_of_sync_copies_are_refused(bm: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cls_name", "args"),
+    ("cls_name", "kernel", "shape"),
+    [("BayesianConv1d", 3, (2, 4, 11)), ("BayesianConv3d", (3, 2, 3), (2, 4, 5, 6, 7))],
+)
+def test_blitz_conv1d_conv3d(bm: Any, cls_name: str, kernel: Any, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    layer = getattr(bm, cls_name)(4, 6, kernel, groups=2, stride=2, padding=1, dilation=1, posterior_rho_init=-3.0)
+    post = blitz_adapter.ADAPTER.extract(layer, "c")
+    rank = len(shape) - 2
+    assert (post.kind, post.stride, post.padding, post.groups) == ("conv", (2,) * rank, (1,) * rank, 2)
+    assert_posterior(
+        post, layer.weight_mu, _blitz_sigma(layer.weight_sampler), layer.bias_mu, _blitz_sigma(layer.bias_sampler)
+    )
+    x = torch.randn(shape)
+    with torch.no_grad():
+        layer.freeze = True
+        torch.testing.assert_close(layer(x), mean_forward(post, x), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize(
+    ("cls_name", "args", "why"),
     [
-        ("BayesianConv1d", (2, 3, 3)),
-        ("BayesianConv3d", (2, 3, (3, 3, 3))),
-        ("BayesianLSTM", (4, 5)),
-        ("BayesianGRU", (4, 5)),
-        ("BayesianEmbedding", (10, 4)),
+        ("BayesianLSTM", (4, 5), "recurrent layers are not supported"),
+        ("BayesianGRU", (4, 5), "recurrent layers are not supported"),
+        ("BayesianEmbedding", (10, 4), "embeddings are not supported"),
     ],
 )
-def test_blitz_other_layers_are_refused(bm: Any, cls_name: str, args: tuple[Any, ...]) -> None:
+def test_blitz_other_layers_are_refused(bm: Any, cls_name: str, args: tuple[Any, ...], why: str) -> None:
     layer = getattr(bm, cls_name)(*args)
     assert blitz_adapter.ADAPTER.matches(layer)
-    with pytest.raises(UnsupportedLayerError, match=rf"^layer 'blocks\.1' \({cls_name}\): not supported"):
+    with pytest.raises(UnsupportedLayerError, match=rf"^layer 'blocks\.1' \({cls_name}\): {why}"):
         blitz_adapter.ADAPTER.extract(layer, "blocks.1")
 
 
@@ -675,12 +756,59 @@ def test_import_blitz_cnn(bm: Any) -> None:
 
 
 @pytest.mark.slow
-def test_import_refuses_unreadable_layers(tbnn: Any, bm: Any) -> None:
+def test_import_refuses_unreadable_layers(bl: Any, bm: Any) -> None:
     from edgebnn.importers import import_model
 
-    bn = nn.Sequential(tbnn.BayesBatchNorm2d(0.0, 0.1, 1), nn.Flatten(), tbnn.BayesLinear(0.0, 0.1, 64, 3))
-    with pytest.raises(UnsupportedLayerError, match=r"layer '0' \(BayesBatchNorm2d\): not supported"):
-        import_model(bn, (1, 1, 8, 8))
-    conv1d = nn.Sequential(nn.Flatten(2), bm.BayesianConv1d(1, 3, 3), nn.AdaptiveAvgPool1d(1), nn.Flatten())
-    with pytest.raises(UnsupportedLayerError, match=r"layer '1' \(BayesianConv1d\): not supported"):
-        import_model(conv1d, (1, 1, 8, 8))
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = bl.LSTMReparameterization(8, 4)
+            self.head = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, _ = self.rnn(x.flatten(2))
+            return self.head(out[:, -1])
+
+    with pytest.raises(UnsupportedLayerError, match=r"^layer 'rnn' \(LSTMReparameterization\): recurrent layers"):
+        import_model(Recurrent(), (1, 1, 8, 8))
+    gru = nn.Sequential(nn.Flatten(2), bm.BayesianGRU(8, 3))
+    with pytest.raises(UnsupportedLayerError, match=r"^layer '1' \(BayesianGRU\): recurrent layers"):
+        import_model(gru, (1, 1, 8, 8))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("cls_name", "kwargs", "shape"),
+    [
+        ("Conv1dFlipout", {"stride": 2, "padding": 1}, (1, 2, 9)),
+        ("Conv3dReparameterization", {"padding": 1}, (1, 2, 3, 4, 5)),
+        ("ConvTranspose1dReparameterization", {"stride": 2, "output_padding": 1}, (1, 2, 5)),
+        # bias=False: bayesian-torch 0.5's ConvTranspose3dFlipout fails with a bias when it returns no KL
+        ("ConvTranspose3dFlipout", {"stride": 2, "padding": 1, "bias": False}, (1, 2, 2, 3, 3)),
+    ],
+)
+def test_import_other_conv_kinds(bl: Any, cls_name: str, kwargs: dict[str, Any], shape: tuple[int, ...]) -> None:
+    """Import -> IR -> onnxruntime (the posterior-mean network, and the reference runtime's draws)."""
+    ort = pytest.importorskip("onnxruntime")
+    from edgebnn.importers import import_model
+    from edgebnn.runtime.reference import sample_logits
+
+    torch.manual_seed(0)
+    layer = getattr(bl, cls_name)(2, 4, 3, **kwargs, **_BT_PRIORS)
+    layer.dnn_to_bnn_flag = True  # forward returns the output only, as after dnn_to_bnn
+    layer.prior_weight_sigma = torch.ones_like(layer.mu_kernel)  # see test_bayesian_torch_every_conv_kind
+    model = nn.Sequential(layer, nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
+    with torch.no_grad():
+        model(torch.zeros(shape))  # materialise the lazy head
+    bnn = import_model(model, shape)
+    [conv_weight] = [w for w in bnn.encoded_weights() if w.name == "0.weight"]
+    np.testing.assert_array_equal(conv_weight.encoding.mean(), layer.mu_kernel.detach().numpy())
+    denoised = copy.deepcopy(model)
+    _bt_shrink(denoised[0])
+    x = torch.randn(5, *shape[1:])
+    session = ort.InferenceSession(bnn.float_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {bnn.manifest.input_name: x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(got, denoised(x).numpy(), rtol=1e-5, atol=1e-5)
+    draws = sample_logits(bnn, x.numpy(), 8, seed=0)  # the reference runtime samples this layer kind
+    assert draws.shape == (8, 5, 3) and np.all(draws.std(0) > 0)  # (tests/integration/test_zoo.py: vs the library)

@@ -1,0 +1,126 @@
+"""bayesian-torch's ImageNet ResNets (``models/bayesian/resnet_*_large``) through import, lowering and export.
+
+Too large for the test suite (resnet18: 11.7M Bayesian weights, resnet50: 25.6M), so measured here. For each
+model and method (variational, flipout), freshly initialised (seed 0; the posterior is what the factory
+gives, no pretrained weights; batch-norm statistics from two random batches), on a 3 x 224 x 224 input:
+
+    import       ``import_model`` (torch.onnx export of the posterior-mean net + shape folding + IR)
+    lower        ``lower(ir, SCHEME)`` for each scheme asked for
+    export       ``export_onnx(ir, S, mode)`` for baked and noise, float scheme
+    run          onnxruntime, one batch of B random images through the exported ensemble
+    check        baked predictive vs the reference runtime's (same seed: the same members), max |diff|
+
+Run from the repository root (a few minutes; ~8 GB free memory for resnet50 at S = 4)::
+
+    .venv/bin/python bench/zoo_scale.py [--models resnet18,resnet50] [--schemes float,fixed] [--samples 4]
+        [--batch 2] [--json out.json]
+
+It prints one JSON line per (model, method) on stdout and a summary table on stderr.
+
+Measured on the CI machine (2 shared cores under load from other jobs, no GPU; torch 2.13, onnx 1.23,
+onnxruntime 1.32; S = 4, batch 2, seconds)::
+
+    model                      weights  import  lower float/fixed  baked export/run  noise export/run  baked-ref
+    variational_large:resnet18  11.7M     4.9      0.3 / 1.6          2.3 / 0.23        0.3 / 0.79      5.6e-08
+    flipout_large:resnet18      11.7M    10.3      1.2 / 3.6          4.3 / 0.35        0.5 / 1.99      4.1e-08
+    variational_large:resnet50  25.5M    22.2      1.9 / 9.3         12.8 / 1.25        1.7 / 2.73      7.1e-06
+    flipout_large:resnet50      25.5M    33.3      2.7 / 11.2         6.2 / 0.78        0.8 / 1.47      1.0e-05
+
+Every model imports with static shapes and exports in baked and noise mode; the baked ensemble reproduces
+the reference runtime's members (max |diff| of the predictive, float32 summation order). Analytic mode is not
+timed here; ``export_onnx(ir, 4, mode="analytic")`` of variational resnet18 took 7.0 s and gives a valid
+predictive (these ResNets downsample with 1x1 convs: no Slice/Pad, unlike the CIFAR option-A shortcut).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def run(model_name: str, method: str, schemes: list[str], samples: int, batch: int) -> dict[str, Any]:
+    import importlib
+
+    import torch
+
+    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.importers import import_model
+    from edgebnn.passes import lower
+    from edgebnn.runtime import Session
+    from edgebnn.runtime.reference import predict
+
+    lib = importlib.import_module(f"bayesian_torch.models.bayesian.resnet_{method}_large")
+    torch.manual_seed(0)
+    model = getattr(lib, model_name)()
+    norms = [m for m in model.modules() if hasattr(m, "running_var")]
+    for m in norms:  # running statistics from two random batches, as a trained model has real ones
+        m.momentum = None
+        m.reset_running_stats()
+    model.train()
+    with torch.no_grad():
+        for _ in range(2):
+            model(torch.randn(8, 3, 224, 224))
+    for m in norms:
+        m.momentum = 0.1
+    model.eval()
+    row: dict[str, Any] = {"model": f"{method}_large:{model_name}", "samples": samples, "batch": batch}
+    t = time.perf_counter()
+    ir = import_model(model, (1, 3, 224, 224), where=row["model"])
+    row["import_s"] = round(time.perf_counter() - t, 2)
+    row["bayesian_weights"] = int(sum(w.encoding.mean().size for w in ir.encoded_weights()))
+    row["lower_s"] = {}
+    for scheme in schemes:
+        t = time.perf_counter()
+        lower(ir, scheme, seed=0)
+        row["lower_s"][scheme] = round(time.perf_counter() - t, 2)
+    x = np.random.default_rng(1).standard_normal((batch, 3, 224, 224)).astype(np.float32)
+    for mode in ("baked", "noise"):
+        t = time.perf_counter()
+        proto = export_onnx(ir, samples, mode=mode, seed=0)
+        row[f"{mode}_export_s"] = round(time.perf_counter() - t, 2)
+        session = Session(proto, seed=0)
+        session.predict(x)  # warm-up
+        t = time.perf_counter()
+        probs = session.predict(x).probs
+        row[f"{mode}_run_s"] = round(time.perf_counter() - t, 3)
+        if mode == "baked":
+            ref = predict(ir, x, samples, seed=0).probs
+            row["baked_vs_reference_max_abs"] = float(np.abs(probs - ref).max())
+        del proto, session
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet18,resnet50")
+    parser.add_argument("--methods", default="variational,flipout")
+    parser.add_argument("--schemes", default="float,fixed")
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    rows = []
+    for model_name in args.models.split(","):
+        for method in args.methods.split(","):
+            row = run(model_name, method, args.schemes.split(","), args.samples, args.batch)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            print(
+                f"{row['model']:<28} {row['bayesian_weights']:>10,} weights  import {row['import_s']:>6.1f}s  "
+                f"baked export {row['baked_export_s']:>5.1f}s run {row['baked_run_s']:>6.3f}s  "
+                f"noise run {row['noise_run_s']:>6.3f}s  baked-ref {row['baked_vs_reference_max_abs']:.1e}",
+                file=sys.stderr,
+            )
+    if args.json:
+        from edgebnn._io import atomic_write_json
+
+        atomic_write_json(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()
