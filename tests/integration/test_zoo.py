@@ -39,9 +39,8 @@ is therefore the library's forward of the same posterior in the matching ``...Re
 Exports: ``baked`` draws the reference runtime's members for the same seed, so its predictive must equal the
 reference's to float round-off; ``noise`` draws fresh noise per row and takes the statistical check;
 ``analytic`` propagates moments (no samples to match S with) and must give a valid predictive. Export modes
-that need exporter work are strict xfails, so they flip when it lands: Conv1d (done on branch ``export``,
-already merged into main: drop ``_REGISTRY`` then), ConvTranspose and BatchNorm weights, and Slice/Pad,
-LogSoftmax and ReduceMax in analytic mode.
+that need exporter work are strict xfails, so they flip when it lands: ConvTranspose and BatchNorm weights,
+and Slice/Pad, LogSoftmax and ReduceMax in analytic mode.
 """
 
 from __future__ import annotations
@@ -75,7 +74,6 @@ S, R = 8, 2  # samples per predictive, repetitions
 BOUND = 1.2
 POWER_CHECK_MAX_WEIGHTS = 500_000
 MODES = ("baked", "noise", "analytic")
-NEEDS_REGISTRY = "needs the layer-kind exporter registry (branch export)"  # Conv1d: passes on main's exporter
 NEEDS_CONV_TRANSPOSE = "exporters sample Gemm and Conv weights only, not ConvTranspose (also on main)"
 NEEDS_BATCHNORM = "exporters sample Gemm and Conv weights only, not a BatchNormalization scale (also on main)"
 NEEDS_REDUCE_MAX = "analytic mode cannot propagate variance through ReduceMax (AdaptiveMaxPool1d) yet (exporter)"
@@ -250,7 +248,6 @@ def _blitz_conv1d() -> Any:
     ).eval()
 
 
-_REGISTRY = dict.fromkeys(MODES, NEEDS_REGISTRY)
 _CONV_TRANSPOSE = dict.fromkeys(MODES, NEEDS_CONV_TRANSPOSE)
 _BATCHNORM = dict.fromkeys(MODES, NEEDS_BATCHNORM)
 ZOO = [
@@ -265,15 +262,14 @@ ZOO = [
         comparator=lambda m: _reparameterized(m, _simple_cnn("Reparameterization")),
         xfail_modes={"analytic": NEEDS_LOG_SOFTMAX}),
     Zoo("bt-conv1d-timeseries-flipout", _timeseries("Flipout"), (1, 3, 64),
-        comparator=lambda m: _reparameterized(m, _timeseries("Reparameterization")), xfail_modes=_REGISTRY,
-        examples=48),
+        comparator=lambda m: _reparameterized(m, _timeseries("Reparameterization")), examples=48),
     Zoo("bt-dnn_to_bnn-conv3d-convtranspose", _upsampling("Flipout"), (1, 2, 4, 8, 8),
         comparator=lambda m: _reparameterized(m, _upsampling("Reparameterization")), xfail_modes=_CONV_TRANSPOSE,
         examples=48),
     Zoo("torchbnn-readme-mlp", _torchbnn_mlp, (1, 4), examples=64),
     Zoo("torchbnn-cnn-batchnorm", _torchbnn_cnn, (1, 3, 16, 16), xfail_modes=_BATCHNORM, examples=48),
     Zoo("blitz-lenet", _blitz_lenet, (1, 1, 28, 28)),
-    Zoo("blitz-conv1d", _blitz_conv1d, (1, 3, 32), xfail_modes={**_REGISTRY, "analytic": NEEDS_REDUCE_MAX},
+    Zoo("blitz-conv1d", _blitz_conv1d, (1, 3, 32), xfail_modes={"analytic": NEEDS_REDUCE_MAX},
         examples=48),
 ]
 ZOO_IDS = [z.name for z in ZOO]
