@@ -42,6 +42,7 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters import check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
+from edgebnn.exporters.forms import choose_form
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import rewrite_sampled_layers
 from edgebnn.ir import DOMAIN, BNNModel, EncodedWeight
@@ -51,7 +52,8 @@ WEIGHT_FORMATS = ("fp32", "int8", "int4")
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
-                noise: str = "auto", weights: str = "fp32", hoist: str | float = "off") -> onnx.ModelProto:
+                noise: str = "auto", weights: str = "fp32", hoist: str | float = "off", form: str = "auto",
+                device: str | None = None) -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -69,15 +71,22 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             step run once, before the sample axis), or a σ threshold. Off by default because it trades
             epistemic signal for speed: on the digits CNN lowered with ``fixed``, ``auto`` hoisted 3 of 4 layers
             and cut the mean mutual information from 0.040 to 0.015.
+        form: how int8/int4 weights are written (:mod:`.forms`): ``qdq`` (int8/int4 + DequantizeLinear:
+            storage, TensorRT), ``folded`` (the same values as fp32 constants: onnxruntime CPU), ``integer``
+            (ConvInteger/MatMulInteger on per-call quantized activations), or ``auto``: chosen from ``device``
+            (``qdq`` without one). The chosen form and the reason are recorded in the export metadata.
+        device: where the graph runs (:data:`.forms.DEVICE_FORMATS`: ``cpu``, ``arm64``, ``rtx``, ``jetson*``);
+            refuses a weight format the device cannot run.
     """
     check_samples(samples)
     if weights not in WEIGHT_FORMATS:
         raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(WEIGHT_FORMATS)}")
     if weights != "fp32" and mode != "baked":
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
+    chosen, reason = choose_form(device, weights, form)
     if mode == "baked":
         _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist)
+        out = _baked(model, samples, seed, weights, hoist, chosen, reason)
     elif mode in ("noise", "shared"):
         from edgebnn.exporters.noise import export_noise
 
@@ -111,11 +120,12 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
 
 
 def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hoist: str | float = "off",
-           ) -> onnx.ModelProto:
+           form: str = "fp32", reason: str = "") -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
-    order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid)."""
+    order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
+    written in ``form`` (:mod:`.forms`)."""
     index = {name: i for i, name in enumerate(model.encoded_weight_names())}
-    b = Builder()
+    b = Builder(form=form)
 
     def draw(w: EncodedWeight) -> np.ndarray:
         return w.encoding.sample(np.random.default_rng([seed, index[w.name]]), samples)
@@ -133,14 +143,15 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hois
         return np.broadcast_to(numpy_helper.to_array(fixed).reshape(1, out_dim), (samples, out_dim))
 
     def rewrite(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-                shapes: dict[str, list[int]]) -> None:
+                shapes: dict[str, list[int]], shared: bool) -> None:
         shape = w.encoding.shape
         kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias_samples(node, kind.out_dim(node, shape)),
-                     shapes, f"layer {w.layer!r}", weights, w.encoding.sample_grid())
+                     shapes, f"layer {w.layer!r}", weights, w.encoding.sample_grid(), shared)
 
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers)
+    set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers,
+                 form=form, form_reason=reason)
     return out
 
 

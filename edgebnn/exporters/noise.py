@@ -69,7 +69,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         return emitter(b, enc, p, tag, eps, samples)
 
     def local(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-              shapes: dict[str, list[int]]) -> None:
+              shapes: dict[str, list[int]], wide: bool) -> None:
         """mean = op(x, mu) + b_mu, var = op(x², σ²) + b_σ², y = mean + √var ⊙ ε_row."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
@@ -91,7 +91,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         b.add("Add", [mean, b.add("Mul", [std, eps], p + "scaled")], node.output[0])
 
     def weight(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-               shapes: dict[str, list[int]]) -> None:
+               shapes: dict[str, list[int]], wide: bool) -> None:
         """W_s drawn in the graph per sample, then the layer kind's batched op (as ``baked``)."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
@@ -103,18 +103,22 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             bias_s = draw(bias_w.name, bias_w.encoding, p, "b_")  # [S, out]
         elif bias:
             bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
-        kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}")
+        kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
 
     def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-             shapes: dict[str, list[int]]) -> None:
-        (local if kind.LOCAL_EXACT else weight)(b, node, kind, w, shapes)
+             shapes: dict[str, list[int]], wide: bool) -> None:
+        (local if kind.LOCAL_EXACT else weight)(b, node, kind, w, shapes, wide)
 
     def shared(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-               shapes: dict[str, list[int]]) -> None:
-        (auto if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes)
+               shapes: dict[str, list[int]], wide: bool) -> None:
+        (auto if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes, wide)
+
+    def draws_weights(kind: LayerKind, w: EncodedWeight) -> bool:
+        """Whether the layer draws W_s (the batched op, which takes an input shared by every sample)."""
+        return variant == "weight" or (variant != "local" and not (w.encoding.GAUSSIAN and kind.LOCAL_EXACT))
 
     rewrite = {"auto": auto, "local": local, "weight": weight, "shared": shared}[variant]
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights)
     mode = "shared" if variant == "shared" else "noise"
     out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
     set_metadata(out, model, mode=mode, samples=samples, seed=None, noise=variant, noise_inputs=records,

@@ -16,8 +16,11 @@ from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
 from edgebnn.exporters.layers import LAYERS, LayerKind, layer_kind
 from edgebnn.ir import BNNModel, EncodedWeight
 
-# A layer rewrite: (builder, node, its layer kind, its weight, static shapes) -> nodes added to the builder.
-LayerRewrite = Callable[[Builder, onnx.NodeProto, LayerKind, EncodedWeight, dict[str, list[int]]], None]
+# A layer rewrite: (builder, node, its layer kind, its weight, static shapes, shared input) -> nodes added to the
+# builder. ``shared``: ``node.input[0]`` is [B, ...], the same for every sample (see ``rewrite_sampled_layers``).
+LayerRewrite = Callable[[Builder, onnx.NodeProto, LayerKind, EncodedWeight, dict[str, list[int]], bool], None]
+# Whether a strategy emits this layer from an input shared by every sample (else the input is folded first).
+TakesShared = Callable[[LayerKind, EncodedWeight], bool]
 
 
 def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
@@ -44,10 +47,15 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
 
 
 def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,
-                           hoist: str | float = "off", weights: str = "fp32",
+                           hoist: str | float = "off", weights: str = "fp32", takes_shared: TakesShared | None = None,
                            ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """Copy deterministic nodes, let ``rewrite`` emit each sampled layer (a registered layer kind), add the
     predictive head.
+
+    Shared input: a sampled layer whose data input is computed before the sample axis starts (the graph input,
+    or a hoisted layer's output: the same for every sample) is handed that input on B rows, unfolded, with
+    ``shared=True``, where ``takes_shared(kind, weight)`` says the strategy emits it so (the layer kind's wide
+    form: S members side by side, no S copies of the input); otherwise the input is folded first.
 
     Hoisting: layers whose weights are quiet (:func:`quiet_weights`) run once with their mean (stored in the
     ``weights`` format their layer kind takes, on the encoding's grid when it has one), and every
@@ -92,6 +100,9 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     pre_data = {in_name}  # data values computed on B rows, before the sample axis starts
     shape_vals: set[str] = set()  # values computed from Shape(...): batch arithmetic
     for i, node in enumerate(nodes):
+        kind = layer_kind(node) if i in sampled_at else None
+        shared = (kind is not None and takes_shared is not None and node.input[0] in pre_data
+                  and node.input[1] in encoded and takes_shared(kind, model.encoded_weight(node.input[1])))
         uses_shape = any(x in shape_vals for x in node.input)
         uses_data = any(x in pre_data for x in node.input)
         if node.op_type == "Shape" and uses_data:
@@ -102,19 +113,19 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
         elif i < start and uses_data:
             pre_data.update(node.output)
         elif i >= start:
-            for x in set(node.input) & pre_data:
+            keep = {node.input[0]} if shared else set()
+            for x in set(node.input) & pre_data - keep:
                 node = renamed_input(node, x, fold(x))
         if i not in sampled_at:
             b.nodes.append(node)
             continue
         hit = [x for x in node.input if x in encoded and x not in quiet]
-        kind = layer_kind(node)
         if kind is None or node.input[1] not in hit:
             raise UnsupportedLayerError(
                 f"{model.where}: layer {layer_of[hit[0]]!r}: a sampled weight feeds {node.op_type} "
                 f"({node.name or node.output[0]}); ensembles handle {' and '.join(LAYERS)} weights"
             )
-        rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes)
+        rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes, shared)
     logits = base.graph.output[0].name
     if logits in pre_data:
         logits = fold(logits)  # every layer was hoisted: S identical members

@@ -1,0 +1,79 @@
+"""Graph forms of low-bit weights: which one a runtime runs fast, chosen from the device (a pure function).
+
+The same int8 / int4 member weights (identical values) can be written three ways:
+
+``qdq``
+    int8/int4 constants + DequantizeLinear (TensorRT's explicit quantization: it fuses them into integer
+    kernels). The compact form, for storage and TensorRT. onnxruntime CPU does not constant-fold a
+    DequantizeLinear on a constant: it dequantizes every member's weights on every inference.
+``folded``
+    the quantized values stored dequantized, as fp32 constants (``float32(q) · scale``): the fp32 kernels, no
+    dequantization at run time, 4x (int8) / 8x (int4) the file size of ``qdq``. Same predictive as ``qdq``.
+``integer``
+    int8 Gemm weights in integer kernels (MatMulInteger, u8 x s8 with int32 accumulation) on the activation
+    quantized per call (DynamicQuantizeLinear, uint8 per tensor), dequantized by one multiply per output
+    channel; the other weights (Conv: onnxruntime's ConvInteger is slower than its fp32 Conv; int4 blocks;
+    hoisted layers) are folded.
+
+``auto`` picks by device (:func:`choose_form`): onnxruntime CPU devices take ``folded`` (measured fastest,
+docs/speed.md), TensorRT devices ``qdq``; without a device, ``qdq`` (the portable form).
+"""
+
+from __future__ import annotations
+
+from edgebnn.errors import InvalidOptionError
+
+FORMS = ("auto", "qdq", "folded", "integer")
+
+# device -> (runtime, weight formats it runs). onnxruntime CPU runs every format (int4 through folding);
+# TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear.
+DEVICE_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cpu": ("onnxruntime CPU", ("fp32", "int8", "int4")),
+    "arm64": ("onnxruntime CPU", ("fp32", "int8", "int4")),
+    "rtx": ("TensorRT", ("fp32", "int8", "int4")),
+    "jetson": ("TensorRT 10.3", ("fp32", "int8")),
+    "jetson-orin-nano": ("TensorRT 10.3", ("fp32", "int8")),
+    "jetson-orin-nx": ("TensorRT 10.3", ("fp32", "int8")),
+    "jetson-agx-orin": ("TensorRT 10.3", ("fp32", "int8")),
+}
+
+_REASONS = {
+    "cpu": "onnxruntime CPU runs a DequantizeLinear on constant weights on every inference (it does not "
+           "constant-fold it); the same values as fp32 constants measured fastest (docs/speed.md)",
+    "tensorrt": "TensorRT fuses explicit Q/DQ into integer kernels (its explicit-quantization rules)",
+    "none": "no device given: the compact Q/DQ form, portable to every runtime",
+    "fp32": "fp32 weights have one form",
+}
+
+
+def choose_form(device: str | None, weights: str = "int8", form: str = "auto") -> tuple[str, str]:
+    """The graph form for ``weights`` on ``device`` and why: ``(form, reason)``.
+
+    Args:
+        device: a key of :data:`DEVICE_FORMATS` (``cpu``, ``arm64``: onnxruntime CPU; ``rtx``, ``jetson*``:
+            TensorRT), or None.
+        weights: the weight format asked for (``fp32``, ``int8``, ``int4``).
+        form: ``auto`` (pick), or a form of :data:`FORMS` to keep.
+
+    Raises:
+        InvalidOptionError: an unknown form or device, or a weight format the device cannot run (one line
+            naming the device and the formats it takes).
+    """
+    if form not in FORMS:
+        raise InvalidOptionError(f"--form {form}: choose one of {', '.join(FORMS)}")
+    if device is not None:
+        if device not in DEVICE_FORMATS:
+            raise InvalidOptionError(f"--device {device}: choose one of {', '.join(DEVICE_FORMATS)}")
+        runtime, formats = DEVICE_FORMATS[device]
+        if weights not in formats:
+            raise InvalidOptionError(f"--weights {weights}: {device} ({runtime}) takes --weights "
+                                     f"{' or '.join(formats)}")
+    if form != "auto":
+        return form, "asked for (--form)"
+    if weights == "fp32":
+        return "fp32", _REASONS["fp32"]
+    if device is None:
+        return "qdq", _REASONS["none"]
+    if DEVICE_FORMATS[device][0].startswith("TensorRT"):
+        return "qdq", _REASONS["tensorrt"]
+    return "folded", _REASONS["cpu"]

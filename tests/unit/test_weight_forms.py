@@ -1,0 +1,114 @@
+"""Graph forms of low-bit weights (qdq, folded, integer): each runs in onnxruntime and computes the fp32 form's
+predictive within its stated tolerance; the device picks the form and refuses formats it cannot run."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+from synthetic import synthetic_cnn, synthetic_linear
+
+from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.forms import DEVICE_FORMATS, choose_form
+from edgebnn.ir import gaussian_mlp
+from edgebnn.passes import lower
+
+ROUNDOFF = 1e-5  # float32 arithmetic in another op order
+
+
+def _run(proto: onnx.ModelProto, x: np.ndarray, optimize: bool = True) -> list[np.ndarray]:
+    opts = ort.SessionOptions()
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, {proto.graph.input[0].name: x})
+
+
+def _meta(proto: onnx.ModelProto) -> dict:
+    return json.loads(proto.metadata_props[0].value)
+
+
+def _mlp(seed: int = 0):
+    rng = np.random.default_rng(seed)
+
+    def layer(n_out: int, n_in: int):
+        return (rng.normal(0, 0.5, (n_out, n_in)).astype(np.float32), np.full((n_out, n_in), 0.1, np.float32),
+                rng.normal(0, 0.1, n_out).astype(np.float32), np.full(n_out, 0.05, np.float32))
+
+    return gaussian_mlp([layer(16, 8), layer(12, 16), layer(4, 12)])
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+@pytest.mark.parametrize("make", [synthetic_cnn, _mlp])
+def test_folded_form_stores_the_qdq_values_as_fp32(make, weights):
+    model = lower(make(), "fixed", seed=0).model
+    x = np.random.default_rng(1).normal(size=(5, *model.manifest.input_shape[1:])).astype(np.float32)
+    qdq = export_onnx(model, 8, seed=2, weights=weights, form="qdq")
+    folded = export_onnx(model, 8, seed=2, weights=weights, form="folded")
+    assert "DequantizeLinear" in {n.op_type for n in qdq.graph.node}
+    assert "DequantizeLinear" not in {n.op_type for n in folded.graph.node}
+    assert all(t.data_type == onnx.TensorProto.FLOAT for t in folded.graph.initializer
+               if t.name.endswith("/W") or t.name.endswith("/W_wide"))
+    # the same weight values (float32(q) * scale) through the same ops: only round-off apart (as written:
+    # onnxruntime's optimizer would fuse an int4 DequantizeLinear into MatMulNBits, which rounds activations too)
+    for got, want in zip(_run(folded, x, False), _run(qdq, x, False), strict=True):
+        np.testing.assert_allclose(got, want, atol=ROUNDOFF)
+    assert _meta(folded)["form"] == "folded" and _meta(qdq)["form"] == "qdq"
+
+
+def test_integer_form_is_within_one_activation_step_of_the_fp32_form():
+    """One Gemm on the input (the wide layer): exact int8 weights (the fixed grid), so the only change is the
+    activation's uint8 rounding, at most s_x / 2 with s_x = (max(x, 0) - min(x, 0)) / 255 per call. A logit
+    moves by at most δ = max_{s,o} Σ_i |W_s[o, i]| · s_x / 2, and a softmax probability by at most δ / 2
+    (Σ_j |∂p_k/∂z_j| = 2 p_k (1 - p_k) <= 1/2); the mean over members keeps the bound."""
+    model = lower(synthetic_linear(n_in=64, classes=4), "fixed", seed=0).model
+    x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
+    fp32 = export_onnx(model, 8, seed=2)
+    integer = export_onnx(model, 8, seed=2, weights="int8", form="integer")
+    ops = {n.op_type for n in integer.graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops and "DequantizeLinear" not in ops
+    w = numpy_helper.to_array(next(t for t in fp32.graph.initializer if t.name == "ens/fc.weight/W"))  # [S·out, in]
+    s_x = (max(x.max(), 0) - min(x.min(), 0)) / 255
+    delta = float(np.abs(w).sum(axis=1).max()) * s_x / 2
+    got, want = _run(integer, x)[0], _run(fp32, x)[0]
+    assert 0 < np.abs(got - want).max() <= delta / 2 + ROUNDOFF  # not bit-equal: the activation is rounded
+
+
+def test_integer_form_runs_sample_major_gemms_and_folds_convs():
+    """Deeper layers (sample-major MatMulInteger) and Conv (folded): close to fp32 within the int8 steps."""
+    for make in (_mlp, synthetic_cnn):
+        model = lower(make(), "fixed", seed=0).model
+        x = np.random.default_rng(1).normal(size=(5, *model.manifest.input_shape[1:])).astype(np.float32)
+        integer = export_onnx(model, 8, seed=2, weights="int8", form="integer")
+        ops = [n.op_type for n in integer.graph.node]
+        assert "MatMulInteger" in ops and "ConvInteger" not in ops and "DequantizeLinear" not in ops
+        # weights exact on the grid; uint8 activations move each logit by a few percent of its range at most
+        np.testing.assert_allclose(_run(integer, x)[0], _run(export_onnx(model, 8, seed=2), x)[0], atol=0.02)
+
+
+def test_the_device_picks_the_form():
+    assert choose_form("cpu", "int8")[0] == "folded"
+    assert choose_form("arm64", "int4")[0] == "folded"
+    assert choose_form("rtx", "int8")[0] == "qdq"
+    assert choose_form(None, "int8")[0] == "qdq"  # no device: the portable form, as before
+    assert choose_form("cpu", "fp32")[0] == "fp32"
+    assert choose_form("cpu", "int8", "integer") == ("integer", "asked for (--form)")
+    proto = export_onnx(synthetic_cnn(), 4, weights="int8", device="cpu")
+    meta = _meta(proto)
+    assert meta["form"] == "folded" and "constant-fold" in meta["form_reason"]
+
+
+def test_a_format_the_device_cannot_run_is_one_line_naming_the_device():
+    with pytest.raises(InvalidOptionError, match=r"^--weights int4: jetson-orin-nano \(TensorRT 10.3\) takes "
+                                                 r"--weights fp32 or int8$"):
+        export_onnx(synthetic_cnn(), 4, weights="int4", device="jetson-orin-nano")
+    with pytest.raises(InvalidOptionError, match="--device tpu: choose one of"):
+        choose_form("tpu", "int8")
+    with pytest.raises(InvalidOptionError, match="--form fast: choose one of"):
+        choose_form("cpu", "int8", "fast")
+    assert all(formats for _, formats in DEVICE_FORMATS.values())
