@@ -14,6 +14,7 @@ Batched forms (S samples, one op per layer)::
 
     Conv, any rank (group g):  [B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Conv(W_s as [S·O, C/g, *k],
                                 group S·g, bias b_s as [S·O]) -> [B, S·O, *sp'] -> Reshape [B·S, O, *sp']
+                                (baked, fewer than SPLIT_BELOW channels per group: Split -> S Convs -> Concat)
     Gemm (members stream once): [B·S, in] -> Reshape [B, S, in] -> Transpose [S, B, in] -> MatMul W_s [S, in, out]
                                 -> + b_s [S, 1, out] -> Transpose [B, S, out] -> Reshape [B·S, out]
 
@@ -53,6 +54,10 @@ from edgebnn.exporters._graph import Builder, attrs_of, int8_parts
 from edgebnn.ir.encodings import Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
+# Baked Conv layers with fewer input channels per group than this run as S Convs (Split, Concat) instead of one
+# grouped Conv: onnxruntime's grouped Conv is slow on thin groups (LeNet-5 conv2, 6 channels: 1.4x faster split at
+# batch 1, 2.3x at batch 32); on ResNet-20's 16-64-channel convs the grouped Conv was 1.2x faster (docs/speed.md).
+SPLIT_BELOW = 8
 LAYERS: dict[str, LayerKind] = {}
 
 
@@ -259,6 +264,11 @@ class Conv(LayerKind):
         x = node.input[0]
         if shared and group > 1:  # side by side, S members' groups would interleave: fold the input instead
             x, shared = b.fold_samples(x, p + "x_s", samples, [c, *spatial], p + "fold/"), False
+        fmt = self.weight_format(node, wshape, dtype, True)
+        if not shared and isinstance(w, np.ndarray) and c // group < SPLIT_BELOW:
+            self._split(b, p, samples, x, (c, spatial, o, out_spatial), w, bias, group, attrs, fmt, grid,
+                        node.output[0])
+            return
         if not shared:
             x = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
             group *= samples
@@ -269,6 +279,21 @@ class Conv(LayerKind):
         y = b.add("Conv", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid),
                            *([b_flat] if b_flat else [])], p + "y", group=group, **attrs)
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], node.output[0])
+
+
+    def _split(self, b: Builder, p: str, samples: int, x: str, dims: tuple[int, list[int], int, list[int]],
+               w: np.ndarray, bias: Operand | None, group: int, attrs: dict[str, Any], fmt: str, grid: Grid | None,
+               out: str) -> None:
+        """[B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Split into S -> S Convs (W_s, b_s) -> Concat [B, S·O, *sp']."""
+        c, spatial, o, out_spatial = dims
+        xs = [f"{p}x{s}" for s in range(samples)]
+        folded = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
+        b.nodes.append(onnx.helper.make_node("Split", [folded, b.i64(p + "split", *[c] * samples)], xs, axis=1))
+        ys = [b.add("Conv", [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid),
+                             *([_const(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
+                    f"{p}y{s}", group=group, **attrs) for s in range(samples)]
+        y = b.add("Concat", ys, p + "y", axis=1)
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], out)
 
 
 def layer_kind(node: onnx.NodeProto) -> LayerKind | None:

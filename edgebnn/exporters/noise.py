@@ -28,7 +28,8 @@ draw independently (input ``noise/<weight>.outliers``) and blended weights pick 
 input (``noise/<weight>.blend``), exactly as ``CodebookWeight.sample`` does. Other layers follow ``auto``.
 
 Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape with -1 for the B·S rows,
-``per`` = ``row`` or ``sample``); :class:`edgebnn.runtime.Session` fills them.
+``per`` = ``row`` or ``sample``); :class:`edgebnn.runtime.Session` fills them, from :class:`NoisePool` by default
+(:func:`fill_noise` draws afresh: numpy's generator was most of a ``noise`` call's time on LeNet-5, docs/speed.md).
 """
 
 from __future__ import annotations
@@ -156,3 +157,56 @@ def fill_noise(noise_inputs: list[dict], batch: int, samples: int, rng: np.rando
         else:
             out[rec["name"]] = rng.standard_normal(shape, dtype=np.float32)
     return out
+
+
+POOL_FACTOR = 16
+
+
+class NoisePool:
+    """Noise for a ``noise`` graph sliced from a pre-drawn pool: one random offset per call, no drawing.
+
+    The pool holds ``factor`` times the numbers one call takes (per distribution: normal, uniform), drawn once
+    from ``rng`` (regrown for a larger batch), stored twice over so every window is a contiguous view. A call
+    takes the ``n`` numbers at a uniform random offset: within a call they are distinct i.i.d. draws (an exact
+    S-sample Monte Carlo predictive); two calls reuse numbers — at the same position with probability 1/P
+    (P = pool size: the per-position correlation between calls), and their windows share about ``2n/P`` of
+    their numbers (1/8 for ``factor`` 16) at shifted positions. Repeated calls on one input are therefore not
+    independent estimates: average S inside the graph (a larger S), not over calls.
+    """
+
+    def __init__(self, noise_inputs: list[dict], samples: int, rng: np.random.Generator,
+                 factor: int = POOL_FACTOR) -> None:
+        self.noise_inputs, self.samples, self.rng, self.factor = noise_inputs, samples, rng, factor
+        self._batch = 0
+        self._pools: dict[str, np.ndarray] = {}
+        self._sizes: dict[str, int] = {}
+
+    def _shapes(self, batch: int) -> list[tuple[str, str, list[int]]]:
+        return [(rec["name"], rec.get("dist", "normal"),
+                 [batch * self.samples if rec["per"] == "row" else self.samples, *rec["shape"][1:]])
+                for rec in self.noise_inputs]
+
+    def _grow(self, batch: int) -> None:
+        need: dict[str, int] = {}
+        for _, dist, shape in self._shapes(batch):
+            need[dist] = need.get(dist, 0) + int(np.prod(shape))
+        for dist, n in need.items():
+            size = n * self.factor
+            pool = (self.rng.random(size, dtype=np.float32) if dist == "uniform"
+                    else self.rng.standard_normal(size, dtype=np.float32))
+            self._pools[dist] = np.concatenate([pool, pool[:n]])  # a window from any offset < size is contiguous
+            self._sizes[dist] = size
+        self._batch = batch
+
+    def fill(self, batch: int) -> dict[str, np.ndarray]:
+        """Arrays for every noise input of a batch of ``batch`` inputs (views into the pool: do not write)."""
+        if batch > self._batch:
+            self._grow(batch)
+        shapes = self._shapes(batch)
+        offset = {dist: int(self.rng.integers(size)) for dist, size in self._sizes.items()}
+        out = {}
+        for name, dist, shape in shapes:
+            n = int(np.prod(shape))
+            out[name] = self._pools[dist][offset[dist]:offset[dist] + n].reshape(shape)
+            offset[dist] += n
+        return out

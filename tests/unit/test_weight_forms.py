@@ -112,3 +112,40 @@ def test_a_format_the_device_cannot_run_is_one_line_naming_the_device():
     with pytest.raises(InvalidOptionError, match="--form fast: choose one of"):
         choose_form("cpu", "int8", "fast")
     assert all(formats for _, formats in DEVICE_FORMATS.values())
+
+
+def test_thin_convs_run_as_s_convs_and_match_the_grouped_form(monkeypatch):
+    """A sampled Conv after the first (its input differs per sample) with fewer than SPLIT_BELOW channels per
+    group runs as Split -> S Convs -> Concat; the same members as the grouped Conv, to round-off."""
+    from test_layer_kinds import conv_ir  # Conv with group 2 (2 channels): folded input, thin groups
+
+    from edgebnn.exporters import layers
+
+    model = conv_ir(2, group=2)
+    x = np.random.default_rng(4).normal(size=(3, 2, 4, 4)).astype(np.float32)
+    split = export_onnx(model, 4, seed=1)
+    assert [n.op_type for n in split.graph.node].count("Conv") == 4 and "Split" in {n.op_type for n in split.graph.node}
+    monkeypatch.setattr(layers, "SPLIT_BELOW", 0)
+    grouped = export_onnx(model, 4, seed=1)
+    assert [n.op_type for n in grouped.graph.node].count("Conv") == 1
+    for got, want in zip(_run(split, x), _run(grouped, x), strict=True):
+        np.testing.assert_allclose(got, want, atol=ROUNDOFF)
+
+
+def test_noise_pool_is_iid_within_a_call_and_its_correlation_across_calls_is_bounded():
+    """Within a call the pool's numbers are distinct standard-normal draws; across calls the per-position
+    correlation is 1/P in expectation (the same offset), so the sample correlation over n positions x T pairs of
+    consecutive calls stays within 1/P + 4 standard errors (1/√(nT)) of zero."""
+    from edgebnn.exporters.noise import NoisePool
+
+    records = [{"name": "a", "shape": [4, 3, 5], "per": "sample"}, {"name": "b", "shape": [-1, 7], "per": "row"}]
+    pool = NoisePool(records, samples=4, rng=np.random.default_rng(0))
+    calls = [np.concatenate([v.ravel() for v in pool.fill(2).values()]) for _ in range(400)]
+    n, size = calls[0].size, pool._sizes["normal"]
+    assert n == 4 * 3 * 5 + 2 * 4 * 7 and size == 16 * n
+    assert len(np.unique(calls[0])) == n  # one window: no number used twice in a call
+    z = np.stack(calls)
+    assert abs(z.mean()) < 4 / np.sqrt(z.size) and abs(z.std() - 1) < 4 / np.sqrt(2 * z.size)  # N(0, 1)
+    corr = float(np.mean(z[1:] * z[:-1]))  # unit variance, zero mean: E[z_t z_{t+1}] is the correlation
+    assert abs(corr) <= 1 / size + 4 / np.sqrt(n * (len(calls) - 1))
+    assert pool.fill(3)["b"].shape == (12, 7)  # a larger batch regrows the pool
