@@ -240,9 +240,10 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                    "takes standard-normal noise inputs that edgebnn.runtime.Session fills; shared: codebook "
                    "models draw K numbers per layer per sample; analytic: one pass propagating means and "
                    "variances.")
-@click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight"]), default="auto",
-              show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
-                                      "weight for Conv + local for Gemm (auto; exact and small).")
+@click.option("--noise", "noise_variant", type=click.Choice(["auto", "local", "weight", "mixed"]), default="auto",
+              show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), "
+                                      "weight for Conv + local for Gemm (auto; exact and small), or local for Gemm "
+                                      "+ baked members for Conv (mixed; exact, fastest on onnxruntime CPU).")
 @click.option("--weights", "weight_format", type=click.Choice(["fp32", "int8", "int4"]), default="fp32",
               show_default=True,
               help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "

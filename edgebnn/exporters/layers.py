@@ -265,7 +265,7 @@ class Conv(LayerKind):
         if shared and group > 1:  # side by side, S members' groups would interleave: fold the input instead
             x, shared = b.fold_samples(x, p + "x_s", samples, [c, *spatial], p + "fold/"), False
         fmt = self.weight_format(node, wshape, dtype, True)
-        if not shared and isinstance(w, np.ndarray) and c // group < SPLIT_BELOW:
+        if not shared and isinstance(w, np.ndarray) and not isinstance(bias, str) and c // group < SPLIT_BELOW:
             self._split(b, p, samples, x, (c, spatial, o, out_spatial), w, bias, group, attrs, fmt, grid,
                         node.output[0])
             return

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
-from edgebnn.exporters.layers import LAYERS, LayerKind, layer_kind
+from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, layer_kind
 from edgebnn.ir import BNNModel, EncodedWeight
 
 # A layer rewrite: (builder, node, its layer kind, its weight, static shapes, shared input) -> nodes added to the
@@ -44,6 +46,37 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
         if any(x not in out for x in own):
             out.difference_update(own)
     return out
+
+
+def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> LayerRewrite:
+    """The ``baked`` strategy: S members drawn at export from the reference runtime's streams ``[seed, i]``
+    (weight ``i`` in graph order), emitted as constants in the layer kind's batched form, in the ``weights``
+    format (exact on the encoding's sample grid)."""
+    index = {name: i for i, name in enumerate(model.encoded_weight_names())}
+
+    def draw(w: EncodedWeight) -> np.ndarray:
+        return w.encoding.sample(np.random.default_rng([seed, index[w.name]]), samples)
+
+    def bias_samples(b: Builder, node: onnx.NodeProto, out_dim: int) -> np.ndarray | None:
+        """Bias as [S, out]: drawn if Bayesian, the deterministic bias repeated otherwise."""
+        name = bias_name(node)
+        if name is None:
+            return None
+        if name in index:
+            return draw(model.encoded_weight(name))
+        fixed = next((t for t in b.inits if t.name == name), None)
+        if fixed is None:
+            raise UnsupportedLayerError(f"{node.name}: bias {name!r} is not a constant")
+        return np.broadcast_to(numpy_helper.to_array(fixed).reshape(1, out_dim), (samples, out_dim))
+
+    def rewrite(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+                shapes: dict[str, list[int]], shared: bool) -> None:
+        shape = w.encoding.shape
+        bias = bias_samples(b, node, kind.out_dim(node, shape))
+        kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias, shapes, f"layer {w.layer!r}", weights,
+                     w.encoding.sample_grid(), shared)
+
+    return rewrite
 
 
 def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,

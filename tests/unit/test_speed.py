@@ -1,5 +1,6 @@
-"""Graph forms of low-bit weights (qdq, folded, integer): each runs in onnxruntime and computes the fp32 form's
-predictive within its stated tolerance; the device picks the form and refuses formats it cannot run."""
+"""Speed forms: low-bit weight forms (qdq, folded, integer) run in onnxruntime and compute the fp32 form's
+predictive within their stated tolerances; the device picks the form and refuses formats it cannot run; thin
+convs split into S convs; the noise pool; the ``mixed`` noise variant samples the posterior."""
 
 from __future__ import annotations
 
@@ -149,3 +150,20 @@ def test_noise_pool_is_iid_within_a_call_and_its_correlation_across_calls_is_bou
     corr = float(np.mean(z[1:] * z[:-1]))  # unit variance, zero mean: E[z_t z_{t+1}] is the correlation
     assert abs(corr) <= 1 / size + 4 / np.sqrt(n * (len(calls) - 1))
     assert pool.fill(3)["b"].shape == (12, 7)  # a larger batch regrows the pool
+
+
+def test_mixed_noise_bakes_convs_runs_gemms_locally_and_samples_the_posterior():
+    """One call with S = 1024 (conv members baked, Gemm pre-activations drawn per row) against 4096 reference
+    draws: each probability's sd is at most 0.5/√n; 4 sd of the difference over the 15 entries bounds the max."""
+    from edgebnn.metrics import predictive_from_logits
+    from edgebnn.runtime import Session
+    from edgebnn.runtime.reference import sample_logits
+
+    model = synthetic_cnn(sigma=0.3)
+    x = np.random.default_rng(1).normal(size=(5, 1, 6, 6)).astype(np.float32)
+    proto = export_onnx(model, 1024, mode="noise", noise="mixed", seed=3)
+    assert {i.name for i in proto.graph.input} == {"input", "noise/fc.weight"}  # conv baked, fc local
+    assert _meta(proto)["seed"] == 3
+    ref = predictive_from_logits(sample_logits(model, x, 4096, seed=5)).probs
+    got = Session(proto, seed=0).predict(x).probs
+    assert np.abs(got - ref).max() < 4 * 0.5 * np.sqrt(1 / 1024 + 1 / 4096)
