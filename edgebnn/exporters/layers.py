@@ -119,6 +119,12 @@ class LayerKind(ABC):
         weight-only int4 GEMMs take it: blocks along the reduction axis, even output dim; int8 otherwise)."""
         return "int8" if dtype == "int4" else dtype
 
+    has_integer_plain: ClassVar[bool] = False
+
+    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str) -> None:
+        """The op on its own input with the constant weight ``w`` in an integer kernel (``has_integer_plain``)."""
+        raise NotImplementedError(self.op_type)
+
     @abstractmethod
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
@@ -204,6 +210,21 @@ class Gemm(LayerKind):
             y = b.add("Add", [y, _const(b, unsqueeze(b, bias, 1, p + "axis1", p + "b3"), p + "b")], p + "y")
         y = b.add("Transpose", [y], p + "y_t", perm=[1, 0, 2])  # [B, S, out]
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
+
+    has_integer_plain = True
+
+    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str) -> None:
+        """x -> MatMulInteger with ``w`` as int8 -> · (s_x · scale) [+ bias] -> node's output. On a grid of at most
+        8 bits (MCQ counts, fixed point) the weight is its integer grid ``q`` and the scale is the layer's one
+        step, a scalar; otherwise one scale per output."""
+        attrs = self.attrs(node, p)
+        w_oi = w if attrs.get("transB", 0) else w.T  # [out, in]
+        step = _grid_step(grid)
+        q, scale = int8_parts(np.asarray(w_oi, np.float32), step)
+        y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale[:1] if step is not None else scale, p,
+                        node.output[0] if len(node.input) < 3 or not node.input[2] else p + "xw")
+        if len(node.input) > 2 and node.input[2]:
+            b.add("Add", [y, node.input[2]], node.output[0])
 
     def _wide(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, n_in: int, n_out: int,
               attrs: dict[str, Any], w: Operand, bias: Operand | None, fmt: str, grid: Grid | None) -> None:

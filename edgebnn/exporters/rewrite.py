@@ -190,5 +190,13 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
     if user is None or kind is None:
         b.f32(w.name, w.encoding.mean())
         return
-    b.weight(w.name, w.encoding.mean(), kind.weight_format(user, w.encoding.shape, weights, False),
-             w.encoding.mean_grid())
+    fmt = kind.weight_format(user, w.encoding.shape, weights, False)
+    if b.form == "integer" and fmt == "int8" and kind.has_integer_plain:
+        # the layer itself becomes its integer form (MCQ counts: one scale per layer after the integer MAC)
+        first = len(b.nodes)
+        kind.integer_plain(b, user, w.encoding.mean(), w.encoding.mean_grid(), f"{P}{w.name}/")
+        at = nodes.index(user)
+        nodes[at:at + 1] = b.nodes[first:]
+        del b.nodes[first:]
+        return
+    b.weight(w.name, w.encoding.mean(), fmt, w.encoding.mean_grid())

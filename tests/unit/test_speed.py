@@ -167,3 +167,36 @@ def test_mixed_noise_bakes_convs_runs_gemms_locally_and_samples_the_posterior():
     ref = predictive_from_logits(sample_logits(model, x, 4096, seed=5)).probs
     got = Session(proto, seed=0).predict(x).probs
     assert np.abs(got - ref).max() < 4 * 0.5 * np.sqrt(1 / 1024 + 1 / 4096)
+
+
+def _dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32]:
+    """ONNX DynamicQuantizeLinear: uint8, range widened to include 0, zero point rounded half to even.
+    Returns (x_q - zero_point as int32, scale)."""
+    lo, hi = np.float32(min(x.min(), 0)), np.float32(max(x.max(), 0))
+    scale = np.float32((hi - lo) / np.float32(255))
+    zero = np.clip(np.rint(-lo / scale), 0, 255)
+    q = np.clip(np.rint(x / scale) + zero, 0, 255)
+    return (q - zero).astype(np.int32), scale
+
+
+def test_mcq_integer_network_equals_its_dequantized_float_counterpart():
+    """MCQ counts (8 bits) x one scale per layer after the integer MAC: every layer hoisted (the posterior-mean
+    network), integer form. Against float arithmetic on the same quantized activations and the dequantized
+    counts (float32(x_q) · s_x @ (counts · s)): equal up to float32 round-off (the int32 sums are exact)."""
+    model = lower(_mlp(), "mcq", seed=0, bits=8).model
+    proto = export_onnx(model, 4, weights="int8", hoist=1e9, form="integer")
+    assert _meta(proto)["layers"]["sampled"] == []
+    mm = [n for n in proto.graph.node if n.op_type == "MatMulInteger"]
+    assert len(mm) == 3
+    scales = [numpy_helper.to_array(t) for t in proto.graph.initializer if t.name.endswith("/w_scale")]
+    assert all(s.shape == (1,) for s in scales)  # one scale per layer
+    x = np.random.default_rng(5).normal(size=(6, 8)).astype(np.float32)
+    h = x
+    for i in (1, 2, 3):
+        enc = model.encoded_weight(f"W{i}").encoding
+        q, s_x = _dynamic_quantize(h)
+        h = ((q.astype(np.float32) * s_x) @ enc.mean().T + model.encoded_weight(f"b{i}").encoding.mean())
+        if i < 3:
+            h = np.maximum(h, 0)
+    z = np.exp(h - h.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(_run(proto, x)[0], z / z.sum(axis=1, keepdims=True), atol=ROUNDOFF)
