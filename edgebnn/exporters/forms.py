@@ -21,6 +21,10 @@ docs/speed.md), TensorRT devices ``qdq``; without a device, ``qdq`` (the portabl
 
 from __future__ import annotations
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
 from edgebnn.errors import InvalidOptionError
 
 FORMS = ("auto", "qdq", "folded", "integer")
@@ -77,3 +81,41 @@ def choose_form(device: str | None, weights: str = "int8", form: str = "auto") -
     if DEVICE_FORMATS[device][0].startswith("TensorRT"):
         return "qdq", _REASONS["tensorrt"]
     return "folded", _REASONS["cpu"]
+
+
+def fold_constant_dequantize(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """The ``folded`` form of any graph: every DequantizeLinear whose inputs are all constants (quantized
+    weights, e.g. of an ``edgebnn calibrate`` Q/DQ artifact) replaced by its fp32 output, computed once by
+    onnxruntime itself (the values the graph computed on every inference). Activation Q/DQ pairs stay, so the
+    predictive is unchanged; the file grows to fp32 weights."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    inits = {t.name: t for t in graph.initializer}
+    kept, folded = [], []
+    for node in graph.node:
+        if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx") and all(
+                x in inits for x in node.input if x):
+            folded.append(numpy_helper.from_array(_evaluate(node, inits, proto), node.output[0]))
+        else:
+            kept.append(node)
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {x for node in kept for x in node.input} | {o.name for o in graph.output}
+    live = [t for t in graph.initializer if t.name in used] + folded
+    del graph.initializer[:]
+    graph.initializer.extend(live)
+    return out
+
+
+def _evaluate(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], proto: onnx.ModelProto) -> np.ndarray:
+    import onnxruntime as ort
+
+    graph = helper.make_graph([node], "dq", [], [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT,
+                                                                               None)],
+                              [inits[x] for x in node.input if x])
+    model = helper.make_model(graph, opset_imports=list(proto.opset_import))
+    model.ir_version = proto.ir_version
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {})[0]

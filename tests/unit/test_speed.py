@@ -200,3 +200,22 @@ def test_mcq_integer_network_equals_its_dequantized_float_counterpart():
             h = np.maximum(h, 0)
     z = np.exp(h - h.max(axis=1, keepdims=True))
     np.testing.assert_allclose(_run(proto, x)[0], z / z.sum(axis=1, keepdims=True), atol=ROUNDOFF)
+
+
+def test_a_calibrated_qdq_artifact_folds_its_weights_and_keeps_its_predictive():
+    """edgebnn calibrate's Q/DQ artifact (activations and weights): its weight DequantizeLinear nodes become fp32
+    constants holding exactly what they computed; activation Q/DQ stays, so the outputs agree to round-off."""
+    from edgebnn.calib.int8 import Int8Config, quantize_int8
+    from edgebnn.calib.readers import BatchReader
+    from edgebnn.exporters.forms import fold_constant_dequantize
+
+    x = np.random.default_rng(2).normal(size=(16, 1, 6, 6)).astype(np.float32)
+    calibrated = quantize_int8(export_onnx(synthetic_cnn(), 4, seed=1), BatchReader(x, "input", batch=8),
+                               Int8Config(method="minmax"))
+    folded = fold_constant_dequantize(calibrated)
+    consts = {t.name for t in folded.graph.initializer}
+    dq = [n for n in folded.graph.node if n.op_type == "DequantizeLinear"]
+    assert dq and not [n for n in dq if all(i in consts for i in n.input if i)]  # only activation DQs remain
+    assert len(dq) < len([n for n in calibrated.graph.node if n.op_type == "DequantizeLinear"])
+    for got, want in zip(_run(folded, x[:5]), _run(calibrated, x[:5]), strict=True):
+        np.testing.assert_allclose(got, want, atol=ROUNDOFF)
