@@ -33,10 +33,22 @@ Timing (:func:`time_blocks`): per cell, every variant gets warm-up runs and then
 does not land on one variant only. The goal cell (LeNet-5, batch 1, S=16) gets 3x the budget and an
 onnxruntime-profiler breakdown per op type.
 
+Weight forms (``--parts forms``, docs/speed.md): LeNet-5, ResNet-20 and bayesian-torch's zoo SCNN
+(``bayesian_torch.models.bayesian.simple_cnn_variational``, default init; its own S forward passes are the
+torch baseline) at S=16, batch 1 and 32: every weight format x graph form of the baked ensemble (fp32; the
+``fixed``-lowered members as fp32, int8 and int4 in the qdq / folded / integer forms; the ``edgebnn.calib``
+Q/DQ artifact as written and with its weights folded; MCQ-lowered members, 8-bit, integer form, also with
+hoisting) and the ``noise`` (auto, mixed; pooled host noise) and ``analytic`` modes, all interleaved in one
+``time_blocks`` call with the three baselines. Ratios: against the fp32 baked ensemble (for low-bit variants,
+the fp32 export of the same ``fixed`` IR), the float net on S copies, one float pass, and bayesian-torch.
+Every low-bit variant's max |probs - fp32| is recorded. A bar plot of the ratios goes to ``--forms-plot``.
+No GPU part: this bench times onnxruntime CPU only.
+
 Prints one JSON line on stdout (schema ``edgebnn.bench.ensemble_latency/1``), rich tables on stderr, and
 writes a plot of latency vs S. Run from the repository root:
 
-    .venv/bin/python bench/ensemble_latency.py [--quick] [--plot bench/ensemble_latency.png] [--json out.json]
+    .venv/bin/python bench/ensemble_latency.py [--quick] [--parts latency,forms] [--plot bench/ensemble_latency.png]
+        [--forms-plot bench/ensemble_forms.png] [--json out.json]
 """
 
 from __future__ import annotations
@@ -443,6 +455,7 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
 
     from edgebnn.calib.int8 import Int8Config, quantize_int8
     from edgebnn.calib.readers import BatchReader
+    from edgebnn.errors import EdgeBNNError
     from edgebnn.exporters.ensemble import export_onnx, float_deterministic
     from edgebnn.exporters.forms import fold_constant_dequantize
     from edgebnn.importers import import_model
@@ -458,9 +471,13 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
     irs["mcq"] = lower(irs["float"], "mcq", seed=seed, bits=8).model
     in_name = irs["float"].manifest.input_name
     calib_x = np.random.default_rng(seed + 1).random((64, *input_shape[1:]), dtype=np.float32)
-    protos = {}
+    protos, refused = {}, {}
     for variant, (ir_name, kw) in FORM_VARIANTS.items():
-        proto = export_onnx(irs[ir_name], samples, seed=seed, **kw)
+        try:
+            proto = export_onnx(irs[ir_name], samples, seed=seed, **kw)
+        except EdgeBNNError as e:  # e.g. analytic through the zoo model's LogSoftmax head
+            refused[variant] = str(e)
+            continue
         if variant == "int8_calibrated_qdq":
             calibrated = quantize_int8(proto, BatchReader(calib_x, in_name, batch=16), Int8Config(method="minmax"))
             calibrated.metadata_props.extend(proto.metadata_props)
@@ -493,13 +510,13 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
                            "vs_float_det_xS": round(p50[k] / p50["float_det_xS"], 3),
                            "vs_float_det": round(p50[k] / p50["float_det"], 3),
                            "bayesian_torch_speedup": round(p50["bayesian_torch"] / p50[k], 2)}
-                       for k in FORM_VARIANTS},
+                       for k in protos},
             "max_abs_probs_vs_fixed_fp32": {k: round(float(np.abs(sessions[k].predict(x).probs - ref).max()), 5)
                                             for k in LOW_BIT},
         }
         cells.append(cell)
         del sessions, calls
-    return {"input_shape": list(input_shape), "samples": samples, "torch_baseline": twin_kind,
+    return {"input_shape": list(input_shape), "samples": samples, "torch_baseline": twin_kind, "refused": refused,
             "graph_nodes": {k: len(p.graph.node) for k, p in protos.items()},
             "onnx_bytes": {k: p.ByteSize() for k, p in protos.items()}, "cells": cells}
 
@@ -519,7 +536,7 @@ def print_forms(result: dict[str, Any]) -> None:
                         "MB"):
                 table.add_column(col, justify="left" if col == "variant" else "right")
             lat, r = cell["latency_ms"], cell["ratios"]
-            for k in FORM_VARIANTS:
+            for k in r:
                 table.add_row(k, f"{lat[k]['p50']:.3f}", f"{r[k]['vs_fp32_baked']:.2f}x",
                               f"{r[k]['vs_float_det_xS']:.2f}x", f"{r[k]['vs_float_det']:.2f}x",
                               f"{r[k]['bayesian_torch_speedup']:.0f}x", str(model["graph_nodes"][k]),
@@ -540,7 +557,7 @@ def plot_forms(result: dict[str, Any], path: str) -> None:
     cells = [(name, c) for name, model in result["forms"].items() for c in model["cells"]]
     fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4.6), squeeze=False)
     for ax, (name, cell) in zip(axes[0], cells, strict=True):
-        names = list(FORM_VARIANTS)
+        names = list(cell["ratios"])
         ratios = [cell["ratios"][k]["vs_fp32_baked"] for k in names]
         ax.barh(names, ratios, color=["#c55" if k in LOW_BIT and r > 1 else "#2a7" for k, r in zip(names, ratios,
                                                                                                   strict=True)])
