@@ -416,6 +416,7 @@ FORM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "int8_qdq": ("fixed", {"weights": "int8", "form": "qdq"}),
     "int8_folded": ("fixed", {"weights": "int8", "form": "folded"}),
     "int8_integer": ("fixed", {"weights": "int8", "form": "integer"}),
+    "int8_auto_cpu": ("fixed", {"weights": "int8", "device": "cpu"}),  # what `export --weights int8` writes
     "int4_qdq": ("fixed", {"weights": "int4", "form": "qdq"}),
     "int4_folded": ("fixed", {"weights": "int4", "form": "folded"}),
     "int8_calibrated_qdq": ("fixed", {}),  # the fixed_fp32 export through edgebnn.calib (Q/DQ acts + weights)
@@ -426,7 +427,7 @@ FORM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "noise_mixed": ("float", {"mode": "noise", "noise": "mixed"}),
     "analytic": ("float", {"mode": "analytic"}),
 }
-LOW_BIT = ("int8_qdq", "int8_folded", "int8_integer", "int4_qdq", "int4_folded", "int8_calibrated_qdq",
+LOW_BIT = ("int8_qdq", "int8_folded", "int8_integer", "int8_auto_cpu", "int4_qdq", "int4_folded", "int8_calibrated_qdq",
            "int8_calibrated_folded", "mcq_int8_integer")
 
 

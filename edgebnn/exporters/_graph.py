@@ -26,8 +26,10 @@ OUTPUTS = ("probs", "entropy", "mutual_info")
 class Builder:
     """Collects nodes, initializers and extra graph inputs for one exported graph."""
 
-    def __init__(self, inits: Iterable[onnx.TensorProto] = (), form: str = "qdq") -> None:
-        self.form = form  # how int8/int4 weights are emitted (FORMS)
+    def __init__(self, inits: Iterable[onnx.TensorProto] = (), form: str = "qdq", integer_min_bytes: int = 0,
+                 ) -> None:
+        self.form = form  # how int8/int4 weights are emitted (exporters.forms.FORMS)
+        self.integer_min_bytes = integer_min_bytes  # integer form: dense weights above this many fp32 bytes
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []

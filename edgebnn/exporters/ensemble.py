@@ -41,7 +41,7 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
-from edgebnn.exporters.forms import choose_form
+from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.ir import DOMAIN, BNNModel
 
@@ -82,10 +82,10 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(WEIGHT_FORMATS)}")
     if weights != "fp32" and mode != "baked":
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
-    chosen, reason = choose_form(device, weights, form)
+    choice = choose_form(device, weights, form)
     if mode == "baked":
         _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist, chosen, reason)
+        out = _baked(model, samples, seed, weights, hoist, choice)
     elif mode in ("noise", "shared"):
         from edgebnn.exporters.noise import export_noise
 
@@ -118,17 +118,18 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
         )
 
 
-def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hoist: str | float = "off",
-           form: str = "fp32", reason: str = "") -> onnx.ModelProto:
+def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | float, choice: FormChoice,
+           ) -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
-    b = Builder(form=form)
+    b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
     rewrite = baked_layers(model, samples, seed, weights)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
     set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers,
-                 form=form, form_reason=reason)
+                 form=choice.form, form_reason=choice.reason,
+                 **({"integer_min_bytes": choice.integer_min_bytes} if choice.form == "integer" else {}))
     return out
 
 

@@ -15,11 +15,15 @@ The same int8 / int4 member weights (identical values) can be written three ways
     channel; the other weights (Conv: onnxruntime's ConvInteger is slower than its fp32 Conv; int4 blocks;
     hoisted layers) are folded.
 
-``auto`` picks by device (:func:`choose_form`): onnxruntime CPU devices take ``folded`` (measured fastest,
-docs/speed.md), TensorRT devices ``qdq``; without a device, ``qdq`` (the portable form).
+``auto`` picks by device (:func:`choose_form`, measured in docs/speed.md): onnxruntime CPU devices take int8
+``integer`` kernels only for dense layers whose S fp32 members exceed :data:`INTEGER_MIN_BYTES` (beyond the
+caches: streamed from memory on every call, where int8 is 4x less traffic) and ``folded`` weights everywhere
+else (int4 weights: ``folded``); TensorRT devices ``qdq``; without a device, ``qdq`` (the portable form).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -28,6 +32,18 @@ from onnx import TensorProto, helper, numpy_helper
 from edgebnn.errors import InvalidOptionError
 
 FORMS = ("auto", "qdq", "folded", "integer")
+# auto on onnxruntime CPU: a dense layer's S members run in integer kernels above this many fp32 bytes (the
+# bayesian-torch SCNN's fc1, 75 MB at S=16: 0.56x the fp32 time at batch 1; LeNet-5's fc1, 2 MB: 1.1x, so folded)
+INTEGER_MIN_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class FormChoice:
+    """A graph form, why, and (``integer``) the fp32 size from which a dense layer's weights run as integers."""
+
+    form: str
+    reason: str
+    integer_min_bytes: int = 0
 
 # device -> (runtime, weight formats it runs). onnxruntime CPU runs every format (int4 through folding);
 # TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear.
@@ -42,22 +58,26 @@ DEVICE_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 _REASONS = {
-    "cpu": "onnxruntime CPU runs a DequantizeLinear on constant weights on every inference (it does not "
-           "constant-fold it); the same values as fp32 constants measured fastest (docs/speed.md)",
+    "cpu": "onnxruntime CPU: dense layers whose fp32 members exceed 8 MiB (streamed from memory every call) run "
+           "int8 MatMulInteger; the other weights are fp32 constants folded from the quantized values, because "
+           "onnxruntime runs a DequantizeLinear on constants every inference and its ConvInteger and small integer "
+           "GEMMs measured slower than fp32 (docs/speed.md)",
+    "cpu_int4": "onnxruntime CPU: int4 weights folded to fp32 constants (its block-wise DequantizeLinear and "
+                "MatMulNBits measured slower than fp32, docs/speed.md)",
     "tensorrt": "TensorRT fuses explicit Q/DQ into integer kernels (its explicit-quantization rules)",
     "none": "no device given: the compact Q/DQ form, portable to every runtime",
     "fp32": "fp32 weights have one form",
 }
 
 
-def choose_form(device: str | None, weights: str = "int8", form: str = "auto") -> tuple[str, str]:
-    """The graph form for ``weights`` on ``device`` and why: ``(form, reason)``.
+def choose_form(device: str | None, weights: str = "int8", form: str = "auto") -> FormChoice:
+    """The graph form for ``weights`` on ``device``, and why.
 
     Args:
         device: a key of :data:`DEVICE_FORMATS` (``cpu``, ``arm64``: onnxruntime CPU; ``rtx``, ``jetson*``:
             TensorRT), or None.
         weights: the weight format asked for (``fp32``, ``int8``, ``int4``).
-        form: ``auto`` (pick), or a form of :data:`FORMS` to keep.
+        form: ``auto`` (pick), or a form of :data:`FORMS` to keep (``integer``: every int8 dense layer).
 
     Raises:
         InvalidOptionError: an unknown form or device, or a weight format the device cannot run (one line
@@ -73,14 +93,16 @@ def choose_form(device: str | None, weights: str = "int8", form: str = "auto") -
             raise InvalidOptionError(f"--weights {weights}: {device} ({runtime}) takes --weights "
                                      f"{' or '.join(formats)}")
     if form != "auto":
-        return form, "asked for (--form)"
+        return FormChoice(form, "asked for (--form)")
     if weights == "fp32":
-        return "fp32", _REASONS["fp32"]
+        return FormChoice("fp32", _REASONS["fp32"])
     if device is None:
-        return "qdq", _REASONS["none"]
+        return FormChoice("qdq", _REASONS["none"])
     if DEVICE_FORMATS[device][0].startswith("TensorRT"):
-        return "qdq", _REASONS["tensorrt"]
-    return "folded", _REASONS["cpu"]
+        return FormChoice("qdq", _REASONS["tensorrt"])
+    if weights == "int4":
+        return FormChoice("folded", _REASONS["cpu_int4"])
+    return FormChoice("integer", _REASONS["cpu"], INTEGER_MIN_BYTES)
 
 
 def fold_constant_dequantize(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -138,9 +138,11 @@ def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | 
     return b.weight(name, v, dtype, grid) if isinstance(v, np.ndarray) else v
 
 
-def _integer(b: Builder, v: Operand, dtype: str) -> bool:
-    """Whether this weight runs in an integer kernel: an int8 constant in the ``integer`` form."""
-    return b.form == "integer" and dtype == "int8" and isinstance(v, np.ndarray)
+def integer_kernel(b: Builder, v: Operand, dtype: str) -> bool:
+    """Whether this weight runs in an integer kernel: an int8 constant in the ``integer`` form, larger (as fp32)
+    than the builder's ``integer_min_bytes``."""
+    return (b.form == "integer" and dtype == "int8" and isinstance(v, np.ndarray)
+            and v.size * 4 > b.integer_min_bytes)
 
 
 def _grid_step(grid: Grid | None) -> float | None:
@@ -199,7 +201,7 @@ class Gemm(LayerKind):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, n_in)], p + "x")
         xt = b.add("Transpose", [x], p + "x_t", perm=[1, 0, 2])  # [S, B, in]: each member's weights read once
-        if _integer(b, w, fmt):
+        if integer_kernel(b, w, fmt):
             assert isinstance(w, np.ndarray)  # one scale per member and output: quantized as [S·out, in]
             q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
             y = _integer_op(b, "MatMulInteger", xt, q.reshape(samples, n_out, n_in).transpose(0, 2, 1),
@@ -242,7 +244,7 @@ class Gemm(LayerKind):
         if not attrs.get("transB", 0):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, in, out] -> [S, out, in]
         w = reshape(b, w, (samples * n_out, n_in), p + "w_shape", p + "W_wide")
-        if _integer(b, w, fmt):
+        if integer_kernel(b, w, fmt):
             assert isinstance(w, np.ndarray)
             q, scale = int8_parts(w, _grid_step(grid))
             y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale, p, p + "xw")

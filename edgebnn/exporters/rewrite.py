@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
-from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, layer_kind
+from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind
 from edgebnn.ir import BNNModel, EncodedWeight
 
 # A layer rewrite: (builder, node, its layer kind, its weight, static shapes, shared input) -> nodes added to the
@@ -191,7 +191,7 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
         b.f32(w.name, w.encoding.mean())
         return
     fmt = kind.weight_format(user, w.encoding.shape, weights, False)
-    if b.form == "integer" and fmt == "int8" and kind.has_integer_plain:
+    if kind.has_integer_plain and integer_kernel(b, w.encoding.mean(), fmt):
         # the layer itself becomes its integer form (MCQ counts: one scale per layer after the integer MAC)
         first = len(b.nodes)
         kind.integer_plain(b, user, w.encoding.mean(), w.encoding.mean_grid(), f"{P}{w.name}/")

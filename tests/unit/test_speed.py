@@ -15,7 +15,7 @@ from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters.ensemble import export_onnx
-from edgebnn.exporters.forms import DEVICE_FORMATS, choose_form
+from edgebnn.exporters.forms import DEVICE_FORMATS, INTEGER_MIN_BYTES, FormChoice, choose_form
 from edgebnn.ir import gaussian_mlp
 from edgebnn.passes import lower
 
@@ -93,15 +93,29 @@ def test_integer_form_runs_sample_major_gemms_and_folds_convs():
 
 
 def test_the_device_picks_the_form():
-    assert choose_form("cpu", "int8")[0] == "folded"
-    assert choose_form("arm64", "int4")[0] == "folded"
-    assert choose_form("rtx", "int8")[0] == "qdq"
-    assert choose_form(None, "int8")[0] == "qdq"  # no device: the portable form, as before
-    assert choose_form("cpu", "fp32")[0] == "fp32"
-    assert choose_form("cpu", "int8", "integer") == ("integer", "asked for (--form)")
+    cpu = choose_form("cpu", "int8")
+    assert (cpu.form, cpu.integer_min_bytes) == ("integer", INTEGER_MIN_BYTES)  # large dense layers only
+    assert choose_form("arm64", "int4").form == "folded"
+    assert choose_form("rtx", "int8").form == "qdq"
+    assert choose_form(None, "int8").form == "qdq"  # no device: the portable form, as before
+    assert choose_form("cpu", "fp32").form == "fp32"
+    assert choose_form("cpu", "int8", "integer") == FormChoice("integer", "asked for (--form)", 0)
+    # the synthetic CNN's layers are far below the threshold: every weight folded, no integer kernel
     proto = export_onnx(synthetic_cnn(), 4, weights="int8", device="cpu")
     meta = _meta(proto)
-    assert meta["form"] == "folded" and "constant-fold" in meta["form_reason"]
+    assert meta["form"] == "integer" and meta["integer_min_bytes"] == INTEGER_MIN_BYTES
+    assert "DequantizeLinear" in meta["form_reason"]
+    ops = {n.op_type for n in proto.graph.node}
+    assert "MatMulInteger" not in ops and "DequantizeLinear" not in ops
+
+
+def test_auto_on_cpu_runs_only_dense_layers_above_the_threshold_in_integer_kernels(monkeypatch):
+    from edgebnn.exporters import forms
+
+    model = lower(_mlp(), "fixed", seed=0).model  # members at S=8: 8·16·8·4 = 4 KiB, 6 KiB, 1.5 KiB of fp32
+    monkeypatch.setattr(forms, "INTEGER_MIN_BYTES", 2048)
+    proto = export_onnx(model, 8, seed=2, weights="int8", device="cpu")
+    assert [n.op_type for n in proto.graph.node].count("MatMulInteger") == 2  # fc1, fc2; fc3 folded
 
 
 def test_a_format_the_device_cannot_run_is_one_line_naming_the_device():
