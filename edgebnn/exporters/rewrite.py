@@ -162,6 +162,7 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     logits = base.graph.output[0].name
     if logits in pre_data:
         logits = fold(logits)  # every layer was hoisted: S identical members
+    _stay_sample_major(b)
     b.predictive_head(logits, samples, model.manifest.num_classes)
     sampled = {layer_of[n] for n in encoded if n not in quiet}
     return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
@@ -200,3 +201,51 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
         del b.nodes[first:]
         return
     b.weight(w.name, w.encoding.mean(), fmt, w.encoding.mean_grid())
+
+
+ELEMENTWISE = frozenset({"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Softplus"})
+
+
+def _stay_sample_major(b: Builder) -> None:
+    """Between two sample-major layers (the batched Gemm, :mod:`.layers`) joined by a unary elementwise op, drop
+    the round trip to batch-major and back::
+
+        Transpose[1,0,2] -> Reshape[-1, n] -> Relu -> Reshape[-1, S, n] -> Transpose[1,0,2]   ==   Relu
+
+    (both sides [S, B, n]; each removed value feeds only the next node of the chain). LeNet-5: 8 nodes fewer.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in b.nodes:
+        for x in node.input:
+            consumers.setdefault(x, []).append(node)
+    producer = {o: node for node in b.nodes for o in node.output}
+    consts = {t.name: numpy_helper.to_array(t) for t in b.inits if t.data_type == onnx.TensorProto.INT64}
+
+    def only(value: str, op: str) -> onnx.NodeProto | None:
+        users = consumers.get(value, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op else None
+
+    def swap(node: onnx.NodeProto | None) -> bool:
+        return node is not None and [a.ints for a in node.attribute if a.name == "perm"] == [[1, 0, 2]]
+
+    dropped: set[int] = set()
+    for act in [n for n in b.nodes if n.op_type in ELEMENTWISE]:
+        flat = producer.get(act.input[0])
+        back = producer.get(flat.input[0]) if flat is not None and flat.op_type == "Reshape" else None
+        split = only(act.output[0], "Reshape")
+        fwd = only(split.output[0], "Transpose") if split is not None else None
+        if flat is None or back is None or split is None or fwd is None or not (swap(back) and swap(fwd)):
+            continue
+        if len(consumers[flat.output[0]]) != 1 or len(consumers[back.output[0]]) != 1:
+            continue
+        flat_shape, split_shape = consts.get(flat.input[1]), consts.get(split.input[1])
+        if (flat_shape is None or split_shape is None or len(flat_shape) != 2 or len(split_shape) != 3
+                or flat_shape[0] != -1 or split_shape[0] != -1 or flat_shape[-1] != split_shape[-1]):
+            continue
+        act.input[0] = back.input[0]
+        for user in consumers.get(fwd.output[0], []):
+            for i, x in enumerate(user.input):
+                if x == fwd.output[0]:
+                    user.input[i] = act.output[0]
+        dropped.update(id(n) for n in (back, flat, split, fwd))
+    b.nodes[:] = [n for n in b.nodes if id(n) not in dropped]

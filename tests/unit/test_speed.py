@@ -233,3 +233,19 @@ def test_a_calibrated_qdq_artifact_folds_its_weights_and_keeps_its_predictive():
     assert len(dq) < len([n for n in calibrated.graph.node if n.op_type == "DequantizeLinear"])
     for got, want in zip(_run(folded, x[:5]), _run(calibrated, x[:5]), strict=True):
         np.testing.assert_allclose(got, want, atol=ROUNDOFF)
+
+
+def test_consecutive_sample_major_gemms_skip_the_round_trip_to_batch_major():
+    """Gemm -> Relu -> Gemm stays [S, B, n] between the two MatMuls (no Transpose/Reshape pair around the Relu)
+    and computes the reference runtime's predictive to round-off."""
+    from edgebnn.metrics import predictive_from_logits
+    from edgebnn.runtime.reference import sample_logits
+
+    model = _mlp()
+    x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    proto = export_onnx(model, 4, seed=2)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Transpose") == 2  # fc2 in and fc3 out only; fc1 is the wide layer
+    ref = predictive_from_logits(sample_logits(model, x, 4, seed=2))
+    for got, want in zip(_run(proto, x), (ref.probs, ref.entropy, ref.mutual_info), strict=True):
+        np.testing.assert_allclose(got, want, atol=ROUNDOFF)
