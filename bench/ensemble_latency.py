@@ -33,10 +33,22 @@ Timing (:func:`time_blocks`): per cell, every variant gets warm-up runs and then
 does not land on one variant only. The goal cell (LeNet-5, batch 1, S=16) gets 3x the budget and an
 onnxruntime-profiler breakdown per op type.
 
+Weight forms (``--parts forms``, docs/speed.md): LeNet-5, ResNet-20 and bayesian-torch's zoo SCNN
+(``bayesian_torch.models.bayesian.simple_cnn_variational``, default init; its own S forward passes are the
+torch baseline) at S=16, batch 1 and 32: every weight format x graph form of the baked ensemble (fp32; the
+``fixed``-lowered members as fp32, int8 and int4 in the qdq / folded / integer forms; the ``edgebnn.calib``
+Q/DQ artifact as written and with its weights folded; MCQ-lowered members, 8-bit, integer form, also with
+hoisting) and the ``noise`` (auto, mixed; pooled host noise) and ``analytic`` modes, all interleaved in one
+``time_blocks`` call with the three baselines. Ratios: against the fp32 baked ensemble (for low-bit variants,
+the fp32 export of the same ``fixed`` IR), the float net on S copies, one float pass, and bayesian-torch.
+Every low-bit variant's max |probs - fp32| is recorded. A bar plot of the ratios goes to ``--forms-plot``.
+No GPU part: this bench times onnxruntime CPU only.
+
 Prints one JSON line on stdout (schema ``edgebnn.bench.ensemble_latency/1``), rich tables on stderr, and
 writes a plot of latency vs S. Run from the repository root:
 
-    .venv/bin/python bench/ensemble_latency.py [--quick] [--plot bench/ensemble_latency.png] [--json out.json]
+    .venv/bin/python bench/ensemble_latency.py [--quick] [--parts latency,forms] [--plot bench/ensemble_latency.png]
+        [--forms-plot bench/ensemble_forms.png] [--json out.json]
 """
 
 from __future__ import annotations
@@ -71,8 +83,9 @@ GOAL_CELL = {"model": "lenet5", "batch": 1, "samples": 16}
 BLOCKS = 3
 NO_REWARM_S = 0.2
 GOAL_BUDGET_FACTOR = 3  # the goal cell's numbers are the headline: give it more timed runs
-GOALS = {"best_exact_vs_b_max": 1.0, "bayesian_torch_speedup_min": 100.0, "analytic_vs_a_max": 2.0,
-         "analytic_nll_gap_max": 0.05}
+GOALS = {"best_exact_vs_b_max": 1.0, "bayesian_torch_speedup_min": 250.0, "analytic_vs_a_max": 2.0,
+         "analytic_nll_gap_max": 0.05, "low_bit_vs_fp32_baked_max": 1.0}
+EXACT_FORMS = ("baked_fp32", "fixed_fp32", "int8_folded", "noise_auto", "noise_mixed")  # exact posterior samplers
 
 
 def _version(dist: str) -> str | None:
@@ -391,6 +404,177 @@ def bench_model(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
             "torch_baseline": twin_kind, "cells": cells}
 
 
+# ------------------------------------------------------------------------------------ weight forms
+
+
+FORMS_MODELS = {"lenet5": (1, 1, 28, 28), "resnet20": (1, 3, 32, 32), "bt_scnn": (1, 1, 28, 28)}
+FORMS_SAMPLES = 16
+# variant -> (IR: float | fixed | mcq, export_onnx keyword arguments); every one is timed through Session.predict
+FORM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "baked_fp32": ("float", {}),
+    "fixed_fp32": ("fixed", {}),
+    "int8_qdq": ("fixed", {"weights": "int8", "form": "qdq"}),
+    "int8_folded": ("fixed", {"weights": "int8", "form": "folded"}),
+    "int8_integer": ("fixed", {"weights": "int8", "form": "integer"}),
+    "int8_auto_cpu": ("fixed", {"weights": "int8", "device": "cpu"}),  # what `export --weights int8` writes
+    "int4_qdq": ("fixed", {"weights": "int4", "form": "qdq"}),
+    "int4_folded": ("fixed", {"weights": "int4", "form": "folded"}),
+    "int8_calibrated_qdq": ("fixed", {}),  # the fixed_fp32 export through edgebnn.calib (Q/DQ acts + weights)
+    "int8_calibrated_folded": ("fixed", {}),  # that artifact with its weight DequantizeLinear folded (CPU form)
+    "mcq_int8_integer": ("mcq", {"weights": "int8", "form": "integer"}),
+    "mcq_int8_hoisted_integer": ("mcq", {"weights": "int8", "form": "integer", "hoist": "auto"}),
+    "noise_auto": ("float", {"mode": "noise"}),
+    "noise_mixed": ("float", {"mode": "noise", "noise": "mixed"}),
+    "analytic": ("float", {"mode": "analytic"}),
+}
+LOW_BIT = ("int8_qdq", "int8_folded", "int8_integer", "int8_auto_cpu", "int4_qdq", "int4_folded", "int8_calibrated_qdq",
+           "int8_calibrated_folded", "mcq_int8_integer")
+
+
+def forms_net(name: str, seed: int, sigma_ratio: float) -> tuple[Any, Any, str]:
+    """(edgebnn-importable net, the S-pass torch baseline net, what the baseline is) for a forms model."""
+    import torch
+
+    from edgebnn.models import FACTORIES, synthetic_posterior
+
+    torch.manual_seed(seed)
+    if name == "bt_scnn":  # bayesian-torch's own zoo model: the baseline is the model itself
+        from bayesian_torch.models.bayesian.simple_cnn_variational import SCNN
+
+        net = SCNN().eval()
+        return net, net, f"bayesian-torch {_version('bayesian-torch')} SCNN (its zoo model, default init)"
+    net = synthetic_posterior(FACTORIES[name](), sigma_ratio)
+    twin, kind = bayesian_torch_twin(net)
+    return net, twin, kind
+
+
+def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], seed: int, sigma_ratio: float,
+                budget_s: float, min_runs: int, max_runs: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Every weight format x graph form (and the noise / analytic modes) at S=16, against the fp32 baked ensemble,
+    the float net on S copies, one float pass and S sequential bayesian-torch passes, interleaved in one run."""
+    import torch
+
+    from edgebnn.calib.int8 import Int8Config, quantize_int8
+    from edgebnn.calib.readers import BatchReader
+    from edgebnn.errors import EdgeBNNError
+    from edgebnn.exporters.ensemble import export_onnx, float_deterministic
+    from edgebnn.exporters.forms import fold_constant_dequantize
+    from edgebnn.importers import import_model
+    from edgebnn.passes import lower
+    from edgebnn.runtime import Session
+    from edgebnn.targets.profiler import latency_stats
+    from edgebnn.targets.runners import OrtRunner
+
+    samples = FORMS_SAMPLES
+    net, twin, twin_kind = forms_net(name, seed, sigma_ratio)
+    irs = {"float": import_model(net, input_shape, where=name)}
+    irs["fixed"] = lower(irs["float"], "fixed", seed=seed).model
+    irs["mcq"] = lower(irs["float"], "mcq", seed=seed, bits=8).model
+    in_name = irs["float"].manifest.input_name
+    calib_x = np.random.default_rng(seed + 1).random((64, *input_shape[1:]), dtype=np.float32)
+    protos, refused = {}, {}
+    for variant, (ir_name, kw) in FORM_VARIANTS.items():
+        try:
+            proto = export_onnx(irs[ir_name], samples, seed=seed, **kw)
+        except EdgeBNNError as e:  # e.g. analytic through the zoo model's LogSoftmax head
+            refused[variant] = str(e)
+            continue
+        if variant == "int8_calibrated_qdq":
+            calibrated = quantize_int8(proto, BatchReader(calib_x, in_name, batch=16), Int8Config(method="minmax"))
+            calibrated.metadata_props.extend(proto.metadata_props)
+            proto = calibrated
+        elif variant == "int8_calibrated_folded":
+            proto = fold_constant_dequantize(protos["int8_calibrated_qdq"])
+        protos[variant] = proto
+    det_proto = float_deterministic(irs["float"])
+    det = OrtRunner(det_proto, threads=THREADS)
+    torch.set_num_threads(THREADS)
+    cells = []
+    for batch in batches:
+        progress(f"forms: {name} batch {batch} S={samples}")
+        x = np.random.default_rng(seed).random((batch, *input_shape[1:]), dtype=np.float32)
+        x_rep = np.ascontiguousarray(np.repeat(x, samples, axis=0))
+        sessions = {k: Session(p, seed=seed, threads=THREADS) for k, p in protos.items()}
+        ref = sessions["fixed_fp32"].predict(x).probs
+        calls: dict[str, Callable[[], Any]] = {k: (lambda s=s, x=x: s.predict(x)) for k, s in sessions.items()}
+        calls["float_det"] = lambda x=x: det.run(x)
+        calls["float_det_xS"] = lambda x_rep=x_rep: det.run(x_rep)
+        calls["bayesian_torch"] = torch_sampled_passes(twin, x, samples)
+        times = time_blocks(calls, budget_s=budget_s, min_runs=min_runs, max_runs=max_runs)
+        lat = {k: latency_stats(v, batch)[0] for k, v in times.items()}
+        p50 = {k: v["p50"] for k, v in lat.items()}
+        cell: dict[str, Any] = {
+            "batch": batch, "samples": samples, "runs": {k: len(v) for k, v in times.items()},
+            "latency_ms": {k: {st: round(v, 4) for st, v in stats.items()} for k, stats in lat.items()},
+            # the low-bit variants store the fixed-lowered members: their fp32 reference is that IR's fp32 export
+            "ratios": {k: {"vs_fp32_baked": round(p50[k] / p50["fixed_fp32" if k in LOW_BIT else "baked_fp32"], 3),
+                           "vs_float_det_xS": round(p50[k] / p50["float_det_xS"], 3),
+                           "vs_float_det": round(p50[k] / p50["float_det"], 3),
+                           "bayesian_torch_speedup": round(p50["bayesian_torch"] / p50[k], 2)}
+                       for k in protos},
+            "max_abs_probs_vs_fixed_fp32": {k: round(float(np.abs(sessions[k].predict(x).probs - ref).max()), 5)
+                                            for k in LOW_BIT},
+        }
+        cells.append(cell)
+        del sessions, calls
+    return {"input_shape": list(input_shape), "samples": samples, "torch_baseline": twin_kind, "refused": refused,
+            "graph_nodes": {k: len(p.graph.node) for k, p in protos.items()},
+            "onnx_bytes": {k: p.ByteSize() for k, p in protos.items()}, "cells": cells}
+
+
+def print_forms(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True, width=max(Console(stderr=True).width, 150))
+    m = result["machine"]
+    for name, model in result.get("forms", {}).items():
+        for cell in model["cells"]:
+            table = Table(title=f"forms: {name}, batch {cell['batch']}, S={cell['samples']}, onnxruntime {THREADS} "
+                          f"threads (load avg {m['load_average_start']} -> {m['load_average_end']}); "
+                          f"torch = {model['torch_baseline']}", title_justify="left")
+            for col in ("variant", "p50 ms", "/ fp32 baked", "/ float xS", "/ float 1 pass", "torch /", "nodes",
+                        "MB"):
+                table.add_column(col, justify="left" if col == "variant" else "right")
+            lat, r = cell["latency_ms"], cell["ratios"]
+            for k in r:
+                table.add_row(k, f"{lat[k]['p50']:.3f}", f"{r[k]['vs_fp32_baked']:.2f}x",
+                              f"{r[k]['vs_float_det_xS']:.2f}x", f"{r[k]['vs_float_det']:.2f}x",
+                              f"{r[k]['bayesian_torch_speedup']:.0f}x", str(model["graph_nodes"][k]),
+                              f"{model['onnx_bytes'][k] / 2**20:.2f}")
+            for k in ("float_det", "float_det_xS", "bayesian_torch"):
+                table.add_row(k, f"{lat[k]['p50']:.3f}", "", "", "", "", "", "")
+            console.print(table)
+
+
+def plot_forms(result: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from edgebnn._io import atomic_write
+
+    cells = [(name, c) for name, model in result["forms"].items() for c in model["cells"]]
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4.6), squeeze=False)
+    for ax, (name, cell) in zip(axes[0], cells, strict=True):
+        names = list(cell["ratios"])
+        ratios = [cell["ratios"][k]["vs_fp32_baked"] for k in names]
+        ax.barh(names, ratios, color=["#c55" if k in LOW_BIT and r > 1 else "#2a7" for k, r in zip(names, ratios,
+                                                                                                  strict=True)])
+        ax.axvline(1.0, color="k", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(f"{name}, batch {cell['batch']}, S={cell['samples']}", fontsize=9)
+        ax.set_xlabel("p50 latency / fp32 baked ensemble")
+        ax.tick_params(axis="y", labelsize=7)
+    m = result["machine"]
+    fig.suptitle(f"onnxruntime {m['onnxruntime']}, {THREADS} threads, load avg {m['load_average_start'][0]} -> "
+                 f"{m['load_average_end'][0]}", fontsize=9)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+
+
 # --------------------------------------------------------------------------------------------- goals
 
 
@@ -410,6 +594,24 @@ def evaluate_goals(result: dict[str, Any]) -> dict[str, Any]:
         goals["bayesian_torch_speedup_met"] = r[best]["c_speedup"] >= GOALS["bayesian_torch_speedup_min"]
         goals["analytic_vs_a"] = r["analytic"]["vs_a"]
         goals["analytic_vs_a_met"] = r["analytic"]["vs_a"] <= GOALS["analytic_vs_a_max"]
+    forms = result.get("forms", {}).get(GOAL_CELL["model"])
+    cell = None if forms is None else next((c for c in forms["cells"] if c["batch"] == GOAL_CELL["batch"]), None)
+    if cell is not None:
+        r, lat = cell["ratios"], cell["latency_ms"]
+        low = {k: r[k]["vs_fp32_baked"] for k in LOW_BIT}
+        goals["forms_low_bit_vs_fp32_baked"] = low
+        goals["forms_low_bit_worst"] = max(low, key=lambda k: low[k])
+        goals["forms_low_bit_worst_vs_fp32_baked"] = low[goals["forms_low_bit_worst"]]
+        goals["forms_low_bit_worst_vs_fp32_baked_met"] = max(low.values()) <= GOALS["low_bit_vs_fp32_baked_max"]
+        best = min(EXACT_FORMS, key=lambda k: lat[k]["p50"])
+        goals["forms_best_exact"] = best
+        goals["forms_best_exact_vs_b"] = r[best]["vs_float_det_xS"]
+        goals["forms_best_exact_vs_b_met"] = r[best]["vs_float_det_xS"] <= GOALS["best_exact_vs_b_max"]
+        goals["forms_bayesian_torch_speedup"] = r[best]["bayesian_torch_speedup"]
+        goals["forms_bayesian_torch_speedup_met"] = (r[best]["bayesian_torch_speedup"]
+                                                     >= GOALS["bayesian_torch_speedup_min"])
+        goals["forms_analytic_vs_a"] = r["analytic"]["vs_float_det"]
+        goals["forms_analytic_vs_a_met"] = r["analytic"]["vs_float_det"] <= GOALS["analytic_vs_a_max"]
     dig = result.get("digits")
     if dig:
         gap = abs(dig["modes"]["analytic"]["nll_minus_baked_S64"])
@@ -466,6 +668,13 @@ def print_tables(result: dict[str, Any]) -> None:
          f">= {GOALS['bayesian_torch_speedup_min']}x"),
         ("analytic / (a)", "analytic_vs_a", f"<= {GOALS['analytic_vs_a_max']}x"),
         ("|NLL analytic - NLL baked S64| (digits)", "analytic_nll_gap", f"<= {GOALS['analytic_nll_gap_max']}"),
+        (f"forms: worst low-bit ({g.get('forms_low_bit_worst')}) / fp32 baked", "forms_low_bit_worst_vs_fp32_baked",
+         f"<= {GOALS['low_bit_vs_fp32_baked_max']}x"),
+        (f"forms: best exact ({g.get('forms_best_exact')}) / (b)", "forms_best_exact_vs_b",
+         f"<= {GOALS['best_exact_vs_b_max']}x"),
+        ("forms: (c) bayesian-torch / best exact", "forms_bayesian_torch_speedup",
+         f">= {GOALS['bayesian_torch_speedup_min']}x"),
+        ("forms: analytic / (a)", "forms_analytic_vs_a", f"<= {GOALS['analytic_vs_a_max']}x"),
     ]
     for label, key, target in rows:
         if key in g:
@@ -534,6 +743,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-digits", action="store_true", help="no quality part (synthetic sigma ratio 1.0)")
     parser.add_argument("--plot", default="bench/ensemble_latency.png", help="PNG path ('' for none)")
     parser.add_argument("--json", default=None, help="also write the JSON report to this path")
+    parser.add_argument("--parts", default="latency,forms",
+                        help="comma-separated: latency (modes x S grid), forms (weight formats x graph forms, S=16)")
+    parser.add_argument("--forms-models", default=",".join(FORMS_MODELS),
+                        help="comma-separated subset of " + ",".join(FORMS_MODELS))
+    parser.add_argument("--forms-plot", default="bench/ensemble_forms.png", help="PNG path ('' for none)")
     args = parser.parse_args(argv)
 
     from rich.console import Console
@@ -574,12 +788,22 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_source": "measured on the trained digits CNN" if not args.skip_digits
         else "edgebnn.models.DIGITS_SIGMA_RATIO",
     }
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     result["models"] = {}
-    for name in models:
+    for name in models if "latency" in parts else []:
         result["models"][name] = bench_model(
             name, MODELS[name], batches=batches, samples_grid=samples_grid, sigma_ratio=sigma_ratio,
             seed=args.seed, noise=args.noise, budget_s=budget, min_runs=min_runs, max_runs=max_runs,
             progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    if "forms" in parts:
+        result["forms"] = {}
+        for name in [m.strip() for m in args.forms_models.split(",") if m.strip()]:
+            if name not in FORMS_MODELS:
+                parser.error(f"--forms-models: unknown {name}; choose from {', '.join(FORMS_MODELS)}")
+            result["forms"][name] = bench_forms(
+                name, FORMS_MODELS[name], batches=batches, seed=args.seed, sigma_ratio=sigma_ratio,
+                budget_s=budget * 2, min_runs=min_runs, max_runs=max_runs,
+                progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
     result["machine"]["load_average_end"] = [round(v, 2) for v in os.getloadavg()]
     result["goals"] = evaluate_goals(result)
     result["wall_s"] = round(time.perf_counter() - started, 1)
@@ -590,9 +814,13 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_text(args.json, line + "\n")
     print_tables(result)
-    if args.plot:
+    print_forms(result)
+    if args.plot and result["models"]:
         plot(result, args.plot)
         console.print(f"[dim]plot: {args.plot}[/dim]")
+    if args.forms_plot and result.get("forms"):
+        plot_forms(result, args.forms_plot)
+        console.print(f"[dim]plot: {args.forms_plot}[/dim]")
     console.print(f"[dim]wall {result['wall_s']} s[/dim]")
     return 0
 

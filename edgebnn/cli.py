@@ -273,8 +273,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                    "variances.")
 @click.option("--noise", "noise_variant", type=click.Choice([v for v in NOISE_VARIANTS if v not in MODES]),
               default="auto",
-              show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), or "
-                                      "weight for Conv + local for Gemm (auto; exact and small).")
+              show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), "
+                                      "weight for Conv + local for Gemm (auto; exact and small), or local for Gemm "
+                                      "+ baked members for Conv (mixed; exact, fastest on onnxruntime CPU).")
 @click.option("--weights", "weight_format", type=click.Choice(WEIGHT_FORMATS), default="fp32",
               show_default=True,
               help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "
@@ -284,9 +285,15 @@ def _describe_onnx(path: str) -> dict[str, Any]:
               help="Run layers whose posterior noise is below a threshold once, before the sample axis starts: "
                    "off, auto (σ below the layer's quantization step), or a σ value. Faster, but hoisted layers "
                    "no longer contribute to the mutual information.")
+@click.option("--form", type=click.Choice(["auto", "qdq", "folded", "integer"]), default="auto", show_default=True,
+              help="How int8/int4 weights are written: qdq (int8/int4 + DequantizeLinear: storage, TensorRT), "
+                   "folded (the same values as fp32 constants: fastest on onnxruntime CPU), integer (MatMulInteger "
+                   "on per-call quantized activations), or auto: by target and device (onnx: folded; tensorrt: "
+                   "qdq). The export report says which and why.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
 @click.option("--device", default=None,
-              help="TensorRT device profile: jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
+              help="Target onnx: cpu|arm64 (default cpu; picks the weight form). TensorRT device profile: "
+                   "jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
 @click.option("--dry-run", is_flag=True, help="TensorRT: write the TensorRT-ready ONNX and the trtexec command only.")
 @click.option("--workspace-mib", default=1024, show_default=True, help="TensorRT builder workspace limit.")
 @click.option("--dla-core", type=int, default=None, help="TensorRT on Jetson: run on this DLA core (GPU fallback on).")
@@ -295,7 +302,7 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
 def export(file: str, target: str, samples: int, mode: str, noise_variant: str, weight_format: str, hoist: str,
-           seed: int, device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None,
+           form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None,
            timing_cache: str | None, max_batch: int, output: str) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
@@ -308,11 +315,15 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
     _check_output_dir(output)
     with console.status(f"exporting {mode} ensemble, S={samples}"):
         proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
-                            hoist=_parse_hoist(hoist))
-    layers = read_metadata(proto, output).layers
+                            hoist=_parse_hoist(hoist), form=form,
+                            device=device or ("cpu" if target == "onnx" else "rtx"))
+    meta = read_metadata(proto, output)
+    layers = meta.layers
     if layers:
         console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
                       f"hoisted (run once): {', '.join(layers['hoisted']) or 'none'}", highlight=False)
+    if weight_format != "fp32" and meta.form:
+        console.print(f"weight form: {meta.form} ({meta.form_reason})", highlight=False)
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")

@@ -6,7 +6,7 @@ from edgebnn.errors import InvalidOptionError
 
 MODES = ("baked", "noise", "shared", "analytic")  # export modes (ensemble.py, noise.py, analytic.py)
 WEIGHT_FORMATS = ("fp32", "int8", "int4")  # how exported weight constants are stored
-NOISE_VARIANTS = ("auto", "local", "weight", "shared")  # --noise of the noise mode (noise.py)
+NOISE_VARIANTS = ("auto", "local", "weight", "shared", "mixed")  # --noise of the noise mode (noise.py)
 MAX_SAMPLES = 4096
 
 

@@ -24,7 +24,10 @@ INT4_BLOCK = 32
 class Builder:
     """Collects nodes, initializers and extra graph inputs for one exported graph."""
 
-    def __init__(self, inits: Iterable[onnx.TensorProto] = ()) -> None:
+    def __init__(self, inits: Iterable[onnx.TensorProto] = (), form: str = "qdq", integer_min_bytes: int = 0,
+                 ) -> None:
+        self.form = form  # how int8/int4 weights are emitted (exporters.forms.FORMS)
+        self.integer_min_bytes = integer_min_bytes  # integer form: dense weights above this many fp32 bytes
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
@@ -59,6 +62,10 @@ class Builder:
         ``max|slice| / 254``. When ``grid`` says the values are exact multiples ``q · step`` with ``q`` within the
         format (an encoding's integer grid, at most 8 bits for int8, 4 for int4), every scale is ``step`` and
         the weight is stored losslessly.
+
+        In the ``folded`` form (and in the ``integer`` form, for weights no integer kernel takes) the same quantized
+        values are stored dequantized, as fp32 constants (``float32(q) · scale``, what DequantizeLinear computes):
+        onnxruntime does not constant-fold a DequantizeLinear on a constant, it runs it on every inference.
         """
         if dtype == "fp32":
             return self.f32(name, value)
@@ -66,37 +73,27 @@ class Builder:
             raise ValueError(dtype)
         value = np.asarray(value, np.float32)
         exact = grid is not None and grid.bits <= (8 if dtype == "int8" else 4)
+        step = grid.step if exact and grid else None
         if dtype == "int4":
-            return self._int4(name, value, grid.step if exact and grid else None)
-        amax = np.abs(value.reshape(len(value), -1)).max(axis=1)
-        scale = (np.full(len(value), grid.step) if exact and grid else np.where(amax > 0, amax / 127.0, 1.0)
-                 ).astype(np.float32)
-        shape = (-1,) + (1,) * (value.ndim - 1)
-        q = np.clip(np.rint(value / scale.reshape(shape)), -127, 127).astype(np.int8)
+            q4, scale4 = int4_parts(value, step)
+            if self.form != "qdq":
+                return self.f32(name, dequantize_blocks(q4, scale4))
+            return self._int4(name, q4, scale4)
+        q, scale = int8_parts(value, step)
+        if self.form != "qdq":
+            return self.f32(name, q.astype(np.float32) * scale.reshape((-1,) + (1,) * (value.ndim - 1)))
         return self.add("DequantizeLinear", [self.const(name + ".q", q), self.const(name + ".scale", scale),
                                              self.const(name + ".zero", np.zeros(len(scale), np.int8))],
                         name, axis=0)
 
-    def _int4(self, name: str, value: np.ndarray, step: float | None, block: int = INT4_BLOCK) -> str:
-        """Block-wise symmetric int4 (opset 21 DequantizeLinear, weight-only): one scale per ``block`` values
-        along the second-to-last axis, the layout TensorRT's INT4 weight-only GEMMs take (even last dim);
-        ``max|block| / 7``, or ``step`` for values on a known grid."""
-        k = value.shape[-2]
-        blocks = -(-k // block)
-        pad = blocks * block - k
-        padded = np.pad(value, [(0, 0)] * (value.ndim - 2) + [(0, pad), (0, 0)])
-        shaped = padded.reshape(*value.shape[:-2], blocks, block, value.shape[-1])
-        amax = np.abs(shaped).max(axis=-2)  # [..., blocks, out]
-        scale = (np.full(amax.shape, step) if step is not None else np.where(amax > 0, amax / 7.0, 1.0)
-                 ).astype(np.float32)
-        q = np.clip(np.rint(shaped / scale[..., None, :]), -7, 7).astype(np.int8)
-        q = q.reshape(padded.shape)[..., :k, :]
+    def _int4(self, name: str, q: np.ndarray, scale: np.ndarray, block: int = INT4_BLOCK) -> str:
+        """Block-wise int4 (opset 21 DequantizeLinear, weight-only) of :func:`int4_parts`' values."""
         tensor = helper.make_tensor(name + ".q", TensorProto.INT4, q.shape, q.reshape(-1).tolist())
         self._names.add(tensor.name)
         self.inits.append(tensor)
         scale_name = self.const(name + ".scale", scale)
         self.int4_used = True
-        return self.add("DequantizeLinear", [tensor.name, scale_name], name, axis=value.ndim - 2, block_size=block)
+        return self.add("DequantizeLinear", [tensor.name, scale_name], name, axis=q.ndim - 2, block_size=block)
 
     def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
         self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
@@ -150,6 +147,39 @@ class Builder:
         out = helper.make_model(graph, opset_imports=opsets, producer_name="edgebnn")
         out.ir_version = base.ir_version
         return out
+
+
+def int8_parts(value: np.ndarray, step: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 with one scale per slice of axis 0: ``(q, scale)``, ``scale = max|slice| / 127`` (1 for an
+    all-zero slice), or ``step`` everywhere for values known to be ``q · step``."""
+    amax = np.abs(value.reshape(len(value), -1)).max(axis=1)
+    scale = (np.full(len(value), step) if step is not None else np.where(amax > 0, amax / 127.0, 1.0)
+             ).astype(np.float32)
+    shape = (-1,) + (1,) * (value.ndim - 1)
+    return np.clip(np.rint(value / scale.reshape(shape)), -127, 127).astype(np.int8), scale
+
+
+def int4_parts(value: np.ndarray, step: float | None = None, block: int = INT4_BLOCK,
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Block-wise symmetric int4: one scale per ``block`` values along the second-to-last axis, the layout
+    TensorRT's INT4 weight-only GEMMs take (even last dim); ``max|block| / 7``, or ``step`` for values on a known
+    grid. Returns ``(q, scale)``: q int8 in [-7, 7] shaped like ``value``, scale [..., blocks, last]."""
+    k = value.shape[-2]
+    blocks = -(-k // block)
+    pad = blocks * block - k
+    padded = np.pad(value, [(0, 0)] * (value.ndim - 2) + [(0, pad), (0, 0)])
+    shaped = padded.reshape(*value.shape[:-2], blocks, block, value.shape[-1])
+    amax = np.abs(shaped).max(axis=-2)  # [..., blocks, out]
+    scale = (np.full(amax.shape, step) if step is not None else np.where(amax > 0, amax / 7.0, 1.0)
+             ).astype(np.float32)
+    q = np.clip(np.rint(shaped / scale[..., None, :]), -7, 7).astype(np.int8)
+    return q.reshape(padded.shape)[..., :k, :], scale
+
+
+def dequantize_blocks(q: np.ndarray, scale: np.ndarray, block: int = INT4_BLOCK) -> np.ndarray:
+    """``float32(q) · scale`` for :func:`int4_parts`' block layout (what the int4 DequantizeLinear computes)."""
+    per_row = np.repeat(scale, block, axis=-2)[..., : q.shape[-2], :]
+    return q.astype(np.float32) * per_row
 
 
 def renamed_input(node: onnx.NodeProto, old: str, new: str) -> onnx.NodeProto:

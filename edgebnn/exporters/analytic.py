@@ -6,8 +6,11 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     layer kind (Conv of any rank, Gemm; :mod:`.layers`), w ~ (mu, s²) (the encoding's ``moments()``), x ~ (m, v):
                                            m' = op(m, mu) + b_mu
                                            v' = op(m² + v, s²) + op(v, mu²) + s_b²
-                                           (Var Σwx = Σ s²(v + m²) + mu² v; deterministic w: s² = 0)
-    ReLU (rectified Gaussian), α = m/√v:   m' = m Φ(α) + √v φ(α),  v' = (m² + v) Φ(α) + m √v φ(α) − m'²
+                                           (Var Σwx = Σ s²(v + m²) + mu² v; deterministic w: s² = 0; both
+                                           variance terms are one op on [m² + v, v] concatenated on the
+                                           reduction axis, with [s², mu²] and bias s_b², for Gemm and 1-group Conv)
+    ReLU (rectified Gaussian), α = m/√v:   m' = m Φ(α) + √v φ(α),  v' = v Φ(α) + m' (m − m')
+                                           (= (m² + v) Φ(α) + m √v φ(α) − m'², in fewer nodes)
     BatchNorm (inference, a·x + c):        m' = BN(m),   v' = a² v
     MaxPool:                               m' = MaxPool(m); v' = v at the arg-max of m
     AveragePool / ReduceMean over n units: m' = avg(m),  v' = avg(v) / n
@@ -167,19 +170,35 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
     if bias:
         mean_in.append(b.f32(p + "mu_b", mu_b) if bias in encoded and mu_b is not None else bias)
     kind.plain(b, node, mean_in, out)
-    terms = []
     vx = var[x]
+    operands = []  # (input, weight) pairs of the variance: op(m² + v, s²) and op(v, mu²)
     if s2_w.any():
         m2 = b.add("Mul", [x, x], p + "m2")
-        ex2 = b.add("Add", [m2, vx], p + "ex2") if vx else m2
-        terms.append(kind.plain(b, node, [ex2, b.f32(p + "s2_w", s2_w)], p + "v_w"))
+        operands.append((b.add("Add", [m2, vx], p + "ex2") if vx else m2, s2_w))
     if vx:
-        terms.append(kind.plain(b, node, [vx, b.f32(p + "mu_w2", mu_w.astype(np.float64) ** 2)], p + "v_x"))
-    v = _sum(b, terms, p)
-    if s2_b is not None and s2_b.any():
+        operands.append((vx, mu_w.astype(np.float64) ** 2))
+    has_b = s2_b is not None and s2_b.any()
+    v: str | None = None
+    if len(operands) == 2 and _concatenable(node):
+        # one op for both terms: inputs side by side on the reduction axis (channels / features), weights too
+        axis = 0 if node.op_type == "Gemm" and not attrs_of(node).get("transB", 0) else 1
+        both = b.add("Concat", [operands[0][0], operands[1][0]], p + "ex2_v", axis=1)
+        w2 = np.concatenate([operands[0][1], operands[1][1]], axis=axis)
+        bias_in = [b.f32(p + "s2_b", s2_b)] if has_b and s2_b is not None else []
+        v = kind.plain(b, node, [both, b.f32(p + "s2_w_mu_w2", w2), *bias_in], p + "v")
+        has_b = False
+    else:
+        v = _sum(b, [kind.plain(b, node, [xi, b.f32(f"{p}w2_{i}", wi)], f"{p}v_{i}")
+                     for i, (xi, wi) in enumerate(operands)], p)
+    if has_b and s2_b is not None:
         s2b = b.f32(p + "s2_b", s2_b.reshape(kind.bias_shape(mu_w.shape)))
         v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")
     var[out] = v
+
+
+def _concatenable(node: onnx.NodeProto) -> bool:
+    """Whether two inputs concatenated on axis 1 reduce as one op (a Conv of one group, or a Gemm)."""
+    return node.op_type == "Gemm" or (node.op_type == "Conv" and int(attrs_of(node).get("group", 1)) == 1)
 
 
 def _sum(b: Builder, terms: list[str], p: str) -> str | None:
@@ -192,17 +211,21 @@ def _sum(b: Builder, terms: list[str], p: str) -> str | None:
 
 
 def _relu_moments(b: Builder, m: str, v: str, out: str, p: str) -> str:
-    """Mean and variance of max(0, X), X ~ N(m, v); writes the mean to ``out`` and returns the variance."""
+    """Mean and variance of max(0, X), X ~ N(m, v); writes the mean to ``out`` and returns the variance.
+
+    With s = √v, a = m/s: m' = m Φ(a) + s φ(a), and since E[max(0,X)²] = (m² + v) Φ(a) + m s φ(a) = v Φ(a) + m m',
+    v' = v Φ(a) + m' (m − m') (fewer nodes than (m² + v) Φ + m s φ − m'², and no cancellation of large terms
+    where Φ(a) ≈ 1).
+    """
     s = b.add("Sqrt", [b.add("Max", [v, b.f32(p + "floor", VAR_FLOOR)], p + "vf")], p + "s")
-    a = b.add("Div", [m, s], p + "alpha")
-    cdf = b.add("Mul", [b.add("Add", [b.add("Erf", [b.add("Mul", [a, b.f32(p + "rsqrt2", 1 / math.sqrt(2))],
-                                                                 p + "a_r2")], p + "erf"),
-                                      b.f32(p + "one", 1.0)], p + "erf1"), b.f32(p + "half", 0.5)], p + "cdf")
-    a2 = b.add("Mul", [a, a], p + "a2")
-    pdf = b.add("Mul", [b.add("Exp", [b.add("Mul", [a2, b.f32(p + "mhalf", -0.5)], p + "ea")], p + "exp"),
-                        b.f32(p + "rsqrt2pi", 1 / math.sqrt(2 * math.pi))], p + "pdf")
-    sp = b.add("Mul", [s, pdf], p + "s_pdf")
+    a_r2 = b.add("Div", [m, b.add("Mul", [s, b.f32(p + "sqrt2", math.sqrt(2))], p + "s_r2")], p + "a_r2")  # a/√2
+    cdf = b.add("Add", [b.add("Mul", [b.add("Erf", [a_r2], p + "erf"), b.f32(p + "half", 0.5)], p + "erf_h"),
+                        b.f32(p + "half_", 0.5)], p + "cdf")
+    # s φ(a) = s / √(2π) · exp(-(a/√2)²)
+    e = b.add("Exp", [b.add("Mul", [a_r2, b.add("Neg", [a_r2], p + "neg_a_r2")], p + "ea")], p + "exp")
+    sp = b.add("Mul", [b.add("Mul", [s, e], p + "s_e"), b.f32(p + "rsqrt2pi", 1 / math.sqrt(2 * math.pi))],
+               p + "s_pdf")
     b.add("Add", [b.add("Mul", [m, cdf], p + "m_cdf"), sp], out)
-    ex2 = b.add("Add", [b.add("Mul", [b.add("Add", [b.add("Mul", [m, m], p + "m2"), v], p + "m2v"), cdf], p + "t1"),
-                        b.add("Mul", [m, sp], p + "t2")], p + "ex2")
-    return b.add("Relu", [b.add("Sub", [ex2, b.add("Mul", [out, out], p + "mean2")], p + "var_raw")], p + "v")
+    vc = b.add("Mul", [v, cdf], p + "v_cdf")
+    spread = b.add("Mul", [out, b.add("Sub", [m, out], p + "m_minus")], p + "spread")
+    return b.add("Relu", [b.add("Add", [vc, spread], p + "var_raw")], p + "v")

@@ -34,29 +34,30 @@ import math
 import os
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from edgebnn._io import atomic_write_bytes
-from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
+from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
-from edgebnn.exporters.layers import LayerKind, bias_name
-from edgebnn.exporters.rewrite import rewrite_sampled_layers
-from edgebnn.ir import DOMAIN, BNNModel, EncodedWeight
+from edgebnn.exporters.forms import FormChoice, choose_form
+from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
+from edgebnn.ir import DOMAIN, BNNModel
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
-                noise: str = "auto", weights: str = "fp32", hoist: str | float = "off") -> onnx.ModelProto:
+                noise: str = "auto", weights: str = "fp32", hoist: str | float = "off", form: str = "auto",
+                device: str | None = None) -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
         model: the IR.
         samples: ensemble size S (the analytic mode uses it for its logit quadrature).
         mode: ``baked``, ``noise`` or ``analytic``.
-        seed: seed of the baked samples.
-        noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations) or ``weight`` (per weight).
+        seed: seed of the baked samples (baked mode, and the baked layers of ``noise="mixed"``).
+        noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations), ``weight`` (per weight) or
+            ``mixed`` (local on Gemm, baked members on Conv: :mod:`.noise`).
         weights: ``fp32``, ``int8`` (baked mode: each member's weights, and each hoisted layer's mean, as int8 +
             DequantizeLinear; weights on an encoding's integer grid of at most 8 bits are stored exactly) or
             ``int4`` (Gemm weights block-wise int4 where TensorRT allows it — reduction axis blocked, even output
@@ -66,19 +67,26 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             step run once, before the sample axis), or a σ threshold. Off by default because it trades
             epistemic signal for speed: on the digits CNN lowered with ``fixed``, ``auto`` hoisted 3 of 4 layers
             and cut the mean mutual information from 0.040 to 0.015.
+        form: how int8/int4 weights are written (:mod:`.forms`): ``qdq`` (int8/int4 + DequantizeLinear:
+            storage, TensorRT), ``folded`` (the same values as fp32 constants: onnxruntime CPU), ``integer``
+            (ConvInteger/MatMulInteger on per-call quantized activations), or ``auto``: chosen from ``device``
+            (``qdq`` without one). The chosen form and the reason are recorded in the export metadata.
+        device: where the graph runs (:data:`.forms.DEVICE_FORMATS`: ``cpu``, ``arm64``, ``rtx``, ``jetson*``);
+            refuses a weight format the device cannot run.
     """
     check_samples(samples)
     if weights not in WEIGHT_FORMATS:
         raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(WEIGHT_FORMATS)}")
     if weights != "fp32" and mode != "baked":
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
+    choice = choose_form(device, weights, form)
     if mode == "baked":
         _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist)
+        out = _baked(model, samples, seed, weights, hoist, choice)
     elif mode in ("noise", "shared"):
         from edgebnn.exporters.noise import export_noise
 
-        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist)
+        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist, seed=seed)
     elif mode == "analytic":
         from edgebnn.exporters.analytic import export_analytic
 
@@ -107,37 +115,18 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
         )
 
 
-def _baked(model: BNNModel, samples: int, seed: int, weights: str = "fp32", hoist: str | float = "off",
+def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | float, choice: FormChoice,
            ) -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
-    order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid)."""
-    index = {name: i for i, name in enumerate(model.encoded_weight_names())}
-    b = Builder()
-
-    def draw(w: EncodedWeight) -> np.ndarray:
-        return w.encoding.sample(np.random.default_rng([seed, index[w.name]]), samples)
-
-    def bias_samples(node: onnx.NodeProto, out_dim: int) -> np.ndarray | None:
-        """Bias as [S, out]: drawn if Bayesian, the deterministic bias repeated otherwise."""
-        name = bias_name(node)
-        if name is None:
-            return None
-        if name in index:
-            return draw(model.encoded_weight(name))
-        fixed = next((t for t in b.inits if t.name == name), None)
-        if fixed is None:
-            raise UnsupportedLayerError(f"{node.name}: bias {name!r} is not a constant")
-        return np.broadcast_to(numpy_helper.to_array(fixed).reshape(1, out_dim), (samples, out_dim))
-
-    def rewrite(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-                shapes: dict[str, list[int]]) -> None:
-        shape = w.encoding.shape
-        kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias_samples(node, kind.out_dim(node, shape)),
-                     shapes, f"layer {w.layer!r}", weights, w.encoding.sample_grid())
-
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights)
+    order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
+    written in ``form`` (:mod:`.forms`)."""
+    b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
+    rewrite = baked_layers(model, samples, seed, weights)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers)
+    set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers,
+                 form=choice.form, form_reason=choice.reason,
+                 **({"integer_min_bytes": choice.integer_min_bytes} if choice.form == "integer" else {}))
     return out
 
 

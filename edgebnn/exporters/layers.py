@@ -10,12 +10,30 @@ A layer kind is registered by ONNX op type (:data:`LAYERS`) and gives:
 - ``LOCAL_EXACT``: whether local reparameterization is exact (each output has its own weights) — ``auto``
   noise draws per row where it is, per weight where weights are shared across positions.
 
-Batched forms (S samples, no transposes of activations, one op per layer)::
+Batched forms (S samples, one op per layer)::
 
     Conv, any rank (group g):  [B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Conv(W_s as [S·O, C/g, *k],
                                 group S·g, bias b_s as [S·O]) -> [B, S·O, *sp'] -> Reshape [B·S, O, *sp']
-    Gemm:                      [B·S, in] -> Reshape [B, S, 1, in] -> MatMul W_s [S, in, out]
-                                -> + b_s [S, 1, out] -> Reshape [B·S, out]
+                                (baked, fewer than SPLIT_BELOW channels per group: Split -> S Convs -> Concat)
+    Gemm (members stream once): [B·S, in] -> Reshape [B, S, in] -> Transpose [S, B, in] -> MatMul W_s [S, in, out]
+                                -> + b_s [S, 1, out] -> Transpose [B, S, out] -> Reshape [B·S, out]
+
+The Gemm form is sample-major so that each member's weights are read once per call, not once per input row:
+a batch-major [B, S, 1, in] x [S, in, out] MatMul is B·S matrix-vector products that stream every member's
+weights B times (onnxruntime CPU, LeNet-5 fc1 at S=16: 0.73 ms at B=32 against 0.21 ms sample-major; equal at
+B=1, docs/speed.md).
+
+Shared input (``shared=True``): the first sampled layer reads a value that is identical for every sample (the
+graph input, or a hoisted layer's output, on B rows). It then runs as one wide op with the S members side by
+side on the output axis, no copies of its input and no grouping::
+
+    Conv:  [B, C, *sp] -> Conv(W_s as [S·O, C/g, *k], group g, b_s as [S·O]) -> [B, S·O, *sp'] -> [B·S, O, *sp']
+    Gemm:  [B, in] -> Gemm(W_s as [S·out, in], transB, b_s as [S·out]) -> [B, S·out] -> Reshape [B·S, out]
+
+Integer kernels (``Builder.form == "integer"``, int8 constant Gemm weights): the activation is quantized per call
+(DynamicQuantizeLinear: uint8, per tensor) and the op runs as MatMulInteger (u8 x s8, int32 accumulation), then
+one float multiply by (activation scale x weight scale) per output channel and the bias. Conv weights are folded
+to fp32 in that form (onnxruntime's ConvInteger measured slower than its fp32 Conv).
 
 Weights and biases reach ``batched`` as an :data:`Operand`: a constant array not emitted yet (``baked``: laid
 out in numpy, then stored in the requested weight format) or a graph value (``noise``: laid out by nodes).
@@ -32,10 +50,14 @@ import numpy as np
 import onnx
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import Builder, attrs_of
+from edgebnn.exporters._graph import Builder, attrs_of, int8_parts
 from edgebnn.ir.encodings import Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
+# Baked Conv layers with fewer input channels per group than this run as S Convs (Split, Concat) instead of one
+# grouped Conv: onnxruntime's grouped Conv is slow on thin groups (LeNet-5 conv2, 6 channels: 1.4x faster split at
+# batch 1, 2.3x at batch 32); on ResNet-20's 16-64-channel convs the grouped Conv was 1.2x faster (docs/speed.md).
+SPLIT_BELOW = 8
 LAYERS: dict[str, LayerKind] = {}
 
 
@@ -97,16 +119,45 @@ class LayerKind(ABC):
         weight-only int4 GEMMs take it: blocks along the reduction axis, even output dim; int8 otherwise)."""
         return "int8" if dtype == "int4" else dtype
 
+    has_integer_plain: ClassVar[bool] = False
+
+    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str) -> None:
+        """The op on its own input with the constant weight ``w`` in an integer kernel (``has_integer_plain``)."""
+        raise NotImplementedError(self.op_type)
+
     @abstractmethod
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
         """Emit the op over the sample axis: ``w`` is [S, *wshape], ``bias`` [S, out]; ``node.output[0]`` is
-        [B·S, ...]. Constant weights take ``dtype`` (with ``grid``: exact), constant biases fp32."""
+        [B·S, ...]. ``node.input[0]`` is [B·S, ...], or [B, ...] identical for every sample when ``shared``.
+        Constant weights take ``dtype`` (with ``grid``: exact) in the builder's form, constant biases fp32."""
 
 
 def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | None = None) -> str:
     return b.weight(name, v, dtype, grid) if isinstance(v, np.ndarray) else v
+
+
+def integer_kernel(b: Builder, v: Operand, dtype: str) -> bool:
+    """Whether this weight runs in an integer kernel: an int8 constant in the ``integer`` form, larger (as fp32)
+    than the builder's ``integer_min_bytes``."""
+    return (b.form == "integer" and dtype == "int8" and isinstance(v, np.ndarray)
+            and v.size * 4 > b.integer_min_bytes)
+
+
+def _grid_step(grid: Grid | None) -> float | None:
+    return grid.step if grid is not None and grid.bits <= 8 else None
+
+
+def _integer_op(b: Builder, op: str, x: str, q: np.ndarray, scale: np.ndarray, p: str, out: str,
+                **attrs: Any) -> str:
+    """``op`` (MatMulInteger) on the activation ``x``, quantized per call, and the int8 weight
+    ``q``, dequantized by one multiply: ``float(acc) · (s_x · scale)`` (``scale`` broadcasts on the output)."""
+    xq, xs, xz = p + "xq", p + "x_scale", p + "x_zero"
+    b.nodes.append(onnx.helper.make_node("DynamicQuantizeLinear", [x], [xq, xs, xz]))
+    acc = b.add(op, [xq, b.const(p + "Wq", np.ascontiguousarray(q)), xz], p + "acc", **attrs)
+    scales = b.add("Mul", [xs, b.f32(p + "w_scale", scale)], p + "scale")
+    return b.add("Mul", [b.add("Cast", [acc], p + "acc_f", to=onnx.TensorProto.FLOAT), scales], out)
 
 
 @register_layer
@@ -138,16 +189,70 @@ class Gemm(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
         attrs = self.attrs(node, where)
         n_out = self.out_dim(node, wshape)
+        n_in = int(wshape[1] if attrs.get("transB", 0) else wshape[0])
+        fmt = self.weight_format(node, wshape, dtype, True)
+        if shared:
+            self._wide(b, node, p, samples, n_in, n_out, attrs, w, bias, fmt, grid)
+            return
         if attrs.get("transB", 0):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
-        n_in = int(wshape[1] if attrs.get("transB", 0) else wshape[0])
-        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, 1, n_in)], p + "x")
-        y = b.add("MatMul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)], p + "xw")
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, n_in)], p + "x")
+        xt = b.add("Transpose", [x], p + "x_t", perm=[1, 0, 2])  # [S, B, in]: each member's weights read once
+        if integer_kernel(b, w, fmt):
+            assert isinstance(w, np.ndarray)  # one scale per member and output: quantized as [S·out, in]
+            q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
+            y = _integer_op(b, "MatMulInteger", xt, q.reshape(samples, n_out, n_in).transpose(0, 2, 1),
+                            scale.reshape(samples, 1, n_out), p, p + "xw")
+        else:
+            y = b.add("MatMul", [xt, _const(b, w, p + "W", fmt, grid)], p + "xw")
         if bias is not None:
             y = b.add("Add", [y, _const(b, unsqueeze(b, bias, 1, p + "axis1", p + "b3"), p + "b")], p + "y")
+        y = b.add("Transpose", [y], p + "y_t", perm=[1, 0, 2])  # [B, S, out]
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
+
+    has_integer_plain = True
+
+    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str) -> None:
+        """x -> MatMulInteger with ``w`` as int8 -> · (s_x · scale) [+ bias] -> node's output. On a grid of at most
+        8 bits (MCQ counts, fixed point) the weight is its integer grid ``q`` and the scale is the layer's one
+        step, a scalar; otherwise one scale per output."""
+        attrs = self.attrs(node, p)
+        w_oi = w if attrs.get("transB", 0) else w.T  # [out, in]
+        step = _grid_step(grid)
+        q, scale = int8_parts(np.asarray(w_oi, np.float32), step)
+        y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale[:1] if step is not None else scale, p,
+                        node.output[0] if len(node.input) < 3 or not node.input[2] else p + "xw")
+        if len(node.input) > 2 and node.input[2]:
+            b.add("Add", [y, node.input[2]], node.output[0])
+
+    def _wide(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, n_in: int, n_out: int,
+              attrs: dict[str, Any], w: Operand, bias: Operand | None, fmt: str, grid: Grid | None) -> None:
+        """[B, in] -> [B, S·out] in one Gemm with the members side by side (W_s as [S·out, in]; int4: a MatMul
+        on [in, S·out], its blocks along the reduction axis)."""
+        b_wide = None if bias is None else _const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b_wide"), p + "b")
+        if fmt == "int4":
+            if attrs.get("transB", 0):
+                w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
+            w = reshape(b, transpose(b, w, (1, 0, 2), p + "W_is"), (n_in, samples * n_out), p + "w_shape", p + "W_wide")
+            y = b.add("MatMul", [node.input[0], _const(b, w, p + "W", fmt, grid)], p + "xw")
+            y = b.add("Add", [y, b_wide], p + "y") if b_wide is not None else y
+            b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
+            return
+        if not attrs.get("transB", 0):
+            w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, in, out] -> [S, out, in]
+        w = reshape(b, w, (samples * n_out, n_in), p + "w_shape", p + "W_wide")
+        if integer_kernel(b, w, fmt):
+            assert isinstance(w, np.ndarray)
+            q, scale = int8_parts(w, _grid_step(grid))
+            y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale, p, p + "xw")
+            if b_wide is not None:
+                y = b.add("Add", [y, b_wide], p + "y")
+        else:
+            y = b.add("Gemm", [node.input[0], _const(b, w, p + "W", fmt, grid), *([b_wide] if b_wide else [])],
+                      p + "y", transB=1)
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
 
 
@@ -175,17 +280,43 @@ class Conv(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
         (_, c, *spatial), (_, o, *out_spatial) = self.shapes(node, wshape, shapes, where)
         attrs = attrs_of(node)
         group = int(attrs.pop("group", 1))
+        x = node.input[0]
+        if shared and group > 1:  # side by side, S members' groups would interleave: fold the input instead
+            x, shared = b.fold_samples(x, p + "x_s", samples, [c, *spatial], p + "fold/"), False
+        fmt = self.weight_format(node, wshape, dtype, True)
+        if not shared and isinstance(w, np.ndarray) and not isinstance(bias, str) and c // group < SPLIT_BELOW:
+            self._split(b, p, samples, x, (c, spatial, o, out_spatial), w, bias, group, attrs, fmt, grid,
+                        node.output[0])
+            return
+        if not shared:
+            x = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
+            group *= samples
         w = reshape(b, w, (samples * o, *wshape[1:]), p + "w_shape", p + "W")
-        inputs = [b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x"),
-                  _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)]
-        if bias is not None:
-            inputs.append(_const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b"))
-        y = b.add("Conv", inputs, p + "y", group=group * samples, **attrs)
+        # no ConvInteger in the integer form: onnxruntime 1.32's ConvInteger ran LeNet-5's grouped conv 4.6x slower
+        # than the fp32 Conv (docs/speed.md); the builder folds the int8 weight to fp32 there
+        b_flat = None if bias is None else _const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b")
+        y = b.add("Conv", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid),
+                           *([b_flat] if b_flat else [])], p + "y", group=group, **attrs)
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], node.output[0])
+
+
+    def _split(self, b: Builder, p: str, samples: int, x: str, dims: tuple[int, list[int], int, list[int]],
+               w: np.ndarray, bias: Operand | None, group: int, attrs: dict[str, Any], fmt: str, grid: Grid | None,
+               out: str) -> None:
+        """[B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Split into S -> S Convs (W_s, b_s) -> Concat [B, S·O, *sp']."""
+        c, spatial, o, out_spatial = dims
+        xs = [f"{p}x{s}" for s in range(samples)]
+        folded = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
+        b.nodes.append(onnx.helper.make_node("Split", [folded, b.i64(p + "split", *[c] * samples)], xs, axis=1))
+        ys = [b.add("Conv", [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid),
+                             *([_const(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
+                    f"{p}y{s}", group=group, **attrs) for s in range(samples)]
+        y = b.add("Concat", ys, p + "y", axis=1)
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], out)
 
 
 def layer_kind(node: onnx.NodeProto) -> LayerKind | None:

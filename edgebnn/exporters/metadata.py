@@ -31,6 +31,7 @@ import onnx
 from edgebnn._version import __version__
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
+from edgebnn.exporters.forms import FORMS
 from edgebnn.ir import MANIFEST_KEY, BNNModel
 
 EXPORT_KEY = "edgebnn.export"
@@ -55,6 +56,9 @@ class ExportMetadata:
     outputs: tuple[str, ...]
     edgebnn_version: str = __version__
     weights: str | None = None
+    form: str | None = None
+    form_reason: str | None = None
+    integer_min_bytes: int | None = None
     layers: Mapping[str, list[str]] | None = None
     noise: str | None = None
     noise_inputs: tuple[Mapping[str, Any], ...] | None = None
@@ -120,7 +124,8 @@ class ExportMetadata:
             if not (value is None and optional) and not _CHECKS[name](value):
                 raise InvalidArtifactError(f"{bad}: {name} {_short(value)} is not {_DESCRIBE[name]}")
 
-        choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", WEIGHT_FORMATS))
+        choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", WEIGHT_FORMATS),
+                   ("form", tuple(f for f in FORMS if f != "auto")))
         for name, allowed in choices:
             if raw.get(name) is not None and raw[name] not in allowed:
                 raise InvalidArtifactError(f"{bad}: {name} {_short(raw[name])} is not one of {', '.join(allowed)}")
@@ -237,6 +242,9 @@ _CHECKS: dict[str, Any] = {
     "num_classes": lambda v: _is_int(v) and v > 0,
     "outputs": lambda v: _is_text_list(v) and len(v) > 0,
     "weights": _is_text,
+    "form": _is_text,
+    "form_reason": _is_text,
+    "integer_min_bytes": lambda v: _is_int(v) and v >= 0,
     "layers": lambda v: isinstance(v, dict) and set(v) == {"sampled", "hoisted"} and all(
         _is_text_list(x) for x in v.values()),
     "noise": _is_text,
@@ -251,7 +259,7 @@ _DESCRIBE = {
     "input_shape": "a list of at least 2 positive integers", "num_classes": "a positive integer",
     "outputs": "a non-empty list of names", "layers": 'an object {"sampled": [names], "hoisted": [names]}',
     "noise_inputs": 'a list of {"name", "shape", "per": row|sample, "dist": normal|uniform} objects',
-    "quadrature_seed": "a non-negative integer", "calibration": "an object with a method",
+    "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer", "calibration": "an object with a method",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 

@@ -22,13 +22,19 @@ default) is exact everywhere and keeps noise small: ``weight`` where the layer k
 positions (Conv: kernels are small), ``local`` where it does not (Gemm: a row's outputs are fewer than the
 layer's weights).
 
+``mixed``: ``local`` where it is exact and the weight is Gaussian (Gemm), the baked members elsewhere (Conv: S
+kernels drawn at export from the seeded streams of ``baked``, stored as constants in the batched form). Exact
+sampling with the least run-time noise: the host draws only the Gemm pre-activations' B·S rows, and the kernels
+cost what ``baked`` costs (on LeNet-5, S=16, batch 1: 3.4k numbers per call instead of 44.6k, docs/speed.md).
+
 ``shared`` (stochastic weight sharing, 2DGBNN): a ``CodebookWeight`` layer takes K standard-normal numbers
 per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry, ``W_s = c[:, index]``; outliers
 draw independently (input ``noise/<weight>.outliers``) and blended weights pick their entry with a uniform
 input (``noise/<weight>.blend``), exactly as ``CodebookWeight.sample`` does. Other layers follow ``auto``.
 
 Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape with -1 for the B·S rows,
-``per`` = ``row`` or ``sample``); :class:`edgebnn.runtime.Session` fills them.
+``per`` = ``row`` or ``sample``); :class:`edgebnn.runtime.Session` fills them, from :class:`NoisePool` by default
+(:func:`fill_noise` draws afresh: numpy's generator was most of a ``noise`` call's time on LeNet-5, docs/speed.md).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from edgebnn.exporters import NOISE_VARIANTS
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import draw_emitter
 from edgebnn.exporters.layers import LayerKind, bias_name
-from edgebnn.exporters.rewrite import rewrite_sampled_layers
+from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import Encoding
 
@@ -49,11 +55,13 @@ ROWS = "batch_x_samples"
 
 
 def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
-                 ) -> onnx.ModelProto:
+                 seed: int = 0) -> onnx.ModelProto:
+    """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``)."""
     if variant not in NOISE_VARIANTS:
         raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(NOISE_VARIANTS)}")
     encoded = {w.name: w for w in model.encoded_weights()}
-    _check_drawable(model, list(encoded.values()), variant)
+    if variant != "mixed":  # mixed bakes whatever it does not run locally
+        _check_drawable(model, list(encoded.values()), variant)
     records: list[dict] = []
     b = Builder()
 
@@ -69,7 +77,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         return emitter(b, enc, p, tag, eps, samples)
 
     def local(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-              shapes: dict[str, list[int]]) -> None:
+              shapes: dict[str, list[int]], wide: bool) -> None:
         """mean = op(x, mu) + b_mu, var = op(x², σ²) + b_σ², y = mean + √var ⊙ ε_row."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
@@ -91,7 +99,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         b.add("Add", [mean, b.add("Mul", [std, eps], p + "scaled")], node.output[0])
 
     def weight(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-               shapes: dict[str, list[int]]) -> None:
+               shapes: dict[str, list[int]], wide: bool) -> None:
         """W_s drawn in the graph per sample, then the layer kind's batched op (as ``baked``)."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
@@ -103,22 +111,32 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             bias_s = draw(bias_w.name, bias_w.encoding, p, "b_")  # [S, out]
         elif bias:
             bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
-        kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}")
+        kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
 
     def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-             shapes: dict[str, list[int]]) -> None:
-        (local if kind.LOCAL_EXACT else weight)(b, node, kind, w, shapes)
+             shapes: dict[str, list[int]], wide: bool) -> None:
+        (local if kind.LOCAL_EXACT else weight)(b, node, kind, w, shapes, wide)
 
     def shared(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-               shapes: dict[str, list[int]]) -> None:
-        (auto if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes)
+               shapes: dict[str, list[int]], wide: bool) -> None:
+        (auto if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes, wide)
 
-    rewrite = {"auto": auto, "local": local, "weight": weight, "shared": shared}[variant]
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist)
+    baked = baked_layers(model, samples, seed)
+
+    def mixed(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+              shapes: dict[str, list[int]], wide: bool) -> None:
+        (local if kind.LOCAL_EXACT and w.encoding.GAUSSIAN else baked)(b, node, kind, w, shapes, wide)
+
+    def draws_weights(kind: LayerKind, w: EncodedWeight) -> bool:
+        """Whether the layer has S weight sets (the batched op, which takes an input shared by every sample)."""
+        return variant == "weight" or (variant != "local" and not (w.encoding.GAUSSIAN and kind.LOCAL_EXACT))
+
+    rewrite = {"auto": auto, "local": local, "weight": weight, "shared": shared, "mixed": mixed}[variant]
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights)
     mode = "shared" if variant == "shared" else "noise"
     out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode=mode, samples=samples, seed=None, noise=variant, noise_inputs=records,
-                 layers=layers)
+    set_metadata(out, model, mode=mode, samples=samples, seed=seed if variant == "mixed" else None, noise=variant,
+                 noise_inputs=records, layers=layers)
     return out
 
 
@@ -152,3 +170,56 @@ def fill_noise(noise_inputs: list[dict], batch: int, samples: int, rng: np.rando
         else:
             out[rec["name"]] = rng.standard_normal(shape, dtype=np.float32)
     return out
+
+
+POOL_FACTOR = 16
+
+
+class NoisePool:
+    """Noise for a ``noise`` graph sliced from a pre-drawn pool: one random offset per call, no drawing.
+
+    The pool holds ``factor`` times the numbers one call takes (per distribution: normal, uniform), drawn once
+    from ``rng`` (regrown for a larger batch), stored twice over so every window is a contiguous view. A call
+    takes the ``n`` numbers at a uniform random offset: within a call they are distinct i.i.d. draws (an exact
+    S-sample Monte Carlo predictive); two calls reuse numbers — at the same position with probability 1/P
+    (P = pool size: the per-position correlation between calls), and their windows share about ``2n/P`` of
+    their numbers (1/8 for ``factor`` 16) at shifted positions. Repeated calls on one input are therefore not
+    independent estimates: average S inside the graph (a larger S), not over calls.
+    """
+
+    def __init__(self, noise_inputs: list[dict], samples: int, rng: np.random.Generator,
+                 factor: int = POOL_FACTOR) -> None:
+        self.noise_inputs, self.samples, self.rng, self.factor = noise_inputs, samples, rng, factor
+        self._batch = 0
+        self._pools: dict[str, np.ndarray] = {}
+        self._sizes: dict[str, int] = {}
+
+    def _shapes(self, batch: int) -> list[tuple[str, str, list[int]]]:
+        return [(rec["name"], rec.get("dist", "normal"),
+                 [batch * self.samples if rec["per"] == "row" else self.samples, *rec["shape"][1:]])
+                for rec in self.noise_inputs]
+
+    def _grow(self, batch: int) -> None:
+        need: dict[str, int] = {}
+        for _, dist, shape in self._shapes(batch):
+            need[dist] = need.get(dist, 0) + int(np.prod(shape))
+        for dist, n in need.items():
+            size = n * self.factor
+            pool = (self.rng.random(size, dtype=np.float32) if dist == "uniform"
+                    else self.rng.standard_normal(size, dtype=np.float32))
+            self._pools[dist] = np.concatenate([pool, pool[:n]])  # a window from any offset < size is contiguous
+            self._sizes[dist] = size
+        self._batch = batch
+
+    def fill(self, batch: int) -> dict[str, np.ndarray]:
+        """Arrays for every noise input of a batch of ``batch`` inputs (views into the pool: do not write)."""
+        if batch > self._batch:
+            self._grow(batch)
+        shapes = self._shapes(batch)
+        offset = {dist: int(self.rng.integers(size)) for dist, size in self._sizes.items()}
+        out = {}
+        for name, dist, shape in shapes:
+            n = int(np.prod(shape))
+            out[name] = self._pools[dist][offset[dist]:offset[dist] + n].reshape(shape)
+            offset[dist] += n
+        return out

@@ -9,15 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
-from edgebnn.exporters.layers import LAYERS, LayerKind, layer_kind
+from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind
 from edgebnn.ir import BNNModel, EncodedWeight
 
-# A layer rewrite: (builder, node, its layer kind, its weight, static shapes) -> nodes added to the builder.
-LayerRewrite = Callable[[Builder, onnx.NodeProto, LayerKind, EncodedWeight, dict[str, list[int]]], None]
+# A layer rewrite: (builder, node, its layer kind, its weight, static shapes, shared input) -> nodes added to the
+# builder. ``shared``: ``node.input[0]`` is [B, ...], the same for every sample (see ``rewrite_sampled_layers``).
+LayerRewrite = Callable[[Builder, onnx.NodeProto, LayerKind, EncodedWeight, dict[str, list[int]], bool], None]
+# Whether a strategy emits this layer from an input shared by every sample (else the input is folded first).
+TakesShared = Callable[[LayerKind, EncodedWeight], bool]
 
 
 def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
@@ -43,11 +48,47 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
     return out
 
 
+def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> LayerRewrite:
+    """The ``baked`` strategy: S members drawn at export from the reference runtime's streams ``[seed, i]``
+    (weight ``i`` in graph order), emitted as constants in the layer kind's batched form, in the ``weights``
+    format (exact on the encoding's sample grid)."""
+    index = {name: i for i, name in enumerate(model.encoded_weight_names())}
+
+    def draw(w: EncodedWeight) -> np.ndarray:
+        return w.encoding.sample(np.random.default_rng([seed, index[w.name]]), samples)
+
+    def bias_samples(b: Builder, node: onnx.NodeProto, out_dim: int) -> np.ndarray | None:
+        """Bias as [S, out]: drawn if Bayesian, the deterministic bias repeated otherwise."""
+        name = bias_name(node)
+        if name is None:
+            return None
+        if name in index:
+            return draw(model.encoded_weight(name))
+        fixed = next((t for t in b.inits if t.name == name), None)
+        if fixed is None:
+            raise UnsupportedLayerError(f"{node.name}: bias {name!r} is not a constant")
+        return np.broadcast_to(numpy_helper.to_array(fixed).reshape(1, out_dim), (samples, out_dim))
+
+    def rewrite(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+                shapes: dict[str, list[int]], shared: bool) -> None:
+        shape = w.encoding.shape
+        bias = bias_samples(b, node, kind.out_dim(node, shape))
+        kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias, shapes, f"layer {w.layer!r}", weights,
+                     w.encoding.sample_grid(), shared)
+
+    return rewrite
+
+
 def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,
-                           hoist: str | float = "off", weights: str = "fp32",
+                           hoist: str | float = "off", weights: str = "fp32", takes_shared: TakesShared | None = None,
                            ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """Copy deterministic nodes, let ``rewrite`` emit each sampled layer (a registered layer kind), add the
     predictive head.
+
+    Shared input: a sampled layer whose data input is computed before the sample axis starts (the graph input,
+    or a hoisted layer's output: the same for every sample) is handed that input on B rows, unfolded, with
+    ``shared=True``, where ``takes_shared(kind, weight)`` says the strategy emits it so (the layer kind's wide
+    form: S members side by side, no S copies of the input); otherwise the input is folded first.
 
     Hoisting: layers whose weights are quiet (:func:`quiet_weights`) run once with their mean (stored in the
     ``weights`` format their layer kind takes, on the encoding's grid when it has one), and every
@@ -92,6 +133,9 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     pre_data = {in_name}  # data values computed on B rows, before the sample axis starts
     shape_vals: set[str] = set()  # values computed from Shape(...): batch arithmetic
     for i, node in enumerate(nodes):
+        kind = layer_kind(node) if i in sampled_at else None
+        shared = (kind is not None and takes_shared is not None and node.input[0] in pre_data
+                  and node.input[1] in encoded and takes_shared(kind, model.encoded_weight(node.input[1])))
         uses_shape = any(x in shape_vals for x in node.input)
         uses_data = any(x in pre_data for x in node.input)
         if node.op_type == "Shape" and uses_data:
@@ -102,22 +146,23 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
         elif i < start and uses_data:
             pre_data.update(node.output)
         elif i >= start:
-            for x in set(node.input) & pre_data:
+            keep = {node.input[0]} if shared else set()
+            for x in set(node.input) & pre_data - keep:
                 node = renamed_input(node, x, fold(x))
         if i not in sampled_at:
             b.nodes.append(node)
             continue
         hit = [x for x in node.input if x in encoded and x not in quiet]
-        kind = layer_kind(node)
         if kind is None or node.input[1] not in hit:
             raise UnsupportedLayerError(
                 f"{model.where}: layer {layer_of[hit[0]]!r}: a sampled weight feeds {node.op_type} "
                 f"({node.name or node.output[0]}); ensembles handle {' and '.join(LAYERS)} weights"
             )
-        rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes)
+        rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes, shared)
     logits = base.graph.output[0].name
     if logits in pre_data:
         logits = fold(logits)  # every layer was hoisted: S identical members
+    _stay_sample_major(b)
     b.predictive_head(logits, samples, model.manifest.num_classes)
     sampled = {layer_of[n] for n in encoded if n not in quiet}
     return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
@@ -146,5 +191,61 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
     if user is None or kind is None:
         b.f32(w.name, w.encoding.mean())
         return
-    b.weight(w.name, w.encoding.mean(), kind.weight_format(user, w.encoding.shape, weights, False),
-             w.encoding.mean_grid())
+    fmt = kind.weight_format(user, w.encoding.shape, weights, False)
+    if kind.has_integer_plain and integer_kernel(b, w.encoding.mean(), fmt):
+        # the layer itself becomes its integer form (MCQ counts: one scale per layer after the integer MAC)
+        first = len(b.nodes)
+        kind.integer_plain(b, user, w.encoding.mean(), w.encoding.mean_grid(), f"{P}{w.name}/")
+        at = nodes.index(user)
+        nodes[at:at + 1] = b.nodes[first:]
+        del b.nodes[first:]
+        return
+    b.weight(w.name, w.encoding.mean(), fmt, w.encoding.mean_grid())
+
+
+ELEMENTWISE = frozenset({"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Softplus"})
+
+
+def _stay_sample_major(b: Builder) -> None:
+    """Between two sample-major layers (the batched Gemm, :mod:`.layers`) joined by a unary elementwise op, drop
+    the round trip to batch-major and back::
+
+        Transpose[1,0,2] -> Reshape[-1, n] -> Relu -> Reshape[-1, S, n] -> Transpose[1,0,2]   ==   Relu
+
+    (both sides [S, B, n]; each removed value feeds only the next node of the chain). LeNet-5: 8 nodes fewer.
+    """
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in b.nodes:
+        for x in node.input:
+            consumers.setdefault(x, []).append(node)
+    producer = {o: node for node in b.nodes for o in node.output}
+    consts = {t.name: numpy_helper.to_array(t) for t in b.inits if t.data_type == onnx.TensorProto.INT64}
+
+    def only(value: str, op: str) -> onnx.NodeProto | None:
+        users = consumers.get(value, [])
+        return users[0] if len(users) == 1 and users[0].op_type == op else None
+
+    def swap(node: onnx.NodeProto | None) -> bool:
+        return node is not None and [a.ints for a in node.attribute if a.name == "perm"] == [[1, 0, 2]]
+
+    dropped: set[int] = set()
+    for act in [n for n in b.nodes if n.op_type in ELEMENTWISE]:
+        flat = producer.get(act.input[0])
+        back = producer.get(flat.input[0]) if flat is not None and flat.op_type == "Reshape" else None
+        split = only(act.output[0], "Reshape")
+        fwd = only(split.output[0], "Transpose") if split is not None else None
+        if flat is None or back is None or split is None or fwd is None or not (swap(back) and swap(fwd)):
+            continue
+        if len(consumers[flat.output[0]]) != 1 or len(consumers[back.output[0]]) != 1:
+            continue
+        flat_shape, split_shape = consts.get(flat.input[1]), consts.get(split.input[1])
+        if (flat_shape is None or split_shape is None or len(flat_shape) != 2 or len(split_shape) != 3
+                or flat_shape[0] != -1 or split_shape[0] != -1 or flat_shape[-1] != split_shape[-1]):
+            continue
+        act.input[0] = back.input[0]
+        for user in consumers.get(fwd.output[0], []):
+            for i, x in enumerate(user.input):
+                if x == fwd.output[0]:
+                    user.input[i] = act.output[0]
+        dropped.update(id(n) for n in (back, flat, split, fwd))
+    b.nodes[:] = [n for n in b.nodes if id(n) not in dropped]

@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, read_metadata
-from edgebnn.exporters.noise import fill_noise
+from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.metrics import Predictive
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -57,11 +57,14 @@ class Session:
     Args:
         source: path, bytes or ``onnx.ModelProto`` written by ``edgebnn export``.
         seed: seed of the host-side noise for ``noise`` graphs (ignored by other modes).
+        noise_pool: ``noise`` graphs: slice the noise from a pre-drawn pool at a random offset per call
+            (:class:`edgebnn.exporters.noise.NoisePool`: i.i.d. within a call, calls share numbers) instead of
+            drawing afresh each call (``False``).
         threads: onnxruntime intra-op threads (0: onnxruntime's default).
         providers: onnxruntime execution providers (default: CPU).
     """
 
-    def __init__(self, source: Source, *, seed: int | None = 0,
+    def __init__(self, source: Source, *, seed: int | None = 0, noise_pool: bool = True,
                  threads: int = 0, providers: list[str] | None = None) -> None:
         proto, self.meta, self.where = read_export(source)
         if self.meta.is_baseline:
@@ -78,6 +81,7 @@ class Session:
         self.input_shape = tuple(self.meta.input_shape[1:])
         self.noise_inputs = [dict(r) for r in self.meta.noise_inputs or ()]
         self.rng = np.random.default_rng(seed)
+        self._pool = NoisePool(self.noise_inputs, self.samples, self.rng) if noise_pool and self.noise_inputs else None
 
     @property
     def mode(self) -> str:
@@ -97,6 +101,7 @@ class Session:
         feed = {self.input_name: x}
         if self.noise_inputs:
             feed.update(self._check_noise(noise, len(x)) if noise is not None
+                        else self._pool.fill(len(x)) if self._pool is not None
                         else fill_noise(self.noise_inputs, len(x), self.samples, self.rng))
         elif noise:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")

@@ -58,8 +58,12 @@ def test_graph_is_batched_not_unrolled_and_has_no_random_ops(cnn_ir):
     assert all(o.domain in ("", "ai.onnx") for o in proto.opset_import)
     assert proto.ir_version <= 10
     assert 17 <= next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) <= 20
+    # the first sampled layer reads the input shared by every sample: one wide Conv, the 16 members side by side
     conv = next(n for n in proto.graph.node if n.op_type == "Conv")
-    assert next(a.i for a in conv.attribute if a.name == "group") == 16
+    assert next(a.i for a in conv.attribute if a.name == "group") == 1
+    assert conv.input[0] == "input"
+    width = next(t for t in proto.graph.initializer if t.name == conv.input[1]).dims[0]
+    assert width == 16 * 4  # 4 output channels per member
     assert [o.name for o in proto.graph.output] == ["probs", "entropy", "mutual_info"]
 
 
