@@ -259,7 +259,8 @@ _DESCRIBE = {
     "input_shape": "a list of at least 2 positive integers", "num_classes": "a positive integer",
     "outputs": "a non-empty list of names", "layers": 'an object {"sampled": [names], "hoisted": [names]}',
     "noise_inputs": 'a list of {"name", "shape", "per": row|sample, "dist": normal|uniform} objects',
-    "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer", "calibration": "an object with a method",
+    "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer",
+    "calibration": "an object with a method",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 
