@@ -130,9 +130,8 @@ def test_bc_prunes_groups_and_picks_bits(small_digits):
 def test_2dgbnn_stage3_ties_inliers_and_lowers_to_codebook(small_digits):
     from edgebnn.importers import import_model
     from edgebnn.models import digits_cnn
-    from edgebnn.passes import lower
     from edgebnn.train import train_bnn
-    from edgebnn.train.dgbnn import TieConfig, tie_to_codebook, tied_layers, train_stage3
+    from edgebnn.train.dgbnn import TieConfig, lower_stage3, tie_to_codebook, tied_layers, train_stage3
 
     x, y, _, _ = small_digits
     torch.manual_seed(0)
@@ -157,8 +156,10 @@ def test_2dgbnn_stage3_ties_inliers_and_lowers_to_codebook(small_digits):
             torch.manual_seed(1)
             w = layer._tie(layer.layer.weight_mu, shared)
         assert torch.equal(w.reshape(-1)[layer.assign >= 0], shared[layer.assign[layer.assign >= 0]])
-    lowered = lower(import_model(model, (1, 1, 8, 8)), "codebook", clusters=8)
-    assert any(row["kind"] == "CodebookWeight" for row in lowered.report["layers"])
+    lowered = lower_stage3(import_model(model, (1, 1, 8, 8)), clusters=8)
+    codebooks = [w.encoding for w in lowered.model.encoded_weights() if w.encoding.op_type == "CodebookWeight"]
+    assert codebooks and all(enc.sampling == "shared" for enc in codebooks)  # the draws stage 3 trained with
+    assert not any("sampling='shared'" in (row["note"] or "") for row in lowered.report["layers"])
 
 
 def test_ebp_p_beats_ebp_d_and_binary_lowering_keeps_p_plus():
