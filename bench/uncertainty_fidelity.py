@@ -1,9 +1,10 @@
 """Uncertainty fidelity: does a lowered artifact still know what it does not know? (issue 13, docs/uncertainty.md)
 
 Trains the digits CNN once (``edgebnn.models.digits_cnn``, ``edgebnn.train.train_bnn``, seeded, one torch
-thread), lowers it with every scheme at its defaults (plus the ablations that explain the defaults), exports
-every applicable mode at S = 16 and runs each artifact through :class:`edgebnn.runtime.Session`
-(onnxruntime) on three sets of 360 images:
+thread; ``--library bayesian-torch``: the same architecture of bayesian-torch ``Conv2dReparameterization`` /
+``LinearReparameterization`` layers, trained by the same ELBO loop), lowers it with every scheme at its
+defaults (plus the ablations that explain the defaults), exports every applicable mode at S = 16 and runs
+each artifact through :class:`edgebnn.runtime.Session` (onnxruntime) on three sets of 360 images:
 
 - **in-distribution**: the digits test split (accuracy, NLL, ECE with 15 bins, mean mutual information);
 - **flipped**: the same test digits mirrored left-right (``x[..., ::-1]``): digit-like strokes in shapes the
@@ -25,7 +26,7 @@ posteriors trained for it and says so in the lowering report (ternary, binary: V
 Prints one JSON line (schema ``edgebnn.bench.uncertainty_fidelity/1``), then a markdown table (the one in
 docs/uncertainty.md). Run from the repository root (about 2 minutes on 2 cores):
 
-    .venv/bin/python bench/uncertainty_fidelity.py [--seed 0] [--samples 16]
+    .venv/bin/python bench/uncertainty_fidelity.py [--seed 0] [--samples 16] [--library edgebnn|bayesian-torch]
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ VARIANTS: tuple[tuple[str, str, dict[str, Any], bool], ...] = (
     ("codebook shared f=0.25 (old default)", "codebook", {"sampling": "shared", "noise_fraction": 0.25}, False),
     ("codebook f=0.25", "codebook", {"noise_fraction": 0.25}, False),
     ("fixed f=0.25 (old default)", "fixed", {"noise_fraction": 0.25}, False),
+    ("mcq f=0.25 (old default)", "mcq", {"noise_fraction": 0.25}, False),
 )
 MODES = ("baked", "baked-int8", "noise", "analytic", "shared")
 REFERENCE_MODE = {"baked": "baked", "baked-int8": "baked", "noise": "noise", "analytic": "analytic",
@@ -78,8 +80,11 @@ def noise_blobs(n: int, seed: int) -> np.ndarray:
     return out
 
 
-def train_digits(seed: int) -> Any:
-    """The digits CNN trained with ``train_bnn`` on one torch thread, imported into the IR."""
+LIBRARIES = ("edgebnn", "bayesian-torch")
+
+
+def train_digits(seed: int, library: str = "edgebnn") -> Any:
+    """The digits CNN of ``library``'s Bayesian layers trained on one torch thread, imported into the IR."""
     import torch
 
     from edgebnn.data import digits
@@ -88,14 +93,59 @@ def train_digits(seed: int) -> Any:
     from edgebnn.train import train_bnn
 
     torch.manual_seed(seed)
-    model = digits_cnn()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train_bnn(model, digits(seed), seed=seed, progress=False)
+        if library == "edgebnn":
+            model = digits_cnn()
+            train_bnn(model, digits(seed), seed=seed, progress=False)
+        else:
+            model = _train_bayesian_torch(seed)
     finally:
         torch.set_num_threads(threads)
-    return import_model(model, (1, 1, 8, 8), where="digits_cnn")
+    return import_model(model, (1, 1, 8, 8), where=f"digits_cnn ({library})")
+
+
+def _train_bayesian_torch(seed: int) -> Any:
+    """digits_cnn's architecture in bayesian-torch layers, trained like ``train_bnn`` (ELBO, Adam, KL warm-up)."""
+    import torch
+    import torch.nn.functional as F
+    from bayesian_torch.layers import Conv2dReparameterization, LinearReparameterization
+    from torch import Tensor, nn
+
+    from edgebnn.data import digits
+    from edgebnn.train._loop import run_epochs, training_arrays
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = Conv2dReparameterization(1, 16, 3, padding=1)
+            self.conv2 = Conv2dReparameterization(16, 32, 3, padding=1)
+            self.fc1 = LinearReparameterization(128, 64)
+            self.fc2 = LinearReparameterization(64, 10)
+            self.kl = torch.zeros(())
+
+        def forward(self, x: Tensor) -> Tensor:
+            kls = []
+            for conv in (self.conv1, self.conv2):
+                x, kl = conv(x)
+                kls.append(kl)
+                x = F.max_pool2d(F.relu(x), 2)
+            x, kl = self.fc1(x.flatten(1))
+            kls.append(kl)
+            x, kl = self.fc2(F.relu(x))
+            self.kl = torch.stack([*kls, kl]).sum()
+            return x
+
+    model = Net()
+    x, y, val = training_arrays(model, digits(seed), every_class=False)
+
+    def loss_terms(xb: Tensor, yb: Tensor) -> tuple[Tensor, Tensor]:
+        return F.cross_entropy(model(xb), yb), model.kl
+
+    run_epochs(model, [{"params": list(model.parameters()), "lr": 3e-3}], x, y, val, loss_terms, recipe=None,
+               epochs=60, batch_size=64, kl_warmup_epochs=10, seed=seed, val_samples=8, lr=3e-3, progress=False)
+    return model
 
 
 def evaluate(proto: Any, seed: int, x: np.ndarray, y: np.ndarray, ood: dict[str, np.ndarray]) -> dict[str, float]:
@@ -142,12 +192,12 @@ def verdict(metrics: dict[str, float], ref: dict[str, float], ood: list[str]) ->
     return {**{k: round(v, 4) for k, v in d.items()}, "within_budget": not misses, "misses": misses}
 
 
-def run(seed: int = 0, samples: int = 16) -> dict[str, Any]:
+def run(seed: int = 0, samples: int = 16, library: str = "edgebnn") -> dict[str, Any]:
     from edgebnn.data import digits
     from edgebnn.passes import lower
 
     start = time.perf_counter()
-    bnn = train_digits(seed)
+    bnn = train_digits(seed, library)
     trained_s = time.perf_counter() - start
     data = digits(seed)
     x, y = data.x_test, data.y_test
@@ -177,6 +227,7 @@ def run(seed: int = 0, samples: int = 16) -> dict[str, Any]:
     warned = [f"{r['label']} {r['mode']}" for r in checked if not r["within_budget"] and r["scheme"] in WARNED]
     return {
         "schema": SCHEMA,
+        "library": library,
         "seed": seed,
         "samples": samples,
         "sampling_seeds": list(SAMPLING_SEEDS),
@@ -216,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="training, lowering and OOD-set seed")
     parser.add_argument("--samples", type=int, default=16, help="ensemble size S")
+    parser.add_argument("--library", choices=LIBRARIES, default="edgebnn", help="Bayesian layers of the CNN")
     args = parser.parse_args(argv)
-    result = run(args.seed, args.samples)
+    result = run(args.seed, args.samples, args.library)
     print(json.dumps(result, sort_keys=True))
     print()
     print(markdown(result))
