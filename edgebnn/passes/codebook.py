@@ -547,8 +547,8 @@ class CodebookPass(MatrixPass):
             return None
         return (f"sampling='shared' on a posterior not trained with shared draws (source "
                 f"{model.manifest.source_library!r}): one draw per entry correlates weights the posterior "
-                "learned as independent and inflates the uncertainty; use sampling='independent' or "
-                "edgebnn.train.dgbnn")
+                "learned as independent and inflates the uncertainty (use sampling='independent', or train with "
+                "edgebnn.train.dgbnn)")
 
     def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome | str:
         mu, sigma = posterior(weight)

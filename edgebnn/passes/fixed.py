@@ -186,8 +186,8 @@ class MatrixPass(LayerPass):
         if self.TRAINED_BY is None or self.TRAINED_BY[0] in model.manifest.source_library.split("+"):
             return None
         return (f"post-training {self.name} of a posterior not trained for it (source "
-                f"{model.manifest.source_library!r}): expect lost accuracy and calibration; train with "
-                f"{self.TRAINED_BY[1]}, or measure with --eval")
+                f"{model.manifest.source_library!r}): expect lost accuracy and calibration (train with "
+                f"{self.TRAINED_BY[1]}, or measure with --eval)")
 
     def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, Any]], bool]:
         rows, modified = super().run(model, seed)
