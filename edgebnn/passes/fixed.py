@@ -2,8 +2,8 @@
 
 Bayesian Compression's rule: the unit round-off must stay below the posterior noise. With the layer's
 mean posterior variance v̄ = mean(σ²) and the stated fraction f (``noise_fraction``, default 0.1: the
-rounding error is one offset every draw shares, so it costs calibration where mcq's per-draw error does
-not — docs/uncertainty.md), ``auto`` picks the
+rounding error is one offset every draw shares, and at 0.25 it cost measurable calibration and OOD
+separation — docs/uncertainty.md), ``auto`` picks the
 smallest width B (sign included, 2..16) whose grid keeps the quantisation noise within budget:
 
     grid_B(Δ):  q_i = clip(round(μ_i / Δ), -L, L),   w̄_i = Δ q_i,   L = 2^(B-1) - 1

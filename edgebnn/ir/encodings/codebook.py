@@ -23,7 +23,7 @@ Sampling, attribute ``sampling``:
   blended weight picks entry ``j`` with probability ``α_ij`` and takes that entry's shared value; an
   outlier draws independently, ``w_o = μ_o + σ_o ε_o``. Per weight the moments are the same as above, but
   the weights of one entry move together: on a posterior trained with independent noise this correlates
-  thousands of weights it learned as independent (on the digits CNN: NLL 0.11 -> 0.58, docs/uncertainty.md).
+  thousands of weights it learned as independent (on the digits CNN: NLL 0.11 -> 0.47, docs/uncertainty.md).
   Files written before the attribute existed hold ``shared`` codebooks, so a missing attribute reads as it.
 
 Stored tensors (``B`` = attribute ``bits``, ``K <= 2**B``; ``n`` weights; index dtype uint16 when
