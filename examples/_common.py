@@ -18,12 +18,12 @@ def metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
     return {k: round(report[k], 4) for k in ("accuracy", "nll", "ece")}
 
 
-def exported(ir: Any, x: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict[str, Any]:
-    """Export the baked S-member ONNX ensemble, run it with onnxruntime, report metrics and sizes."""
+def exported(ir: Any, x: np.ndarray, y: np.ndarray, *, seed: int = 0, samples: int = S) -> dict[str, Any]:
+    """Export the baked ``samples``-member ONNX ensemble, run it with onnxruntime, report metrics and sizes."""
     from edgebnn.exporters.ensemble import export_onnx
     from edgebnn.runtime.session import Session
 
-    proto = export_onnx(ir, S, mode="baked", seed=seed)
+    proto = export_onnx(ir, samples, mode="baked", seed=seed)
     probs = Session(proto).predict(x).probs
     return {**metrics(probs, y), "bytes": int(ir.nbytes()), "onnx_bytes": len(proto.SerializeToString())}
 

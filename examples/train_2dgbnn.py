@@ -17,7 +17,7 @@ from edgebnn.importers import import_model
 from edgebnn.models import digits_cnn
 from edgebnn.passes import lower
 from edgebnn.train import mc_predict, train_bnn
-from edgebnn.train.dgbnn import TieConfig, stage_summary, tie_to_codebook, train_stage3
+from edgebnn.train.dgbnn import TieConfig, lower_stage3, stage_summary, tie_to_codebook, train_stage3
 
 
 def main() -> None:
@@ -48,7 +48,7 @@ def main() -> None:
     result = train_stage3(model, data, config=config, epochs=args.stage3_epochs, seed=args.seed)
     torch.manual_seed(args.seed)
     before = metrics(mc_predict(model, x, samples=S), y)
-    lowered = lower(import_model(model, shape), "codebook", seed=args.seed, **options)
+    lowered = lower_stage3(import_model(model, shape), seed=args.seed, **options)
     after = exported(lowered.model, x, y, seed=args.seed)
     emit({
         "recipe": "2dgbnn",

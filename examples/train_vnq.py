@@ -1,38 +1,28 @@
 """VNQ recipe on digits: train with the ternary quantizing prior, lower with ``ternary`` (no fine-tuning),
-export the S=16 ensemble to ONNX; the last stdout line is the JSON result.
+export the S=64 ensemble to ONNX; the last stdout line is the JSON result.
 
-    .venv/bin/python examples/train_vnq.py [--epochs 250] [--lr 0.01] [--warmup 80] [--seed 0]
+    .venv/bin/python examples/train_vnq.py [--epochs 250] [--lr 0.01] [--warmup 80] [--samples 64] [--seed 0]
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import OrderedDict
 
 import torch
 from _common import S, deterministic, emit, exported, metrics
-from torch import nn
 
 from edgebnn.data import digits
 from edgebnn.importers import import_model
 from edgebnn.train import mc_predict
-from edgebnn.train.vnq import VNQConv2d, VNQLinear, level_table, lower_to_ternary, train_vnq, vnq_layers
-
-
-def vnq_cnn() -> nn.Module:
-    """digits_cnn's shape (conv 16, conv 32, fc 64, fc 10) with VNQ layers."""
-    return nn.Sequential(OrderedDict([
-        ("conv1", VNQConv2d(1, 16, 3, padding=1)), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
-        ("conv2", VNQConv2d(16, 32, 3, padding=1)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
-        ("flatten", nn.Flatten()), ("fc1", VNQLinear(128, 64)), ("relu3", nn.ReLU()), ("fc2", VNQLinear(64, 10)),
-    ]))
+from edgebnn.train.vnq import ENSEMBLE_SAMPLES, RECIPE, level_table, lower_to_ternary, train_vnq, vnq_cnn, vnq_layers
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=250)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--warmup", type=int, default=80, help="KL warm-up epochs")
+    parser.add_argument("--epochs", type=int, default=RECIPE["epochs"])
+    parser.add_argument("--lr", type=float, default=RECIPE["lr"])
+    parser.add_argument("--warmup", type=int, default=RECIPE["kl_warmup_epochs"], help="KL warm-up epochs")
+    parser.add_argument("--samples", type=int, default=ENSEMBLE_SAMPLES, help="members of the exported ensemble")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -50,7 +40,7 @@ def main() -> None:
     for _, layer in vnq_layers(model):
         layer.use_mean = False
     ir, report = lower_to_ternary(model, import_model(model, (1, 1, 8, 8)), seed=args.seed)
-    after = exported(ir, x, y, seed=args.seed)
+    after = exported(ir, x, y, seed=args.seed, samples=args.samples)
     emit({
         "recipe": "vnq",
         "before": before,
@@ -59,6 +49,7 @@ def main() -> None:
         "after_mean": deterministic(ir, x, y),
         "train_s": round(result.wall_time_s, 1),
         "epochs": args.epochs,
+        "samples": args.samples,
         "levels": {k: {"learned": round(v["level"], 4), "prunable": round(v["prunable"], 4)}
                    for k, v in level_table(model).items()},
         "ternary_layers": {r["name"]: {"level": round(r["level"], 4), "pruned": round(r["pruned"], 4)}

@@ -8,7 +8,11 @@ encoding's ``sample`` does in numpy:
 
     W_s = mu + sigma ⊙ ε_s,   ε: [S, *shape]
 
-``CodebookWeight`` (2DGBNN stochastic weight sharing)::
+``CodebookWeight`` with ``sampling="independent"`` (each weight reads its entry, then draws on its own)::
+
+    mean = m[index], std = s[index] (outliers and blended weights overwritten);  W_s = mean + std ⊙ ε_s
+
+``CodebookWeight`` with ``sampling="shared"`` (2DGBNN stochastic weight sharing)::
 
     c = m + s ⊙ ε [S, K];  W_s = c[:, index];  blended weight i: entry j with u_i ≥ cum_{j-1} (uniform u);
     outlier o: μ_o + σ_o ε_o
@@ -54,13 +58,16 @@ def gaussian_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, st
 
 @register_draw("CodebookWeight")
 def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
-    """2DGBNN sampling in the graph: one value per codebook entry per sample, shared by its weights."""
+    """A codebook's draw in the graph, per its ``sampling``: independent per weight, or one value per entry per
+    sample shared by its weights (2DGBNN)."""
     assert isinstance(enc, CodebookWeight)
     p += tag
-    c = b.add("Add", [b.f32(p + "cb_mean", enc.codebook[:, 0]),
-                      b.add("Mul", [b.f32(p + "cb_std", enc.codebook[:, 1]), eps[""]], p + "cb_scaled")], p + "c")
     idx = b.add("Cast", [b.const(p + "indices", enc.indices.astype(np.uint8 if enc.k <= 256 else np.uint16))],
                 p + "idx", to=onnx.TensorProto.INT64)
+    if enc.sampling == "independent":
+        return _independent_draw(b, enc, p, idx, eps[""])
+    c = b.add("Add", [b.f32(p + "cb_mean", enc.codebook[:, 0]),
+                      b.add("Mul", [b.f32(p + "cb_std", enc.codebook[:, 1]), eps[""]], p + "cb_scaled")], p + "c")
     flat = b.add("Gather", [c, idx], p + "w_inliers", axis=1)  # [S, n]
     if enc.blend_index.size:
         j = enc.blend_components.shape[1]
@@ -81,6 +88,23 @@ def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, st
                      p + "o")
         flat = _scatter(b, flat, enc.outlier_index, vals, samples, p + "outliers")
     return b.add("Reshape", [flat, b.i64(p + "draw_shape", samples, *enc.shape)], p + "W_s")
+
+
+def _independent_draw(b: Builder, enc: CodebookWeight, p: str, idx: str, eps: str) -> str:
+    """W_s = mean + std ⊙ ε with mean and std gathered from the K entries (stored as indices, not per weight);
+    outliers and blended weights keep their own moments (``CodebookWeight.moments``)."""
+    mean_flat, var_flat = (a.reshape(-1) for a in enc.moments())
+    own = np.union1d(enc.outlier_index, enc.blend_index).astype(np.int64)
+    own_idx = b.const(p + "own_idx", own) if own.size else ""
+    moments = []
+    for name, column, values in (("mean", 0, mean_flat), ("std", 1, np.sqrt(var_flat))):
+        flat = b.add("Gather", [b.f32(p + "cb_" + name, enc.codebook[:, column]), idx], p + name + "_inliers", axis=0)
+        if own.size:
+            flat = b.add("ScatterElements", [flat, own_idx, b.f32(p + "own_" + name, values[own])],
+                         p + name + "_flat", axis=0)
+        moments.append(b.add("Reshape", [flat, b.i64(p + name + "_shape", *enc.shape)], p + name))
+    scaled = b.add("Mul", [moments[1], eps], p + "scaled")
+    return b.add("Add", [moments[0], scaled], p + "W_s")
 
 
 def _scatter(b: Builder, flat: str, index: np.ndarray, values: str, samples: int, p: str) -> str:

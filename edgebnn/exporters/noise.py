@@ -147,7 +147,8 @@ def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str)
     discrete = {w.encoding.op_type for w in weights if not w.encoding.GAUSSIAN and draw_emitter(w.encoding)}
     if variant == "shared" and not discrete:
         raise InvalidOptionError(
-            f"{model.where}: --mode shared needs codebook layers (lower with --scheme codebook); this IR has "
+            f"{model.where}: --mode shared needs codebook layers with shared draws (lower with --scheme codebook, "
+            f"sampling='shared'); this IR has "
             f"{', '.join(sorted(kinds))}: use --mode baked or noise"
         )
     for w in weights:

@@ -88,6 +88,8 @@ class BinaryPass(MatrixPass):
     name = "binary"
     config_type = BinaryConfig
     config: BinaryConfig
+    TRAINED_BY = ("edgebnn-ebp", "edgebnn.train.ebp")
+    ENCODING = "BinaryWeight"
 
     def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
         mu, sigma = posterior(weight)

@@ -17,7 +17,8 @@ one shared jitter every count is ``floor(N p_i)`` or ``ceil(N p_i)`` whatever th
 weights round up changes — on t-distributed test layers we measured no change in sparsity or error.
 
 K ("samples per weight") is an option. Bits from variance (``bits=None``): the largest step whose noise
-``s²/6`` stays at ``noise_fraction`` · mean(σ²), i.e. ``N_v = ceil(||μ||₁ / sqrt(6 f mean σ²))``, sets the
+``s²/6`` stays at ``noise_fraction`` · mean(σ²) (default 0.1: the noise adds to every weight's variance,
+docs/uncertainty.md), i.e. ``N_v = ceil(||μ||₁ / sqrt(6 f mean σ²))``, sets the
 width B = 1 + bitlength(ceil(N_v max p_i)); the width fixes the bytes, so N is then raised to the most
 samples that width holds, ``N = floor((2^(B-1) - 1) / max p_i) >= N_v`` (finer steps, same bytes).
 ``--bits B`` takes that N directly. Above 16 bits the auto
@@ -49,7 +50,7 @@ from edgebnn.passes.base import (
     posterior,
     sum_sq_diff,
 )
-from edgebnn.passes.fixed import hw_dtype
+from edgebnn.passes.fixed import UNCERTAINTY_NOISE_FRACTION, hw_dtype
 
 MAX_SAMPLES_PER_WEIGHT = 1e6
 _CHUNK = 1 << 20
@@ -63,8 +64,11 @@ class McqConfig(QuantConfig):
         samples_per_weight: K; when set, it fixes N = K·n and the bits follow from the counts (then
             ``bits`` must be None).
         sort: Sort |μ| ascending before building the CDF (the paper's option; O(n log n)).
+        noise_fraction: f of the variance rule (default
+            :data:`~edgebnn.passes.fixed.UNCERTAINTY_NOISE_FRACTION`, docs/uncertainty.md).
     """
 
+    noise_fraction: float = UNCERTAINTY_NOISE_FRACTION
     samples_per_weight: float | None = None
     sort: bool = False
 

@@ -100,6 +100,8 @@ class TernaryPass(MatrixPass):
     name = "ternary"
     config_type = TernaryConfig
     config: TernaryConfig
+    TRAINED_BY = ("edgebnn-vnq", "edgebnn.train.vnq")
+    ENCODING = "TernaryWeight"
 
     def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
         mu, sigma = posterior(weight)

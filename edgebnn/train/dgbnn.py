@@ -25,7 +25,9 @@ Between epochs, components are merged again (τ_d) and the inliers re-assigned (
 components' current means and their stage-2 covariances.
 
 The retrained model imports as Gaussians — every inlier carries its component's (m_k, s_k) — and
-``lower(ir, "codebook")`` then finds the components back (see :mod:`edgebnn.passes.codebook`).
+:func:`lower_stage3` (``lower(ir, "codebook", sampling="shared")``) finds the components back and keeps the
+shared draws it was trained with (see :mod:`edgebnn.passes.codebook`; the pass's post-training default draws
+each weight independently, which is what a posterior trained without sharing needs).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ from torch import Tensor, nn
 
 from edgebnn.data import DigitsSplits
 from edgebnn.errors import InvalidOptionError
+from edgebnn.ir import BNNModel
 from edgebnn.nn import BayesConv2d, BayesLinear, _gaussian_kl, bayesian_layers
+from edgebnn.passes import PassResult, lower
 from edgebnn.passes.codebook import blend_candidates, member_moments, merge_pair, own_mahalanobis, wasserstein2_sq
 from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
 
@@ -292,6 +296,21 @@ def train_stage3(
     return run_epochs(model, [{"params": list(model.parameters()), "lr": lr}], x, y, val, loss_terms,
                       recipe="2dgbnn", epochs=epochs, batch_size=batch_size, kl_warmup_epochs=kl_warmup_epochs,
                       seed=seed, after_epoch=between_epochs)
+
+
+def lower_stage3(bnn: BNNModel, *, seed: int = 0, **options: Any) -> PassResult:
+    """Lower a stage-3 model, imported into the IR, with ``codebook`` at ``sampling="shared"``: one draw per
+    entry per sample, as it was trained (Eq. 10).
+
+    Args:
+        bnn: The IR of a model retrained by :func:`train_stage3` (``import_model``).
+        seed: Seed of the lowering.
+        **options: More ``codebook`` options (e.g. ``clusters``).
+
+    Returns:
+        The lowering result of :func:`edgebnn.passes.lower`.
+    """
+    return lower(bnn, "codebook", seed=seed, sampling="shared", **options)
 
 
 def stage_summary(model: nn.Module) -> dict[str, Any]:

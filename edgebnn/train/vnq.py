@@ -30,11 +30,19 @@ Post-training (Sec. 3.2, Eq. 13-15; no fine-tuning): prune log α ≥ log T_α =
 argmin_k (c_k - θ)². :func:`lower_to_ternary` runs edgebnn's ``ternary`` pass, which does both; note that the
 pass re-fits its level by Lloyd's rule on the kept means rather than taking the learned ``a`` (it has no
 option for it): :func:`lower_to_ternary` reports both.
+
+Claim (docs/recipes.md, ``examples/train_vnq.py``, asserted on seed 0 in ``tests/integration/test_recipes.py``):
+on digits, :func:`vnq_cnn` trained with :data:`RECIPE` and lowered to ternary without fine-tuning, the
+sampled ensemble of :data:`ENSEMBLE_SAMPLES` members is within 0.5 point of accuracy of the posterior-mean
+network. Measured on seeds 0, 1, 2 (sampling seed = training seed): -0.28, +0.56, +0.28 points. With 16
+members the Monte Carlo noise alone is about one test image (0.28 point) either way (-0.56, +0.56, 0.00);
+the pruning threshold (log α ≥ 1, 2 or 3) and longer training (350 epochs) changed nothing measurable.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -48,6 +56,9 @@ from edgebnn.ir import BNNModel
 from edgebnn.nn import _pair
 from edgebnn.passes import lower
 from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
+
+RECIPE: dict[str, Any] = {"epochs": 250, "lr": 0.01, "kl_warmup_epochs": 80}  # train_vnq settings of the claim
+ENSEMBLE_SAMPLES = 64  # members of the recipe's sampled ensemble (16 leave one test image of MC noise)
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
 REFERENCE_LEVEL = 0.2
@@ -169,6 +180,15 @@ class VNQConv2d(_VNQLayer):
 
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return F.conv2d(x, weight, bias, self.stride, self.padding)
+
+
+def vnq_cnn() -> nn.Module:
+    """``edgebnn.models.digits_cnn``'s shape (conv 16, conv 32, fc 64, fc 10) with VNQ layers, for 1x8x8 inputs."""
+    return nn.Sequential(OrderedDict([
+        ("conv1", VNQConv2d(1, 16, 3, padding=1)), ("relu1", nn.ReLU()), ("pool1", nn.MaxPool2d(2)),
+        ("conv2", VNQConv2d(16, 32, 3, padding=1)), ("relu2", nn.ReLU()), ("pool2", nn.MaxPool2d(2)),
+        ("flatten", nn.Flatten()), ("fc1", VNQLinear(128, 64)), ("relu3", nn.ReLU()), ("fc2", VNQLinear(64, 10)),
+    ]))
 
 
 def vnq_layers(model: nn.Module) -> list[tuple[str, _VNQLayer]]:

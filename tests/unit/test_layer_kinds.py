@@ -119,10 +119,10 @@ def test_local_noise_and_analytic_propagate_conv_moments_of_any_rank(rank):
     np.testing.assert_allclose(_run(export_onnx(model, 16, mode="analytic"), x)[0], want, atol=ROUNDOFF)
 
 
-def _codebook_model() -> BNNModel:
+def _codebook_model(sampling: str = "independent") -> BNNModel:
     from edgebnn.passes import lower
 
-    return lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0).model
+    return lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0, sampling=sampling).model
 
 
 FORMS = [("baked", {}), ("baked", {"weights": "int8"}), ("baked", {"weights": "int4"}),
@@ -131,10 +131,11 @@ FORMS = [("baked", {}), ("baked", {"weights": "int8"}), ("baked", {"weights": "i
 
 
 @pytest.mark.parametrize(("which", "mode", "kw"), [(m, *form) for m in ("cnn", "conv3d_no_bias") for form in FORMS]
-                         + [("codebook", "shared", {}), ("codebook", "noise", {"noise": "weight"})])
+                         + [("codebook_shared", "shared", {}), ("codebook_shared", "noise", {"noise": "weight"}),
+                            ("codebook", "noise", {"noise": "weight"}), ("codebook", "noise", {"noise": "auto"})])
 def test_every_initializer_is_used_and_the_graph_checks(which, mode, kw):
     model = {"cnn": synthetic_cnn, "conv3d_no_bias": lambda: conv_ir(3, bias=False),
-             "codebook": _codebook_model}[which]()
+             "codebook": _codebook_model, "codebook_shared": lambda: _codebook_model("shared")}[which]()
     proto = export_onnx(model, 4, mode=mode, **kw)
     onnx.checker.check_model(proto, full_check=True)
     used = {x for node in proto.graph.node for x in node.input}

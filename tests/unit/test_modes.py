@@ -131,9 +131,27 @@ def test_unknown_noise_variant():
 def codebook_model():
     from edgebnn.passes import lower
 
-    model = lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0).model
+    model = lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0, sampling="shared").model
     assert any(w.encoding.op_type == "CodebookWeight" for w in model.encoded_weights())
     return model
+
+
+@pytest.mark.parametrize("variant", ["weight", "local"])
+def test_noise_mode_draws_an_independent_codebook_per_weight(variant):
+    """The default codebook draws each weight on its own: one normal per weight in the graph (from K entries and
+    the indices, outliers and blended weights overwritten), matching the reference runtime's draws."""
+    from edgebnn.passes import lower
+
+    model = lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0).model
+    weight = next(w for w in model.encoded_weights() if w.encoding.op_type == "CodebookWeight")
+    assert weight.encoding.outlier_index.size  # the overwrite path is exercised
+    xl = np.random.default_rng(4).normal(size=(6, 128)).astype(np.float32)
+    sess = Session(export_onnx(model, 32, mode="noise", noise=variant), seed=0)
+    rec = next(r for r in sess.noise_inputs if r["name"] == f"noise/{weight.name}")
+    assert rec["shape"] == ([32, *weight.encoding.shape] if variant == "weight" else [-1, 8])
+    ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5)).probs
+    got = np.mean([sess.predict(xl).probs for _ in range(64)], axis=0)
+    assert np.abs(got - ref).max() < _mc_bound(REF_SAMPLES) * np.sqrt(48 / 15)  # 48 (row, class) entries
 
 
 def test_shared_mode_draws_k_numbers_per_sample_and_matches_the_reference(codebook_model):

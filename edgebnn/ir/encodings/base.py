@@ -71,7 +71,9 @@ class Encoding(ABC):
 
     op_type: ClassVar[str]
     FIELDS: ClassVar[tuple[str, ...]]
-    GAUSSIAN: ClassVar[bool] = False  # draws are mean() + stddev() * N(0, 1), weight by weight
+    # draws are mean() + stddev() * N(0, 1), weight by weight; a class constant except where an instance's own
+    # attribute decides (a codebook drawing every weight independently)
+    GAUSSIAN: bool = False
 
     def step(self) -> float:
         """Quantization step of the stored mean (0 for float storage): noise below it is invisible."""

@@ -6,15 +6,25 @@ A layer's weights fall in three groups:
 - **blended** ("ellipse") weights mix up to ``J`` entries with weights ``α_ij`` (Σ_j α_ij = 1);
 - **outliers** keep their own Gaussian ``N(μ_o, σ_o²)``.
 
-Sampling (2DGBNN): each draw takes ONE value per codebook entry, ``c_k = m_k + s_k ε_k`` with
-``ε_k ~ N(0, 1)``, shared by every weight that reads entry ``k``. An inlier is ``w_i = c_{k_i}``; a blended
-weight picks entry ``j`` with probability ``α_ij`` (the mixture ``Σ_j α_ij N(m_j, s_j²)`` of the paper's
-eq. 7) and takes that entry's shared value; an outlier draws independently, ``w_o = μ_o + σ_o ε_o``.
-So per weight:
+Moments per weight:
 
     inlier   E = m_k,          sd = s_k
-    blended  E = Σ α_j m_j,    sd = sqrt(Σ α_j (s_j² + m_j²) - E²)
+    blended  E = Σ α_j m_j,    sd = sqrt(Σ α_j (s_j² + m_j²) - E²)   (the mixture Σ_j α_j N(m_j, s_j²), eq. 7)
     outlier  E = μ_o,          sd = σ_o
+
+Sampling, attribute ``sampling``:
+
+- ``independent`` (the post-training default of the ``codebook`` pass): every weight draws on its own,
+  ``w_i = E_i + sd_i ε_i`` with ``ε_i ~ N(0, 1)`` — the mean-field posterior the codebook was fitted to, with
+  each weight's (μ, σ) replaced by its entry's; a blended weight is the Gaussian with its mixture's moments.
+  Storage stays ``K`` entries plus indices; a draw consumes one normal per weight, like a Gaussian weight.
+- ``shared`` (2DGBNN stochastic weight sharing, for models trained for it, e.g. 2DGBNN stage 3): each draw
+  takes ONE value per entry, ``c_k = m_k + s_k ε_k``, shared by every weight that reads entry ``k``; a
+  blended weight picks entry ``j`` with probability ``α_ij`` and takes that entry's shared value; an
+  outlier draws independently, ``w_o = μ_o + σ_o ε_o``. Per weight the moments are the same as above, but
+  the weights of one entry move together: on a posterior trained with independent noise this correlates
+  thousands of weights it learned as independent (on the digits CNN: NLL 0.11 -> 0.47, docs/uncertainty.md).
+  Files written before the attribute existed hold ``shared`` codebooks, so a missing attribute reads as it.
 
 Stored tensors (``B`` = attribute ``bits``, ``K <= 2**B``; ``n`` weights; index dtype uint16 when
 ``n <= 65536`` else uint32; component dtype uint8 when ``K <= 256`` else uint16):
@@ -40,7 +50,10 @@ import numpy as np
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.ir.encodings.base import Encoding, NoiseNeed, check_finite, register_encoding
 from edgebnn.ir.encodings.fixedpoint import attr_int
+from edgebnn.ir.encodings.gaussian import draw_gaussian
 from edgebnn.ir.encodings.packing import MAX_BITS, bits_for, pack_uint, packed_nbytes, unpack_uint
+
+SAMPLINGS = ("independent", "shared")
 
 
 def index_dtype(n: int) -> type[np.unsignedinteger]:
@@ -83,9 +96,14 @@ class CodebookWeight(Encoding):
         *,
         bits: int | None = None,
         packed: np.ndarray | None = None,
+        sampling: str = "shared",
     ) -> None:
-        """Build from flat arrays; ``bits`` defaults to ``ceil(log2 K)``."""
+        """Build from flat arrays; ``bits`` defaults to ``ceil(log2 K)``, ``sampling`` is one of :data:`SAMPLINGS`."""
         super().__init__(shape)
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling={sampling!r}: one of {SAMPLINGS}")
+        self.sampling = sampling
+        self.GAUSSIAN = sampling == "independent"
         n = self.size
         k = codebook.shape[0]
         self.bits = bits_for(k) if bits is None else int(bits)
@@ -118,6 +136,9 @@ class CodebookWeight(Encoding):
             raise InvalidArtifactError(f"{where}: codebook has a negative std")
         k = cb.shape[0]
         bits = attr_int(attrs, "bits", 0, MAX_BITS, where)
+        sampling = attrs.get("sampling", "shared")
+        if sampling not in SAMPLINGS:
+            raise InvalidArtifactError(f"{where}: attribute 'sampling' must be one of {SAMPLINGS}, got {sampling!r}")
         if k > 1 << bits:
             raise InvalidArtifactError(f"{where}: {k} codebook entries do not fit {bits}-bit indices")
         packed = fields["indices"]
@@ -161,7 +182,7 @@ class CodebookWeight(Encoding):
             raise InvalidArtifactError(f"{where}: a weight is both an outlier and blended")
         return cls(
             shape, indices, cb, o_idx, fields["outlier_mu"], fields["outlier_sigma"], b_idx, comps, alpha,
-            bits=bits, packed=packed,
+            bits=bits, packed=packed, sampling=sampling,
         )
 
     def fields(self) -> dict[str, np.ndarray]:
@@ -177,7 +198,7 @@ class CodebookWeight(Encoding):
         }
 
     def attributes(self) -> dict[str, Any]:
-        return {"bits": self.bits}
+        return {"bits": self.bits, "sampling": self.sampling}
 
     def blend_weights(self) -> np.ndarray:
         """Normalised mixing weights ``α`` of the blended weights, float32 ``[n_b, J]``."""
@@ -212,8 +233,11 @@ class CodebookWeight(Encoding):
         return out.reshape(self.shape)
 
     def noise_needs(self) -> tuple[NoiseNeed, ...]:
-        """What :meth:`sample` consumes per draw, in its order: K shared normals, one uniform per blended weight
-        (it picks the entry), one normal per outlier."""
+        """What :meth:`sample` consumes per draw, in its order. ``independent``: one normal per weight.
+        ``shared``: K shared normals, one uniform per blended weight (it picks the entry), one normal per
+        outlier."""
+        if self.sampling == "independent":
+            return (NoiseNeed("", self.shape),)
         needs = [NoiseNeed("", (self.k,))]
         if self.blend_index.size:
             needs.append(NoiseNeed(".blend", (self.blend_index.size,), "uniform"))
@@ -222,6 +246,8 @@ class CodebookWeight(Encoding):
         return tuple(needs)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.sampling == "independent":
+            return draw_gaussian(rng, n, self.mean(), self.stddev())
         shared = self.codebook[:, 0] + self.codebook[:, 1] * rng.standard_normal((n, self.k), dtype=np.float32)
         out = shared[:, self.indices]
         if self.blend_index.size:

@@ -46,5 +46,13 @@ class GaussianWeight(Encoding):
         return self.sigma
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        eps = rng.standard_normal((n, *self.shape), dtype=np.float32)
-        return self.mu + self.sigma * eps
+        return draw_gaussian(rng, n, self.mu, self.sigma)
+
+
+def draw_gaussian(rng: np.random.Generator, n: int, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """``n`` draws ``mean + std ⊙ ε``, float32 ``(n, *mean.shape)``; ε from one ``standard_normal`` call, so every
+    encoding drawn weight by weight consumes ``rng`` alike (same seed, same ε)."""
+    draws = rng.standard_normal((n, *mean.shape), dtype=np.float32)
+    draws *= std
+    draws += mean
+    return draws

@@ -29,6 +29,7 @@ import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.ir.encodings.base import Encoding
+from edgebnn.ir.encodings.gaussian import draw_gaussian
 from edgebnn.ir.encodings.packing import bits_for, pack_uint, packed_nbytes, unpack_uint
 
 MAX_SIGMA_BITS = 8
@@ -190,7 +191,4 @@ class SigmaCodedWeight(Encoding):
         return self.sigma.decode().reshape(self.shape)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        draws = rng.standard_normal((n, *self.shape), dtype=np.float32)
-        draws *= self.stddev()
-        draws += self.mean()
-        return draws
+        return draw_gaussian(rng, n, self.mean(), self.stddev())

@@ -133,8 +133,10 @@ def test_blending_in_the_pass_gives_mixture_means(two_sigma_groups) -> None:
     np.testing.assert_allclose(enc.stddev().reshape(-1)[enc.blend_index], sd, rtol=1e-4, atol=1e-6)
 
 
-def test_sampling_shares_one_draw_per_entry(two_sigma_groups, zbound) -> None:
-    enc = _enc(lower(two_sigma_groups, "codebook", clusters=16), "W1")
+def test_shared_sampling_shares_one_draw_per_entry(two_sigma_groups, zbound) -> None:
+    """``sampling="shared"`` keeps the 2DGBNN semantics (the default before independent draws)."""
+    enc = _enc(lower(two_sigma_groups, "codebook", clusters=16, sampling="shared"), "W1")
+    assert enc.sampling == "shared" and enc.noise_needs()[0].dims == (enc.k,)
     assert enc.blend_index.size and enc.outlier_index.size
     draws = 400
     x = enc.sample(np.random.default_rng(0), draws).reshape(draws, -1)
@@ -158,6 +160,37 @@ def test_sampling_shares_one_draw_per_entry(two_sigma_groups, zbound) -> None:
     # outliers draw independently of each other
     o = enc.outlier_index[:2].astype(np.int64)
     assert abs(np.corrcoef(x[:, o[0]], x[:, o[1]])[0, 1]) < 5 / np.sqrt(draws)
+
+
+def test_independent_sampling_is_the_mean_field_gaussian_of_the_entries(two_sigma_groups) -> None:
+    """The default draws every weight on its own from N(E_i, sd_i²): the same ε stream as a Gaussian weight
+    (so a lowered model shares the float model's draws for a seed), entry members uncorrelated."""
+    result = lower(two_sigma_groups, "codebook", clusters=16)
+    assert result.report["passes"][-1]["options"]["sampling"] == "independent"  # recorded in the manifest
+    enc = _enc(result, "W1")
+    assert enc.sampling == "independent" and enc.GAUSSIAN and enc.blend_index.size and enc.outlier_index.size
+    assert [(n.suffix, n.dims, n.dist) for n in enc.noise_needs()] == [("", enc.shape, "normal")]
+    draws = 400
+    eps = np.random.default_rng(0).standard_normal((draws, *enc.shape), dtype=np.float32)
+    x = enc.sample(np.random.default_rng(0), draws)
+    np.testing.assert_array_equal(x, enc.mean() + enc.stddev() * eps)
+    flat = x.reshape(draws, -1)
+    special = np.zeros(enc.size, bool)
+    special[enc.outlier_index] = special[enc.blend_index] = True
+    members = np.flatnonzero((enc.indices == np.bincount(enc.indices[~special]).argmax()) & ~special)[:2]
+    assert abs(np.corrcoef(flat[:, members[0]], flat[:, members[1]])[0, 1]) < 5 / np.sqrt(draws)
+    again = CodebookWeight.from_fields(enc.fields(), enc.attributes(), enc.shape, "w")
+    assert again.sampling == "independent"
+
+
+def test_sampling_attribute_reads_old_files_as_shared_and_rejects_others(two_sigma_groups) -> None:
+    enc = _enc(lower(two_sigma_groups, "codebook", clusters=16), "W1")
+    attrs = enc.attributes()
+    assert attrs["sampling"] == "independent"
+    old = {k: v for k, v in attrs.items() if k != "sampling"}  # written before the attribute existed
+    assert CodebookWeight.from_fields(enc.fields(), old, enc.shape, "w").sampling == "shared"
+    with pytest.raises(InvalidArtifactError, match="w: attribute 'sampling' must be one of"):
+        CodebookWeight.from_fields(enc.fields(), {**attrs, "sampling": "sometimes"}, enc.shape, "w")
 
 
 def test_auto_bits_follow_the_variance_budget_and_forced_bits(wide) -> None:
@@ -193,7 +226,8 @@ def test_too_small_layers_and_too_many_clusters_fall_back_to_fixed(make_mlp, wid
 @pytest.mark.parametrize(
     ("options", "match"),
     [({"bits": 13}, "bits=13"), ({"bits": 3, "clusters": 4}, "give one"), ({"mahalanobis": 0.0}, "mahalanobis"),
-     ({"gradients": {"W1": np.ones(3)}}, "gradients\\['W1'\\] has 3 elements")],
+     ({"gradients": {"W1": np.ones(3)}}, "gradients\\['W1'\\] has 3 elements"),
+     ({"sampling": "sometimes"}, "sampling='sometimes': choose independent or shared")],
 )
 def test_bad_options(wide, options, match) -> None:
     with pytest.raises(InvalidOptionError, match=match):

@@ -13,8 +13,7 @@ from edgebnn.ir import to_bytes, verify
 from edgebnn.ir.encodings import FixedPointWeight, SigmaCode
 from edgebnn.ir.encodings.packing import packed_nbytes
 from edgebnn.passes import lower
-from edgebnn.passes.base import DEFAULT_NOISE_FRACTION
-from edgebnn.passes.fixed import best_step
+from edgebnn.passes.fixed import FixedConfig, best_step
 
 
 def _gaussians(model):
@@ -31,7 +30,7 @@ def test_auto_width_is_the_smallest_grid_within_the_variance_budget(mlp, report_
     result = lower(mlp, "fixed")
     verify(result.model)
     post = _gaussians(mlp)
-    budget_f = DEFAULT_NOISE_FRACTION
+    budget_f = FixedConfig().noise_fraction
     for row, w in zip(result.report["layers"], result.model.encoded_weights(), strict=True):
         assert report_keys <= set(row) and row["kind"] == "FixedPointWeight" and row["skipped"] is None
         enc = w.encoding

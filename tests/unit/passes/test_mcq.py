@@ -13,8 +13,7 @@ from edgebnn.ir import to_bytes, verify
 from edgebnn.ir.encodings import IntCountWeight, SigmaCode
 from edgebnn.ir.encodings.packing import packed_nbytes
 from edgebnn.passes import lower
-from edgebnn.passes.base import DEFAULT_NOISE_FRACTION
-from edgebnn.passes.mcq import mcq_counts
+from edgebnn.passes.mcq import McqConfig, mcq_counts
 
 
 def _sigma2(model, name):
@@ -47,7 +46,7 @@ def test_counts_are_floor_or_ceil_of_n_p_and_decode_within_one_step(mlp, report_
         assert n_samples == int((2 ** (enc.bits - 1) - 1) / p_max)
         # error e = U1 - U2 per weight: E e² = s²/6 <= f·mean σ²; the sd of the mean e² <= 1.18·sqrt(3/n)·s²/6
         want = enc.scale**2 / 6 / _sigma2(mlp, w.name)
-        assert want <= DEFAULT_NOISE_FRACTION * (1 + 1e-5)
+        assert want <= McqConfig().noise_fraction * (1 + 1e-5)
         assert abs(row["noise_ratio"] / want - 1) < 6 * 1.18 * np.sqrt(3 / mu.size)
 
 
