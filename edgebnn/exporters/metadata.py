@@ -125,7 +125,7 @@ class ExportMetadata:
                 raise InvalidArtifactError(f"{bad}: {name} {_short(value)} is not {_DESCRIBE[name]}")
 
         choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", WEIGHT_FORMATS),
-                   ("form", tuple(f for f in FORMS if f != "auto")))
+                   ("form", ("fp32", *(f for f in FORMS if f != "auto"))))  # fp32 weights: one form
         for name, allowed in choices:
             if raw.get(name) is not None and raw[name] not in allowed:
                 raise InvalidArtifactError(f"{bad}: {name} {_short(raw[name])} is not one of {', '.join(allowed)}")
