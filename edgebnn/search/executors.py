@@ -15,6 +15,8 @@ trials or their metrics.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -25,8 +27,9 @@ from edgebnn.errors import InvalidOptionError, MissingDependencyError
 from edgebnn.search.trial import TrialJob, evaluate_trial, profile_trial, run_trial
 
 EXECUTORS = ("local", "ray")
-RAY_CONNECT_TIMEOUT_S = 5.0
-"""How long ``--ray-address`` may take to accept a TCP connection before the search gives up."""
+RAY_CONNECT_TIMEOUT_S = 5
+"""How long ``--ray-address`` may take to accept a TCP connection, and then Ray's handshake with its head
+(``RAY_gcs_server_port_wait_time_s``, unless set already), before the search gives up: 10 s in all."""
 
 Done = Callable[[dict[str, Any]], None]
 
@@ -60,7 +63,7 @@ class LocalExecutor(AbstractContextManager["LocalExecutor"]):
             self._pool = None
 
 
-def check_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+def check_reachable(address: str, timeout_s: int = RAY_CONNECT_TIMEOUT_S) -> None:
     """Refuse a ``host:port`` (or ``ray://host:port``) that accepts no TCP connection within ``timeout_s``.
 
     ``ray.init`` itself retries an unreachable head for a long time; this fails in at most ``timeout_s``.
@@ -76,8 +79,27 @@ def check_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> N
             pass
     except OSError as e:
         why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        raise InvalidOptionError(f"--ray-address {address}: no Ray cluster reachable within {timeout_s:g} s "
+        raise InvalidOptionError(f"--ray-address {address}: no Ray cluster reachable within {timeout_s} s "
                                  f"({why})") from e
+
+
+@contextlib.contextmanager
+def _stderr_held() -> Iterator[None]:
+    """Send file descriptor 2 to a temp file; give it back to stderr only when the block succeeds."""
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        sys.stderr.write(held.read().decode(errors="replace"))
 
 
 class RayExecutor(AbstractContextManager["RayExecutor"]):
@@ -93,6 +115,8 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
     def __init__(self, address: str | None = None, *, workers: int = 1, device: str = "cpu") -> None:
         if workers < 1:
             raise InvalidOptionError(f"--workers {workers}: must be at least 1")
+        # Set before ray starts: bounds the handshake with a cluster head.
+        os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(RAY_CONNECT_TIMEOUT_S))
         try:
             import ray
         except ImportError as e:
@@ -117,9 +141,12 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
             if self.address is None:
                 ray.init(num_cpus=self.workers, _node_ip_address="127.0.0.1", **options)
             else:
-                ray.init(address=self.address, **options)
+                with _stderr_held():  # Ray's C++ client logs each retry; a failure is reported as one line
+                    ray.init(address=self.address, **options)
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = self.address or "a local instance"
+            if self.address is not None:
+                where += f" within {2 * RAY_CONNECT_TIMEOUT_S} s"
             raise InvalidOptionError(f"--executor ray: cannot start or join {where}: "
                                      f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
                                      ) from e
@@ -127,6 +154,10 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
         self._evaluate = ray.remote(num_cpus=1, num_returns=2, max_retries=0)(evaluate_trial)
         resources = {} if self.device == "cpu" else {self.device: 1}
         self._profile = ray.remote(num_cpus=1, resources=resources, max_retries=0)(profile_trial)
+
+    def __enter__(self) -> RayExecutor:
+        self._start()
+        return self
 
     def map(self, jobs: Sequence[TrialJob]) -> Iterator[dict[str, Any]]:
         """Submit every job of the batch, then return the results in job order."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -24,27 +25,28 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
     best = report["best"]["number"] if report["best"] else None
     table = Table(title=f"edgebnn search · {len(report['trials'])} trials on {report['settings']['device']} · "
                         f"float BNN {fmt_bytes(base['bytes'])}, NLL {base['metrics']['nll']:.4f}, "
-                        f"ECE {base['metrics']['ece']:.4f}", title_justify="left")
-    for name, justify in (("#", "right"), ("scheme", "left"), ("bits", "right"), ("S", "right"), ("mode", "left"),
-                          ("weights", "left"), ("hoist", "left"), ("bytes", "right"), ("x smaller", "right"),
-                          ("ms", "right"), ("acc", "right"), ("NLL", "right"), ("ECE", "right"),
-                          ("status", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+                        f"ECE {base['metrics']['ece']:.4f}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for name, justify in (("#", "right"), ("config", "left"), ("bytes", "right"), ("ratio", "right"),
+                          ("ms", "right"), ("acc", "right"), ("NLL", "right"), ("ECE", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "config")  # type: ignore[arg-type]
+    notes = []
     for t in report["trials"]:
-        c = t.get("config") or {}
         mark = ">" if t["number"] == best else "*" if t["number"] in pareto else ""
         m = t.get("metrics") or {}
-        status = "ok" if t["state"] == "complete" else f"failed: {t.get('error')}"
-        if t["state"] == "complete" and t.get("profile_error"):
-            status = f"ok (no latency: {t['profile_error']})"
-        table.add_row(f"{mark}{t['number']}", c.get("scheme", "-"), str(c.get("bits", "-")),
-                      str(c.get("samples", "-")), c.get("mode", "-"), c.get("weights", "-"), c.get("hoist", "-"),
+        if t["state"] != "complete":
+            notes.append(f"trial {t['number']} failed: {t.get('error')}")
+        elif t.get("profile_error"):
+            notes.append(f"trial {t['number']}: no latency: {t['profile_error']}")
+        table.add_row(f"{mark}{t['number']}", escape(_describe(t["config"])) if t.get("config") else "-",
                       "-" if t.get("bytes") is None else fmt_bytes(t["bytes"]),
                       "-" if t.get("bytes") is None else f"{base['bytes'] / t['bytes']:.1f}",
                       _num(t.get("latency_ms"), ".3f"), _num(m.get("accuracy"), ".4f"), _num(m.get("nll"), ".4f"),
-                      _num(m.get("ece"), ".4f"), escape(status))
+                      _num(m.get("ece"), ".4f") if t["state"] == "complete" else "failed")
     console.print(table)
-    console.print("* Pareto front   > best", highlight=False)
+    console.print("* Pareto front   > best   ratio: float BNN bytes / bytes", highlight=False)
+    for note in notes:
+        console.print(note, highlight=False, markup=False)
     if report["best"]:
         b = report["best"]
         console.print(f"best: trial {b['number']} ({escape(_describe(b['config']))}): {fmt_bytes(b['bytes'])}, "
@@ -55,8 +57,9 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
 
 
 def _describe(config: dict[str, Any]) -> str:
-    return (f"{config['scheme']}, bits {config['bits']}, S={config['samples']}, {config['mode']}, "
-            f"{config['weights']}, hoist {config['hoist']}")
+    """``fixed b4 S16 baked/int8 hoist``: scheme, bits, S, mode/weights, and ``hoist`` when hoisting."""
+    return (f"{config['scheme']} b{config['bits']} S{config['samples']} {config['mode']}/{config['weights']}"
+            f"{' hoist' if config['hoist'] != 'off' else ''}")
 
 
 def plot_front(report: dict[str, Any], path: str | Path) -> Path:

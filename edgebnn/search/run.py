@@ -146,13 +146,22 @@ def run_search(settings: SearchSettings, study_path: str | Path, executor: Local
         InvalidOptionError, InvalidArtifactError: Bad inputs (checked before the study file is touched).
     """
     objectives, budget = validate(settings)
+    import_optuna()  # a missing optuna is reported before a Ray cluster is joined
+    with executor:  # started (a Ray cluster joined) before the study file is touched
+        study = open_study(study_path, settings.study_settings(),
+                           ["maximize" if o.maximize else "minimize" for o in objectives])
+        baseline = study.user_attrs.get(BASELINE_KEY)
+        if baseline is None:
+            baseline = _baseline(settings)
+            study.set_user_attr(BASELINE_KEY, baseline)
+        _run_trials(study, settings, objectives, executor, progress)
+    return build_report(study, settings, objectives, budget, baseline, executor.describe())
+
+
+def _run_trials(study: Any, settings: SearchSettings, objectives: tuple[Objective, ...],
+                executor: LocalExecutor | RayExecutor, progress: Progress | None) -> None:
+    """Finish the trials an interrupted run left running, then ask → run → tell batches up to ``trials``."""
     optuna = import_optuna()
-    directions = ["maximize" if o.maximize else "minimize" for o in objectives]
-    study = open_study(study_path, settings.study_settings(), directions)
-    baseline = study.user_attrs.get(BASELINE_KEY)
-    if baseline is None:
-        baseline = _baseline(settings)
-        study.set_user_attr(BASELINE_KEY, baseline)
     running = optuna.trial.TrialState.RUNNING
 
     def tell(trial: Any, result: dict[str, Any]) -> None:
@@ -176,29 +185,27 @@ def run_search(settings: SearchSettings, study_path: str | Path, executor: Local
         for (trial, _), result in zip(batch, executor.map(jobs), strict=True):
             tell(trial, result)
 
-    with executor:
-        stale = [t for t in study.get_trials(deepcopy=False) if t.state == running]
-        resumed = []
-        for frozen in stale:
-            trial = optuna.Trial(study, frozen._trial_id)
-            if CONFIG_KEY in frozen.user_attrs:
-                resumed.append((trial, TrialConfig.from_dict(frozen.user_attrs[CONFIG_KEY])))
-            else:  # killed between ask and storing its config
-                trial.set_user_attr(RESULT_KEY, {"number": frozen.number, "state": "failed", "config": None,
-                                                 "error": "interrupted before its config was stored"})
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        for start in range(0, len(resumed), settings.population):
-            run_batch(resumed[start:start + settings.population])
-        while (count := len(study.trials)) < settings.trials:
-            batch = []
-            for number in range(count, min(count + settings.population, settings.trials)):
-                study.sampler = trial_sampler(settings.seed, number, settings.population)
-                trial = study.ask()
-                config = settings.space.suggest(trial)
-                trial.set_user_attr(CONFIG_KEY, config.to_dict())
-                batch.append((trial, config))
-            run_batch(batch)
-    return build_report(study, settings, objectives, budget, baseline, executor.describe())
+    stale = [t for t in study.get_trials(deepcopy=False) if t.state == running]
+    resumed = []
+    for frozen in stale:
+        trial = optuna.Trial(study, frozen._trial_id)
+        if CONFIG_KEY in frozen.user_attrs:
+            resumed.append((trial, TrialConfig.from_dict(frozen.user_attrs[CONFIG_KEY])))
+        else:  # killed between ask and storing its config
+            trial.set_user_attr(RESULT_KEY, {"number": frozen.number, "state": "failed", "config": None,
+                                             "error": "interrupted before its config was stored"})
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    for start in range(0, len(resumed), settings.population):
+        run_batch(resumed[start:start + settings.population])
+    while (count := len(study.trials)) < settings.trials:
+        batch = []
+        for number in range(count, min(count + settings.population, settings.trials)):
+            study.sampler = trial_sampler(settings.seed, number, settings.population)
+            trial = study.ask()
+            config = settings.space.suggest(trial)
+            trial.set_user_attr(CONFIG_KEY, config.to_dict())
+            batch.append((trial, config))
+        run_batch(batch)
 
 
 def build_report(study: Any, settings: SearchSettings, objectives: tuple[Objective, ...],
