@@ -74,8 +74,10 @@ def open_study(path: str | Path, settings: dict[str, Any], directions: list[str]
         raise InvalidOptionError(f"--study {path}: directory {path.parent} does not exist")
     try:
         storage = JournalStorage(JournalFileBackend(str(path)))
-        study = optuna.create_study(study_name=STUDY_NAME, storage=storage, directions=directions,
-                                    load_if_exists=True)
+        if any(s.study_name == STUDY_NAME for s in storage.get_all_studies()):
+            study = optuna.load_study(study_name=STUDY_NAME, storage=storage)  # appends nothing
+        else:
+            study = optuna.create_study(study_name=STUDY_NAME, storage=storage, directions=directions)
     except (ValueError, KeyError, json.JSONDecodeError) as e:
         raise InvalidArtifactError(f"--study {path}: not an edgebnn search study file ({e})") from e
     stored = study.user_attrs.get(SETTINGS_KEY)
