@@ -278,3 +278,14 @@ def test_cli_writes_report_plot_and_best_artifact(files, tmp_path):
     body = json.loads((tmp_path / "tight.json").read_text())
     assert body["best"] is None and body["closest"]["number"] in (0, 1)
     assert not best.exists()
+
+
+@pytest.mark.slow
+def test_ray_executor_gives_the_same_trials_as_local(files, reference, tmp_path):
+    """A local Ray instance (2 CPUs, loopback, no dashboard): same configs and metrics as the local executor."""
+    pytest.importorskip("ray")
+    from edgebnn.search import RayExecutor
+
+    report = run_search(settings(files), tmp_path / "study.jsonl", RayExecutor(None, workers=2))
+    assert strip_timing(report) == strip_timing(reference)
+    assert report["settings"]["executor"] == "ray (local instance, 2 CPUs)"
