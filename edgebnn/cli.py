@@ -581,6 +581,8 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
 @click.option("--schemes", default=None, help="Schemes to explore (default mcq,fixed,codebook,ternary,binary,"
                                               "prune+fixed).")
 @click.option("--bits", "bits_choices", default=None, help="Bit widths to explore (default auto,2,4,8).")
+@click.option("--sigma-bits", "sigma_choices", default=None,
+              help="Bits of the σ codes to explore (default 2,1,0; 0: one σ per layer).")
 @click.option("--samples", "samples_choices", default=None, help="Ensemble sizes S (default 4,8,16,32).")
 @click.option("--modes", default=None, help="Export modes (default baked,noise,shared,analytic).")
 @click.option("--weights", "weight_choices", default=None, help="Baked member weight formats (default fp32,int8,int4).")
@@ -605,12 +607,13 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
 @click.option("--plot", type=click.Path(dir_okay=False), help="Pareto plot (PNG).")
 @click.option("--export-best", type=click.Path(dir_okay=False), help="Write the best trial's ONNX ensemble here.")
 def search(model: str, data: str, ood_data: str | None, device: str, trials: int, budget: str | None,
-           objectives: str, schemes: str | None, bits_choices: str | None, samples_choices: str | None,
+           objectives: str, schemes: str | None, bits_choices: str | None, sigma_choices: str | None,
+           samples_choices: str | None,
            modes: str | None, weight_choices: str | None, hoist_choices: str | None, seed: int, population: int,
            executor: str, workers: int, ray_address: str | None, study_path: str | None, runs: int, warmup: int,
            threads: int, baseline_samples: int, json_out: str | None, plot: str | None,
            export_best: str | None) -> None:
-    """Search scheme × bits × S × export mode × weight format × hoisting for the smallest calibrated artifact.
+    """Search scheme × bits × σ bits × S × mode × weight format × hoisting for the smallest calibrated artifact.
 
     Each trial lowers MODEL (a float .ebnn), exports, evaluates on --data and profiles on --device; Optuna's
     seeded NSGA-II proposes the trials. Prints every trial, the Pareto front and the best artifact within
@@ -635,11 +638,13 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
         values = _choices(text, option)
         if values is not None:
             axes[axis] = values
-    sample_values = _choices(samples_choices, "--samples")
-    if sample_values is not None:
-        if not all(v.isdigit() for v in sample_values):
-            raise InvalidOptionError(f"--samples {samples_choices}: give comma-separated positive integers")
-        axes["samples"] = tuple(int(v) for v in sample_values)
+    for axis, text, option in (("sigma_bits", sigma_choices, "--sigma-bits"),
+                               ("samples", samples_choices, "--samples")):
+        values = _choices(text, option)
+        if values is not None:
+            if not all(v.isdigit() for v in values):
+                raise InvalidOptionError(f"{option} {text}: give comma-separated non-negative integers")
+            axes[axis] = tuple(int(v) for v in values)
     for path in (json_out, plot, export_best, study_path):
         if path:
             _check_output_dir(path)

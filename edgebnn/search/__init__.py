@@ -1,4 +1,4 @@
-"""``edgebnn search``: multi-objective search over scheme × bits × S × export mode × weight format × hoisting.
+"""``edgebnn search``: multi-objective search over scheme × bits × σ bits × S × export mode × weights × hoisting.
 
 Each trial lowers, exports, evaluates (accuracy, NLL, ECE, Brier, OOD AUROC) and profiles (latency, energy)
 one configuration through the public API; Optuna's seeded NSGA-II proposes the configurations

@@ -57,8 +57,9 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
 
 
 def _describe(config: dict[str, Any]) -> str:
-    """``fixed b4 S16 baked/int8 hoist``: scheme, bits, S, mode/weights, and ``hoist`` when hoisting."""
-    return (f"{config['scheme']} b{config['bits']} S{config['samples']} {config['mode']}/{config['weights']}"
+    """``fixed b4 σ1 S16 baked/int8 hoist``: scheme, bits, σ bits, S, mode/weights, ``hoist`` when hoisting."""
+    sigma = "" if config.get("sigma_bits") is None else f" σ{config['sigma_bits']}"
+    return (f"{config['scheme']} b{config['bits']}{sigma} S{config['samples']} {config['mode']}/{config['weights']}"
             f"{' hoist' if config['hoist'] != 'off' else ''}")
 
 

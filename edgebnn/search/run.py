@@ -250,5 +250,5 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
         raise BudgetNotMetError(f"--export-best {path}: nothing written: {report['best_reason']}")
     c = TrialConfig.from_dict(best["config"])
     seed = report["settings"]["seed"]
-    lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value)
+    lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value, **c.options)
     return export(lowered, path, samples=c.samples, mode=c.mode, weights=c.weights, seed=seed, hoist=c.hoist)

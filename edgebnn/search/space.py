@@ -1,6 +1,11 @@
-"""The search space: scheme × bits × S × export mode × weight format × hoisting, and one point of it.
+"""The search space: scheme × bits × σ bits × S × export mode × weight format × hoisting, and one point of it.
 
-The space is *define-by-run* (Optuna's term): ``scheme``, ``bits``, ``samples`` and ``hoist`` are always drawn;
+``sigma_bits`` is the lowering option that sets the bits of each weight's σ code (0: one σ per layer); at the
+default 2, the σ codes of a 3-bit fixed-point model are 2 of its 5 bits per weight, so it decides as much of the
+size as ``bits`` does.
+
+The space is *define-by-run* (Optuna's term): ``scheme``, ``bits``, ``samples`` and ``hoist`` are always drawn,
+``sigma_bits`` whenever the scheme has a σ code (every scheme but ``float`` and ``prune`` alone);
 the export mode is drawn among the modes the scheme's encodings can be exported in (``noise`` draws Gaussian
 weights only, so not codebook or binary ones; ``shared`` needs codebook layers), and the weight format only in
 ``baked`` mode (the only mode with quantized member weights). Each mode choice set is its own parameter
@@ -16,18 +21,25 @@ from typing import TYPE_CHECKING, Any
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
-from edgebnn.passes.config import parse_scheme
+from edgebnn.passes.base import MAX_SIGMA_BITS
+from edgebnn.passes.config import config_fields, parse_scheme
 
 if TYPE_CHECKING:
     import optuna
 
 DEFAULT_SCHEMES = ("mcq", "fixed", "codebook", "ternary", "binary", "prune+fixed")
 DEFAULT_BITS = ("auto", "2", "4", "8")
+DEFAULT_SIGMA_BITS = (2, 1, 0)
 DEFAULT_SAMPLES = (4, 8, 16, 32)
 DEFAULT_HOIST = ("off", "auto")
 HOIST_CHOICES = ("off", "auto")
 
 _NOT_NOISE = {"codebook", "binary"}  # encodings --mode noise cannot draw (it draws Gaussian weights)
+
+
+def has_sigma_code(scheme: str) -> bool:
+    """Whether ``scheme`` takes ``sigma_bits`` (its last pass stores a σ code)."""
+    return "sigma_bits" in config_fields(parse_scheme(scheme)[-1])[0]
 
 
 def modes_for(scheme: str, modes: Sequence[str] = MODES) -> tuple[str, ...]:
@@ -48,6 +60,7 @@ class TrialConfig:
     Attributes:
         scheme: Lowering scheme (``fixed``, ``prune+fixed``, ...).
         bits: ``"auto"`` or a forced width (as a string, the way the CLI and the config take it).
+        sigma_bits: Bits of the σ code (0: one σ per layer); None for a scheme without one.
         samples: Ensemble size S.
         mode: Export mode.
         weights: Member weight format (``fp32`` outside ``baked`` mode).
@@ -56,6 +69,7 @@ class TrialConfig:
 
     scheme: str
     bits: str
+    sigma_bits: int | None
     samples: int
     mode: str
     weights: str
@@ -68,12 +82,17 @@ class TrialConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
         """Inverse of :meth:`to_dict` (a study file's stored config)."""
-        return cls(**{k: data[k] for k in ("scheme", "bits", "samples", "mode", "weights", "hoist")})
+        return cls(**{k: data[k] for k in ("scheme", "bits", "sigma_bits", "samples", "mode", "weights", "hoist")})
 
     @property
     def bits_value(self) -> str | int:
         """``bits`` as :func:`edgebnn.api.lower` takes it."""
         return self.bits if self.bits == "auto" else int(self.bits)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Scheme options :func:`edgebnn.api.lower` takes (``sigma_bits`` when the scheme has a σ code)."""
+        return {} if self.sigma_bits is None else {"sigma_bits": self.sigma_bits}
 
 
 @dataclass(frozen=True)
@@ -82,13 +101,14 @@ class SearchSpace:
 
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
     bits: tuple[str, ...] = DEFAULT_BITS
+    sigma_bits: tuple[int, ...] = DEFAULT_SIGMA_BITS
     samples: tuple[int, ...] = DEFAULT_SAMPLES
     modes: tuple[str, ...] = MODES
     weights: tuple[str, ...] = WEIGHT_FORMATS
     hoist: tuple[str, ...] = DEFAULT_HOIST
 
     def __post_init__(self) -> None:
-        for axis in ("schemes", "bits", "samples", "modes", "weights", "hoist"):
+        for axis in ("schemes", "bits", "sigma_bits", "samples", "modes", "weights", "hoist"):
             if not getattr(self, axis):
                 raise InvalidOptionError(f"search space: no {axis} to choose from")
         for scheme in self.schemes:
@@ -99,6 +119,9 @@ class SearchSpace:
         for b in self.bits:
             if b != "auto" and not (b.isdigit() and 1 <= int(b) <= 32):
                 raise InvalidOptionError(f"search space: bits {b!r}: give 'auto' or an integer 1..32")
+        for sb in self.sigma_bits:
+            if not (isinstance(sb, int) and 0 <= sb <= MAX_SIGMA_BITS):
+                raise InvalidOptionError(f"search space: sigma bits {sb!r}: give an integer 0..{MAX_SIGMA_BITS}")
         for s in self.samples:
             check_samples(s)
         for axis, allowed in (("modes", MODES), ("weights", WEIGHT_FORMATS), ("hoist", HOIST_CHOICES)):
@@ -114,6 +137,7 @@ class SearchSpace:
         """Draw one config through Optuna's define-by-run API (see the module docstring)."""
         scheme = trial.suggest_categorical("scheme", self.schemes)
         bits = trial.suggest_categorical("bits", self.bits)
+        sigma_bits = trial.suggest_categorical("sigma_bits", self.sigma_bits) if has_sigma_code(scheme) else None
         samples = trial.suggest_categorical("samples", self.samples)
         modes = modes_for(scheme, self.modes)
         mode = modes[0] if len(modes) == 1 else trial.suggest_categorical(f"mode[{','.join(modes)}]", modes)
@@ -123,4 +147,5 @@ class SearchSpace:
         elif mode == "baked":
             weights = self.weights[0]
         hoist = trial.suggest_categorical("hoist", self.hoist)
-        return TrialConfig(str(scheme), str(bits), int(samples), str(mode), str(weights), str(hoist))
+        return TrialConfig(str(scheme), str(bits), None if sigma_bits is None else int(sigma_bits), int(samples),
+                           str(mode), str(weights), str(hoist))

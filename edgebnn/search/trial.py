@@ -1,6 +1,6 @@
 """One trial, as pure functions of a picklable :class:`TrialJob`: lower, export, evaluate, profile.
 
-:func:`evaluate_trial` lowers the IR with the trial's scheme and bits (:func:`edgebnn.api.lower`), exports the
+:func:`evaluate_trial` lowers the IR with the trial's scheme, bits and σ bits (:func:`edgebnn.api.lower`), exports the
 ensemble (S, mode, weight format, hoisting) and evaluates it in onnxruntime on the search data
 (:func:`edgebnn.api.evaluate_artifact`); :func:`profile_trial` compiles the exported graph for the named device
 (:func:`edgebnn.targets.registry.get_target`) and times it (:func:`edgebnn.targets.profiler.measure`, with the
@@ -71,7 +71,7 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
                               "latency_ms": None, "energy_mj": None, "energy_reason": None, "error": None,
                               "profile_error": None}
     try:
-        lowered = lower(load_ir(job.model), c.scheme, seed=job.seed, bits=c.bits_value)
+        lowered = lower(load_ir(job.model), c.scheme, seed=job.seed, bits=c.bits_value, **c.options)
         report = lowered.lowering_report
         proto = export_onnx(lowered, c.samples, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist)
         onnx_bytes = proto.SerializeToString()

@@ -72,7 +72,7 @@ def test_report_holds_every_trial_the_front_and_the_best(reference):
     done = [t for t in trials if t["state"] == "complete"]
     assert done, "no trial completed"
     for t in done:
-        assert set(t["config"]) == {"scheme", "bits", "samples", "mode", "weights", "hoist"}
+        assert set(t["config"]) == {"scheme", "bits", "sigma_bits", "samples", "mode", "weights", "hoist"}
         assert {"accuracy", "nll", "ece", "brier"} <= set(t["metrics"])
         assert t["bytes"] > 0 and t["artifact_bytes"] > 0 and t["latency_ms"] > 0
         assert t["energy_mj"] is None and t["energy_reason"]  # no power sensor on this machine
@@ -206,6 +206,8 @@ def test_space_offers_only_modes_the_encodings_export_in():
         SearchSpace(schemes=("binary",), modes=("noise",))
     with pytest.raises(InvalidOptionError, match="bits 'x'"):
         SearchSpace(bits=("x",))
+    with pytest.raises(InvalidOptionError, match="sigma bits 9"):
+        SearchSpace(sigma_bits=(9,))
 
 
 @pytest.mark.parametrize(("change", "error", "message"), [
