@@ -580,7 +580,7 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
                    "ece, brier, auroc. latency/energy are timings: with them, later generations depend on them.")
 @click.option("--schemes", default=None, help="Schemes to explore (default mcq,fixed,codebook,ternary,binary,"
                                               "prune+fixed).")
-@click.option("--bits", "bits_choices", default=None, help="Bit widths to explore (default auto,2,4,8).")
+@click.option("--bits", "bits_choices", default=None, help="Bit widths to explore (default auto,3,4,6).")
 @click.option("--sigma-bits", "sigma_choices", default=None,
               help="Bits of the σ codes to explore (default 2,1,0; 0: one σ per layer).")
 @click.option("--samples", "samples_choices", default=None, help="Ensemble sizes S (default 4,8,16,32).")
