@@ -4,12 +4,15 @@
 default 2, the σ codes of a 3-bit fixed-point model are 2 of its 5 bits per weight, so it decides as much of the
 size as ``bits`` does.
 
-The space is *define-by-run* (Optuna's term): ``scheme``, ``bits``, ``samples`` and ``hoist`` are always drawn,
-``sigma_bits`` whenever the scheme has a σ code (every scheme but ``float`` and ``prune`` alone);
+The space is *define-by-run* (Optuna's term): ``scheme``, ``samples`` and ``hoist`` are always drawn,
+``sigma_bits`` whenever the scheme has a σ code (every scheme but ``float`` and ``prune`` alone); ``bits`` among
+the widths the scheme's pass accepts (its own config check decides: binary takes only 1 bit, ternary 2, so their
+trials take ``auto``);
 the export mode is drawn among the modes the scheme's encodings can be exported in (``noise`` draws Gaussian
 weights only, so not codebook or binary ones; ``shared`` needs codebook layers), and the weight format only in
 ``baked`` mode (the only mode with quantized member weights). Each mode choice set is its own parameter
-(``mode[baked,noise,analytic]``), because Optuna keeps one distribution per parameter name. Parameters that are
+(``mode[baked,noise,analytic]``, ``bits[auto,3]``; ``bits`` when every width is accepted), because Optuna keeps one
+distribution per parameter name. Parameters that are
 always drawn are evolved by NSGA-II; the conditional ones are drawn by its seeded random sampler.
 """
 
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.passes.base import MAX_SIGMA_BITS
-from edgebnn.passes.config import config_fields, parse_scheme
+from edgebnn.passes.config import config_fields, parse_scheme, pass_configs
 
 if TYPE_CHECKING:
     import optuna
@@ -42,6 +45,18 @@ _NOT_NOISE = {"codebook", "binary"}  # encodings --mode noise cannot draw (it dr
 def has_sigma_code(scheme: str) -> bool:
     """Whether ``scheme`` takes ``sigma_bits`` (its last pass stores a σ code)."""
     return "sigma_bits" in config_fields(parse_scheme(scheme)[-1])[0]
+
+
+def bits_for(scheme: str, bits: Sequence[str]) -> tuple[str, ...]:
+    """The widths among ``bits`` that the last pass of ``scheme`` accepts (its config's own check)."""
+    out = []
+    for b in bits:
+        try:
+            pass_configs(scheme, b if b == "auto" else int(b), {}, {})
+        except InvalidOptionError:
+            continue
+        out.append(b)
+    return tuple(out)
 
 
 def modes_for(scheme: str, modes: Sequence[str] = MODES) -> tuple[str, ...]:
@@ -113,17 +128,19 @@ class SearchSpace:
         for axis in ("schemes", "bits", "sigma_bits", "samples", "modes", "weights", "hoist"):
             if not getattr(self, axis):
                 raise InvalidOptionError(f"search space: no {axis} to choose from")
-        for scheme in self.schemes:
-            parse_scheme(scheme)
-            if not modes_for(scheme, self.modes):
-                raise InvalidOptionError(f"search space: scheme {scheme} exports in none of the modes "
-                                         f"{', '.join(self.modes)}")
         for b in self.bits:
             if b != "auto" and not (b.isdigit() and 1 <= int(b) <= 32):
                 raise InvalidOptionError(f"search space: bits {b!r}: give 'auto' or an integer 1..32")
         for sb in self.sigma_bits:
             if not (isinstance(sb, int) and 0 <= sb <= MAX_SIGMA_BITS):
                 raise InvalidOptionError(f"search space: sigma bits {sb!r}: give an integer 0..{MAX_SIGMA_BITS}")
+        for scheme in self.schemes:
+            if not modes_for(scheme, self.modes):
+                raise InvalidOptionError(f"search space: scheme {scheme} exports in none of the modes "
+                                         f"{', '.join(self.modes)}")
+            if not bits_for(scheme, self.bits):
+                raise InvalidOptionError(f"search space: scheme {scheme} takes none of the bits "
+                                         f"{', '.join(self.bits)}")
         for s in self.samples:
             check_samples(s)
         for axis, allowed in (("modes", MODES), ("weights", WEIGHT_FORMATS), ("hoist", HOIST_CHOICES)):
@@ -138,7 +155,9 @@ class SearchSpace:
     def suggest(self, trial: optuna.Trial) -> TrialConfig:
         """Draw one config through Optuna's define-by-run API (see the module docstring)."""
         scheme = trial.suggest_categorical("scheme", self.schemes)
-        bits = trial.suggest_categorical("bits", self.bits)
+        widths = bits_for(scheme, self.bits)
+        bits = widths[0] if len(widths) == 1 else trial.suggest_categorical(
+            "bits" if widths == self.bits else f"bits[{','.join(widths)}]", widths)
         sigma_bits = trial.suggest_categorical("sigma_bits", self.sigma_bits) if has_sigma_code(scheme) else None
         samples = trial.suggest_categorical("samples", self.samples)
         modes = modes_for(scheme, self.modes)

@@ -24,12 +24,13 @@ from edgebnn.search import (
     run_search,
 )
 from edgebnn.search.objectives import choose_best
-from edgebnn.search.space import modes_for
+from edgebnn.search.space import TrialConfig, bits_for, modes_for
+from edgebnn.search.trial import TrialJob, run_trial
 
 optuna = pytest.importorskip("optuna")
 
 # Small enough for a few seconds a search: fixed-point and MCQ export in every mode but shared; binary takes
-# only bits=1, so a binary trial with bits 4 fails (the search records it and goes on).
+# only 1 bit, so its trials are drawn without bits (auto).
 SPACE = SearchSpace(schemes=("fixed", "mcq", "binary"), bits=("auto", "4"), samples=(2, 4), hoist=("off", "auto"))
 
 
@@ -94,13 +95,24 @@ def test_same_seed_same_trials_and_metrics(files, reference, tmp_path):
     assert [t["config"] for t in other["trials"]] != [t["config"] for t in reference["trials"]]
 
 
-def test_a_failed_trial_is_recorded_and_the_search_goes_on(reference):
-    failed = [t for t in reference["trials"] if t["state"] == "failed"]
-    assert failed, "seed 7 draws no binary trial with bits 4 any more: pick a seed that does"
-    for t in failed:
-        assert t["config"]["scheme"] == "binary" and t["config"]["bits"] == "4"
-        assert t["error"].startswith("InvalidOptionError: ") and "\n" not in t["error"]
-    assert len(reference["trials"]) == 6
+def test_a_trial_that_fails_is_a_result_with_its_error(files):
+    root, model = files
+    config = TrialConfig("ternary", "4", 2, 2, "baked", "fp32", "off")  # ternary takes only 2 bits
+    result = run_trial(TrialJob(0, config, str(model), str(root / "val.npz"), None, 0, "cpu", runs=1, warmup=0))
+    assert result["state"] == "failed" and result["metrics"] is None and result["latency_ms"] is None
+    assert result["error"] == "InvalidOptionError: config: bits=4: must be an integer in 2..2"
+    assert result["config"] == config.to_dict()
+
+
+def test_binary_and_ternary_trials_take_only_their_width(reference):
+    for t in reference["trials"]:
+        if t["config"]["scheme"] == "binary":
+            assert t["config"]["bits"] == "auto"
+    assert all(t["state"] == "complete" for t in reference["trials"])
+    assert bits_for("ternary", ("auto", "2", "3")) == ("auto", "2")
+    assert bits_for("fixed", ("auto", "1", "3")) == ("auto", "3")
+    with pytest.raises(InvalidOptionError, match="scheme binary takes none of the bits 3, 4"):
+        SearchSpace(schemes=("binary",), bits=("3", "4"))
 
 
 def test_resume_after_a_stop_between_batches(files, reference, tmp_path):
