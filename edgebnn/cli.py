@@ -28,6 +28,7 @@ from edgebnn.calib.int8 import METHODS
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.search.objectives import DEFAULT_OBJECTIVES
+from edgebnn.search.run import DEFAULT_POPULATION
 from edgebnn.tables import fmt_bytes, print_eval, print_inspect, print_lower_report, print_profile
 from edgebnn.tables import write_json as write_report
 from edgebnn.targets.base import BASELINE_RUNNERS
@@ -588,7 +589,7 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
 @click.option("--weights", "weight_choices", default=None, help="Baked member weight formats (default fp32,int8,int4).")
 @click.option("--hoist", "hoist_choices", default=None, help="Hoisting choices (default off,auto).")
 @click.option("--seed", default=0, show_default=True, help="Seeds the sampler and every trial: same seed, same trials.")
-@click.option("--population", default=8, show_default=True,
+@click.option("--population", default=DEFAULT_POPULATION, show_default=True,
               help="NSGA-II population; also how many trials are asked, then run in parallel, at a time.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: a process pool here; ray: Ray tasks (a local instance, or --ray-address).")
