@@ -117,18 +117,18 @@ def test_binary_and_ternary_trials_take_only_their_width(reference):
 
 def test_resume_after_a_stop_between_batches(files, reference, tmp_path):
     study = tmp_path / "study.jsonl"
-    first = run_search(settings(files, trials=4), study, LocalExecutor(1))  # stops inside the second batch
-    assert len(first["trials"]) == 4
+    first = run_search(settings(files, trials=3), study, LocalExecutor(1))  # stops after the first batch
+    assert len(first["trials"]) == 3
     resumed = run_search(settings(files), study, LocalExecutor(1))
     assert strip_timing(resumed) == strip_timing(reference)
 
 
 def test_resume_after_an_interrupt_inside_a_batch(files, reference, tmp_path):
-    """Ctrl-C after two trials of a batch were told: the rest stay 'running' in the study and run again."""
+    """Ctrl-C after the first trial of the second batch was told: the rest stay 'running' and run again."""
     study = tmp_path / "study.jsonl"
 
     def interrupt(done, _total, _result):
-        if done == 2:
+        if done == 4:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
