@@ -109,7 +109,7 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
         address: ``HOST:PORT`` / ``ray://HOST:PORT`` / ``auto`` of a running cluster, or None to start a local
             instance (loopback only, no dashboard) with ``workers`` CPUs.
         workers: CPUs of the local instance (ignored with ``address``: the cluster's resources decide).
-        device: Device profile the trials are profiled on (its name is the custom resource asked for).
+        device: Device profile the trials are profiled on (its canonical name is the custom resource asked for).
     """
 
     def __init__(self, address: str | None = None, *, workers: int = 1, device: str = "cpu") -> None:
@@ -121,6 +121,9 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
             import ray
         except ImportError as e:
             raise MissingDependencyError("--executor ray needs ray: pip install 'edgebnn[search]'") from e
+        from edgebnn.targets.registry import get_target
+
+        device = get_target(device).name  # the canonical profile name is the resource: jetson -> jetson-orin-nano
         if address is not None:
             check_reachable(address)
         self.address, self.workers, self.device = address, workers, device

@@ -303,3 +303,14 @@ def test_ray_executor_gives_the_same_trials_as_local(files, reference, tmp_path)
     report = run_search(settings(files), tmp_path / "study.jsonl", RayExecutor(None, workers=2))
     assert strip_timing(report) == strip_timing(reference)
     assert report["settings"]["executor"] == "ray (local instance, 2 CPUs)"
+
+
+def test_ray_profiles_ask_for_the_canonical_device_resource():
+    """A Jetson node is started with --resources '{"jetson-orin-nano": 1}': an alias must ask for that name."""
+    pytest.importorskip("ray")
+    from edgebnn.search import RayExecutor
+
+    assert RayExecutor(None, device="jetson").device == "jetson-orin-nano"
+    assert RayExecutor(None, device="RTX").device == "rtx"
+    with pytest.raises(InvalidOptionError, match="unknown device 'tpu'"):
+        RayExecutor(None, device="tpu")
