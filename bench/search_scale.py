@@ -1,0 +1,110 @@
+"""``edgebnn search`` on the digits CNN: the 16x-within-budget goal, and the speed-up of 2 Ray workers over 1.
+
+Trains the digits CNN (seed 0, as ``edgebnn demo`` does), imports it into the IR, then
+
+1. searches 24 trials (seed 0, the default space, objectives bytes,nll,ece) with the budget
+   ``nll=+0.05,ece=+0.01`` on the digits validation split, and reports the best trial's size against the fp32 BNN
+   (``float_bnn_bytes / bytes``; the goal is >= 16x) and its NLL/ECE changes; the Pareto plot goes to
+   ``--plot``;
+2. runs the same 24-trial search on a local Ray instance with 1 worker, then with 2, each into a fresh study, and
+   reports both wall times (the search itself; starting the Ray instance is reported apart) and their ratio (the
+   goal is <= 0.6), and whether both gave the local search's trials.
+
+Run from the repository root::
+
+    .venv/bin/python bench/search_scale.py [--trials 24] [--json out.json] [--plot front.png]
+
+Prints one JSON line on stdout and a summary on stderr. Wall times on a machine shared with other jobs vary
+from run to run; see docs/search.md for the figures measured and the machine they were measured on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BUDGET = "nll=+0.05,ece=+0.01"
+
+
+def trained_ir(out: Path) -> Path:
+    import torch
+
+    from edgebnn import ir
+    from edgebnn.data import digits
+    from edgebnn.importers import import_model
+    from edgebnn.models import digits_cnn
+    from edgebnn.train import train_bnn
+
+    torch.manual_seed(0)
+    model = digits_cnn()
+    torch.set_num_threads(1)
+    train_bnn(model, digits(0), seed=0, progress=False)
+    return ir.save(import_model(model, (1, 1, 8, 8), where="digits_cnn"), out / "digits_cnn.ebnn")
+
+
+def strip_timing(report: dict) -> list[dict]:
+    return [{k: v for k, v in t.items() if k not in ("latency_ms", "energy_mj", "energy_reason", "runner")}
+            for t in report["trials"]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--runs", type=int, default=20, help="timed runs per trial profile")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path)
+    parser.add_argument("--skip-ray", action="store_true")
+    args = parser.parse_args()
+
+    from edgebnn.search import LocalExecutor, RayExecutor, SearchSettings, plot_front, run_search
+
+    with tempfile.TemporaryDirectory(prefix="edgebnn-search-bench-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        model = trained_ir(root)
+        print(f"trained and imported the digits CNN in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        settings = SearchSettings(model=str(model), data="digits", trials=args.trials, budget=BUDGET,
+                                  runs=args.runs)
+        t0 = time.perf_counter()
+        local = run_search(settings, root / "local.jsonl", LocalExecutor(1))
+        local_s = time.perf_counter() - t0
+        if args.plot:
+            plot_front(local, args.plot)
+        base = local["baseline"]
+        best = local["best"]
+        result: dict = {"trials": args.trials, "budget": BUDGET, "local_1_worker_s": round(local_s, 2),
+                        "float_bnn_bytes": base["bytes"], "baseline": base["metrics"],
+                        "completed": sum(t["state"] == "complete" for t in local["trials"]),
+                        "pareto": [t["number"] for t in local["pareto"]], "best_reason": local["best_reason"]}
+        if best is not None:
+            result["best"] = {"number": best["number"], "config": best["config"], "bytes": best["bytes"],
+                              "ratio_vs_fp32_bnn": round(base["bytes"] / best["bytes"], 2),
+                              "artifact_bytes": best["artifact_bytes"],
+                              "d_nll": round(best["metrics"]["nll"] - base["metrics"]["nll"], 4),
+                              "d_ece": round(best["metrics"]["ece"] - base["metrics"]["ece"], 4),
+                              "accuracy": best["metrics"]["accuracy"]}
+            result["goal_16x_within_budget"] = base["bytes"] / best["bytes"] >= 16
+        if not args.skip_ray:
+            for workers in (1, 2):
+                t0 = time.perf_counter()
+                executor = RayExecutor(None, workers=workers).__enter__()  # the search re-enters it, then stops it
+                started = time.perf_counter()
+                report = run_search(settings, root / f"ray{workers}.jsonl", executor)
+                result[f"ray_{workers}_workers_s"] = round(time.perf_counter() - started, 2)
+                result[f"ray_{workers}_workers_start_s"] = round(started - t0, 2)
+                result[f"ray_{workers}_same_trials_as_local"] = strip_timing(report) == strip_timing(local)
+            result["ray_2_over_1"] = round(result["ray_2_workers_s"] / result["ray_1_workers_s"], 3)
+    line = json.dumps(result)
+    print(line)
+    if args.json:
+        args.json.write_text(line + "\n")
+    for key, value in result.items():
+        print(f"{key:>28}: {value}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

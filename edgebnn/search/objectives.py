@@ -1,0 +1,154 @@
+"""Objectives, budgets, the Pareto front and the choice of ``best``.
+
+A trial result (:func:`edgebnn.search.trial.run_trial`) has ``metrics`` (``accuracy``, ``nll``, ``ece``,
+``brier`` and, with OOD data, ``auroc``), ``bytes`` (the lowered model's stored weights, the figure
+``compression_ratio`` divides), ``artifact_bytes`` (the exported ONNX), ``latency_ms`` and ``energy_mj``.
+
+A budget bounds metrics relative to the float BNN measured once per search: ``nll=+0.05,ece=+0.01`` keeps
+trials whose NLL is at most 0.05 and ECE at most 0.01 above the float BNN's; ``accuracy=-0.01`` keeps those
+at most 0.01 below it (a bound moves in each metric's bad direction). ``best`` is the smallest ``bytes``
+within the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from edgebnn.errors import InvalidOptionError
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One figure a search optimizes.
+
+    Attributes:
+        name: As ``--objectives`` names it.
+        path: Where it sits in a trial result (``("metrics", "nll")``).
+        maximize: Higher is better.
+        deterministic: The same config gives the same value on every run (latency and energy are timings).
+    """
+
+    name: str
+    path: tuple[str, ...]
+    maximize: bool = False
+    deterministic: bool = True
+
+    def value(self, result: Mapping[str, Any]) -> float | None:
+        """The objective's value in a trial result (None: not measured)."""
+        node: Any = result
+        for key in self.path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        return None if node is None else float(node)
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
+    Objective("bytes", ("bytes",)),
+    Objective("artifact_bytes", ("artifact_bytes",)),
+    Objective("latency", ("latency_ms",), deterministic=False),
+    Objective("energy", ("energy_mj",), deterministic=False),
+    Objective("accuracy", ("metrics", "accuracy"), maximize=True),
+    Objective("nll", ("metrics", "nll")),
+    Objective("ece", ("metrics", "ece")),
+    Objective("brier", ("metrics", "brier")),
+    Objective("auroc", ("metrics", "auroc"), maximize=True),
+)}
+DEFAULT_OBJECTIVES = ("bytes", "nll", "ece")
+BUDGET_METRICS = ("accuracy", "nll", "ece", "brier", "auroc")
+
+
+def parse_objectives(text: str | Sequence[str], *, ood: bool = False) -> tuple[Objective, ...]:
+    """``bytes,latency,nll`` -> objectives.
+
+    Raises:
+        InvalidOptionError: An unknown or repeated name, none at all, or ``auroc`` without OOD data.
+    """
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text)]
+    if not names or any(not n for n in names):
+        raise InvalidOptionError(f"--objectives {text!r}: give comma-separated names from {', '.join(OBJECTIVES)}")
+    unknown = [n for n in names if n not in OBJECTIVES]
+    if unknown:
+        raise InvalidOptionError(f"--objectives: unknown objective {unknown[0]!r}; choose from {', '.join(OBJECTIVES)}")
+    if len(set(names)) != len(names):
+        raise InvalidOptionError(f"--objectives {text!r}: an objective is named twice")
+    if "auroc" in names and not ood:
+        raise InvalidOptionError("--objectives auroc: needs --ood-data")
+    return tuple(OBJECTIVES[n] for n in names)
+
+
+def parse_budget(text: str | None, *, ood: bool = False) -> dict[str, float]:
+    """``nll=+0.05,ece=+0.01`` -> ``{"nll": 0.05, "ece": 0.01}`` (allowed change vs the float BNN).
+
+    Raises:
+        InvalidOptionError: Malformed, an unknown metric, a bound that demands an improvement, or ``auroc``
+            without OOD data.
+    """
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in BUDGET_METRICS:
+            raise InvalidOptionError(f"--budget {text}: give METRIC=DELTA pairs, METRIC one of "
+                                     f"{', '.join(BUDGET_METRICS)} (e.g. nll=+0.05,ece=+0.01)")
+        try:
+            delta = float(value)
+        except ValueError as e:
+            raise InvalidOptionError(f"--budget {part}: {value!r} is not a number") from e
+        if delta != delta or abs(delta) == float("inf"):
+            raise InvalidOptionError(f"--budget {part}: give a finite number")
+        maximize = OBJECTIVES[key].maximize
+        if (delta > 0) if maximize else (delta < 0):
+            raise InvalidOptionError(f"--budget {part}: the bound is the loss allowed vs the float BNN "
+                                     f"({'-' if maximize else '+'}DELTA for {key})")
+        if key == "auroc" and not ood:
+            raise InvalidOptionError("--budget auroc: needs --ood-data")
+        out[key] = delta
+    return out
+
+
+def budget_excess(result: Mapping[str, Any], baseline: Mapping[str, float], budget: Mapping[str, float]
+                  ) -> dict[str, float]:
+    """By how much each budgeted metric of a completed trial exceeds its bound (0: within)."""
+    out = {}
+    for key, delta in budget.items():
+        value = OBJECTIVES[key].value(result)
+        if value is None:
+            out[key] = float("inf")
+            continue
+        change = value - baseline[key]
+        out[key] = max(0.0, delta - change) if OBJECTIVES[key].maximize else max(0.0, change - delta)
+    return out
+
+
+def _change(result: Mapping[str, Any], baseline: Mapping[str, float], key: str) -> str:
+    value = OBJECTIVES[key].value(result)
+    return "not measured" if value is None else f"{value - baseline[key]:+.4f}"
+
+
+def choose_best(trials: Sequence[Mapping[str, Any]], baseline: Mapping[str, float],
+                budget: Mapping[str, float]) -> tuple[Mapping[str, Any] | None, str, Mapping[str, Any] | None]:
+    """``(best, reason, closest)``: the smallest completed trial within the budget (ties: lowest number).
+
+    With none within, ``best`` is None, ``reason`` says why and ``closest`` is the trial with the smallest
+    worst excess relative to its bound (ties: smaller bytes), else None.
+    """
+    done = [t for t in trials if t.get("state") == "complete"]
+    if not done:
+        return None, "no trial completed", None
+    within = [t for t in done if not any(budget_excess(t, baseline, budget).values())]
+    if within:
+        best = min(within, key=lambda t: (t["bytes"], t["number"]))
+        return best, f"smallest bytes of {len(within)} trial(s) within the budget", None
+
+    def badness(t: Mapping[str, Any]) -> tuple[float, int, int]:
+        excess = budget_excess(t, baseline, budget)
+        return max(e / max(abs(budget[k]), 1e-12) for k, e in excess.items()), t["bytes"], t["number"]
+
+    closest = min(done, key=badness)
+    excess = budget_excess(closest, baseline, budget)
+    over = ", ".join(f"{k} {_change(closest, baseline, k)} (allowed {budget[k]:+g})" for k in budget if excess[k] > 0)
+    return None, (f"no trial of {len(done)} within the budget; closest: trial {closest['number']} "
+                  f"({closest['config']['scheme']}, {closest['bytes']} bytes): {over}"), closest

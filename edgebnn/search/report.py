@@ -1,0 +1,112 @@
+"""The search report as a rich table and a Pareto plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from edgebnn.search.objectives import OBJECTIVES
+from edgebnn.tables import fmt_bytes
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_search(console: Console, report: dict[str, Any]) -> None:
+    """One row per trial (Pareto trials marked ``*``, the best ``>``), then the float BNN and the choice."""
+    base = report["baseline"]
+    pareto = {t["number"] for t in report["pareto"]}
+    best = report["best"]["number"] if report["best"] else None
+    table = Table(title=f"edgebnn search · {len(report['trials'])} trials on {report['settings']['device']} · "
+                        f"float BNN {fmt_bytes(base['bytes'])}, NLL {base['metrics']['nll']:.4f}, "
+                        f"ECE {base['metrics']['ece']:.4f}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for name, justify in (("#", "right"), ("config", "left"), ("bytes", "right"), ("ratio", "right"),
+                          ("ms", "right"), ("acc", "right"), ("NLL", "right"), ("ECE", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "config")  # type: ignore[arg-type]
+    notes = []
+    for t in report["trials"]:
+        mark = ">" if t["number"] == best else "*" if t["number"] in pareto else ""
+        m = t.get("metrics") or {}
+        if t["state"] != "complete":
+            notes.append(f"trial {t['number']} failed: {t.get('error')}")
+        elif t.get("profile_error"):
+            notes.append(f"trial {t['number']}: no latency: {t['profile_error']}")
+        table.add_row(f"{mark}{t['number']}", escape(_describe(t["config"])) if t.get("config") else "-",
+                      "-" if t.get("bytes") is None else fmt_bytes(t["bytes"]),
+                      "-" if t.get("bytes") is None else f"{base['bytes'] / t['bytes']:.1f}",
+                      _num(t.get("latency_ms"), ".3f"), _num(m.get("accuracy"), ".4f"), _num(m.get("nll"), ".4f"),
+                      _num(m.get("ece"), ".4f") if t["state"] == "complete" else "failed")
+    console.print(table)
+    console.print("* Pareto front   > best   ratio: float BNN bytes / bytes", highlight=False)
+    for note in notes:
+        console.print(note, highlight=False, markup=False)
+    if report["best"]:
+        b = report["best"]
+        console.print(f"best: trial {b['number']} ({escape(_describe(b['config']))}): {fmt_bytes(b['bytes'])}, "
+                      f"{base['bytes'] / b['bytes']:.1f}x smaller than the float BNN; {report['best_reason']}",
+                      highlight=False)
+    else:
+        console.print(f"best: none: {escape(report['best_reason'])}", highlight=False)
+
+
+def _describe(config: dict[str, Any]) -> str:
+    """``fixed b4 σ1 S16 baked/int8 hoist``: scheme, bits, σ bits, S, mode/weights, ``hoist`` when hoisting."""
+    sigma = "" if config.get("sigma_bits") is None else f" σ{config['sigma_bits']}"
+    return (f"{config['scheme']} b{config['bits']}{sigma} S{config['samples']} {config['mode']}/{config['weights']}"
+            f"{' hoist' if config['hoist'] != 'off' else ''}")
+
+
+def plot_front(report: dict[str, Any], path: str | Path) -> Path:
+    """Scatter of the first two objectives (``bytes`` against the first metric when only one is searched):
+    every completed trial, the Pareto front joined by a line, the best trial starred and the float BNN."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from edgebnn._io import atomic_write
+
+    names = [o["name"] for o in report["objectives"]]
+    if len(names) > 1:
+        x_name, y_name = names[:2]
+    else:  # one objective: against bytes, or bytes against NLL
+        x_name, y_name = ("bytes", "nll") if names[0] in ("bytes", "nll") else ("bytes", names[0])
+    x_obj, y_obj = OBJECTIVES[x_name], OBJECTIVES[y_name]
+
+    def points(trials: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+        pts = []
+        for t in trials:
+            x, y = x_obj.value(t), y_obj.value(t)
+            if t["state"] == "complete" and x is not None and y is not None:
+                pts.append((x, y))
+        pts.sort()
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ax.scatter(*points(report["trials"]), s=18, color="#999", label="trial")
+    px, py = points(report["pareto"])
+    ax.plot(px, py, "o-", color="#c33", ms=5, lw=1, label="Pareto front (all objectives)")
+    if report["best"]:
+        bx, by = points([report["best"]])
+        ax.scatter(bx, by, marker="*", s=220, color="#e90", edgecolor="k", zorder=5, label="best within budget")
+    base = {"bytes": report["baseline"]["bytes"], "metrics": report["baseline"]["metrics"]}
+    bx0, by0 = x_obj.value(base), y_obj.value(base)
+    if bx0 is not None and by0 is not None:
+        ax.scatter([bx0], [by0], marker="s", s=40, color="#36c", label="float BNN")
+    if x_name in ("bytes", "artifact_bytes"):
+        ax.set_xscale("log")
+    ax.set_xlabel(x_name)
+    ax.set_ylabel(y_name)
+    ax.set_title(f"edgebnn search on {report['settings']['device']}: {len(report['trials'])} trials")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    plt.close(fig)
+    return Path(path)

@@ -1,0 +1,172 @@
+"""The search space: scheme × bits × σ bits × S × export mode × weight format × hoisting, and one point of it.
+
+``sigma_bits`` is the lowering option that sets the bits of each weight's σ code (0: one σ per layer); at the
+default 2, the σ codes of a 3-bit fixed-point model are 2 of its 5 bits per weight, so it decides as much of the
+size as ``bits`` does.
+
+The space is *define-by-run* (Optuna's term): ``scheme``, ``samples`` and ``hoist`` are always drawn,
+``sigma_bits`` whenever the scheme has a σ code (every scheme but ``float`` and ``prune`` alone); ``bits`` among
+the widths the scheme's pass accepts (its own config check decides: binary takes only 1 bit, ternary 2, so their
+trials take ``auto``);
+the export mode is drawn among the modes the scheme's encodings can be exported in (``noise`` draws Gaussian
+weights only, so not codebook or binary ones; ``shared`` needs codebook layers), and the weight format only in
+``baked`` mode (the only mode with quantized member weights). Each mode choice set is its own parameter
+(``mode[baked,noise,analytic]``, ``bits[auto,3]``; ``bits`` when every width is accepted), because Optuna keeps one
+distribution per parameter name. Parameters that are
+always drawn are evolved by NSGA-II; the conditional ones are drawn by its seeded random sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
+from edgebnn.passes.base import MAX_SIGMA_BITS
+from edgebnn.passes.config import config_fields, parse_scheme, pass_configs
+
+if TYPE_CHECKING:
+    import optuna
+
+DEFAULT_SCHEMES = ("mcq", "fixed", "codebook", "ternary", "binary", "prune+fixed")
+DEFAULT_BITS = ("auto", "3", "4", "6")
+"""auto (per layer, from the posterior variance) and the widths between the two that lose (2 bits: the digits CNN
+falls to 0.27-0.79 accuracy in every scheme) and the one rarely smallest within a budget (8)."""
+DEFAULT_SIGMA_BITS = (2, 1, 0)
+DEFAULT_SAMPLES = (4, 8, 16, 32)
+DEFAULT_HOIST = ("off", "auto")
+HOIST_CHOICES = ("off", "auto")
+
+_NOT_NOISE = {"codebook", "binary"}  # encodings --mode noise cannot draw (it draws Gaussian weights)
+
+
+def has_sigma_code(scheme: str) -> bool:
+    """Whether ``scheme`` takes ``sigma_bits`` (its last pass stores a σ code)."""
+    return "sigma_bits" in config_fields(parse_scheme(scheme)[-1])[0]
+
+
+def bits_for(scheme: str, bits: Sequence[str]) -> tuple[str, ...]:
+    """The widths among ``bits`` that the last pass of ``scheme`` accepts (its config's own check)."""
+    out = []
+    for b in bits:
+        try:
+            pass_configs(scheme, b if b == "auto" else int(b), {}, {})
+        except InvalidOptionError:
+            continue
+        out.append(b)
+    return tuple(out)
+
+
+def modes_for(scheme: str, modes: Sequence[str] = MODES) -> tuple[str, ...]:
+    """The export modes (among ``modes``) that an IR lowered with ``scheme`` can be exported in."""
+    last = parse_scheme(scheme)[-1]
+    out = []
+    for mode in modes:
+        if (mode == "noise" and last in _NOT_NOISE) or (mode == "shared" and last != "codebook"):
+            continue
+        out.append(mode)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One point of the space: how a trial lowers and exports the model.
+
+    Attributes:
+        scheme: Lowering scheme (``fixed``, ``prune+fixed``, ...).
+        bits: ``"auto"`` or a forced width (as a string, the way the CLI and the config take it).
+        sigma_bits: Bits of the σ code (0: one σ per layer); None for a scheme without one.
+        samples: Ensemble size S.
+        mode: Export mode.
+        weights: Member weight format (``fp32`` outside ``baked`` mode).
+        hoist: ``off`` or ``auto``.
+    """
+
+    scheme: str
+    bits: str
+    sigma_bits: int | None
+    samples: int
+    mode: str
+    weights: str
+    hoist: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as the report writes it."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialConfig:
+        """Inverse of :meth:`to_dict` (a study file's stored config)."""
+        return cls(**{k: data[k] for k in ("scheme", "bits", "sigma_bits", "samples", "mode", "weights", "hoist")})
+
+    @property
+    def bits_value(self) -> str | int:
+        """``bits`` as :func:`edgebnn.api.lower` takes it."""
+        return self.bits if self.bits == "auto" else int(self.bits)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Scheme options :func:`edgebnn.api.lower` takes (``sigma_bits`` when the scheme has a σ code)."""
+        return {} if self.sigma_bits is None else {"sigma_bits": self.sigma_bits}
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The choices of each axis (defaults: :data:`DEFAULT_SCHEMES`, ...)."""
+
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
+    bits: tuple[str, ...] = DEFAULT_BITS
+    sigma_bits: tuple[int, ...] = DEFAULT_SIGMA_BITS
+    samples: tuple[int, ...] = DEFAULT_SAMPLES
+    modes: tuple[str, ...] = MODES
+    weights: tuple[str, ...] = WEIGHT_FORMATS
+    hoist: tuple[str, ...] = DEFAULT_HOIST
+
+    def __post_init__(self) -> None:
+        for axis in ("schemes", "bits", "sigma_bits", "samples", "modes", "weights", "hoist"):
+            if not getattr(self, axis):
+                raise InvalidOptionError(f"search space: no {axis} to choose from")
+        for b in self.bits:
+            if b != "auto" and not (b.isdigit() and 1 <= int(b) <= 32):
+                raise InvalidOptionError(f"search space: bits {b!r}: give 'auto' or an integer 1..32")
+        for sb in self.sigma_bits:
+            if not (isinstance(sb, int) and 0 <= sb <= MAX_SIGMA_BITS):
+                raise InvalidOptionError(f"search space: sigma bits {sb!r}: give an integer 0..{MAX_SIGMA_BITS}")
+        for scheme in self.schemes:
+            if not modes_for(scheme, self.modes):
+                raise InvalidOptionError(f"search space: scheme {scheme} exports in none of the modes "
+                                         f"{', '.join(self.modes)}")
+            if not bits_for(scheme, self.bits):
+                raise InvalidOptionError(f"search space: scheme {scheme} takes none of the bits "
+                                         f"{', '.join(self.bits)}")
+        for s in self.samples:
+            check_samples(s)
+        for axis, allowed in (("modes", MODES), ("weights", WEIGHT_FORMATS), ("hoist", HOIST_CHOICES)):
+            bad = sorted(set(getattr(self, axis)) - set(allowed))
+            if bad:
+                raise InvalidOptionError(f"search space: unknown {axis} {bad}; choose among {', '.join(allowed)}")
+
+    def to_dict(self) -> dict[str, list[Any]]:
+        """The space as JSON (stored in the study, so a resume with another space is refused)."""
+        return {k: list(v) for k, v in asdict(self).items()}
+
+    def suggest(self, trial: optuna.Trial) -> TrialConfig:
+        """Draw one config through Optuna's define-by-run API (see the module docstring)."""
+        scheme = trial.suggest_categorical("scheme", self.schemes)
+        widths = bits_for(scheme, self.bits)
+        bits = widths[0] if len(widths) == 1 else trial.suggest_categorical(
+            "bits" if widths == self.bits else f"bits[{','.join(widths)}]", widths)
+        sigma_bits = trial.suggest_categorical("sigma_bits", self.sigma_bits) if has_sigma_code(scheme) else None
+        samples = trial.suggest_categorical("samples", self.samples)
+        modes = modes_for(scheme, self.modes)
+        mode = modes[0] if len(modes) == 1 else trial.suggest_categorical(f"mode[{','.join(modes)}]", modes)
+        weights = "fp32"
+        if mode == "baked" and len(self.weights) > 1:
+            weights = trial.suggest_categorical("weights", self.weights)
+        elif mode == "baked":
+            weights = self.weights[0]
+        hoist = trial.suggest_categorical("hoist", self.hoist)
+        return TrialConfig(str(scheme), str(bits), None if sigma_bits is None else int(sigma_bits), int(samples),
+                           str(mode), str(weights), str(hoist))

@@ -1,0 +1,124 @@
+"""One trial, as pure functions of a picklable :class:`TrialJob`: lower, export, evaluate, profile.
+
+:func:`evaluate_trial` lowers the IR with the trial's scheme, bits and σ bits (:func:`edgebnn.api.lower`), exports the
+ensemble (S, mode, weight format, hoisting) and evaluates it in onnxruntime on the search data
+(:func:`edgebnn.api.evaluate_artifact`); :func:`profile_trial` compiles the exported graph for the named device
+(:func:`edgebnn.targets.registry.get_target`) and times it (:func:`edgebnn.targets.profiler.measure`, with the
+device's power meter). The two halves are separate so a cluster can run the first on CPU nodes and the second
+on the board it names (:mod:`edgebnn.search.executors`); :func:`run_trial` runs both in one process.
+
+A failure becomes data, never an exception: an error while lowering, exporting or evaluating makes the trial
+``failed`` with its one-line error; an error while profiling (a device whose runtime is not installed here)
+leaves latency and energy null with ``profile_error``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from edgebnn.search.space import TrialConfig
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Everything a worker needs to run one trial (plain data: it crosses process and machine boundaries).
+
+    Attributes:
+        number: The Optuna trial number.
+        config: What to lower and export.
+        model: Path of the ``.ebnn`` IR (float BNN).
+        data: Labelled search data (``digits`` means its ``val`` split).
+        ood_data: Out-of-distribution inputs, or None.
+        seed: Seeds the lowering, the baked samples and the host noise.
+        device: Device profile the trial is profiled on.
+        runs, warmup: Timed and untimed runs of the profile (0 runs: no profile).
+        threads: onnxruntime threads of evaluation and profiling.
+    """
+
+    number: int
+    config: TrialConfig
+    model: str
+    data: str
+    ood_data: str | None
+    seed: int
+    device: str
+    runs: int = 20
+    warmup: int = 3
+    threads: int = 1
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def data_split(data: str) -> str | None:
+    """The split a search evaluates on: ``val`` for the built-in digits (never the test split)."""
+    return "val" if data == "digits" else None
+
+
+def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
+    """Lower, export and evaluate; returns ``(result, exported ONNX bytes or None when it failed)``."""
+    from edgebnn.api import evaluate_artifact, load_ir, lower
+    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.runtime import Session
+
+    c = job.config
+    result: dict[str, Any] = {"number": job.number, "state": "failed", "config": c.to_dict(), "metrics": None,
+                              "bytes": None, "artifact_bytes": None, "compression_ratio": None,
+                              "latency_ms": None, "energy_mj": None, "energy_reason": None, "error": None,
+                              "profile_error": None}
+    try:
+        lowered = lower(load_ir(job.model), c.scheme, seed=job.seed, bits=c.bits_value, **c.options)
+        report = lowered.lowering_report
+        proto = export_onnx(lowered, c.samples, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist)
+        onnx_bytes = proto.SerializeToString()
+        ev = evaluate_artifact(Session(onnx_bytes, seed=job.seed, threads=job.threads), data=job.data,
+                               split=data_split(job.data), seed=job.seed, ood_data=job.ood_data)
+    except Exception as e:  # a failed trial is recorded with its error; the search goes on
+        result["error"] = _one_line(e)
+        return result, None
+    metrics = {k: ev[k] for k in ("accuracy", "nll", "ece", "brier")}
+    if "ood" in ev:
+        metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
+    result.update(state="complete", metrics=metrics, bytes=int(report["total_bytes"]),
+                  artifact_bytes=len(onnx_bytes), compression_ratio=report["float_bnn_bytes"] / report["total_bytes"],
+                  n=ev["n"])
+    return result, onnx_bytes
+
+
+def profile_trial(result: dict[str, Any], onnx_bytes: bytes | None, job: TrialJob) -> dict[str, Any]:
+    """Time the exported ensemble on ``job.device`` (batch 1, median of ``job.runs``); returns the result."""
+    if onnx_bytes is None or job.runs <= 0:
+        return result
+    import numpy as np
+    import onnx
+
+    from edgebnn.runtime.session import read_export
+    from edgebnn.targets.base import CompileOptions
+    from edgebnn.targets.profiler import measure
+    from edgebnn.targets.registry import get_target
+
+    try:
+        proto = onnx.load_from_string(onnx_bytes)
+        meta = read_export(proto)[1]
+        shape = (1, *meta.input_shape[1:])
+        target = get_target(job.device)
+        with tempfile.TemporaryDirectory(prefix="edgebnn-search-") as tmp:
+            exe = target.compile(proto, options=CompileOptions(name=f"trial{job.number}", workdir=tmp,
+                                                               threads=job.threads))
+            x = np.random.default_rng(0).random(shape, dtype=np.float32)
+            with target.open_meter(None) as meter:
+                m = measure(exe.bind(x), batch=1, runs=job.runs, warmup=job.warmup, meter=meter)
+    except Exception as e:  # no runtime for this device here: the trial keeps its metrics
+        return {**result, "profile_error": _one_line(e)}
+    return {**result, "latency_ms": m.latency_ms["p50"], "energy_mj": m.energy.get("energy_mj_per_inference"),
+            "energy_reason": m.energy.get("reason"), "runner": f"{exe.name} ({exe.provider})"}
+
+
+def run_trial(job: TrialJob) -> dict[str, Any]:
+    """:func:`evaluate_trial`, then :func:`profile_trial`, in this process."""
+    result, onnx_bytes = evaluate_trial(job)
+    return profile_trial(result, onnx_bytes, job)

@@ -1,0 +1,316 @@
+"""edgebnn search on the synthetic CNN: reproducible trials, resume after an interruption, failed trials kept,
+budget selection, and one-line errors for bad input (nothing written to the study file before inputs check)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from synthetic import synthetic_cnn
+
+from edgebnn import ir
+from edgebnn.cli import main
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.runtime.reference import Reference
+from edgebnn.search import (
+    LocalExecutor,
+    SearchSettings,
+    SearchSpace,
+    parse_budget,
+    parse_objectives,
+    run_search,
+)
+from edgebnn.search.objectives import choose_best
+from edgebnn.search.space import TrialConfig, bits_for, modes_for
+from edgebnn.search.trial import TrialJob, run_trial
+
+optuna = pytest.importorskip("optuna")
+
+# Small enough for a few seconds a search: fixed-point and MCQ export in every mode but shared; binary takes
+# only 1 bit, so its trials are drawn without bits (auto).
+SPACE = SearchSpace(schemes=("fixed", "mcq", "binary"), bits=("auto", "4"), samples=(2, 4), hoist=("off", "auto"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search")
+    bnn = synthetic_cnn()
+    model = ir.save(bnn, root / "cnn.ebnn")
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (48, 1, 6, 6)).astype(np.float32)
+    # Labels the float BNN predicts (its posterior-predictive argmax): a task it solves, that lowering can hurt.
+    y = Reference(bnn).logits(x, 32, seed=1).mean(axis=0).argmax(axis=-1)
+    np.savez(root / "val.npz", x=x, y=y)
+    np.savez(root / "ood.npz", x=(3 * x[:24]).astype(np.float32))
+    return root, model
+
+
+def settings(files, **kw):
+    root, model = files
+    base = {"model": str(model), "data": str(root / "val.npz"), "trials": 6, "population": 3, "space": SPACE,
+            "runs": 2, "warmup": 0, "seed": 7}
+    return SearchSettings(**{**base, **kw})
+
+
+def strip_timing(report):
+    """Trials without what the clock measured (latency, energy and the runner that timed them)."""
+    return [{k: v for k, v in t.items() if k not in ("latency_ms", "energy_mj", "energy_reason", "runner")}
+            for t in report["trials"]]
+
+
+@pytest.fixture(scope="module")
+def reference(files, tmp_path_factory):
+    """One uninterrupted 6-trial search (seed 7)."""
+    return run_search(settings(files), tmp_path_factory.mktemp("ref") / "study.jsonl", LocalExecutor(1))
+
+
+def test_report_holds_every_trial_the_front_and_the_best(reference):
+    trials = reference["trials"]
+    assert [t["number"] for t in trials] == list(range(6))
+    done = [t for t in trials if t["state"] == "complete"]
+    assert done, "no trial completed"
+    for t in done:
+        assert set(t["config"]) == {"scheme", "bits", "sigma_bits", "samples", "mode", "weights", "hoist"}
+        assert {"accuracy", "nll", "ece", "brier"} <= set(t["metrics"])
+        assert t["bytes"] > 0 and t["artifact_bytes"] > 0 and t["latency_ms"] > 0
+        assert t["energy_mj"] is None and t["energy_reason"]  # no power sensor on this machine
+    numbers = {t["number"] for t in reference["pareto"]}
+    # The front is non-dominated on (bytes, nll, ece), all minimized, and holds the smallest trial.
+    objective = {t["number"]: (t["bytes"], t["metrics"]["nll"], t["metrics"]["ece"]) for t in done}
+    for n in numbers:
+        assert not any(all(a <= b for a, b in zip(objective[m], objective[n], strict=True))
+                       and objective[m] != objective[n] for m in objective)
+    assert min(objective, key=lambda n: objective[n]) in numbers
+    # No budget: best is the smallest completed trial.
+    assert reference["best"]["bytes"] == min(t["bytes"] for t in done)
+
+
+def test_same_seed_same_trials_and_metrics(files, reference, tmp_path):
+    again = run_search(settings(files), tmp_path / "study.jsonl", LocalExecutor(1))
+    assert strip_timing(again) == strip_timing(reference)
+    other = run_search(settings(files, seed=8), tmp_path / "other.jsonl", LocalExecutor(1))
+    assert [t["config"] for t in other["trials"]] != [t["config"] for t in reference["trials"]]
+
+
+def test_a_trial_that_fails_is_a_result_with_its_error(files):
+    root, model = files
+    config = TrialConfig("ternary", "4", 2, 2, "baked", "fp32", "off")  # ternary takes only 2 bits
+    result = run_trial(TrialJob(0, config, str(model), str(root / "val.npz"), None, 0, "cpu", runs=1, warmup=0))
+    assert result["state"] == "failed" and result["metrics"] is None and result["latency_ms"] is None
+    assert result["error"] == "InvalidOptionError: config: bits=4: must be an integer in 2..2"
+    assert result["config"] == config.to_dict()
+
+
+def test_binary_and_ternary_trials_take_only_their_width(reference):
+    for t in reference["trials"]:
+        if t["config"]["scheme"] == "binary":
+            assert t["config"]["bits"] == "auto"
+    assert all(t["state"] == "complete" for t in reference["trials"])
+    assert bits_for("ternary", ("auto", "2", "3")) == ("auto", "2")
+    assert bits_for("fixed", ("auto", "1", "3")) == ("auto", "3")
+    with pytest.raises(InvalidOptionError, match="scheme binary takes none of the bits 3, 4"):
+        SearchSpace(schemes=("binary",), bits=("3", "4"))
+
+
+def test_resume_after_a_stop_between_batches(files, reference, tmp_path):
+    study = tmp_path / "study.jsonl"
+    first = run_search(settings(files, trials=3), study, LocalExecutor(1))  # stops after the first batch
+    assert len(first["trials"]) == 3
+    resumed = run_search(settings(files), study, LocalExecutor(1))
+    assert strip_timing(resumed) == strip_timing(reference)
+
+
+def test_resume_after_an_interrupt_inside_a_batch(files, reference, tmp_path):
+    """Ctrl-C after the first trial of the second batch was told: the rest stay 'running' and run again."""
+    study = tmp_path / "study.jsonl"
+
+    def interrupt(done, _total, _result):
+        if done == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_search(settings(files), study, LocalExecutor(1), progress=interrupt)
+    lines = study.read_text().splitlines()
+    assert all(json.loads(line) for line in lines)  # every journal line complete
+    resumed = run_search(settings(files), study, LocalExecutor(1))
+    assert strip_timing(resumed) == strip_timing(reference)
+
+
+def test_two_local_workers_give_the_same_trials(files, reference, tmp_path):
+    parallel = run_search(settings(files), tmp_path / "study.jsonl", LocalExecutor(2))
+    assert strip_timing(parallel) == strip_timing(reference)
+
+
+def test_budget_keeps_the_smallest_within_or_names_the_closest():
+    def trial(number, size, nll, ece=0.02):
+        return {"number": number, "state": "complete", "bytes": size, "metrics": {"nll": nll, "ece": ece},
+                "config": {"scheme": "fixed"}}
+
+    trials = [trial(0, 100, 0.30), trial(1, 50, 0.40), {"number": 2, "state": "failed", "error": "x"},
+              trial(3, 20, 0.90, ece=0.5)]
+    base = {"nll": 0.30, "ece": 0.02}
+    assert choose_best(trials, base, {})[0]["number"] == 3  # no budget: the smallest
+    assert choose_best(trials, base, {"nll": 0.15})[0]["number"] == 1  # 0 and 1 within; 1 is smaller
+    assert choose_best(trials, base, {"nll": 0.05, "ece": 0.0})[0]["number"] == 0
+    # None within nll +0.01 of 0.25: trial 0 exceeds its bound least (by 0.04).
+    best, reason, closest = choose_best(trials, {"nll": 0.25, "ece": 0.02}, {"nll": 0.01})
+    assert best is None and closest["number"] == 0
+    assert reason == ("no trial of 3 within the budget; closest: trial 0 (fixed, 100 bytes): nll +0.0500 "
+                      "(allowed +0.01)")
+    assert choose_best([trials[2]], base, {})[:2] == (None, "no trial completed")
+
+
+def test_ood_data_adds_auroc(files, tmp_path):
+    root, _ = files
+    report = run_search(settings(files, trials=2, ood_data=str(root / "ood.npz"),
+                                 objectives=("bytes", "auroc")), tmp_path / "study.jsonl", LocalExecutor(1))
+    for t in report["trials"]:
+        if t["state"] == "complete":
+            assert 0.0 <= t["metrics"]["auroc"] <= 1.0
+    assert 0.0 <= report["baseline"]["metrics"]["auroc"] <= 1.0
+
+
+def test_a_device_without_its_runtime_records_one_line_per_trial(files, tmp_path):
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("tensorrt is installed here: the rtx profile would run")
+    fixed = SearchSpace(schemes=("fixed",), bits=("auto",), samples=(2,), modes=("baked",), hoist=("off",))
+    report = run_search(settings(files, trials=2, device="rtx", space=fixed), tmp_path / "study.jsonl",
+                        LocalExecutor(1))
+    assert [t["state"] for t in report["trials"]] == ["complete", "complete"], report["trials"]
+    for t in report["trials"]:
+        assert t["latency_ms"] is None and "\n" not in t["profile_error"] and "tensorrt" in t["profile_error"].lower()
+    # With latency as an objective, such a trial cannot be ranked: it fails, with the same error.
+    timed = run_search(settings(files, trials=2, device="rtx", objectives=("bytes", "latency"), space=fixed),
+                       tmp_path / "timed.jsonl", LocalExecutor(1))
+    assert all(t["state"] == "failed" and "tensorrt" in t["error"].lower() for t in timed["trials"])
+
+
+# -- parsers and bad input --------------------------------------------------------------------------------
+
+
+def test_parse_budget():
+    assert parse_budget("nll=+0.05,ece=+0.01") == {"nll": 0.05, "ece": 0.01}
+    assert parse_budget("accuracy=-0.01") == {"accuracy": -0.01}
+    assert parse_budget(None) == {}
+    for bad, message in (("nll", "METRIC=DELTA"), ("speed=+1", "METRIC=DELTA"), ("nll=abc", "not a number"),
+                         ("nll=-0.1", "loss allowed"), ("accuracy=+0.1", "loss allowed"), ("nll=nan", "finite"),
+                         ("auroc=-0.1", "needs --ood-data")):
+        with pytest.raises(InvalidOptionError, match=message):
+            parse_budget(bad)
+
+
+def test_parse_objectives():
+    assert [o.name for o in parse_objectives("bytes,latency,nll")] == ["bytes", "latency", "nll"]
+    for bad, message in (("bytes,speed", "unknown objective 'speed'"), ("", "comma-separated"),
+                         ("nll,nll", "named twice"), ("bytes,auroc", "needs --ood-data")):
+        with pytest.raises(InvalidOptionError, match=message):
+            parse_objectives(bad)
+
+
+def test_space_offers_only_modes_the_encodings_export_in():
+    assert modes_for("codebook") == ("baked", "shared", "analytic")
+    assert modes_for("binary") == ("baked", "analytic")
+    assert modes_for("prune+fixed") == ("baked", "noise", "analytic")
+    with pytest.raises(InvalidOptionError, match="exports in none of the modes"):
+        SearchSpace(schemes=("binary",), modes=("noise",))
+    with pytest.raises(InvalidOptionError, match="bits 'x'"):
+        SearchSpace(bits=("x",))
+    with pytest.raises(InvalidOptionError, match="sigma bits 9"):
+        SearchSpace(sigma_bits=(9,))
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ({"data": "missing.npz"}, InvalidOptionError, "missing.npz"),
+    ({"objectives": ("bytes", "speed")}, InvalidOptionError, "unknown objective"),
+    ({"device": "tpu"}, InvalidOptionError, "unknown device 'tpu'"),
+    ({"model": "nope.ebnn"}, InvalidArtifactError, "nope.ebnn"),
+    ({"trials": 0}, InvalidOptionError, "--trials 0"),
+])
+def test_bad_input_is_refused_before_the_study_file_is_written(files, tmp_path, change, error, message):
+    study = tmp_path / "study.jsonl"
+    with pytest.raises(error, match=message):
+        run_search(settings(files, **change), study, LocalExecutor(1))
+    assert not study.exists()
+
+
+def test_a_study_of_another_search_is_refused_and_left_as_it_was(files, reference, tmp_path):
+    study = tmp_path / "study.jsonl"
+    run_search(settings(files, trials=1), study, LocalExecutor(1))
+    before = study.read_bytes()
+    with pytest.raises(InvalidOptionError, match="differs in seed"):
+        run_search(settings(files, trials=1, seed=8), study, LocalExecutor(1))
+    assert study.read_bytes() == before
+    garbage = tmp_path / "garbage.jsonl"
+    garbage.write_text("not a journal\n")
+    with pytest.raises(InvalidArtifactError, match=r"garbage\.jsonl"):
+        run_search(settings(files, trials=1), garbage, LocalExecutor(1))
+
+
+def test_unreachable_ray_address_is_one_line(files, tmp_path):
+    pytest.importorskip("ray")
+    r = CliRunner().invoke(main, ["search", str(files[1]), "--data", str(files[0] / "val.npz"), "--executor", "ray",
+                                  "--ray-address", "127.0.0.1:1", "--study", str(tmp_path / "s.jsonl")])
+    assert r.exit_code == 2
+    assert "--ray-address 127.0.0.1:1: no Ray cluster reachable within 5 s" in r.output
+    assert not (tmp_path / "s.jsonl").exists()
+
+
+# -- the command ------------------------------------------------------------------------------------------
+
+
+def test_cli_writes_report_plot_and_best_artifact(files, tmp_path):
+    from edgebnn.api import evaluate_artifact
+
+    root, model = files
+    out, png, best = tmp_path / "out.json", tmp_path / "front.png", tmp_path / "best.onnx"
+    args = ["search", str(model), "--data", str(root / "val.npz"), "--trials", "4", "--population", "2",
+            "--schemes", "fixed,mcq", "--samples", "2,4", "--seed", "3", "--runs", "2", "--warmup", "0",
+            "--budget", "nll=+10", "--json", str(out), "--plot", str(png), "--export-best", str(best)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    body = json.loads(out.read_text())
+    assert body["schema"] == "edgebnn.search/1" and body["edgebnn_version"]
+    assert (tmp_path / "out.study.jsonl").exists()  # the default study file sits beside --json
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    chosen = body["best"]
+    # The exported best artifact is the trial's: same data, same metrics (same graph, same seed).
+    ev = evaluate_artifact(best, data=str(root / "val.npz"), seed=3)
+    for k in ("accuracy", "nll", "ece", "brier"):
+        assert ev[k] == pytest.approx(chosen["metrics"][k], rel=1e-6, abs=1e-9)
+    # A budget no trial meets (binary weights lose NLL on this model): exit 2 naming the closest trial; the
+    # report is still written, nothing is exported.
+    best.unlink()
+    r = CliRunner().invoke(main, ["search", str(model), "--data", str(root / "val.npz"), "--trials", "2",
+                                  "--population", "2", "--schemes", "binary", "--bits", "1", "--runs", "0",
+                                  "--budget", "nll=+0.0", "--json", str(tmp_path / "tight.json"),
+                                  "--export-best", str(best)])
+    assert r.exit_code == 2, r.output
+    assert "no trial of 2 within the budget; closest: trial" in r.output and "nothing exported" in r.output
+    body = json.loads((tmp_path / "tight.json").read_text())
+    assert body["best"] is None and body["closest"]["number"] in (0, 1)
+    assert not best.exists()
+
+
+@pytest.mark.slow
+def test_ray_executor_gives_the_same_trials_as_local(files, reference, tmp_path):
+    """A local Ray instance (2 CPUs, loopback, no dashboard): same configs and metrics as the local executor."""
+    pytest.importorskip("ray")
+    from edgebnn.search import RayExecutor
+
+    report = run_search(settings(files), tmp_path / "study.jsonl", RayExecutor(None, workers=2))
+    assert strip_timing(report) == strip_timing(reference)
+    assert report["settings"]["executor"] == "ray (local instance, 2 CPUs)"
+
+
+def test_ray_profiles_ask_for_the_canonical_device_resource():
+    """A Jetson node is started with --resources '{"jetson-orin-nano": 1}': an alias must ask for that name."""
+    pytest.importorskip("ray")
+    from edgebnn.search import RayExecutor
+
+    assert RayExecutor(None, device="jetson").device == "jetson-orin-nano"
+    assert RayExecutor(None, device="RTX").device == "rtx"
+    with pytest.raises(InvalidOptionError, match="unknown device 'tpu'"):
+        RayExecutor(None, device="tpu")
