@@ -38,7 +38,8 @@ def test_every_export_reads_back_to_the_bytes_written(mode, kw) -> None:
 
 
 def test_shared_mode_and_baselines_read_back() -> None:
-    codebook = lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", sampling="shared").model  # big enough to cluster
+    big = synthetic_linear(n_in=128, classes=8, sigma=0.2)  # big enough to cluster
+    codebook = lower(big, "codebook", sampling="shared").model
     shared = read_metadata(export_onnx(codebook, 2, mode="shared"), "s.onnx")
     assert shared.mode == "shared" and shared.noise == "shared" and shared.scheme == "codebook"
     for build in (float_deterministic, float_bnn):
