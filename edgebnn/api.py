@@ -490,9 +490,9 @@ class _BudgetSearch:
             if best is None:
                 return
             _, layer, label, setting, trial, saved = best
-            name, change = max(((k, trial[k] - deltas[k]) for k in trial),
-                               key=lambda kv: self.budget.usage({**{k: 0.0 for k in trial}, kv[0]: kv[1]}))
-            self.accept(layer, label, setting, model, f"{label}: {LABELS[name]} {change:+.4f} for "
+            change = {k: trial[k] - deltas[k] for k in trial}
+            name = self.budget.costliest(change)
+            self.accept(layer, label, setting, model, f"{label}: {LABELS[name]} {change[name]:+.4f} for "
                                                       f"-{fmt_bytes(saved)}")
 
     def accept(self, layer: str, label: str, setting: _Setting, model: LoweredModel, reason: str) -> None:

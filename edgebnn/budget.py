@@ -149,6 +149,10 @@ class Budget:
         """How much of the budget ``deltas`` use: Σ worse-signed delta / |limit| (negative: better than float)."""
         return sum(worse(k, deltas[k]) / max(abs(v), _SCALE_FLOOR) for k, v in self.limits.items())
 
+    def costliest(self, change: Mapping[str, float]) -> str:
+        """The metric whose ``change`` uses the most of its budget (in units of its |limit|)."""
+        return max(self.limits, key=lambda k: worse(k, change[k]) / max(abs(self.limits[k]), _SCALE_FLOOR))
+
     def excess(self, deltas: Mapping[str, float]) -> float:
         """How far ``deltas`` are outside the budget, each metric in units of its |limit| (0: kept)."""
         return sum(max(0.0, worse(k, deltas[k]) - worse(k, v)) / max(abs(v), _SCALE_FLOOR)

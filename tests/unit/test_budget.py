@@ -69,3 +69,9 @@ def test_a_budget_names_known_metrics() -> None:
         Budget({})
     with pytest.raises(InvalidOptionError, match="known metrics"):
         Budget({"loss": 0.1})
+
+
+def test_costliest_is_the_metric_using_most_of_its_limit() -> None:
+    b = Budget.parse("nll=+0.05,ece=+0.01")
+    assert b.costliest({"nll": 0.02, "ece": 0.005}) == "ece"  # 0.4 of nll's budget, 0.5 of ece's
+    assert b.costliest({"nll": 0.03, "ece": -0.01}) == "nll"
