@@ -30,7 +30,7 @@ from edgebnn._io import atomic_write_json
 from edgebnn.api import lower_within_budget, lowering_quality
 from edgebnn.passes import LowerConfig
 
-STARTS = ("fixed", "prune+fixed")
+STARTS = ("fixed", "prune+fixed")  # prune+fixed is what lower --budget starts from without --scheme
 
 
 def digits_cnn() -> Any:
@@ -84,6 +84,7 @@ def bench_model(name: str, model: Any, budget: str) -> dict[str, Any]:
         report = lowered.lowering_report
         out[start] = {
             "compression_ratio": report["compression_ratio"], "total_bytes": report["total_bytes"],
+            "ebnn_bytes": report["ebnn_bytes"], "ebnn_ratio": report["float_bnn_bytes"] / report["ebnn_bytes"],
             "met": report["budget"]["met"], "val": report["eval"]["delta"],
             "test": lowering_quality(bnn, lowered, split="test")["delta"],
             "evaluations": report["budget"]["evaluations"], "seconds": time.perf_counter() - t,

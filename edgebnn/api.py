@@ -270,6 +270,8 @@ BUDGET_ROWS = 2000
 """Budget search: candidates are measured on at most this many validation rows (the first ones)."""
 BUDGET_STEPS = 40
 """Budget search: at most this many accepted changes (each one measures every layer's next moves)."""
+BUDGET_START = "prune+fixed"
+"""Budget search without a scheme (``float``): starts here; pruning first lets the σ codes shrink further."""
 _TOP_BITS = 8  # falling back, a layer's bits rise to this before the layer goes to float
 _RECIPES = {"ternary": "edgebnn.train.vnq (variational network quantization)",
             "binary": "edgebnn.train.ebp (expectation backpropagation)"}
@@ -281,8 +283,8 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
                         progress: Progress | None = None) -> LoweredModel:
     """Lower with the fewest bytes per layer that keep an uncertainty budget on validation data.
 
-    Starts from ``config`` (``float``: ``fixed``) with each layer at the posterior-variance rule's bits, then
-    greedily takes the per-layer change (one bit less, a σ code one bit smaller, ``fixed`` -> ``codebook``,
+    Starts from ``config`` (``float``: :data:`BUDGET_START`) with each layer at the posterior-variance rule's
+    bits, then greedily takes the per-layer change (one bit less, a σ code one bit smaller, ``fixed`` -> ``codebook``,
     ``X`` -> ``prune+X``) that costs the least budget per byte saved and still keeps the budget, measuring
     each candidate with the reference runtime (S ``samples``, the config's seed) on the first ``max_rows``
     rows of ``data``, until no change fits or after ``max_steps`` changes. When the start already breaks the
@@ -365,10 +367,10 @@ class _BudgetSearch:
 
         self.float_ir, self.budget, self.dataset, self.ood = float_ir, budget, dataset, ood
         self.samples, self.progress = samples, progress
-        if config.scheme == "float":  # nothing to budget: start from the variance rule
-            fixed = config_fields("fixed")[0]
-            config = dataclasses.replace(config, scheme="fixed", bits="auto",
-                                         options={k: v for k, v in config.options.items() if k in fixed})
+        if config.scheme == "float":  # no scheme given: the variance rule's bits after pruning (bench/budget.py)
+            takes = config_fields("prune")[0] | config_fields("fixed")[0]
+            config = dataclasses.replace(config, scheme=BUDGET_START, bits="auto",
+                                         options={k: v for k, v in config.options.items() if k in takes})
         self.base = config
         self.reference = _measure([_reference(float_ir, samples, config.seed)], dataset, ood, None)[0][0]
         self.cache: dict[str, tuple[LoweredModel, dict[str, float]]] = {}

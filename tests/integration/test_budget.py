@@ -52,10 +52,12 @@ def test_budget_search_keeps_the_budget_and_replays(trained_digits, ood, tmp_pat
     # the search went below the variance rule's bits somewhere, and says why per layer
     start = {row["layer"]: int(row["reason"].split(";")[0].split()[-2]) for row in budget["layers"]}
     assert any(row["bits"] < start[row["layer"]] for row in budget["layers"]), budget["layers"]
-    assert all(row["reason"].startswith("variance rule: fixed") for row in budget["layers"])
+    # without --scheme the search starts from the variance rule after pruning
+    assert all(row["reason"].startswith("variance rule: prune+fixed") for row in budget["layers"])
     assert report["config"]["overrides"], "the chosen per-layer settings are overrides of the config"
     # it is smaller than the variance rule alone
-    code, _ = lower(weights, tmp_path / "rule.ebnn", "--scheme", "fixed", "--report", str(tmp_path / "rule.json"))
+    code, _ = lower(weights, tmp_path / "rule.ebnn", "--scheme", "prune+fixed", "--report",
+                    str(tmp_path / "rule.json"))
     assert code == 0
     assert report["total_bytes"] < json.loads((tmp_path / "rule.json").read_text())["total_bytes"]
     assert "MI-AUROC (OOD)" in output and "budget kept" in output
