@@ -101,3 +101,24 @@ def test_post_training_ternary_that_breaks_the_budget_says_so(trained_digits, tm
                for w in budget["warnings"])
     assert "warning: post-training ternary breaks the budget" in " ".join(output.split())
     assert any("raised to" in row["reason"] for row in budget["layers"])
+
+
+@pytest.mark.slow
+def test_large_validation_data_is_subsampled_for_the_search_and_measured_in_full(digits_ir, digits_data) -> None:
+    from edgebnn.api import lower_within_budget
+    from edgebnn.passes import LowerConfig
+
+    x, y = digits_data.x_val, digits_data.y_val
+    noise = np.random.default_rng(1).uniform(-1.0, 3.0, size=(150, 1, 8, 8)).astype(np.float32)
+    lowered = lower_within_budget(digits_ir, LowerConfig(scheme="fixed", seed=3), "nll=+0.1,auroc=-0.05",
+                                  data=(x, y), ood_data=noise, samples=4, max_rows=100, max_steps=2)
+    budget, ev = lowered.lowering_report["budget"], lowered.lowering_report["eval"]
+    assert budget["measured_on"] == {"rows": 100, "of": len(y), "ood_rows": 100, "samples": 4, "seed": 3}
+    assert ev["n"] == len(y) and ev["float_bnn"]["ood"]["n"] == 150  # the final figures use all of the data
+    assert len(budget["steps"]) <= 2
+    # what the report calls met is what the full data says
+    full = {"nll": ev["delta"]["nll"], "auroc": ev["delta"]["auroc"]}
+    assert budget["deltas"] == pytest.approx(full)
+    assert budget["met"] == (full["nll"] <= 0.1 and full["auroc"] >= -0.05)
+    assert budget["met"] or any("on all 360 rows" in w for w in budget["warnings"])
+    assert lowered.lowering_report["config"]["seed"] == 3
