@@ -29,7 +29,15 @@ from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.search.objectives import DEFAULT_OBJECTIVES
 from edgebnn.search.run import DEFAULT_POPULATION
-from edgebnn.tables import fmt_bytes, print_eval, print_inspect, print_lower_report, print_profile
+from edgebnn.tables import (
+    fmt_bytes,
+    print_closest,
+    print_eval,
+    print_inspect,
+    print_lower_eval,
+    print_lower_report,
+    print_profile,
+)
 from edgebnn.tables import write_json as write_report
 from edgebnn.targets.base import BASELINE_RUNNERS
 
@@ -159,31 +167,46 @@ def _check_output_dir(path: str) -> None:
 @click.option("--eval", "eval_data", default=None, metavar="digits|FILE|DIR",
               help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, S=16) on this data: "
                    "'digits' (validation split), a labelled .npz or a folder of shards (see eval --help).")
+@click.option("--ood-data", default=None, metavar="FILE|DIR",
+              help="With --eval: out-of-distribution inputs (x only); adds the mutual-information AUROC.")
+@click.option("--budget", "budget_text", default=None, metavar="METRIC=CHANGE,...",
+              help="Uncertainty budget, e.g. nll=+0.02,ece=+0.01,auroc=-0.01 (metrics: nll, ece, brier, accuracy, "
+                   "auroc): choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
+                   "posterior-variance rule down. Exit 2, nothing written, when no configuration keeps it.")
 @click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
-          report: str | None, eval_data: str | None, verbose: bool) -> None:
+          report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
+          verbose: bool) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
     torchbnn and blitz layers; plain Linear/Conv2d/BatchNorm layers are carried through unchanged.
     """
     from edgebnn import ir
+    from edgebnn.budget import Budget, BudgetNotMetError
 
     shape = _parse_shape(input_shape)
+    budget = None if budget_text is None else Budget.parse(budget_text)
+    if ood_data is not None and eval_data is None:
+        raise InvalidOptionError("--ood-data: is measured with --eval DATA; add it")
     config = _lower_config(config_file, scheme, bits, seed, assignments)
     _check_output_dir(output)
-    with console.status(f"importing {model_spec} and lowering ({config.scheme})"):
-        model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
-                                          evaluate=eval_data)
+    what = (f"budget {budget}: configurations measured" if budget else
+            f"lowering ({config.scheme})" + (": rows evaluated" if eval_data else ""))
+    try:
+        with _progress_bar(what) as progress:
+            model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
+                                              evaluate=eval_data, ood_data=ood_data, budget=budget,
+                                              progress=progress)
+    except BudgetNotMetError as e:
+        print_closest(console, e.closest)
+        raise
     ir.save(model, output)
     print_lower_report(console, lower_report, output, model=f"{model_spec} ({weights})",
                        manifest=json.loads(model.manifest.to_json()), verbose=verbose)
     if "eval" in lower_report:
-        ev = lower_report["eval"]
-        print_eval(console, [{"artifact": name, "runtime": "reference", "data": ev["data"], "split": ev["split"],
-                              "samples": ev["samples"], "n": ev["n"], **ev[key]}
-                             for name, key in (("float BNN", "float_bnn"), (Path(output).name, "lowered"))])
+        print_lower_eval(console, lower_report["eval"], lower_report.get("budget"), lowered=Path(output).name)
     write_json(report, lower_report, schemas.LOWER)
 
 
@@ -631,9 +654,9 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
     seeded NSGA-II proposes the trials. Prints every trial, the Pareto front and the best artifact within
     --budget (see docs/search.md).
     """
+    from edgebnn.budget import BudgetNotMetError
     from edgebnn.search import (
         SCHEMA,
-        BudgetNotMetError,
         SearchSettings,
         SearchSpace,
         make_executor,
@@ -677,7 +700,7 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
         plot_front(report, plot)
         console.print(f"wrote {plot}")
     if report["best"] is None:
-        raise BudgetNotMetError(f"{report['best_reason']}; nothing exported")
+        raise BudgetNotMetError(f"{report['best_reason']}; nothing exported", report.get("closest") or {})
     if export_best:
         write_best(report, export_best)
         console.print(f"wrote {export_best} (trial {report['best']['number']})")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from edgebnn._io import atomic_write_json
@@ -198,6 +200,66 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
             "auroc_mutual_info", "auroc_entropy", "aupr_mutual_info", "fpr_at_95_tpr", "mean_mutual_info_in",
             "mean_mutual_info_ood")))
     console.print(table)
+
+
+_EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True))
+
+
+def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any] | None = None, *,
+                     lowered: str = "lowered") -> None:
+    """``lower --eval``: the float BNN and the lowered model side by side with the change (and the budget).
+
+    Args:
+        console: Where to print.
+        ev: The ``eval`` part of a lowering report (:func:`edgebnn.api.lowering_quality`).
+        budget: The ``budget`` part (``lower --budget``): adds each metric's limit, the layers' bits and why,
+            and a warning line per broken limit.
+        lowered: The lowered model's name, for the column header.
+    """
+    title = f"{ev['data']}/{ev['split']}" if ev.get("split") else str(ev["data"])
+    title += f" (n={ev['n']}, S={ev['samples']}, seed {ev['seed']})"
+    if ev.get("ood_data"):
+        title += f" · OOD {ev['ood_data']}"
+    limits = (budget or {}).get("limits", {})
+    table = Table(title=title, title_justify="left")
+    for col in ("metric", "float BNN", lowered, "change", *(("budget",) if limits else ())):
+        table.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
+    before, after = ev["float_bnn"], ev["lowered"]
+    rows = [(key, label, before[key], after[key]) for key, label, _ in _EVAL_ROWS]
+    if "ood" in before and "ood" in after:
+        rows.append(("auroc", "MI-AUROC (OOD)", before["ood"]["auroc_mutual_info"],
+                     after["ood"]["auroc_mutual_info"]))
+    for key, label, b, a in rows:
+        limit = f"{limits[key]:+.4f}" if key in limits else ""
+        table.add_row(label, f"{b:.4f}", f"{a:.4f}", f"{a - b:+.4f}", *((limit,) if limits else ()))
+    console.print(table)
+    if budget is None:
+        return
+    layers = Table(title=f"budget {budget['budget']}: bits per layer "
+                         f"({budget['evaluations']} configurations measured on {budget['measured_on']['rows']} of "
+                         f"{budget['measured_on']['of']} rows)", title_justify="left")
+    for col in ("layer", "scheme", "bits", "bytes", "why"):
+        layers.add_column(col, justify="right" if col in ("bits", "bytes") else "left",
+                          overflow="fold", ratio=1 if col == "why" else None)
+    for row in budget["layers"]:
+        sigma = row["options"].get("sigma_bits")
+        scheme = row["scheme"] + (f" · σ {sigma} bits" if sigma is not None else "")
+        layers.add_row(escape(row["layer"]), scheme, str(row["bits"]), fmt_bytes(row["bytes"]), escape(row["reason"]))
+    console.print(layers)
+    for line in [*(f"budget broken: {v}" for v in budget["violations"]), *budget["warnings"]]:
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
+    if budget["met"]:
+        console.print(f"budget kept: {', '.join(f'{k} {v:+.4f}' for k, v in budget['deltas'].items())}",
+                      highlight=False)
+
+
+def print_closest(console: Console, closest: dict[str, Any]) -> None:
+    """``lower --budget`` when nothing keeps the budget: the closest configuration and its figures."""
+    grid = [("closest", f"{closest['compression_ratio']:.1f}x smaller, {fmt_bytes(closest['total_bytes'])}"),
+            ("changes", ", ".join(f"{k} {v:+.4f}" for k, v in closest["deltas"].items())),
+            ("broken", "; ".join(closest["violations"])),
+            ("config", json.dumps(closest["config"], sort_keys=True))]
+    _header(console, [(label, escape(value)) for label, value in grid])
 
 
 def print_profile(console: Console, report: dict[str, Any]) -> None:

@@ -11,19 +11,17 @@ imported only when a search runs. See docs/search.md.
 from __future__ import annotations
 
 from edgebnn.search.executors import EXECUTORS, LocalExecutor, RayExecutor, make_executor
-from edgebnn.search.objectives import BUDGET_METRICS, DEFAULT_OBJECTIVES, OBJECTIVES, parse_budget, parse_objectives
+from edgebnn.search.objectives import DEFAULT_OBJECTIVES, OBJECTIVES, parse_budget, parse_objectives
 from edgebnn.search.report import plot_front, print_search
-from edgebnn.search.run import SCHEMA, BudgetNotMetError, SearchSettings, export_best, run_search
+from edgebnn.search.run import SCHEMA, SearchSettings, export_best, run_search
 from edgebnn.search.space import SearchSpace, TrialConfig
 from edgebnn.search.trial import TrialJob, run_trial
 
 __all__ = [
-    "BUDGET_METRICS",
     "DEFAULT_OBJECTIVES",
     "EXECUTORS",
     "OBJECTIVES",
     "SCHEMA",
-    "BudgetNotMetError",
     "LocalExecutor",
     "RayExecutor",
     "SearchSettings",

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from edgebnn.budget import Budget
 from edgebnn.errors import InvalidOptionError
 
 
@@ -55,7 +56,6 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("auroc", ("metrics", "auroc"), maximize=True),
 )}
 DEFAULT_OBJECTIVES = ("bytes", "nll", "ece")
-BUDGET_METRICS = ("accuracy", "nll", "ece", "brier", "auroc")
 
 
 def parse_objectives(text: str | Sequence[str], *, ood: bool = False) -> tuple[Objective, ...]:
@@ -78,35 +78,18 @@ def parse_objectives(text: str | Sequence[str], *, ood: bool = False) -> tuple[O
 
 
 def parse_budget(text: str | None, *, ood: bool = False) -> dict[str, float]:
-    """``nll=+0.05,ece=+0.01`` -> ``{"nll": 0.05, "ece": 0.01}`` (allowed change vs the float BNN).
+    """``nll=+0.05,ece=+0.01`` -> ``{"nll": 0.05, "ece": 0.01}``: the allowed change of each metric vs the float
+    BNN, parsed by :meth:`edgebnn.budget.Budget.parse` (the parser ``lower --budget`` uses); ``{}`` for no budget.
 
     Raises:
-        InvalidOptionError: Malformed, an unknown metric, a bound that demands an improvement, or ``auroc``
-            without OOD data.
+        InvalidOptionError: Malformed, an unknown metric, or ``auroc`` without OOD data.
     """
     if not text:
         return {}
-    out: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in BUDGET_METRICS:
-            raise InvalidOptionError(f"--budget {text}: give METRIC=DELTA pairs, METRIC one of "
-                                     f"{', '.join(BUDGET_METRICS)} (e.g. nll=+0.05,ece=+0.01)")
-        try:
-            delta = float(value)
-        except ValueError as e:
-            raise InvalidOptionError(f"--budget {part}: {value!r} is not a number") from e
-        if delta != delta or abs(delta) == float("inf"):
-            raise InvalidOptionError(f"--budget {part}: give a finite number")
-        maximize = OBJECTIVES[key].maximize
-        if (delta > 0) if maximize else (delta < 0):
-            raise InvalidOptionError(f"--budget {part}: the bound is the loss allowed vs the float BNN "
-                                     f"({'-' if maximize else '+'}DELTA for {key})")
-        if key == "auroc" and not ood:
-            raise InvalidOptionError("--budget auroc: needs --ood-data")
-        out[key] = delta
-    return out
+    budget = Budget.parse(text)
+    if budget.needs_ood and not ood:
+        raise InvalidOptionError("--budget auroc: needs --ood-data")
+    return budget.to_dict()
 
 
 def budget_excess(result: Mapping[str, Any], baseline: Mapping[str, float], budget: Mapping[str, float]

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgebnn import schemas
 from edgebnn._version import __version__
-from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.budget import BudgetNotMetError
+from edgebnn.errors import InvalidOptionError
 from edgebnn.search.executors import LocalExecutor, RayExecutor
 from edgebnn.search.objectives import DEFAULT_OBJECTIVES, Objective, choose_best, parse_budget, parse_objectives
 from edgebnn.search.space import SearchSpace, TrialConfig
@@ -30,16 +32,12 @@ from edgebnn.search.study import (
 )
 from edgebnn.search.trial import TrialJob, data_split
 
-SCHEMA = "edgebnn.search/1"
+SCHEMA = schemas.SEARCH
 DEFAULT_POPULATION = 6
 """NSGA-II population (and parallel batch). With 24 trials, 4 generations of 6 found a >= 16x digits artifact within
 nll=+0.05,ece=+0.01 for 8 of 8 seeds, 3 generations of 8 (or 2 of 12) for 4 of 8 (docs/search.md)."""
 Progress = Callable[[int, int, dict[str, Any]], None]
 """Called as ``progress(trials done, trials wanted, the result just told)``."""
-
-
-class BudgetNotMetError(EdgeBNNError):
-    """No completed trial is within the budget (the message gives the closest trial's figures)."""
 
 
 @dataclass(frozen=True)
@@ -249,7 +247,8 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
 
     best = report["best"]
     if best is None:
-        raise BudgetNotMetError(f"--export-best {path}: nothing written: {report['best_reason']}")
+        raise BudgetNotMetError(f"--export-best {path}: nothing written: {report['best_reason']}",
+                                report.get("closest") or {})
     c = TrialConfig.from_dict(best["config"])
     seed = report["settings"]["seed"]
     lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value, **c.options)

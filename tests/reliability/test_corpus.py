@@ -870,6 +870,35 @@ def _(ctx: Ctx) -> Bad:
                ("--set overrides=[{pattern: fc*}]", "must be a list of objects"))
 
 
+@case("model-budget-malformed", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--eval", "digits", "--budget", "nll"),
+               ("--budget nll", "expected METRIC=CHANGE"))
+
+
+@case("model-budget-unknown-metric", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--eval", "digits", "--budget", "nll=+0.02,loss=0.1"),
+               ("--budget nll=+0.02,loss=0.1", "unknown metric 'loss'"))
+
+
+@case("model-budget-not-a-number", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--eval", "digits", "--budget", "ece=nan"),
+               ("--budget ece=nan", "not a finite number"))
+
+
+@case("model-budget-without-eval", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--budget", "nll=+0.02"), ("--budget nll=+0.02", "add --eval DATA"))
+
+
+@case("model-budget-auroc-without-ood", torch=True)
+def _(ctx: Ctx) -> Bad:
+    return Bad(lower_argv(ctx, ctx.weights, "--eval", "digits", "--budget", "auroc=-0.01"),
+               ("--budget auroc=-0.01", "add --ood-data"))
+
+
 @case("model-config-missing-file", torch=True)
 def _(ctx: Ctx) -> Bad:
     return Bad(lower_argv(ctx, ctx.weights, "--config", str(ctx.tmp / "cfg.json")),
