@@ -1,0 +1,31 @@
+"""The Python API, and the workflows behind the CLI: import, lower, export, load, evaluate, profile.
+
+The CLI is a thin layer over these functions (:mod:`edgebnn.cli` parses options and prints tables with
+:mod:`edgebnn.tables`); each report is a plain, JSON-ready dict. The package re-exports the public ones:
+``edgebnn.from_torch``, ``edgebnn.lower``, ``edgebnn.export``, ``edgebnn.load``, ``edgebnn.save``,
+``edgebnn.evaluate``, ``edgebnn.load_data`` (see ``help(edgebnn)``).
+"""
+
+from edgebnn.api._budget import lower_within_budget
+from edgebnn.api._evaluate import dataset_for, evaluate_artifact, lowering_quality, profile_artifact
+from edgebnn.api._files import PathLike, Progress, export_metadata, load_ir, save
+from edgebnn.api._lower import lower_config_of, lower_model
+from edgebnn.api._model import export, from_torch, lower
+
+__all__ = [
+    "PathLike",
+    "Progress",
+    "dataset_for",
+    "evaluate_artifact",
+    "export",
+    "export_metadata",
+    "from_torch",
+    "load_ir",
+    "lower",
+    "lower_config_of",
+    "lower_model",
+    "lower_within_budget",
+    "lowering_quality",
+    "profile_artifact",
+    "save",
+]

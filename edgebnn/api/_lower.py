@@ -1,0 +1,95 @@
+"""``edgebnn lower`` as a function: build, load, import and lower a torch model; replay a lowering config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgebnn import schemas
+from edgebnn.api._budget import _check_budget, lower_within_budget
+from edgebnn.api._evaluate import Progress, lowering_quality
+from edgebnn.api._files import load_ir
+from edgebnn.api._model import from_torch, lower
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+
+if TYPE_CHECKING:
+    from edgebnn.budget import Budget
+    from edgebnn.data import DataSource
+    from edgebnn.ir import BNNModel
+    from edgebnn.passes import LowerConfig
+
+def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
+                scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
+                output_index: int = 0, evaluate: DataSource | None = None, ood_data: DataSource | None = None,
+                budget: Budget | str | None = None, samples: int = 16,
+                progress: Progress | None = None) -> tuple[BNNModel, dict[str, Any]]:
+    """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
+
+    ``evaluate`` (``digits`` or a data file/folder, see :func:`edgebnn.data.load_data`) adds ``report["eval"]``:
+    the lowered model against the float BNN it came from (:func:`lowering_quality`; ``ood_data`` adds the
+    MI-AUROC). ``budget`` (a :class:`edgebnn.budget.Budget` or its text) searches per-layer settings that keep
+    it on ``evaluate`` (:func:`lower_within_budget`) and adds ``report["budget"]``.
+
+    Raises:
+        InvalidOptionError: A budget without ``evaluate``, an ``auroc`` budget without ``ood_data``, bad data.
+        BudgetNotMetError: No configuration keeps the budget (carries the closest one); nothing is returned.
+    """
+    from edgebnn.importers.checkpoint import load_factory, load_weights
+
+    if budget is not None:
+        budget = _check_budget(budget, evaluate, ood_data)
+    model = load_weights(load_factory(model_spec), weights)
+    bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})")
+    if budget is not None:
+        assert evaluate is not None  # _check_budget
+        config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
+        lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data, samples=samples,
+                                      progress=progress)
+        return lowered, lowered.lowering_report
+    lowered = lower(bnn, scheme, seed=seed, bits=bits)
+    report = lowered.lowering_report
+    if evaluate is not None:
+        report["eval"] = lowering_quality(bnn, lowered, data=evaluate, ood_data=ood_data, samples=samples,
+                                          seed=report["seed"], progress=progress)
+    return lowered, report
+
+
+def _config(scheme: str, seed: int | None, bits: str | int | None) -> LowerConfig:
+    from edgebnn.passes import LowerConfig
+
+    return LowerConfig(scheme=scheme, bits="auto" if bits is None else bits, seed=0 if seed is None else seed)
+
+
+def lower_config_of(path: str | Path) -> LowerConfig:
+    """The lowering config in a JSON file (a config, or a ``lower --report``), or the one an ``.ebnn``'s manifest
+    stores: what replays a lowering exactly.
+
+    Raises:
+        InvalidArtifactError: The file is unreadable, or an ``.ebnn`` that stores no config.
+        InvalidOptionError: The config is malformed (names the file and the key).
+    """
+    from edgebnn.passes import LowerConfig
+    from edgebnn.passes.config import DATA_OPTIONS
+
+    if Path(path).suffix == ".ebnn":
+        manifest = load_ir(path).manifest
+        if manifest.lower_config is None:
+            raise InvalidArtifactError(f"{path}: stores no lowering config (not written by edgebnn lower)")
+        options = [p["options"] for p in manifest.passes if isinstance(p.get("options"), dict)]
+        data = sorted({k for o in options for k in DATA_OPTIONS if o.get(k)})
+        if data:
+            raise InvalidOptionError(f"{path}: was lowered with {', '.join(data)} arrays passed from Python, which "
+                                     "the manifest does not store; a config cannot replay it")
+        return LowerConfig.from_dict(manifest.lower_config, f"{path}: lower_config")
+    try:
+        raw = json.loads(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise InvalidArtifactError(f"{path}: no such file") from e
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deeply
+        raise InvalidOptionError(f"{path}: not a JSON lowering config ({type(e).__name__})") from e
+    except OSError as e:
+        raise InvalidArtifactError(f"{path}: cannot read ({e.strerror or e})") from e
+    if isinstance(raw, dict) and raw.get("schema") == schemas.LOWER:  # a lower --report: replay its config
+        return LowerConfig.from_dict(raw.get("config"), f"{path}: config")
+    return LowerConfig.from_dict(raw, str(path))

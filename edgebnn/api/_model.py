@@ -1,0 +1,86 @@
+"""Import a torch BNN, lower it, export it: the compile steps as Python functions."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgebnn.api._files import PathLike, load_ir
+
+if TYPE_CHECKING:
+    from edgebnn._lowered import LoweredModel
+    from edgebnn.ir import BNNModel
+    from edgebnn.passes import LowerConfig
+
+def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None) -> BNNModel:
+    """Import a trained PyTorch BNN into the IR (needs torch).
+
+    Args:
+        model: The trained ``torch.nn.Module``: edgebnn, bayesian-torch (reparameterization or flipout,
+            hand-written or ``dnn_to_bnn``), torchbnn or blitz layers; plain Linear/Conv2d/BatchNorm layers are
+            carried through as deterministic layers.
+        input_shape: One example's shape with a leading batch dim, e.g. ``(1, 1, 28, 28)``.
+        output_index: Which output to use when ``forward`` returns a tuple such as ``(logits, kl)``.
+        name: How errors name the model (default: its class name).
+
+    Returns:
+        The IR, one ``GaussianWeight`` per Bayesian weight; lower it with :func:`lower`.
+
+    Raises:
+        UnsupportedLayerError: No Bayesian layer, or a layer edgebnn cannot import (named by its path).
+        MissingDependencyError: torch is not installed.
+    """
+    from edgebnn.importers import import_model
+
+    return import_model(model, tuple(input_shape), output_index=output_index, where=name or type(model).__name__)
+
+
+def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | None = None,
+          bits: str | int | None = None, **options: Any) -> LoweredModel:
+    """Lower an IR with a compression scheme; the lowering report is attached as ``result.lowering_report``.
+
+    Args:
+        model: The IR (not modified).
+        scheme: ``float``, ``mcq``, ``fixed``, ``codebook``, ``ternary``, ``binary``, ``prune`` or
+            ``prune+SCHEME``; or a :class:`edgebnn.passes.LowerConfig` (per-layer overrides; it holds the seed,
+            bits and options, so give none of them here).
+        seed: Seeds every random choice; the same seed gives the same bytes (default 0).
+        bits: ``"auto"`` (default: bits per layer from the posterior variance) or a forced width.
+        **options: Scheme options, e.g. ``clusters=16`` for codebook (see :func:`edgebnn.passes.lower`).
+
+    Returns:
+        The lowered IR (a ``LoweredModel``, which is a ``BNNModel``): ``.lowering_report`` holds ``scheme``, ``layers``,
+        ``total_bytes``, ``float_bnn_bytes``, ``compression_ratio``, ...
+    """
+    from edgebnn._lowered import LoweredModel
+    from edgebnn.passes import lower as run_passes
+
+    result = run_passes(model, scheme, seed=seed, bits=bits, **options)
+    return LoweredModel(result.model, result.report)
+
+
+def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mode: str = "baked",
+           weights: str = "fp32", seed: int = 0, noise: str = "auto", hoist: str | float = "off") -> Path:
+    """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
+
+    Args:
+        model: The IR, or the path of an ``.ebnn``.
+        path: The ``.onnx`` to write (atomically).
+        samples: Ensemble size S.
+        mode: ``baked`` (S samples stored as constants; TensorRT/DLA-safe), ``noise`` (host-drawn noise
+            inputs, filled by :class:`Session`), ``shared`` (codebook models) or ``analytic``.
+        weights: Baked mode: ``fp32``, ``int8`` or ``int4`` member weights.
+        seed: Seed of the baked samples.
+        noise: Noise mode variant: ``auto``, ``local`` or ``weight``.
+        hoist: ``off``, ``auto`` or a σ threshold below which layers run once (see ``edgebnn export --help``).
+
+    Returns:
+        The path written. Run it with ``edgebnn.Session(path).predict(x)``.
+    """
+    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+
+    ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
+    return save_onnx(export_onnx(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights,
+                                 hoist=hoist), path)
