@@ -20,7 +20,9 @@ Batched forms (S samples, no transposes of activations, one op per layer)::
 Weights and biases reach ``batched`` as an :data:`Operand`: a constant array not emitted yet (``baked``: laid
 out in numpy, then stored in the requested weight format) or a graph value (``noise``: laid out by nodes).
 
-Adding a layer kind (ConvTranspose, ...) is one :class:`LayerKind` subclass registered here.
+ConvTranspose (weight [C, O/g, *k]) stacks its S weights as [S·C, O/g, *k] with group S·g, as Conv does; the
+affine node of a Bayesian batch norm multiplies on a [B, S, C, *sp] view (:class:`BatchNormalization`).
+Adding a layer kind is one :class:`LayerKind` subclass registered here.
 """
 
 from __future__ import annotations
@@ -92,6 +94,10 @@ class LayerKind(ABC):
         """The op with the node's own attributes on ``inputs`` (x, weight[, bias])."""
         return b.add(node.op_type, inputs, out, **attrs_of(node))
 
+    def matches(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node`` (of ``op_type``) is this kind (default: every node of the op type)."""
+        return True
+
     def weight_format(self, node: onnx.NodeProto, wshape: tuple[int, ...], dtype: str, batched: bool) -> str:
         """The weight format this op's weight takes when ``dtype`` is asked for (int4 only where TensorRT's
         weight-only int4 GEMMs take it: blocks along the reduction axis, even output dim; int8 otherwise)."""
@@ -162,7 +168,7 @@ class Conv(LayerKind):
                where: str) -> tuple[list[int], list[int]]:
         xs, ys = shapes.get(node.input[0]), shapes.get(node.output[0])
         if xs is None or ys is None or len(xs) != len(wshape) or len(ys) != len(wshape):
-            raise UnsupportedLayerError(f"{where}: Conv needs static {len(wshape) - 2}-D feature shapes "
+            raise UnsupportedLayerError(f"{where}: {self.op_type} needs static {len(wshape) - 2}-D feature shapes "
                                         f"(got {xs} -> {ys})")
         return xs, ys
 
@@ -179,15 +185,86 @@ class Conv(LayerKind):
         (_, c, *spatial), (_, o, *out_spatial) = self.shapes(node, wshape, shapes, where)
         attrs = attrs_of(node)
         group = int(attrs.pop("group", 1))
-        w = reshape(b, w, (samples * o, *wshape[1:]), p + "w_shape", p + "W")
+        w = reshape(b, w, (samples * wshape[0], *wshape[1:]), p + "w_shape", p + "W")  # ConvTranspose: [S·C, O/g, ..]
         inputs = [b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x"),
                   _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)]
         if bias is not None:
             inputs.append(_const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b"))
-        y = b.add("Conv", inputs, p + "y", group=group * samples, **attrs)
+        y = b.add(self.op_type, inputs, p + "y", group=group * samples, **attrs)
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], node.output[0])
+
+
+@register_layer
+class ConvTranspose(Conv):
+    """ConvTranspose of any rank: [N, C, *spatial] with a weight [C, O/group, *kernel].
+
+    Over the sample axis it is the grouped op as for Conv: S·group groups, the S weights stacked on the input
+    axis ([S·C, O/group, *kernel]) and the biases as [S·O]; output channel s·O + o is member s's channel o.
+    (``output_shape``, pads and strides are spatial and unchanged.)
+    """
+
+    op_type = "ConvTranspose"
+
+    def out_dim(self, node: onnx.NodeProto, wshape: tuple[int, ...]) -> int:
+        return int(wshape[1]) * int(attrs_of(node).get("group", 1))
+
+
+@register_layer
+class BatchNormalization(LayerKind):
+    """The affine part of a Bayesian batch norm: ``BatchNormalization(x̂, scale, shift, 0, 1, epsilon=0)``.
+
+    The importers emit a batch norm with a sampled scale and shift as a deterministic normalisation
+    (running statistics) followed by this node, which is linear in the scale ``w`` [C] and shift ``b`` [C]:
+    ``y = w ⊙ x̂ + b`` per channel (torchbnn's ``BayesBatchNorm2d``). Only a node with epsilon 0 is this kind
+    (:meth:`matches`); other batch norms are deterministic ops to the exporters, and a sampled weight feeding one
+    is refused as any unsupported layer is.
+
+    Over the sample axis (exact, elementwise)::
+
+        [B·S, C, *sp] -> Reshape [B, S, C, *sp] -> Mul w_s [S, C, 1..] -> Add b_s [S, C, 1..] -> Reshape [B·S, C, *sp]
+
+    ``plain`` is the same node on other operands (a zero shift where none is given), so local noise and the
+    analytic mode get ``op(x², σ²) = σ² ⊙ x²`` per channel, as for any layer linear in its weight.
+    """
+
+    op_type = "BatchNormalization"
+    LOCAL_EXACT = False  # a channel's scale is shared across positions, as a Conv kernel is
+
+    def matches(self, node: onnx.NodeProto) -> bool:
+        attrs = attrs_of(node)
+        return attrs.get("epsilon", 1e-5) == 0.0 and not attrs.get("training_mode", 0)
+
+    def out_dims(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+                 where: str) -> list[int]:
+        self.attrs(node, where)
+        xs = shapes.get(node.input[0])
+        if xs is None:
+            raise UnsupportedLayerError(f"{where}: BatchNormalization needs a static feature shape")
+        return xs[1:]
+
+    def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
+        return (-1, 1, 1)  # [B, C, H, W]: the Bayesian batch norms the libraries have are 2-D (BayesBatchNorm2d)
+
+    def plain(self, b: Builder, node: onnx.NodeProto, inputs: list[str], out: str) -> str:
+        shift = inputs[2] if len(inputs) > 2 else node.input[3]  # the statistic 0 [C] is a zero shift
+        return b.add("BatchNormalization", [inputs[0], inputs[1], shift, *node.input[3:5]], out,
+                     **attrs_of(node))
+
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None) -> None:
+        c, *spatial = self.out_dims(node, wshape, shapes, where)
+        ones = (1,) * len(spatial)
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, c, *spatial)], p + "x")
+        w = reshape(b, w, (samples, c, *ones), p + "w_shape", p + "W")
+        y = b.add("Mul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)], p + "xw")
+        if bias is not None:
+            bias = reshape(b, bias, (samples, c, *ones), p + "b_shape", p + "b")
+            y = b.add("Add", [y, _const(b, bias, p + "b")], p + "y")
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, c, *spatial)], node.output[0])
 
 
 def layer_kind(node: onnx.NodeProto) -> LayerKind | None:
     """The kind of ``node``, or None when no exporter rewrites its op type."""
-    return LAYERS.get(node.op_type)
+    kind = LAYERS.get(node.op_type)
+    return kind if kind is not None and kind.matches(node) else None

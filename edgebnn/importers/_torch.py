@@ -104,6 +104,7 @@ def mean_forward(post: LayerPosterior, x: Any, weight: Any = None, bias: Any = N
     ``weight``, ``bias`` and (batch norm) ``stats = (running_mean, running_var)`` default to the posterior
     means and statistics in ``post``.
     """
+    import torch
     import torch.nn.functional as F
 
     weight = torch_tensor(post.weight_mu) if weight is None else weight
@@ -111,8 +112,13 @@ def mean_forward(post: LayerPosterior, x: Any, weight: Any = None, bias: Any = N
     if post.kind == "linear":
         return F.linear(x, weight, bias)
     if post.kind == "batchnorm":
+        # Normalise, then scale and shift as a batch norm of statistics (0, 1) and epsilon 0: in the exported
+        # graph the sampled scale and shift then feed a node that is linear in them, which the exporters'
+        # batch-norm layer kind samples (edgebnn.exporters.layers.BatchNormalization).
         mean, var = (torch_tensor(post.running_mean), torch_tensor(post.running_var)) if stats is None else stats
-        return F.batch_norm(x, mean, var, weight, bias, False, 0.0, post.eps)
+        zeros, ones = torch.zeros(len(post.weight_mu)), torch.ones(len(post.weight_mu))
+        xhat = F.batch_norm(x, mean, var, ones, zeros, False, 0.0, post.eps)
+        return F.batch_norm(xhat, zeros, ones, weight, bias, False, 0.0, 0.0)
     if post.kind == "conv":
         conv = getattr(F, f"conv{post.rank}d")
         return conv(x, weight, bias, post.stride, post.padding, post.dilation, post.groups)

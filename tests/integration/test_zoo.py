@@ -39,8 +39,8 @@ is therefore the library's forward of the same posterior in the matching ``...Re
 Exports: ``baked`` draws the reference runtime's members for the same seed, so its predictive must equal the
 reference's to float round-off; ``noise`` draws fresh noise per row and takes the statistical check;
 ``analytic`` propagates moments (no samples to match S with) and must give a valid predictive. Export modes
-that need exporter work are strict xfails, so they flip when it lands: ConvTranspose and BatchNorm weights,
-and Slice/Pad, LogSoftmax and ReduceMax in analytic mode.
+that need exporter work are strict xfails, so they flip when it lands: Slice/Pad, LogSoftmax and ReduceMax in
+analytic mode.
 """
 
 from __future__ import annotations
@@ -74,8 +74,6 @@ S, R = 8, 2  # samples per predictive, repetitions
 BOUND = 1.2
 POWER_CHECK_MAX_WEIGHTS = 500_000
 MODES = ("baked", "noise", "analytic")
-NEEDS_CONV_TRANSPOSE = "exporters sample Gemm and Conv weights only, not ConvTranspose (also on main)"
-NEEDS_BATCHNORM = "exporters sample Gemm and Conv weights only, not a BatchNormalization scale (also on main)"
 NEEDS_REDUCE_MAX = "analytic mode cannot propagate variance through ReduceMax (AdaptiveMaxPool1d) yet (exporter)"
 NEEDS_SLICE_PAD = "analytic mode cannot propagate variance through Slice/Pad yet (exporter)"
 NEEDS_LOG_SOFTMAX = "analytic mode cannot propagate variance through a LogSoftmax output yet (exporter)"
@@ -248,8 +246,6 @@ def _blitz_conv1d() -> Any:
     ).eval()
 
 
-_CONV_TRANSPOSE = dict.fromkeys(MODES, NEEDS_CONV_TRANSPOSE)
-_BATCHNORM = dict.fromkeys(MODES, NEEDS_BATCHNORM)
 ZOO = [
     Zoo("bt-resnet8-variational", _bt_resnet8("resnet_variational"), (1, 3, 32, 32), examples=16,
         xfail_modes={"analytic": NEEDS_SLICE_PAD}),
@@ -264,10 +260,9 @@ ZOO = [
     Zoo("bt-conv1d-timeseries-flipout", _timeseries("Flipout"), (1, 3, 64),
         comparator=lambda m: _reparameterized(m, _timeseries("Reparameterization")), examples=48),
     Zoo("bt-dnn_to_bnn-conv3d-convtranspose", _upsampling("Flipout"), (1, 2, 4, 8, 8),
-        comparator=lambda m: _reparameterized(m, _upsampling("Reparameterization")), xfail_modes=_CONV_TRANSPOSE,
-        examples=48),
+        comparator=lambda m: _reparameterized(m, _upsampling("Reparameterization")), examples=48),
     Zoo("torchbnn-readme-mlp", _torchbnn_mlp, (1, 4), examples=64),
-    Zoo("torchbnn-cnn-batchnorm", _torchbnn_cnn, (1, 3, 16, 16), xfail_modes=_BATCHNORM, examples=48),
+    Zoo("torchbnn-cnn-batchnorm", _torchbnn_cnn, (1, 3, 16, 16), examples=48),
     Zoo("blitz-lenet", _blitz_lenet, (1, 1, 28, 28)),
     Zoo("blitz-conv1d", _blitz_conv1d, (1, 3, 32), xfail_modes={"analytic": NEEDS_REDUCE_MAX},
         examples=48),
