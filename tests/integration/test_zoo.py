@@ -38,9 +38,8 @@ is therefore the library's forward of the same posterior in the matching ``...Re
 
 Exports: ``baked`` draws the reference runtime's members for the same seed, so its predictive must equal the
 reference's to float round-off; ``noise`` draws fresh noise per row and takes the statistical check;
-``analytic`` propagates moments (no samples to match S with) and must give a valid predictive. Export modes
-that need exporter work are strict xfails, so they flip when it lands: Slice/Pad, LogSoftmax and ReduceMax in
-analytic mode.
+``analytic`` propagates moments (no samples to match S with) and must give a valid predictive. Every zoo model
+exports in every mode (ConvTranspose, Bayesian batch norms, analytic Slice/Pad/ReduceMax/LogSoftmax included).
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,21 +73,17 @@ S, R = 8, 2  # samples per predictive, repetitions
 BOUND = 1.2
 POWER_CHECK_MAX_WEIGHTS = 500_000
 MODES = ("baked", "noise", "analytic")
-NEEDS_REDUCE_MAX = "analytic mode cannot propagate variance through ReduceMax (AdaptiveMaxPool1d) yet (exporter)"
-NEEDS_SLICE_PAD = "analytic mode cannot propagate variance through Slice/Pad yet (exporter)"
-NEEDS_LOG_SOFTMAX = "analytic mode cannot propagate variance through a LogSoftmax output yet (exporter)"
 _BT_PRIOR = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0}
 
 
 @dataclass(frozen=True)
 class Zoo:
-    """One zoo model: how to build it, its input, the library model to compare with, what cannot export yet."""
+    """One zoo model: how to build it, its input, the library model to compare with."""
 
     name: str
     build: Callable[[], Any]
     shape: tuple[int, ...]
     comparator: Callable[[Any], Any] = lambda m: m
-    xfail_modes: dict[str, str] = field(default_factory=dict)
     examples: int = 24
 
 
@@ -247,16 +242,12 @@ def _blitz_conv1d() -> Any:
 
 
 ZOO = [
-    Zoo("bt-resnet8-variational", _bt_resnet8("resnet_variational"), (1, 3, 32, 32), examples=16,
-        xfail_modes={"analytic": NEEDS_SLICE_PAD}),
+    Zoo("bt-resnet8-variational", _bt_resnet8("resnet_variational"), (1, 3, 32, 32), examples=16),
     Zoo("bt-resnet8-flipout", _bt_resnet8("resnet_flipout"), (1, 3, 32, 32), examples=16,
-        comparator=lambda m: _reparameterized(m, _bt_resnet8("resnet_variational")),
-        xfail_modes={"analytic": NEEDS_SLICE_PAD}),
-    Zoo("bt-simple-cnn-variational", _scnn, (1, 1, 28, 28), examples=6,
-        xfail_modes={"analytic": NEEDS_LOG_SOFTMAX}),
+        comparator=lambda m: _reparameterized(m, _bt_resnet8("resnet_variational"))),
+    Zoo("bt-simple-cnn-variational", _scnn, (1, 1, 28, 28), examples=6),
     Zoo("bt-dnn_to_bnn-simple-cnn-flipout", _simple_cnn("Flipout"), (1, 1, 28, 28), examples=6,
-        comparator=lambda m: _reparameterized(m, _simple_cnn("Reparameterization")),
-        xfail_modes={"analytic": NEEDS_LOG_SOFTMAX}),
+        comparator=lambda m: _reparameterized(m, _simple_cnn("Reparameterization"))),
     Zoo("bt-conv1d-timeseries-flipout", _timeseries("Flipout"), (1, 3, 64),
         comparator=lambda m: _reparameterized(m, _timeseries("Reparameterization")), examples=48),
     Zoo("bt-dnn_to_bnn-conv3d-convtranspose", _upsampling("Flipout"), (1, 2, 4, 8, 8),
@@ -264,8 +255,7 @@ ZOO = [
     Zoo("torchbnn-readme-mlp", _torchbnn_mlp, (1, 4), examples=64),
     Zoo("torchbnn-cnn-batchnorm", _torchbnn_cnn, (1, 3, 16, 16), examples=48),
     Zoo("blitz-lenet", _blitz_lenet, (1, 1, 28, 28)),
-    Zoo("blitz-conv1d", _blitz_conv1d, (1, 3, 32), xfail_modes={"analytic": NEEDS_REDUCE_MAX},
-        examples=48),
+    Zoo("blitz-conv1d", _blitz_conv1d, (1, 3, 32), examples=48),
 ]
 ZOO_IDS = [z.name for z in ZOO]
 
@@ -377,15 +367,8 @@ def test_reference_runtime_matches_library(name: str) -> None:
     assert mc_ratio(lambda r: edgebnn_probs(wrong, p.x, r), name) > BOUND
 
 
-def _mode_params() -> list[Any]:
-    return [
-        pytest.param(z.name, mode, marks=[pytest.mark.xfail(strict=True, reason=z.xfail_modes[mode])]
-                     if mode in z.xfail_modes else [])
-        for z in ZOO for mode in MODES
-    ]
-
-
-@pytest.mark.parametrize(("name", "mode"), _mode_params())
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ZOO_IDS)
 def test_export_runs_and_matches(name: str, mode: str) -> None:
     p = prepared(name)
     if mode == "baked":  # the baked members are the reference runtime's draws for the same seed
@@ -412,15 +395,8 @@ def test_every_scheme_lowers_and_runs(name: str, scheme: str) -> None:
     check_probs(predict(lowered(name, scheme), p.x, 4, seed=0).probs, p)
 
 
-def _scheme_params() -> list[Any]:
-    return [
-        pytest.param(z.name, scheme, marks=[pytest.mark.xfail(strict=True, reason=z.xfail_modes["baked"])]
-                     if "baked" in z.xfail_modes else [])
-        for z in ZOO for scheme in SCHEMES
-    ]
-
-
-@pytest.mark.parametrize(("name", "scheme"), _scheme_params())
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("name", ZOO_IDS)
 def test_every_scheme_exports_baked(name: str, scheme: str) -> None:
     """The lowered model's baked ensemble in onnxruntime equals the reference runtime's draws (same seed)."""
     p = prepared(name)
