@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 from edgebnn.errors import UnsupportedLayerError
@@ -367,20 +368,43 @@ def test_reference_runtime_matches_library(name: str) -> None:
     assert mc_ratio(lambda r: edgebnn_probs(wrong, p.x, r), name) > BOUND
 
 
+@functools.cache
+def exported(name: str, mode: str) -> onnx.ModelProto:
+    """Each zoo model's S-sample export in ``mode`` (baked with seed 3), once for the tests that read it."""
+    return export_onnx(prepared(name).ir, S, mode=mode, **({"seed": 3} if mode == "baked" else {}))
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("name", ZOO_IDS)
 def test_export_runs_and_matches(name: str, mode: str) -> None:
     p = prepared(name)
+    proto = exported(name, mode)
     if mode == "baked":  # the baked members are the reference runtime's draws for the same seed
-        got = Session(export_onnx(p.ir, S, mode="baked", seed=3)).predict(p.x).probs
+        got = Session(proto).predict(p.x).probs
         np.testing.assert_allclose(got, predict(p.ir, p.x, S, seed=3).probs, rtol=0, atol=2e-5)
     elif mode == "noise":  # fresh noise per row: each example its own draws, as the statistic wants
-        proto = export_onnx(p.ir, S, mode="noise")
         assert mc_ratio(lambda r: Session(proto, seed=r).predict(p.x).probs, name) <= BOUND
         got = Session(proto, seed=0).predict(p.x).probs
     else:  # moment propagation: no samples to compare at matched S, only a valid predictive
-        got = Session(export_onnx(p.ir, S, mode="analytic")).predict(p.x).probs
+        got = Session(proto).predict(p.x).probs
     check_probs(got, p)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ZOO_IDS)
+def test_exports_are_clean(name: str, mode: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """The full ONNX check passes, every initializer is consumed, and onnxruntime loads the graph without a
+    warning (it logs, e.g., "Removing initializer ..." for an unused one) — read from its stderr at warning level."""
+    proto = exported(name, mode)
+    onnx.checker.check_model(proto, full_check=True)
+    used = {x for node in proto.graph.node for x in node.input}
+    assert [t.name for t in proto.graph.initializer if t.name not in used] == []
+    capfd.readouterr()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 1  # info and above reach stderr; warnings are tagged [W:, errors [E:
+    ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    logged = capfd.readouterr().err
+    assert not [line for line in logged.splitlines() if "[W:" in line or "[E:" in line], logged
 
 
 @functools.cache
