@@ -66,7 +66,8 @@ def export_metadata(path: PathLike) -> ExportMetadata:
     return read_export(path)[1]
 
 
-def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None) -> BNNModel:
+def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None,
+               mc_dropout: bool = False) -> BNNModel:
     """Import a trained PyTorch BNN into the IR (needs torch).
 
     Args:
@@ -76,17 +77,22 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
         input_shape: One example's shape with a leading batch dim, e.g. ``(1, 1, 28, 28)``.
         output_index: Which output to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         name: How errors name the model (default: its class name).
+        mc_dropout: MC dropout (Gal & Ghahramani): keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at
+            prediction, each a ``DropoutMask`` posterior on its input (a plain torch model needs nothing else).
 
     Returns:
-        The IR, one ``GaussianWeight`` per Bayesian weight; lower it with :func:`lower`.
+        The IR, one ``GaussianWeight`` per Bayesian weight (and one ``DropoutMask`` per dropout layer with
+        ``mc_dropout``); lower it with :func:`lower`.
 
     Raises:
-        UnsupportedLayerError: No Bayesian layer, or a layer edgebnn cannot import (named by its path).
+        UnsupportedLayerError: No Bayesian layer (nor dropout, with ``mc_dropout``), a layer edgebnn cannot
+            import, or dropout called outside an ``nn.Dropout*`` module with ``mc_dropout`` (named by its path).
         MissingDependencyError: torch is not installed.
     """
     from edgebnn.importers import import_model
 
-    return import_model(model, tuple(input_shape), output_index=output_index, where=name or type(model).__name__)
+    return import_model(model, tuple(input_shape), output_index=output_index, where=name or type(model).__name__,
+                        mc_dropout=mc_dropout)
 
 
 def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | None = None,
@@ -141,16 +147,18 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mod
 def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
                 scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
                 output_index: int = 0,
-                evaluate: DataSource | None = None) -> tuple[BNNModel, dict[str, Any]]:
+                evaluate: DataSource | None = None, mc_dropout: bool = False) -> tuple[BNNModel, dict[str, Any]]:
     """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
 
     ``evaluate`` (``digits`` or a data file/folder, see :func:`edgebnn.data.load_data`) adds ``report["eval"]``:
-    the lowered model against the float BNN it came from (:func:`lowering_quality`).
+    the lowered model against the float BNN it came from (:func:`lowering_quality`). ``mc_dropout``: see
+    :func:`from_torch`.
     """
     from edgebnn.importers.checkpoint import load_factory, load_weights
 
     model = load_weights(load_factory(model_spec), weights)
-    bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})")
+    bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})",
+                     mc_dropout=mc_dropout)
     lowered = lower(bnn, scheme, seed=seed, bits=bits)
     report = lowered.lowering_report
     if evaluate is not None:

@@ -158,9 +158,12 @@ def _check_output_dir(path: str) -> None:
               help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, S=16) on this data: "
                    "'digits' (validation split), a labelled .npz or a folder of shards (see eval --help).")
 @click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
+@click.option("--mc-dropout", is_flag=True,
+              help="MC dropout: keep the model's nn.Dropout/Dropout1d/2d/3d on at prediction as the posterior "
+                   "(a plain torch model with dropout needs no Bayesian layer).")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
-          report: str | None, eval_data: str | None, verbose: bool) -> None:
+          report: str | None, eval_data: str | None, verbose: bool, mc_dropout: bool) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -173,7 +176,7 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     _check_output_dir(output)
     with console.status(f"importing {model_spec} and lowering ({config.scheme})"):
         model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
-                                          evaluate=eval_data)
+                                          evaluate=eval_data, mc_dropout=mc_dropout)
     ir.save(model, output)
     print_lower_report(console, lower_report, output, model=f"{model_spec} ({weights})",
                        manifest=json.loads(model.manifest.to_json()), verbose=verbose)

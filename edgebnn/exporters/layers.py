@@ -35,7 +35,7 @@ import onnx
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, attrs_of
-from edgebnn.ir.encodings import Grid
+from edgebnn.ir.encodings import MASK_SUFFIX, Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
 LAYERS: dict[str, LayerKind] = {}
@@ -262,6 +262,44 @@ class BatchNormalization(LayerKind):
             bias = reshape(b, bias, (samples, c, *ones), p + "b_shape", p + "b")
             y = b.add("Add", [y, _const(b, bias, p + "b")], p + "y")
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, c, *spatial)], node.output[0])
+
+
+@register_layer
+class DropoutMul(LayerKind):
+    """``Mul(x, mask)`` of an MC-dropout layer (:class:`edgebnn.ir.encodings.DropoutMask`, value ``*.dropout_mask``):
+    a mask [*features] or [C, 1, ...] per sample on the activation.
+
+    Over the sample axis (exact, elementwise)::
+
+        [B·S, *f] -> Reshape [B, S, *f] -> Mul M_s [S, *mask shape] -> Reshape [B·S, *f]
+
+    ``plain`` is the Mul itself, so ``analytic`` propagates m' = m, v' = (m² + v)·p/(1-p) + v (the mask's
+    moments (1, p/(1-p)) through the layer rule). Other Mul nodes are not this kind (:meth:`matches`).
+    """
+
+    op_type = "Mul"
+    LOCAL_EXACT = False  # a mask is Bernoulli, not Gaussian: noise draws it (uniform input per sample)
+
+    def matches(self, node: onnx.NodeProto) -> bool:
+        return len(node.input) == 2 and node.input[1].endswith(MASK_SUFFIX)
+
+    def out_dims(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+                 where: str) -> list[int]:
+        xs = shapes.get(node.input[0])
+        if xs is None or len(xs) != len(wshape) + 1:
+            raise UnsupportedLayerError(f"{where}: MC dropout needs a static feature shape (got {xs})")
+        return xs[1:]
+
+    def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
+        return (-1,)  # no bias
+
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None) -> None:
+        dims = self.out_dims(node, wshape, shapes, where)
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, *dims)], p + "x")
+        y = b.add("Mul", [x, _const(b, w, p + "M", self.weight_format(node, wshape, dtype, True), grid)], p + "xm")
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, *dims)], node.output[0])
 
 
 def layer_kind(node: onnx.NodeProto) -> LayerKind | None:
