@@ -196,10 +196,7 @@ def import_model(
     model = model.eval()
     posteriors, libraries = find_bayesian_layers(model)
     dropouts = dropout_modules(model) if mc_dropout else {}
-    if mc_dropout and not dropouts:
-        raise UnsupportedLayerError(f"{where}: --mc-dropout: no nn.Dropout/Dropout1d/2d/3d with p > 0 in "
-                                    f"{type(model).__name__}")
-    if not posteriors and not dropouts:
+    if not posteriors and not mc_dropout:
         raise UnsupportedLayerError(
             f"{where}: no Bayesian layers found (supported: edgebnn, bayesian-torch, torchbnn, blitz; "
             "--mc-dropout for a model with dropout)"
@@ -226,6 +223,9 @@ def import_model(
     finally:
         for h in hooks:
             h.remove()
+    if mc_dropout and not dropouts:  # after the pass: dropout called outside a module is named first
+        raise UnsupportedLayerError(f"{where}: --mc-dropout: no nn.Dropout/Dropout1d/2d/3d with p > 0 in "
+                                    f"{type(model).__name__}")
     if isinstance(out, Mapping):
         keys = ", ".join(repr(k) for k in list(out)[:4])
         raise UnsupportedLayerError(

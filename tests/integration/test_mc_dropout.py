@@ -171,3 +171,73 @@ def test_gaussian_noise_variants_refuse_masks():
     ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
     with pytest.raises(InvalidOptionError, match=r"^cnn: layer '2' is DropoutMask, which --mode noise cannot draw"):
         export_onnx(ir, 4, mode="noise")
+
+
+FACTORIES = '''
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return F.dropout(self.fc(x.flatten(1)), 0.2, self.training)
+
+
+def dropout_mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 10))
+
+
+def functional_dropout():
+    return nn.Sequential(Block())
+'''
+
+
+def test_cli_lower_mc_dropout_and_its_bad_input(tmp_path, monkeypatch):
+    """``edgebnn lower --mc-dropout`` writes an IR with the masks; functional dropout: one line, exit 2, nothing
+    written."""
+    from click.testing import CliRunner
+
+    from edgebnn.cli import main
+    from edgebnn.ir import load
+
+    (tmp_path / "mcd_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mcd_factories
+
+    for factory in ("dropout_mlp", "functional_dropout"):
+        torch.save(getattr(mcd_factories, factory)().state_dict(), tmp_path / f"{factory}.pt")
+    out = tmp_path / "mlp.ebnn"
+    args = ["lower", "--input-shape", "1,1,8,8", "--mc-dropout"]
+    r = CliRunner().invoke(main, [*args, "--model", "mcd_factories:dropout_mlp", "--weights",
+                                  str(tmp_path / "dropout_mlp.pt"), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert [w.encoding.op_type for w in load(out).encoded_weights()] == ["DropoutMask"]
+    bad = tmp_path / "bad.ebnn"
+    r = CliRunner().invoke(main, [*args, "--model", "mcd_factories:functional_dropout", "--weights",
+                                  str(tmp_path / "functional_dropout.pt"), "-o", str(bad)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "layer '0' (Block) calls dropout itself" in lines[0] and not bad.exists()
+
+
+def test_deploy_example_meets_the_goals(tmp_path):
+    """examples/deploy_mc_dropout.py as a user runs it: S = 64, within 1 point / +0.03 NLL of torch's MC dropout."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "examples" / "deploy_mc_dropout.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(example.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(example), "--out", str(tmp_path)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    lib, onnx_scores = summary["torch_mc_dropout"], summary["onnx"]
+    assert onnx_scores["accuracy"] >= lib["accuracy"] - 0.01 and onnx_scores["nll"] <= lib["nll"] + 0.03, summary
+    assert (tmp_path / "model.onnx").stat().st_size > 0 and (tmp_path / "model.ebnn").stat().st_size > 0
