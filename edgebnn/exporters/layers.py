@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import Builder, attrs_of
+from edgebnn.exporters._graph import Builder, attrs_of, renamed_input
 from edgebnn.ir.encodings import MASK_SUFFIX, Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
@@ -208,6 +208,15 @@ class ConvTranspose(Conv):
     def out_dim(self, node: onnx.NodeProto, wshape: tuple[int, ...]) -> int:
         return int(wshape[1]) * int(attrs_of(node).get("group", 1))
 
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+        """As Conv, on the folded input; a ``shared`` input ([B, ...], the same for every sample) is folded first
+        (the members side by side on the output axis would need the weight interleaved on its axis 1)."""
+        if shared:
+            node = _folded_input(b, node, p, samples, shapes)
+        super().batched(b, node, p, samples, wshape, w, bias, shapes, where, dtype, grid)
+
 
 @register_layer
 class BatchNormalization(LayerKind):
@@ -222,6 +231,8 @@ class BatchNormalization(LayerKind):
     Over the sample axis (exact, elementwise)::
 
         [B·S, C, *sp] -> Reshape [B, S, C, *sp] -> Mul w_s [S, C, 1..] -> Add b_s [S, C, 1..] -> Reshape [B·S, C, *sp]
+
+    (``shared``: the input [B, C, *sp] is viewed as [B, 1, C, *sp] and broadcasts over the members.)
 
     ``plain`` is the same node on other operands (a zero shift where none is given), so local noise and the
     analytic mode get ``op(x², σ²) = σ² ⊙ x²`` per channel, as for any layer linear in its weight.
@@ -252,10 +263,11 @@ class BatchNormalization(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
         c, *spatial = self.out_dims(node, wshape, shapes, where)
         ones = (1,) * len(spatial)
-        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, c, *spatial)], p + "x")
+        rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, c, *spatial)], p + "x")
         w = reshape(b, w, (samples, c, *ones), p + "w_shape", p + "W")
         y = b.add("Mul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)], p + "xw")
         if bias is not None:
@@ -272,6 +284,8 @@ class DropoutMul(LayerKind):
     Over the sample axis (exact, elementwise)::
 
         [B·S, *f] -> Reshape [B, S, *f] -> Mul M_s [S, *mask shape] -> Reshape [B·S, *f]
+
+    (``shared``: the input [B, *f] is viewed as [B, 1, *f] and broadcasts over the members.)
 
     ``plain`` is the Mul itself, so ``analytic`` propagates m' = m, v' = (m² + v)·p/(1-p) + v (the mask's
     moments (1, p/(1-p)) through the layer rule). Other Mul nodes are not this kind (:meth:`matches`).
@@ -295,11 +309,21 @@ class DropoutMul(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
         dims = self.out_dims(node, wshape, shapes, where)
-        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, *dims)], p + "x")
+        rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, *dims)], p + "x")
         y = b.add("Mul", [x, _const(b, w, p + "M", self.weight_format(node, wshape, dtype, True), grid)], p + "xm")
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, *dims)], node.output[0])
+
+
+def _folded_input(b: Builder, node: onnx.NodeProto, p: str, samples: int, shapes: dict[str, list[int]],
+                  ) -> onnx.NodeProto:
+    """``node`` reading its input [B, *dims] folded to [B·S, *dims]."""
+    dims = shapes[node.input[0]][1:]
+    folded = b.fold_samples(node.input[0], p + "x_s", samples, dims, p + "fold/")
+    shapes[folded] = shapes[node.input[0]]
+    return renamed_input(node, node.input[0], folded)
 
 
 def layer_kind(node: onnx.NodeProto) -> LayerKind | None:

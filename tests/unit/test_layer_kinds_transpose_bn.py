@@ -145,3 +145,48 @@ def test_every_initializer_is_used_and_the_graph_checks(rank, kind, mode, kw):
     onnx.checker.check_model(proto, full_check=True)
     used = {x for node in proto.graph.node for x in node.input}
     assert [t.name for t in proto.graph.initializer if t.name not in used] == []
+
+
+def _emit(kind_node: onnx.NodeProto, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+          shapes: dict[str, list[int]], shared: bool) -> np.ndarray:
+    """One layer kind's batched form alone in a graph: input ``x`` ([B, ...] when ``shared``, else [B·S, ...])."""
+    from edgebnn.exporters._graph import Builder
+    from edgebnn.exporters.layers import layer_kind
+
+    b = Builder()
+    kind = layer_kind(kind_node)
+    assert kind is not None
+    kind.batched(b, kind_node, "k/", len(w), w.shape[1:], w, bias, dict(shapes), "test", shared=shared)
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info(kind_node.output[0], TensorProto.FLOAT, None)],
+                              b.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    proto.ir_version = 10
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("which", ["convT", "bn", "dropout"])
+def test_a_shared_input_gives_what_its_folded_copy_gives(which):
+    """``shared=True`` (the input [B, ...] is the same for every sample; baked hands the first sampled layer so):
+    equal to the batched form on the input folded to [B·S, ...] by hand."""
+    rng = np.random.default_rng(5)
+    s, batch = 3, 2
+    x = rng.normal(size=(batch, 4, 3, 3)).astype(np.float32)
+    bias = None
+    if which == "convT":
+        node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                pads=[1, 1, 1, 1], output_padding=[1, 1])
+        w, bias = rng.normal(size=(s, 4, 5, 3, 3)).astype(np.float32), rng.normal(size=(s, 5)).astype(np.float32)
+        shapes = {"x": [1, 4, 3, 3], "y": [1, 5, 6, 6]}
+    elif which == "bn":
+        node = helper.make_node("BatchNormalization", ["x", "w", "b", "zeros", "ones"], ["y"], epsilon=0.0)
+        w, bias = rng.normal(size=(s, 4)).astype(np.float32), rng.normal(size=(s, 4)).astype(np.float32)
+        shapes = {"x": [1, 4, 3, 3], "y": [1, 4, 3, 3]}
+    else:
+        node = helper.make_node("Mul", ["x", "d.dropout_mask"], ["y"])
+        w = (rng.random((s, 4, 1, 1)) > 0.3).astype(np.float32) / 0.7
+        shapes = {"x": [1, 4, 3, 3], "y": [1, 4, 3, 3]}
+    folded = np.repeat(x, s, axis=0)  # row b·S + s
+    np.testing.assert_allclose(_emit(node, x, w, bias, shapes, True), _emit(node, folded, w, bias, shapes, False),
+                               atol=ROUNDOFF)
