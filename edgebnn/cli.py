@@ -174,10 +174,13 @@ def _check_output_dir(path: str) -> None:
                    "auroc): choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
                    "posterior-variance rule down. Exit 2, nothing written, when no configuration keeps it.")
 @click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
+@click.option("--mc-dropout", is_flag=True,
+              help="MC dropout: keep the model's nn.Dropout/Dropout1d/2d/3d on at prediction as the posterior "
+                   "(a plain torch model with dropout needs no Bayesian layer).")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          verbose: bool) -> None:
+          verbose: bool, mc_dropout: bool) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -198,7 +201,7 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
         with _progress_bar(what) as progress:
             model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
                                               evaluate=eval_data, ood_data=ood_data, budget=budget,
-                                              progress=progress)
+                                              progress=progress, mc_dropout=mc_dropout)
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
 
-def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None) -> BNNModel:
+def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None,
+               mc_dropout: bool = False) -> BNNModel:
     """Import a trained PyTorch BNN into the IR (needs torch).
 
     Args:
@@ -24,17 +25,22 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
         input_shape: One example's shape with a leading batch dim, e.g. ``(1, 1, 28, 28)``.
         output_index: Which output to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         name: How errors name the model (default: its class name).
+        mc_dropout: MC dropout (Gal & Ghahramani): keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at
+            prediction, each a ``DropoutMask`` posterior on its input (a plain torch model needs nothing else).
 
     Returns:
-        The IR, one ``GaussianWeight`` per Bayesian weight; lower it with :func:`lower`.
+        The IR, one ``GaussianWeight`` per Bayesian weight (and one ``DropoutMask`` per dropout layer with
+        ``mc_dropout``); lower it with :func:`lower`.
 
     Raises:
-        UnsupportedLayerError: No Bayesian layer, or a layer edgebnn cannot import (named by its path).
+        UnsupportedLayerError: No Bayesian layer (nor dropout, with ``mc_dropout``), a layer edgebnn cannot
+            import, or dropout called outside an ``nn.Dropout*`` module with ``mc_dropout`` (named by its path).
         MissingDependencyError: torch is not installed.
     """
     from edgebnn.importers import import_model
 
-    return import_model(model, tuple(input_shape), output_index=output_index, where=name or type(model).__name__)
+    return import_model(model, tuple(input_shape), output_index=output_index, where=name or type(model).__name__,
+                        mc_dropout=mc_dropout)
 
 
 def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | None = None,

@@ -13,6 +13,10 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
                                            (= (m² + v) Φ(α) + m √v φ(α) − m'², in fewer nodes)
     BatchNorm (inference, a·x + c):        m' = BN(m),   v' = a² v
     MaxPool:                               m' = MaxPool(m); v' = v at the arg-max of m
+    ReduceMax (approximate, as MaxPool):   m' = ReduceMax(m); v' = v at the arg-max of m
+    Slice; Pad:                            the same op on v (padding adds variance 0)
+    LogSoftmax over the classes, last op:  the head itself: softmax(log_softmax(z)) = softmax(z) draw by draw,
+                                           so the logits' (m, v) pass to the quadrature head unchanged
     AveragePool / ReduceMean over n units: m' = avg(m),  v' = avg(v) / n
     Add (independent operands):            m' = m₁ + m₂, v' = v₁ + v₂
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
@@ -134,8 +138,21 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
             b.nodes.append(node)
             vs = [v for i in node.input if (v := var.get(i))]
             var[out] = _sum(b, vs, p)
+        elif op in ("Slice", "Pad"):  # selection / zero-variance padding: the same op on v, padding with 0
+            b.nodes.append(node)
+            vx = var[node.input[0]]
+            var[out] = None if vx is None else b.add(op, [vx, *_zero_pad_value(node)], p + "v", **attrs_of(node))
+        elif op == "ReduceMax":
+            b.nodes.append(node)
+            vx = var[node.input[0]]
+            var[out] = None if vx is None else _reduce_max_variance(b, node, vx, p)
+        elif op == "LogSoftmax" and out == base.graph.output[0].name:
+            b.nodes.append(node)  # the head: the predictive's softmax of log-softmaxed logits is that of the logits
+            _check_last_axis(node, shapes, where(node))
+            var[out] = var[node.input[0]]
         else:
-            raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}")
+            raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}; "
+                                        "use --mode baked or noise")
 
     logits = base.graph.output[0].name
     classes = model.manifest.num_classes
@@ -199,6 +216,39 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
 def _concatenable(node: onnx.NodeProto) -> bool:
     """Whether two inputs concatenated on axis 1 reduce as one op (a Conv of one group, or a Gemm)."""
     return node.op_type == "Gemm" or (node.op_type == "Conv" and int(attrs_of(node).get("group", 1)) == 1)
+
+
+def _zero_pad_value(node: onnx.NodeProto) -> list[str]:
+    """Inputs after the data of a Slice (unchanged) or a Pad (its constant value dropped: padding adds no
+    variance; edge/reflect padding copies variances as they copy values)."""
+    rest = list(node.input[1:])
+    if node.op_type == "Pad" and len(rest) > 1:
+        rest[1] = ""
+    return rest
+
+
+def _reduce_max_variance(b: Builder, node: onnx.NodeProto, v: str, p: str) -> str:
+    """ReduceMax, approximated as MaxPool is: the mean is the max of the means (``node`` itself), the variance
+    that of the unit with the largest mean (the largest such variance on ties). The max of Gaussians has no
+    closed form; this is exact when one unit dominates and underestimates the spread when several compete."""
+    attrs = attrs_of(node)
+    keep = b.add("ReduceMax", [node.input[0], *node.input[1:]], p + "m_keep", **{**attrs, "keepdims": 1})
+    at_max = b.add("Equal", [node.input[0], keep], p + "at_max")
+    v_at = b.add("Where", [at_max, v, b.f32(p + "zero", 0.0)], p + "v_at_max")
+    return b.add("ReduceMax", [v_at, *node.input[1:]], p + "v", **attrs)
+
+
+def _check_last_axis(node: onnx.NodeProto, shapes: dict[str, list[int]], where: str) -> None:
+    """A LogSoftmax head passes the logits' moments through only when it normalises over the classes.
+
+    softmax(log_softmax(z)) = softmax(z) for every draw z, so the quadrature head on the logits' (m, v) gives the
+    predictive of the log-probabilities; (m, v) are not the log-probabilities' own moments (that would be
+    wrong anywhere but before the head)."""
+    axis = int(attrs_of(node).get("axis", -1))
+    rank = len(shapes.get(node.input[0], [0, 0]))
+    if axis not in (-1, rank - 1):
+        raise UnsupportedLayerError(f"{where}: analytic mode takes a LogSoftmax head over the last axis only "
+                                    f"(got axis {axis}); use --mode baked or noise")
 
 
 def _sum(b: Builder, terms: list[str], p: str) -> str | None:

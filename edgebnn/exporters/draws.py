@@ -17,6 +17,10 @@ encoding's ``sample`` does in numpy:
     c = m + s ⊙ ε [S, K];  W_s = c[:, index];  blended weight i: entry j with u_i ≥ cum_{j-1} (uniform u);
     outlier o: μ_o + σ_o ε_o
 
+``DropoutMask`` (MC dropout)::
+
+    M_s = [u_s >= p] / (1 - p),   u: uniform [S, *mask shape]
+
 Adding an encoding that draws differently is one emitter registered in :data:`DRAWS` by op type.
 """
 
@@ -28,7 +32,7 @@ import numpy as np
 import onnx
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.ir.encodings import CodebookWeight, Encoding
+from edgebnn.ir.encodings import CodebookWeight, DropoutMask, Encoding
 
 # (builder, encoding, name prefix, tag of the emitted names, {noise suffix: graph input}, samples) -> W_s
 DrawEmitter = Callable[[Builder, Encoding, str, str, dict[str, str], int], str]
@@ -105,6 +109,15 @@ def _independent_draw(b: Builder, enc: CodebookWeight, p: str, idx: str, eps: st
         moments.append(b.add("Reshape", [flat, b.i64(p + name + "_shape", *enc.shape)], p + name))
     scaled = b.add("Mul", [moments[1], eps], p + "scaled")
     return b.add("Add", [moments[0], scaled], p + "W_s")
+
+
+@register_draw("DropoutMask")
+def dropout_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+    """The keep-mask from uniform noise, exactly as ``DropoutMask.sample``: [u >= p] · 1/(1-p)."""
+    assert isinstance(enc, DropoutMask)
+    keep = b.add("GreaterOrEqual", [eps[""], b.f32(p + tag + "p", enc.p)], p + tag + "keep")
+    kept = b.add("Cast", [keep], p + tag + "keep_f", to=onnx.TensorProto.FLOAT)
+    return b.add("Mul", [kept, b.f32(p + tag + "scale", float(enc.keep_scale()))], p + (tag + "s" if tag else "W_s"))
 
 
 def _scatter(b: Builder, flat: str, index: np.ndarray, values: str, samples: int, p: str) -> str:

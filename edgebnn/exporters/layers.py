@@ -38,7 +38,9 @@ to fp32 in that form (onnxruntime's ConvInteger measured slower than its fp32 Co
 Weights and biases reach ``batched`` as an :data:`Operand`: a constant array not emitted yet (``baked``: laid
 out in numpy, then stored in the requested weight format) or a graph value (``noise``: laid out by nodes).
 
-Adding a layer kind (ConvTranspose, ...) is one :class:`LayerKind` subclass registered here.
+ConvTranspose (weight [C, O/g, *k]) stacks its S weights as [S·C, O/g, *k] with group S·g, as Conv does; the
+affine node of a Bayesian batch norm multiplies on a [B, S, C, *sp] view (:class:`BatchNormalization`).
+Adding a layer kind is one :class:`LayerKind` subclass registered here.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ import numpy as np
 import onnx
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import Builder, attrs_of, int8_parts
-from edgebnn.ir.encodings import Grid
+from edgebnn.exporters._graph import Builder, attrs_of, int8_parts, renamed_input
+from edgebnn.ir.encodings import MASK_SUFFIX, Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
 # Baked Conv layers with fewer input channels per group than this run as S Convs (Split, Concat) instead of one
@@ -113,6 +115,10 @@ class LayerKind(ABC):
     def plain(self, b: Builder, node: onnx.NodeProto, inputs: list[str], out: str) -> str:
         """The op with the node's own attributes on ``inputs`` (x, weight[, bias])."""
         return b.add(node.op_type, inputs, out, **attrs_of(node))
+
+    def matches(self, node: onnx.NodeProto) -> bool:
+        """Whether ``node`` (of ``op_type``) is this kind (default: every node of the op type)."""
+        return True
 
     def weight_format(self, node: onnx.NodeProto, wshape: tuple[int, ...], dtype: str, batched: bool) -> str:
         """The weight format this op's weight takes when ``dtype`` is asked for (int4 only where TensorRT's
@@ -267,7 +273,7 @@ class Conv(LayerKind):
                where: str) -> tuple[list[int], list[int]]:
         xs, ys = shapes.get(node.input[0]), shapes.get(node.output[0])
         if xs is None or ys is None or len(xs) != len(wshape) or len(ys) != len(wshape):
-            raise UnsupportedLayerError(f"{where}: Conv needs static {len(wshape) - 2}-D feature shapes "
+            raise UnsupportedLayerError(f"{where}: {self.op_type} needs static {len(wshape) - 2}-D feature shapes "
                                         f"(got {xs} -> {ys})")
         return xs, ys
 
@@ -295,11 +301,11 @@ class Conv(LayerKind):
         if not shared:
             x = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
             group *= samples
-        w = reshape(b, w, (samples * o, *wshape[1:]), p + "w_shape", p + "W")
+        w = reshape(b, w, (samples * wshape[0], *wshape[1:]), p + "w_shape", p + "W")  # ConvTranspose: [S·C, O/g, ..]
         # no ConvInteger in the integer form: onnxruntime 1.32's ConvInteger ran LeNet-5's grouped conv 4.6x slower
         # than the fp32 Conv (docs/speed.md); the builder folds the int8 weight to fp32 there
         b_flat = None if bias is None else _const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b")
-        y = b.add("Conv", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid),
+        y = b.add(self.op_type, [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid),
                            *([b_flat] if b_flat else [])], p + "y", group=group, **attrs)
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], node.output[0])
 
@@ -312,13 +318,146 @@ class Conv(LayerKind):
         xs = [f"{p}x{s}" for s in range(samples)]
         folded = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
         b.nodes.append(onnx.helper.make_node("Split", [folded, b.i64(p + "split", *[c] * samples)], xs, axis=1))
-        ys = [b.add("Conv", [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid),
+        ys = [b.add(self.op_type, [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid),
                              *([_const(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
                     f"{p}y{s}", group=group, **attrs) for s in range(samples)]
         y = b.add("Concat", ys, p + "y", axis=1)
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], out)
 
 
+@register_layer
+class ConvTranspose(Conv):
+    """ConvTranspose of any rank: [N, C, *spatial] with a weight [C, O/group, *kernel].
+
+    Over the sample axis it is the grouped op as for Conv: S·group groups, the S weights stacked on the input
+    axis ([S·C, O/group, *kernel]) and the biases as [S·O]; output channel s·O + o is member s's channel o.
+    (``output_shape``, pads and strides are spatial and unchanged.)
+    """
+
+    op_type = "ConvTranspose"
+
+    def out_dim(self, node: onnx.NodeProto, wshape: tuple[int, ...]) -> int:
+        return int(wshape[1]) * int(attrs_of(node).get("group", 1))
+
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+        """As Conv, on the folded input; a ``shared`` input ([B, ...], the same for every sample) is folded first
+        (the members side by side on the output axis would need the weight interleaved on its axis 1)."""
+        if shared:
+            node = _folded_input(b, node, p, samples, shapes)
+        super().batched(b, node, p, samples, wshape, w, bias, shapes, where, dtype, grid)
+
+
+@register_layer
+class BatchNormalization(LayerKind):
+    """The affine part of a Bayesian batch norm: ``BatchNormalization(x̂, scale, shift, 0, 1, epsilon=0)``.
+
+    The importers emit a batch norm with a sampled scale and shift as a deterministic normalisation
+    (running statistics) followed by this node, which is linear in the scale ``w`` [C] and shift ``b`` [C]:
+    ``y = w ⊙ x̂ + b`` per channel (torchbnn's ``BayesBatchNorm2d``). Only a node with epsilon 0 is this kind
+    (:meth:`matches`); other batch norms are deterministic ops to the exporters, and a sampled weight feeding one
+    is refused as any unsupported layer is.
+
+    Over the sample axis (exact, elementwise)::
+
+        [B·S, C, *sp] -> Reshape [B, S, C, *sp] -> Mul w_s [S, C, 1..] -> Add b_s [S, C, 1..] -> Reshape [B·S, C, *sp]
+
+    (``shared``: the input [B, C, *sp] is viewed as [B, 1, C, *sp] and broadcasts over the members.)
+
+    ``plain`` is the same node on other operands (a zero shift where none is given), so local noise and the
+    analytic mode get ``op(x², σ²) = σ² ⊙ x²`` per channel, as for any layer linear in its weight.
+    """
+
+    op_type = "BatchNormalization"
+    LOCAL_EXACT = False  # a channel's scale is shared across positions, as a Conv kernel is
+
+    def matches(self, node: onnx.NodeProto) -> bool:
+        attrs = attrs_of(node)
+        return attrs.get("epsilon", 1e-5) == 0.0 and not attrs.get("training_mode", 0)
+
+    def out_dims(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+                 where: str) -> list[int]:
+        self.attrs(node, where)
+        xs = shapes.get(node.input[0])
+        if xs is None:
+            raise UnsupportedLayerError(f"{where}: BatchNormalization needs a static feature shape")
+        return xs[1:]
+
+    def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
+        return (-1, 1, 1)  # [B, C, H, W]: the Bayesian batch norms the libraries have are 2-D (BayesBatchNorm2d)
+
+    def plain(self, b: Builder, node: onnx.NodeProto, inputs: list[str], out: str) -> str:
+        shift = inputs[2] if len(inputs) > 2 else node.input[3]  # the statistic 0 [C] is a zero shift
+        return b.add("BatchNormalization", [inputs[0], inputs[1], shift, *node.input[3:5]], out,
+                     **attrs_of(node))
+
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+        c, *spatial = self.out_dims(node, wshape, shapes, where)
+        ones = (1,) * len(spatial)
+        rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, c, *spatial)], p + "x")
+        w = reshape(b, w, (samples, c, *ones), p + "w_shape", p + "W")
+        y = b.add("Mul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)], p + "xw")
+        if bias is not None:
+            bias = reshape(b, bias, (samples, c, *ones), p + "b_shape", p + "b")
+            y = b.add("Add", [y, _const(b, bias, p + "b")], p + "y")
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, c, *spatial)], node.output[0])
+
+
+@register_layer
+class DropoutMul(LayerKind):
+    """``Mul(x, mask)`` of an MC-dropout layer (:class:`edgebnn.ir.encodings.DropoutMask`, value ``*.dropout_mask``):
+    a mask [*features] or [C, 1, ...] per sample on the activation.
+
+    Over the sample axis (exact, elementwise)::
+
+        [B·S, *f] -> Reshape [B, S, *f] -> Mul M_s [S, *mask shape] -> Reshape [B·S, *f]
+
+    (``shared``: the input [B, *f] is viewed as [B, 1, *f] and broadcasts over the members.)
+
+    ``plain`` is the Mul itself, so ``analytic`` propagates m' = m, v' = (m² + v)·p/(1-p) + v (the mask's
+    moments (1, p/(1-p)) through the layer rule). Other Mul nodes are not this kind (:meth:`matches`).
+    """
+
+    op_type = "Mul"
+    LOCAL_EXACT = False  # a mask is Bernoulli, not Gaussian: noise draws it (uniform input per sample)
+
+    def matches(self, node: onnx.NodeProto) -> bool:
+        return len(node.input) == 2 and node.input[1].endswith(MASK_SUFFIX)
+
+    def out_dims(self, node: onnx.NodeProto, wshape: tuple[int, ...], shapes: dict[str, list[int]],
+                 where: str) -> list[int]:
+        xs = shapes.get(node.input[0])
+        if xs is None or len(xs) != len(wshape) + 1:
+            raise UnsupportedLayerError(f"{where}: MC dropout needs a static feature shape (got {xs})")
+        return xs[1:]
+
+    def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
+        return (-1,)  # no bias
+
+    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
+                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+        dims = self.out_dims(node, wshape, shapes, where)
+        rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
+        x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, *dims)], p + "x")
+        y = b.add("Mul", [x, _const(b, w, p + "M", self.weight_format(node, wshape, dtype, True), grid)], p + "xm")
+        b.add("Reshape", [y, b.i64(p + "out_shape", -1, *dims)], node.output[0])
+
+
+def _folded_input(b: Builder, node: onnx.NodeProto, p: str, samples: int, shapes: dict[str, list[int]],
+                  ) -> onnx.NodeProto:
+    """``node`` reading its input [B, *dims] folded to [B·S, *dims]."""
+    dims = shapes[node.input[0]][1:]
+    folded = b.fold_samples(node.input[0], p + "x_s", samples, dims, p + "fold/")
+    shapes[folded] = shapes[node.input[0]]
+    return renamed_input(node, node.input[0], folded)
+
+
 def layer_kind(node: onnx.NodeProto) -> LayerKind | None:
     """The kind of ``node``, or None when no exporter rewrites its op type."""
-    return LAYERS.get(node.op_type)
+    kind = LAYERS.get(node.op_type)
+    return kind if kind is not None and kind.matches(node) else None

@@ -34,6 +34,7 @@ from edgebnn.errors import (
 )
 from edgebnn.importers._shapes import fold_shape_computations, static_feature_shapes
 from edgebnn.importers.base import LayerAdapter, LayerPosterior
+from edgebnn.importers.mc_dropout import dropout_modules, mask_encodings, mask_layer, watch
 from edgebnn.ir import (
     DOMAIN,
     DOMAIN_VERSION,
@@ -44,6 +45,7 @@ from edgebnn.ir import (
     make_encoding_node,
     verify,
 )
+from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask
 
 OPSET = 18
 INPUT_NAME = "input"
@@ -104,6 +106,7 @@ def mean_forward(post: LayerPosterior, x: Any, weight: Any = None, bias: Any = N
     ``weight``, ``bias`` and (batch norm) ``stats = (running_mean, running_var)`` default to the posterior
     means and statistics in ``post``.
     """
+    import torch
     import torch.nn.functional as F
 
     weight = torch_tensor(post.weight_mu) if weight is None else weight
@@ -111,8 +114,13 @@ def mean_forward(post: LayerPosterior, x: Any, weight: Any = None, bias: Any = N
     if post.kind == "linear":
         return F.linear(x, weight, bias)
     if post.kind == "batchnorm":
+        # Normalise, then scale and shift as a batch norm of statistics (0, 1) and epsilon 0: in the exported
+        # graph the sampled scale and shift then feed a node that is linear in them, which the exporters'
+        # batch-norm layer kind samples (edgebnn.exporters.layers.BatchNormalization).
         mean, var = (torch_tensor(post.running_mean), torch_tensor(post.running_var)) if stats is None else stats
-        return F.batch_norm(x, mean, var, weight, bias, False, 0.0, post.eps)
+        zeros, ones = torch.zeros(len(post.weight_mu)), torch.ones(len(post.weight_mu))
+        xhat = F.batch_norm(x, mean, var, ones, zeros, False, 0.0, post.eps)
+        return F.batch_norm(xhat, zeros, ones, weight, bias, False, 0.0, 0.0)
     if post.kind == "conv":
         conv = getattr(F, f"conv{post.rank}d")
         return conv(x, weight, bias, post.stride, post.padding, post.dilation, post.groups)
@@ -164,6 +172,7 @@ def import_model(
     *,
     output_index: int = 0,
     where: str = "<model>",
+    mc_dropout: bool = False,
 ) -> BNNModel:
     """Import a trained PyTorch BNN.
 
@@ -173,9 +182,12 @@ def import_model(
         input_shape: one example's shape with a leading batch dim, e.g. ``(1, 1, 8, 8)``.
         output_index: which element to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         where: how errors name the model (e.g. the factory string).
+        mc_dropout: keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at prediction (MC dropout): each
+            becomes a :class:`~edgebnn.ir.encodings.DropoutMask` on its input (:mod:`.mc_dropout`).
 
     Returns:
-        The IR with one ``GaussianWeight`` per Bayesian weight (and bias).
+        The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one ``DropoutMask`` per dropout
+        layer with ``mc_dropout``.
     """
     torch = _torch()
     shape = tuple(int(d) for d in input_shape)
@@ -183,9 +195,11 @@ def import_model(
         raise InvalidOptionError(f"--input-shape {','.join(map(str, shape))}: need batch,dims... of positive ints")
     model = model.eval()
     posteriors, libraries = find_bayesian_layers(model)
-    if not posteriors:
+    dropouts = dropout_modules(model) if mc_dropout else {}
+    if not posteriors and not mc_dropout:
         raise UnsupportedLayerError(
-            f"{where}: no Bayesian layers found (supported: edgebnn, bayesian-torch, torchbnn, blitz)"
+            f"{where}: no Bayesian layers found (supported: edgebnn, bayesian-torch, torchbnn, blitz; "
+            "--mc-dropout for a model with dropout)"
         )
 
     returns_tuple: dict[str, bool] = {}
@@ -196,9 +210,11 @@ def import_model(
         for p in posteriors
     ]
     try:
-        with torch.no_grad():
+        with watch(model, dropouts, where) if mc_dropout else torch.no_grad() as mask_shapes:
             example = torch.zeros((2, *shape[1:]))
             out = model(example)
+    except UnsupportedLayerError:
+        raise
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InvalidOptionError(
@@ -207,6 +223,9 @@ def import_model(
     finally:
         for h in hooks:
             h.remove()
+    if mc_dropout and not dropouts:  # after the pass: dropout called outside a module is named first
+        raise UnsupportedLayerError(f"{where}: --mc-dropout: no nn.Dropout/Dropout1d/2d/3d with p > 0 in "
+                                    f"{type(model).__name__}")
     if isinstance(out, Mapping):
         keys = ", ".join(repr(k) for k in list(out)[:4])
         raise UnsupportedLayerError(
@@ -226,6 +245,10 @@ def import_model(
     mean_model = copy.deepcopy(model)
     for path, post in posteriors.items():
         _set_submodule(mean_model, path, _mean_layer(post, returns_tuple.get(path, False)))
+    masks = mask_encodings(dropouts, mask_shapes or {}) if mc_dropout else {}
+    for path, mask in masks.items():
+        _set_submodule(mean_model, path, mask_layer(mask.shape))
+        libraries.add("torch-mc-dropout")
 
     from torch import nn
 
@@ -240,7 +263,7 @@ def import_model(
 
     proto = fold_shape_computations(_export(torch, _Select(mean_model).eval(), example, where))
     _check_static_shapes(proto, {p: type(model.get_submodule(p)).__name__ for p in posteriors}, "net.", where)
-    return _attach_posteriors(proto, posteriors, "net.", Manifest(
+    return _attach_posteriors(proto, posteriors, masks, "net.", Manifest(
         source_library="+".join(sorted(libraries)),
         input_name=INPUT_NAME,
         input_shape=[1, *shape[1:]],
@@ -312,7 +335,8 @@ def _strip_prefix(graph: onnx.GraphProto, prefix: str) -> None:
 
 
 def _attach_posteriors(
-    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], prefix: str, manifest: Manifest, where: str
+    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, DropoutMask], prefix: str,
+    manifest: Manifest, where: str,
 ) -> BNNModel:
     graph = proto.graph
     # Drop exporter debris that would make files differ between machines (stack traces, doc strings).
@@ -346,6 +370,12 @@ def _attach_posteriors(
                 )
             graph.initializer.remove(inits[name])
             new_nodes.append(make_encoding_node(graph, name, path, GaussianWeight(mu, sigma)))
+    for path, mask in masks.items():
+        name = path + MASK_SUFFIX
+        if name not in inits:
+            raise UnsupportedLayerError(f"{where}: layer {path!r}: exported graph has no dropout mask {name!r}")
+        graph.initializer.remove(inits[name])
+        new_nodes.append(make_encoding_node(graph, name, path, mask))
     nodes = list(graph.node)
     del graph.node[:]
     graph.node.extend(new_nodes + nodes)

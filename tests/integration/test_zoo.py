@@ -38,9 +38,8 @@ is therefore the library's forward of the same posterior in the matching ``...Re
 
 Exports: ``baked`` draws the reference runtime's members for the same seed, so its predictive must equal the
 reference's to float round-off; ``noise`` draws fresh noise per row and takes the statistical check;
-``analytic`` propagates moments (no samples to match S with) and must give a valid predictive. Export modes
-that need exporter work are strict xfails, so they flip when it lands: ConvTranspose and BatchNorm weights,
-and Slice/Pad, LogSoftmax and ReduceMax in analytic mode.
+``analytic`` propagates moments (no samples to match S with) and must give a valid predictive. Every zoo model
+exports in every mode (ConvTranspose, Bayesian batch norms, analytic Slice/Pad/ReduceMax/LogSoftmax included).
 """
 
 from __future__ import annotations
@@ -48,10 +47,11 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 from edgebnn.errors import UnsupportedLayerError
@@ -74,23 +74,17 @@ S, R = 8, 2  # samples per predictive, repetitions
 BOUND = 1.2
 POWER_CHECK_MAX_WEIGHTS = 500_000
 MODES = ("baked", "noise", "analytic")
-NEEDS_CONV_TRANSPOSE = "exporters sample Gemm and Conv weights only, not ConvTranspose (also on main)"
-NEEDS_BATCHNORM = "exporters sample Gemm and Conv weights only, not a BatchNormalization scale (also on main)"
-NEEDS_REDUCE_MAX = "analytic mode cannot propagate variance through ReduceMax (AdaptiveMaxPool1d) yet (exporter)"
-NEEDS_SLICE_PAD = "analytic mode cannot propagate variance through Slice/Pad yet (exporter)"
-NEEDS_LOG_SOFTMAX = "analytic mode cannot propagate variance through a LogSoftmax output yet (exporter)"
 _BT_PRIOR = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0, "posterior_rho_init": -3.0}
 
 
 @dataclass(frozen=True)
 class Zoo:
-    """One zoo model: how to build it, its input, the library model to compare with, what cannot export yet."""
+    """One zoo model: how to build it, its input, the library model to compare with."""
 
     name: str
     build: Callable[[], Any]
     shape: tuple[int, ...]
     comparator: Callable[[Any], Any] = lambda m: m
-    xfail_modes: dict[str, str] = field(default_factory=dict)
     examples: int = 24
 
 
@@ -248,29 +242,21 @@ def _blitz_conv1d() -> Any:
     ).eval()
 
 
-_CONV_TRANSPOSE = dict.fromkeys(MODES, NEEDS_CONV_TRANSPOSE)
-_BATCHNORM = dict.fromkeys(MODES, NEEDS_BATCHNORM)
 ZOO = [
-    Zoo("bt-resnet8-variational", _bt_resnet8("resnet_variational"), (1, 3, 32, 32), examples=16,
-        xfail_modes={"analytic": NEEDS_SLICE_PAD}),
+    Zoo("bt-resnet8-variational", _bt_resnet8("resnet_variational"), (1, 3, 32, 32), examples=16),
     Zoo("bt-resnet8-flipout", _bt_resnet8("resnet_flipout"), (1, 3, 32, 32), examples=16,
-        comparator=lambda m: _reparameterized(m, _bt_resnet8("resnet_variational")),
-        xfail_modes={"analytic": NEEDS_SLICE_PAD}),
-    Zoo("bt-simple-cnn-variational", _scnn, (1, 1, 28, 28), examples=6,
-        xfail_modes={"analytic": NEEDS_LOG_SOFTMAX}),
+        comparator=lambda m: _reparameterized(m, _bt_resnet8("resnet_variational"))),
+    Zoo("bt-simple-cnn-variational", _scnn, (1, 1, 28, 28), examples=6),
     Zoo("bt-dnn_to_bnn-simple-cnn-flipout", _simple_cnn("Flipout"), (1, 1, 28, 28), examples=6,
-        comparator=lambda m: _reparameterized(m, _simple_cnn("Reparameterization")),
-        xfail_modes={"analytic": NEEDS_LOG_SOFTMAX}),
+        comparator=lambda m: _reparameterized(m, _simple_cnn("Reparameterization"))),
     Zoo("bt-conv1d-timeseries-flipout", _timeseries("Flipout"), (1, 3, 64),
         comparator=lambda m: _reparameterized(m, _timeseries("Reparameterization")), examples=48),
     Zoo("bt-dnn_to_bnn-conv3d-convtranspose", _upsampling("Flipout"), (1, 2, 4, 8, 8),
-        comparator=lambda m: _reparameterized(m, _upsampling("Reparameterization")), xfail_modes=_CONV_TRANSPOSE,
-        examples=48),
+        comparator=lambda m: _reparameterized(m, _upsampling("Reparameterization")), examples=48),
     Zoo("torchbnn-readme-mlp", _torchbnn_mlp, (1, 4), examples=64),
-    Zoo("torchbnn-cnn-batchnorm", _torchbnn_cnn, (1, 3, 16, 16), xfail_modes=_BATCHNORM, examples=48),
+    Zoo("torchbnn-cnn-batchnorm", _torchbnn_cnn, (1, 3, 16, 16), examples=48),
     Zoo("blitz-lenet", _blitz_lenet, (1, 1, 28, 28)),
-    Zoo("blitz-conv1d", _blitz_conv1d, (1, 3, 32), xfail_modes={"analytic": NEEDS_REDUCE_MAX},
-        examples=48),
+    Zoo("blitz-conv1d", _blitz_conv1d, (1, 3, 32), examples=48),
 ]
 ZOO_IDS = [z.name for z in ZOO]
 
@@ -382,27 +368,43 @@ def test_reference_runtime_matches_library(name: str) -> None:
     assert mc_ratio(lambda r: edgebnn_probs(wrong, p.x, r), name) > BOUND
 
 
-def _mode_params() -> list[Any]:
-    return [
-        pytest.param(z.name, mode, marks=[pytest.mark.xfail(strict=True, reason=z.xfail_modes[mode])]
-                     if mode in z.xfail_modes else [])
-        for z in ZOO for mode in MODES
-    ]
+@functools.cache
+def exported(name: str, mode: str) -> onnx.ModelProto:
+    """Each zoo model's S-sample export in ``mode`` (baked with seed 3), once for the tests that read it."""
+    return export_onnx(prepared(name).ir, S, mode=mode, **({"seed": 3} if mode == "baked" else {}))
 
 
-@pytest.mark.parametrize(("name", "mode"), _mode_params())
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ZOO_IDS)
 def test_export_runs_and_matches(name: str, mode: str) -> None:
     p = prepared(name)
+    proto = exported(name, mode)
     if mode == "baked":  # the baked members are the reference runtime's draws for the same seed
-        got = Session(export_onnx(p.ir, S, mode="baked", seed=3)).predict(p.x).probs
+        got = Session(proto).predict(p.x).probs
         np.testing.assert_allclose(got, predict(p.ir, p.x, S, seed=3).probs, rtol=0, atol=2e-5)
     elif mode == "noise":  # fresh noise per row: each example its own draws, as the statistic wants
-        proto = export_onnx(p.ir, S, mode="noise")
         assert mc_ratio(lambda r: Session(proto, seed=r).predict(p.x).probs, name) <= BOUND
         got = Session(proto, seed=0).predict(p.x).probs
     else:  # moment propagation: no samples to compare at matched S, only a valid predictive
-        got = Session(export_onnx(p.ir, S, mode="analytic")).predict(p.x).probs
+        got = Session(proto).predict(p.x).probs
     check_probs(got, p)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", ZOO_IDS)
+def test_exports_are_clean(name: str, mode: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """The full ONNX check passes, every initializer is consumed, and onnxruntime loads the graph without a
+    warning (it logs, e.g., "Removing initializer ..." for an unused one) — read from its stderr at warning level."""
+    proto = exported(name, mode)
+    onnx.checker.check_model(proto, full_check=True)
+    used = {x for node in proto.graph.node for x in node.input}
+    assert [t.name for t in proto.graph.initializer if t.name not in used] == []
+    capfd.readouterr()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 1  # info and above reach stderr; warnings are tagged [W:, errors [E:
+    ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    logged = capfd.readouterr().err
+    assert not [line for line in logged.splitlines() if "[W:" in line or "[E:" in line], logged
 
 
 @functools.cache
@@ -417,15 +419,8 @@ def test_every_scheme_lowers_and_runs(name: str, scheme: str) -> None:
     check_probs(predict(lowered(name, scheme), p.x, 4, seed=0).probs, p)
 
 
-def _scheme_params() -> list[Any]:
-    return [
-        pytest.param(z.name, scheme, marks=[pytest.mark.xfail(strict=True, reason=z.xfail_modes["baked"])]
-                     if "baked" in z.xfail_modes else [])
-        for z in ZOO for scheme in SCHEMES
-    ]
-
-
-@pytest.mark.parametrize(("name", "scheme"), _scheme_params())
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("name", ZOO_IDS)
 def test_every_scheme_exports_baked(name: str, scheme: str) -> None:
     """The lowered model's baked ensemble in onnxruntime equals the reference runtime's draws (same seed)."""
     p = prepared(name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from edgebnn.ir.encodings.base import ENCODINGS, Encoding, Grid, NoiseNeed, register_encoding
 from edgebnn.ir.encodings.binary import BinaryWeight
 from edgebnn.ir.encodings.codebook import CodebookWeight
+from edgebnn.ir.encodings.dropout import MASK_SUFFIX, DropoutMask
 from edgebnn.ir.encodings.fixedpoint import FixedPointWeight
 from edgebnn.ir.encodings.gaussian import GaussianWeight
 from edgebnn.ir.encodings.intcount import IntCountWeight
@@ -13,8 +14,10 @@ from edgebnn.ir.encodings.ternary import TernaryWeight
 
 __all__ = [
     "ENCODINGS",
+    "MASK_SUFFIX",
     "BinaryWeight",
     "CodebookWeight",
+    "DropoutMask",
     "Encoding",
     "FixedPointWeight",
     "GaussianWeight",

@@ -1,0 +1,106 @@
+"""MC dropout (Gal & Ghahramani 2016): a plain torch model's ``nn.Dropout``/``Dropout1d/2d/3d`` kept on at
+prediction, imported as :class:`~edgebnn.ir.encodings.DropoutMask` encodings on the activation path.
+
+Each dropout module becomes ``x * <path>.dropout_mask`` in the exported network: an all-ones buffer of the
+mask's shape (``nn.Dropout``: one example's feature shape; ``DropoutNd``: ``[C, 1, ...]``), which the importer
+then replaces by the mask's encoding node. Dropout that is not such a module (``F.dropout`` in a custom
+module's ``forward``) cannot be kept on and is refused, naming the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from edgebnn.errors import UnsupportedLayerError
+from edgebnn.importers.base import describe
+from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask
+
+_CHANNEL_RANK = {"Dropout1d": 3, "Dropout2d": 4, "Dropout3d": 5}  # input rank with the batch
+_DROPOUT_FUNCS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout", "alpha_dropout",
+                  "feature_alpha_dropout"}
+
+
+def dropout_modules(model: Any) -> dict[str, Any]:
+    """``{path: module}`` of the model's ``nn.Dropout``/``Dropout1d/2d/3d`` with p > 0 (exact classes)."""
+    from torch import nn
+
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+    return {path: m for path, m in model.named_modules() if type(m) in kinds and m.p > 0}
+
+
+@contextmanager
+def watch(model: Any, dropouts: dict[str, Any], where: str) -> Iterator[dict[str, tuple[int, ...]]]:
+    """Around one forward pass: yields ``{path: mask shape}`` (filled by the pass) and refuses, after it,
+    dropout called by any module other than the dropout modules."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    stack: list[str] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    offenders: list[str] = []
+    modules = dict(model.named_modules())
+
+    class _Watch(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = getattr(func, "__name__", "").rstrip("_")
+            if name in _DROPOUT_FUNCS and stack and stack[-1] not in dropouts:
+                offenders.append(stack[-1])
+            return func(*args, **(kwargs or {}))
+
+    def pre(path: str) -> Any:
+        return lambda _m, _i: stack.append(path)
+
+    def post(path: str) -> Any:
+        def hook(m: Any, inputs: Any, _out: Any) -> None:
+            stack.pop()
+            if path in dropouts:
+                shapes[path] = _mask_shape(m, path, tuple(inputs[0].shape))
+        return hook
+
+    hooks = [h for path, m in modules.items()
+             for h in (m.register_forward_pre_hook(pre(path)), m.register_forward_hook(post(path)))]
+    try:
+        with _Watch(), torch.no_grad():
+            yield shapes
+    finally:
+        for h in hooks:
+            h.remove()
+    if offenders:
+        path = offenders[0]
+        raise UnsupportedLayerError(
+            f"{where}: {describe(modules[path], path or '<root>')} calls dropout itself; --mc-dropout keeps only "
+            "nn.Dropout/Dropout1d/2d/3d submodules on at prediction: replace the call with such a submodule"
+        )
+
+
+def _mask_shape(m: Any, path: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    name = type(m).__name__
+    if name == "Dropout":
+        return shape[1:]
+    if len(shape) != _CHANNEL_RANK[name]:
+        raise UnsupportedLayerError(f"{describe(m, path)}: takes a {len(shape)}-D input; {name} drops channels of "
+                                    f"{_CHANNEL_RANK[name]}-D [N, C, ...] inputs: use nn.Dropout for this one")
+    return (shape[1], *[1] * (len(shape) - 2))
+
+
+def mask_layer(shape: tuple[int, ...]) -> Any:
+    """The module standing for a dropout in the exported network: ``x * dropout_mask`` (ones)."""
+    import torch
+    from torch import nn
+
+    class _Mask(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer(MASK_SUFFIX.lstrip("."), torch.ones(shape))
+
+        def forward(self, x: Any) -> Any:
+            return x * getattr(self, MASK_SUFFIX.lstrip("."))
+
+    return _Mask()
+
+
+def mask_encodings(dropouts: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, DropoutMask]:
+    """``{path: DropoutMask}`` for every dropout module the forward pass reached."""
+    return {path: DropoutMask(shapes[path], float(m.p)) for path, m in dropouts.items() if path in shapes}

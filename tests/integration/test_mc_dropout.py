@@ -1,0 +1,243 @@
+"""MC dropout: a plain torch model's dropout layers kept on at prediction, imported, exported in every mode.
+
+The mask is a ``DropoutMask`` encoding feeding ``Mul``: the reference runtime and ``baked`` draw it from the same
+streams (equal to round-off), ``noise`` draws it in the graph from uniform inputs (fed the reference's
+uniforms: equal), ``analytic`` propagates its moments (checked against the closed form on one layer), and on
+digits the S = 64 baked export matches torch's own MC dropout within the issue's goals.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from edgebnn.errors import UnsupportedLayerError
+from edgebnn.exporters.analytic import quadrature_points
+from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.importers import import_model
+from edgebnn.ir import from_bytes, to_bytes
+from edgebnn.metrics import predictive_from_logits
+from edgebnn.passes import lower
+from edgebnn.runtime import Session
+from edgebnn.runtime.reference import predict, sample_logits
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+ort = pytest.importorskip("onnxruntime")
+
+ROUNDOFF = 1e-5  # float32 arithmetic in another op order
+
+
+def _cnn() -> Any:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Dropout2d(0.3), nn.Flatten(),
+                         nn.Linear(4 * 8 * 8, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 10)).eval()
+
+
+def _x(n: int = 5) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((n, 1, 8, 8)).astype(np.float32)
+
+
+def _run(proto: onnx.ModelProto, x: np.ndarray, **feeds: np.ndarray) -> np.ndarray:
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"input": x, **feeds})[0]
+
+
+def test_masks_import_as_encodings_and_round_trip():
+    ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
+    masks = {w.name: (w.encoding.op_type, w.encoding.shape, w.encoding.p) for w in ir.encoded_weights()}
+    assert masks == {"2.dropout_mask": ("DropoutMask", (4, 1, 1), pytest.approx(0.3)),
+                     "6.dropout_mask": ("DropoutMask", (32,), 0.5)}
+    again = from_bytes(to_bytes(ir), "again")
+    assert [w.encoding.p for w in again.encoded_weights()] == [w.encoding.p for w in ir.encoded_weights()]
+
+
+def test_baked_and_noise_are_the_reference_ensemble():
+    ir, x = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True), _x()
+    ref = predictive_from_logits(sample_logits(ir, x, 8, seed=3)).probs
+    np.testing.assert_allclose(_run(export_onnx(ir, 8, seed=3), x), ref, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_onnx(ir, 8, seed=3, weights="int8"), x), ref, atol=ROUNDOFF)  # exact grid
+    # noise --noise weight: masks drawn per sample from uniform inputs; fed the reference's uniforms
+    uniforms = {f"noise/{w.name}": np.random.default_rng([3, i]).random((8, *w.encoding.shape), dtype=np.float32)
+                for i, w in enumerate(ir.encoded_weights())}
+    np.testing.assert_allclose(_run(export_onnx(ir, 8, mode="noise", noise="weight"), x, **uniforms), ref,
+                               atol=ROUNDOFF)
+
+
+def test_analytic_propagates_the_mask_moments():
+    """Linear -> Dropout(p) -> logits: m' = m, v' = m² p/(1-p) (a deterministic input: v = 0)."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Dropout(0.25)).eval()
+    ir = import_model(model, (1, 6), where="lin", mc_dropout=True)
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    with torch.no_grad():
+        m = model(torch.from_numpy(x)).numpy()
+    z = m[:, None] + np.sqrt(m * m * 0.25 / 0.75)[:, None] * quadrature_points(16, 5)[None]
+    e = np.exp(z - z.max(-1, keepdims=True))
+    want = (e / e.sum(-1, keepdims=True)).mean(1)
+    np.testing.assert_allclose(_run(export_onnx(ir, 16, mode="analytic"), x), want, atol=ROUNDOFF)
+
+
+def test_every_export_is_clean():
+    ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
+    for mode, kw in [("baked", {}), ("baked", {"weights": "int8"}), ("noise", {"noise": "weight"}), ("shared", {}),
+                     ("analytic", {})]:
+        proto = export_onnx(ir, 4, mode=mode, **kw)
+        onnx.checker.check_model(proto, full_check=True)
+        used = {x for node in proto.graph.node for x in node.input}
+        assert [t.name for t in proto.graph.initializer if t.name not in used] == []
+
+
+def test_functional_dropout_in_a_custom_module_is_refused():
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x: Any) -> Any:
+            return F.dropout(self.fc(x), 0.2, self.training)
+
+    model = nn.Sequential(nn.Dropout(0.1), Block()).eval()
+    with pytest.raises(UnsupportedLayerError, match=r"^m: layer '1' \(Block\) calls dropout itself; --mc-dropout "
+                                                    r"keeps only nn.Dropout/Dropout1d/2d/3d submodules on"):
+        import_model(model, (1, 4), where="m", mc_dropout=True)
+
+
+def test_a_model_without_dropout_is_refused():
+    with pytest.raises(UnsupportedLayerError, match=r"^m: --mc-dropout: no nn.Dropout/Dropout1d/2d/3d with p > 0 "
+                                                    r"in Sequential$"):
+        import_model(nn.Sequential(nn.Linear(4, 3)).eval(), (1, 4), where="m", mc_dropout=True)
+
+
+def _digits_mlp() -> tuple[Any, np.ndarray, np.ndarray]:
+    """A dropout MLP trained on sklearn's digits (bundled; 1,500 train / 297 test), fixed seeds."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    y = data.target.astype(np.int64)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 64), nn.ReLU(),
+                          nn.Dropout(0.5), nn.Linear(64, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    xt, yt = torch.from_numpy(x[:1500]), torch.from_numpy(y[:1500])
+    model.train()
+    for _ in range(300):
+        opt.zero_grad()
+        F.cross_entropy(model(xt), yt).backward()
+        opt.step()
+    return model.eval(), x[1500:], y[1500:]
+
+
+def _scores(probs: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    return float(np.mean(probs.argmax(-1) == y)), float(-np.mean(np.log(probs[np.arange(len(y)), y] + 1e-12)))
+
+
+def test_digits_export_matches_torch_mc_dropout():
+    """S = 64: the baked export within 1 point of accuracy and +0.03 NLL of torch's own MC dropout (64 passes
+    with dropout on). Both are 64-sample estimates of the same predictive (torch: masks per example; baked: 64
+    masks shared by all examples)."""
+    model, x, y = _digits_mlp()
+    torch.manual_seed(1)
+    model.train()  # dropout on: torch's MC dropout
+    with torch.no_grad():
+        lib = torch.stack([torch.softmax(model(torch.from_numpy(x)), -1) for _ in range(64)]).mean(0).numpy()
+    model.eval()
+    ir = import_model(model, (1, 64), where="digits-mlp", mc_dropout=True)
+    got = Session(export_onnx(ir, 64, seed=0)).predict(x).probs
+    (acc_lib, nll_lib), (acc, nll) = _scores(lib, y), _scores(got, y)
+    assert acc >= acc_lib - 0.01 and nll <= nll_lib + 0.03, (acc_lib, nll_lib, acc, nll)
+    noise = Session(export_onnx(ir, 64, mode="noise", noise="weight"), seed=0).predict(x).probs
+    acc_n, nll_n = _scores(noise, y)
+    assert acc_n >= acc_lib - 0.01 and nll_n <= nll_lib + 0.03, (acc_lib, nll_lib, acc_n, nll_n)
+
+
+def test_lowering_leaves_the_masks_and_predict_runs():
+    """Schemes lower Gaussian weights; masks (and a plain model's deterministic weights) pass through."""
+    ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
+    out = lower(ir, "fixed", seed=0).model
+    assert [w.encoding.op_type for w in out.encoded_weights()] == ["DropoutMask", "DropoutMask"]
+    np.testing.assert_allclose(predict(out, _x(), 4, seed=0).probs, predict(ir, _x(), 4, seed=0).probs)
+
+
+def test_gaussian_noise_variants_refuse_masks():
+    """``auto``/``local`` propagate Gaussian moments; a Bernoulli mask is drawn (``--noise weight``) or baked."""
+    from edgebnn.errors import InvalidOptionError
+
+    ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
+    with pytest.raises(InvalidOptionError, match=r"^cnn: layer '2' is DropoutMask, which --mode noise cannot draw"):
+        export_onnx(ir, 4, mode="noise")
+
+
+FACTORIES = '''
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return F.dropout(self.fc(x.flatten(1)), 0.2, self.training)
+
+
+def dropout_mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 10))
+
+
+def functional_dropout():
+    return nn.Sequential(Block())
+'''
+
+
+def test_cli_lower_mc_dropout_and_its_bad_input(tmp_path, monkeypatch):
+    """``edgebnn lower --mc-dropout`` writes an IR with the masks; functional dropout: one line, exit 2, nothing
+    written."""
+    from click.testing import CliRunner
+
+    from edgebnn.cli import main
+    from edgebnn.ir import load
+
+    (tmp_path / "mcd_factories.py").write_text(FACTORIES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mcd_factories
+
+    for factory in ("dropout_mlp", "functional_dropout"):
+        torch.save(getattr(mcd_factories, factory)().state_dict(), tmp_path / f"{factory}.pt")
+    out = tmp_path / "mlp.ebnn"
+    args = ["lower", "--input-shape", "1,1,8,8", "--mc-dropout"]
+    r = CliRunner().invoke(main, [*args, "--model", "mcd_factories:dropout_mlp", "--weights",
+                                  str(tmp_path / "dropout_mlp.pt"), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert [w.encoding.op_type for w in load(out).encoded_weights()] == ["DropoutMask"]
+    bad = tmp_path / "bad.ebnn"
+    r = CliRunner().invoke(main, [*args, "--model", "mcd_factories:functional_dropout", "--weights",
+                                  str(tmp_path / "functional_dropout.pt"), "-o", str(bad)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "layer '0' (Block) calls dropout itself" in lines[0] and not bad.exists()
+
+
+def test_deploy_example_meets_the_goals(tmp_path):
+    """examples/deploy_mc_dropout.py as a user runs it: S = 64, within 1 point / +0.03 NLL of torch's MC dropout."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).parents[2] / "examples" / "deploy_mc_dropout.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(example.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(example), "--out", str(tmp_path)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    lib, onnx_scores = summary["torch_mc_dropout"], summary["onnx"]
+    assert onnx_scores["accuracy"] >= lib["accuracy"] - 0.01 and onnx_scores["nll"] <= lib["nll"] + 0.03, summary
+    assert (tmp_path / "model.onnx").stat().st_size > 0 and (tmp_path / "model.ebnn").stat().st_size > 0
