@@ -1,0 +1,328 @@
+"""``edgebnn lower``, ``inspect``, ``export`` and ``calibrate``: making and inspecting artifacts."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+
+from edgebnn import schemas
+from edgebnn._version import __version__
+from edgebnn.api import load_ir, lower_model
+from edgebnn.calib.int8 import METHODS
+from edgebnn.cli._common import (
+    _check_output_dir,
+    _parse_hoist,
+    _parse_shape,
+    _progress_bar,
+    console,
+    main,
+    write_json,
+)
+from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
+from edgebnn.tables import (
+    fmt_bytes,
+    print_closest,
+    print_inspect,
+    print_lower_eval,
+    print_lower_report,
+)
+
+if TYPE_CHECKING:
+    from edgebnn.passes import LowerConfig
+
+
+# -- lower ------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--model", "model_spec", required=True, metavar="PKG.MOD:FACTORY",
+              help="Factory that builds the (untrained) torch model, e.g. edgebnn.models:digits_cnn.")
+@click.option("--weights", type=click.Path(dir_okay=False), required=True,
+              help="Trained weights: .safetensors, or .pt/.pth state_dict (loaded with weights_only=True).")
+@click.option("--input-shape", required=True, metavar="B,C,H,W", help="Input shape with batch, e.g. 1,1,8,8.")
+@click.option("--scheme", default=None,
+              help="Lowering scheme: float (default), mcq, fixed, codebook, ternary, binary, prune, or prune+SCHEME.")
+@click.option("--bits", default=None, help="Bits per layer: 'auto' (default: from posterior variance) or N.")
+@click.option("--seed", type=int, default=None, help="Seed for every random choice of the lowering (default 0).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Lowering config: a JSON file (or a lower --report), or an .ebnn whose manifest stores one "
+                   "(replays its lowering exactly). --scheme/--bits/--seed and --set apply on top.")
+@click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
+              help="Change one config key (repeatable): scheme, bits, seed, options.NAME, overrides; VALUE is "
+                   "JSON or a plain string, e.g. --set options.noise_fraction=0.5 "
+                   "--set 'overrides=[{\"pattern\": \"fc*\", \"bits\": 8}]'.")
+@click.option("--output-index", default=0, show_default=True,
+              help="Which output to use when forward returns a tuple such as (logits, kl).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the .ebnn IR.")
+@click.option("--report", type=click.Path(dir_okay=False), help="Write the per-layer lowering report as JSON.")
+@click.option("--eval", "eval_data", default=None, metavar="digits|FILE|DIR",
+              help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, S=16) on this data: "
+                   "'digits' (validation split), a labelled .npz or a folder of shards (see eval --help).")
+@click.option("--ood-data", default=None, metavar="FILE|DIR",
+              help="With --eval: out-of-distribution inputs (x only); adds the mutual-information AUROC.")
+@click.option("--budget", "budget_text", default=None, metavar="METRIC=CHANGE,...",
+              help="Uncertainty budget, e.g. nll=+0.02,ece=+0.01,auroc=-0.01 (metrics: nll, ece, brier, accuracy, "
+                   "auroc): choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
+                   "posterior-variance rule down. Exit 2, nothing written, when no configuration keeps it.")
+@click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
+@click.option("--mc-dropout", is_flag=True,
+              help="MC dropout: keep the model's nn.Dropout/Dropout1d/2d/3d on at prediction as the posterior "
+                   "(a plain torch model with dropout needs no Bayesian layer).")
+def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
+          config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
+          report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
+          verbose: bool, mc_dropout: bool) -> None:
+    """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
+
+    Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
+    torchbnn and blitz layers; plain Linear/Conv2d/BatchNorm layers are carried through unchanged.
+    """
+    from edgebnn import ir
+    from edgebnn.budget import Budget, BudgetNotMetError
+
+    shape = _parse_shape(input_shape)
+    budget = None if budget_text is None else Budget.parse(budget_text)
+    if ood_data is not None and eval_data is None:
+        raise InvalidOptionError("--ood-data: is measured with --eval DATA; add it")
+    config = _lower_config(config_file, scheme, bits, seed, assignments)
+    _check_output_dir(output)
+    what = (f"budget {budget}: configurations measured" if budget else
+            f"lowering ({config.scheme})" + (": rows evaluated" if eval_data else ""))
+    try:
+        with _progress_bar(what) as progress:
+            model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
+                                              evaluate=eval_data, ood_data=ood_data, budget=budget,
+                                              progress=progress, mc_dropout=mc_dropout)
+    except BudgetNotMetError as e:
+        print_closest(console, e.closest)
+        raise
+    ir.save(model, output)
+    print_lower_report(console, lower_report, output, model=f"{model_spec} ({weights})",
+                       manifest=json.loads(model.manifest.to_json()), verbose=verbose)
+    if "eval" in lower_report:
+        print_lower_eval(console, lower_report["eval"], lower_report.get("budget"), lowered=Path(output).name)
+    write_json(report, lower_report, schemas.LOWER)
+
+
+def _lower_config(config_file: str | None, scheme: str | None, bits: str | None, seed: int | None,
+                  assignments: tuple[str, ...]) -> LowerConfig:
+    """The config file (or the defaults), then --scheme/--bits/--seed, then each --set."""
+    import dataclasses
+
+    from edgebnn.api import lower_config_of
+    from edgebnn.passes.config import LowerConfig, merge_sets
+
+    config = lower_config_of(config_file) if config_file else LowerConfig()
+    flags: dict[str, Any] = {k: v for k, v in (("scheme", scheme), ("bits", bits), ("seed", seed)) if v is not None}
+    return merge_sets(dataclasses.replace(config, **flags), assignments)
+
+
+# -- inspect ----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the raw description as JSON instead of tables.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Draw per-layer μ–σ scatter and bits chart to a PNG.")
+@click.option("--verbose", "-v", is_flag=True, help="One table row per weight, however many weights.")
+def inspect(file: str, as_json: bool, plot: str | None, verbose: bool) -> None:
+    """Show an .ebnn file's manifest and layers (or an exported .onnx ensemble's metadata)."""
+    if Path(file).suffix == ".onnx":
+        info = _describe_onnx(file)
+    else:
+        model = load_ir(file)
+        info = _describe_ir(model)
+        if plot:
+            from edgebnn.plots import plot_layers
+
+            plot_layers(model, plot)
+            console.print(f"wrote {plot}")
+    if as_json:
+        click.echo(json.dumps({"schema": schemas.INSPECT, "edgebnn_version": __version__, **info}, indent=2))
+        return
+    print_inspect(console, info, verbose=verbose)
+
+
+def _describe_ir(model: Any) -> dict[str, Any]:
+    import numpy as np
+
+    layers = []
+    for w in model.encoded_weights():
+        enc = w.encoding
+        layers.append({
+            "name": w.name, "layer": w.layer, "encoding": enc.op_type, "shape": list(enc.shape),
+            "n_weights": enc.size, "bytes": enc.nbytes,
+            "mean_abs_mu": float(np.abs(enc.mean()).mean()), "mean_sigma": float(enc.stddev().mean()),
+        })
+    ops: dict[str, int] = {}
+    for n in model.proto.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return {
+        "file": model.where,
+        "manifest": json.loads(model.manifest.to_json()),
+        "total_bytes": model.nbytes(),
+        "ops": ops,
+        "layers": layers,
+    }
+
+
+def _describe_onnx(path: str) -> dict[str, Any]:
+    from edgebnn.runtime.session import read_export
+
+    proto, meta, _ = read_export(path)
+    ops: dict[str, int] = {}
+    for n in proto.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    return {"file": path, "export": meta.to_dict(), "bytes": Path(path).stat().st_size,
+            "opset": [(o.domain or "ai.onnx", o.version) for o in proto.opset_import], "ops": ops}
+
+
+# -- export -----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
+@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--mode", type=click.Choice(MODES), default="baked",
+              show_default=True,
+              help="baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: the graph "
+                   "takes standard-normal noise inputs that edgebnn.runtime.Session fills; shared: codebook "
+                   "models draw K numbers per layer per sample; analytic: one pass propagating means and "
+                   "variances.")
+@click.option("--noise", "noise_variant", type=click.Choice([v for v in NOISE_VARIANTS if v not in MODES]),
+              default="auto",
+              show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), "
+                                      "weight for Conv + local for Gemm (auto; exact and small), or local for Gemm "
+                                      "+ baked members for Conv (mixed; exact, fastest on onnxruntime CPU).")
+@click.option("--weights", "weight_format", type=click.Choice(WEIGHT_FORMATS), default="fp32",
+              show_default=True,
+              help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "
+                   "output channel: TensorRT's explicit-quantization rules), or int4 for Gemm weights (block-wise, "
+                   "weight-only, opset 21: RTX/newer TensorRT; Conv stays int8).")
+@click.option("--hoist", default="off", show_default=True,
+              help="Run layers whose posterior noise is below a threshold once, before the sample axis starts: "
+                   "off, auto (σ below the layer's quantization step), or a σ value. Faster, but hoisted layers "
+                   "no longer contribute to the mutual information.")
+@click.option("--form", type=click.Choice(["auto", "qdq", "folded", "integer"]), default="auto", show_default=True,
+              help="How int8/int4 weights are written: qdq (int8/int4 + DequantizeLinear: storage, TensorRT), "
+                   "folded (the same values as fp32 constants: fastest on onnxruntime CPU), integer (MatMulInteger "
+                   "on per-call quantized activations), or auto: by target and device (onnx: folded; tensorrt: "
+                   "qdq). The export report says which and why.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
+@click.option("--device", default=None,
+              help="Target onnx: cpu|arm64 (default cpu; picks the weight form). TensorRT device profile: "
+                   "jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
+@click.option("--dry-run", is_flag=True, help="TensorRT: write the TensorRT-ready ONNX and the trtexec command only.")
+@click.option("--workspace-mib", default=1024, show_default=True, help="TensorRT builder workspace limit.")
+@click.option("--dla-core", type=int, default=None, help="TensorRT on Jetson: run on this DLA core (GPU fallback on).")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")
+@click.option("--max-batch", default=1, show_default=True, help="TensorRT: largest batch the engine accepts.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Output .onnx (target onnx) or engine path (target tensorrt).")
+def export(file: str, target: str, samples: int, mode: str, noise_variant: str, weight_format: str, hoist: str,
+           form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None,
+           timing_cache: str | None, max_batch: int, output: str) -> None:
+    """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
+
+    The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
+    """
+    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.metadata import read_metadata
+
+    model = load_ir(file)
+    _check_output_dir(output)
+    with console.status(f"exporting {mode} ensemble, S={samples}"):
+        proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
+                            hoist=_parse_hoist(hoist), form=form,
+                            device=device or ("cpu" if target == "onnx" else "rtx"))
+    meta = read_metadata(proto, output)
+    layers = meta.layers
+    if layers:
+        console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
+                      f"hoisted (run once): {', '.join(layers['hoisted']) or 'none'}", highlight=False)
+    if weight_format != "fp32" and meta.form:
+        console.print(f"weight form: {meta.form} ({meta.form_reason})", highlight=False)
+    if target == "onnx":
+        save_onnx(proto, output)
+        console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")
+        return
+    from edgebnn.exporters.tensorrt import build_engine
+
+    onnx_path = Path(output).with_suffix(".onnx")
+    if onnx_path == Path(output):
+        raise InvalidOptionError(f"-o {output}: give the engine path (e.g. model.engine), not an .onnx path")
+    save_onnx(proto, onnx_path)
+    console.print(f"wrote {onnx_path} (TensorRT-ready ONNX)")
+    manifest = build_engine(onnx_path, Path(output), device or "rtx", workspace_mib=workspace_mib,
+                            dla_core=dla_core, timing_cache=Path(timing_cache) if timing_cache else None,
+                            dry_run=dry_run, max_batch=max_batch)
+    what = "dry run: engine not built" if dry_run else f"wrote {output} (TensorRT {manifest['tensorrt_version']})"
+    console.print(f"{what}; trtexec equivalent:\n  {shlex.join(manifest['trtexec'])}", highlight=False)
+
+
+# -- calibrate --------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR",
+              help="Calibration inputs: 'digits' (split --calib-split), an .npz with x (labels not needed), or a "
+                   "folder of .npy/.npz shards (a .npy may also hold a single input), float, preprocessed as the "
+                   "model expects.")
+@click.option("--method", type=click.Choice(METHODS), default="entropy",
+              show_default=True, help="Activation range: observed min-max, the 99.999th percentile of |x|, or the "
+                                      "KL-divergence (entropy) search of TensorRT's calibrator.")
+@click.option("--calib-split", type=click.Choice(["train", "val", "test"]), default="val", show_default=True,
+              help="digits split to calibrate on.")
+@click.option("--eval-split", type=click.Choice(["train", "val", "test"]), default="test", show_default=True,
+              help="digits split for accuracy/NLL/ECE/Brier before and after (never the calibration split).")
+@click.option("--batch", default=32, show_default=True, help="Calibration batch size.")
+@click.option("--max-samples", type=int, default=None, help="Calibrate on at most this many inputs.")
+@click.option("--device", default="jetson", show_default=True,
+              help="TensorRT device profile the compatibility check targets (jetson: TensorRT 10.3, rtx: 11).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="INT8 Q/DQ ONNX to write.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the calibration report as JSON.")
+def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: str, batch: int,
+              max_samples: int | None, device: str, output: str, json_out: str | None) -> None:
+    """INT8-calibrate an exported baked ensemble (symmetric Q/DQ for TensorRT; the predictive head stays float).
+
+    Writes an ONNX that edgebnn eval, edgebnn.runtime.Session and export --target tensorrt take like any
+    export, and reports accuracy, NLL, ECE and Brier before and after INT8 on a held-out split.
+    """
+    from edgebnn.calib.int8 import Int8Config, calibrate_ensemble
+    from edgebnn.exporters.trt_compat import Finding, format_findings
+
+    _check_output_dir(output)
+    config = Int8Config(method=method, batch=batch, max_samples=max_samples)
+    with _progress_bar(f"calibrating {Path(model).name} ({method})") as progress:
+        report = calibrate_ensemble(model, output, data=data, config=config, calib_split=calib_split,
+                                    eval_split=eval_split, device=device, progress=progress)
+    cal = report["calibration"]
+    console.print(f"wrote {output} ({fmt_bytes(report['bytes']['after'])}, was {fmt_bytes(report['bytes']['before'])}; "
+                  f"{method} on {cal['samples_used']} inputs)", highlight=False)
+    ev = report["evaluation"]
+    if ev is None:
+        console.print(f"not evaluated: {report['evaluation_reason']}", highlight=False)
+    else:
+        table = Table(title=f"{ev['data']}/{ev['split']} (n={ev['n']})", title_justify="left")
+        for col in ("", "accuracy", "nll", "ece", "brier"):
+            table.add_column(col, justify="left" if not col else "right")
+        for name in ("before", "after", "delta"):
+            fmt = "{:+.4f}" if name == "delta" else "{:.4f}"
+            table.add_row("fp32" if name == "before" else "int8" if name == "after" else "Δ",
+                          *(fmt.format(ev[name][k]) for k in ("accuracy", "nll", "ece", "brier")))
+        console.print(table)
+        agree = ev["agreement"]
+        console.print(f"top-1 agreement {agree['top1']:.4f}; mean |Δ entropy| {agree['mean_abs_entropy']:.4g}, "
+                      f"mean |Δ mutual info| {agree['mean_abs_mutual_info']:.4g}", highlight=False)
+    trt = report["tensorrt_compat"]
+    console.print(f"{format_findings([Finding(**f) for f in trt['findings']])} "
+                  f"(TensorRT {trt['tensorrt']}, {trt['device']})", highlight=False, markup=False)
+    write_json(json_out, report, schemas.CALIBRATE)

@@ -1,0 +1,121 @@
+"""The ``edgebnn`` command line.
+
+Errors a user can cause print one line naming the file, layer or option and exit with status 2;
+``edgebnn --debug ...`` shows the traceback instead. Every ``--json`` report carries ``schema`` and
+``edgebnn_version``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from edgebnn._version import __version__
+from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.tables import write_json as write_report
+
+if TYPE_CHECKING:
+    pass
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class _Group(click.Group):
+    """Turns EdgeBNNError into one line on stderr and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except EdgeBNNError as e:
+            if ctx.obj and ctx.obj.get("debug"):
+                traceback.print_exc()
+            # The message may hold user text (paths, names): never interpret it as rich markup or emoji.
+            err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True, emoji=False)
+            sys.exit(2)
+        except KeyboardInterrupt:
+            err_console.print("[bold red]interrupted[/]: no artifact was written or changed")
+            sys.exit(130)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="edgebnn")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """edgebnn: compile a trained Bayesian neural network into an on-device predictive ensemble.
+
+    \b
+    Typical flow:
+      edgebnn demo --out demo-out                      # everything below, on sklearn digits
+      edgebnn lower --model edgebnn.models:digits_cnn --weights w.safetensors \\
+                    --input-shape 1,1,8,8 -o model.ebnn     # import a trained BNN into the IR
+      edgebnn inspect model.ebnn                       # layers, encodings, sizes
+      edgebnn export model.ebnn --target onnx --samples 16 -o model.onnx
+      edgebnn eval model.onnx --data digits            # accuracy, NLL, ECE, Brier
+      edgebnn eval model.onnx --data test.npz --ood-data ood.npz   # your data; OOD detection
+      edgebnn profile model.ebnn --device cpu --samples 16   # vs float baselines
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(","))
+    except ValueError as e:
+        raise InvalidOptionError(f"--input-shape {text}: expected comma-separated ints like 1,1,8,8") from e
+    if len(shape) < 2 or any(d <= 0 for d in shape):
+        raise InvalidOptionError(f"--input-shape {text}: expected batch,dims... of positive ints like 1,1,8,8")
+    return shape
+
+
+def _parse_hoist(text: str) -> str | float:
+    if text in ("auto", "off"):
+        return text
+    try:
+        value = float(text)
+    except ValueError as e:
+        raise InvalidOptionError(f"--hoist {text}: use auto, off or a non-negative sigma") from e
+    if not value >= 0:
+        raise InvalidOptionError(f"--hoist {text}: use auto, off or a non-negative sigma")
+    return value
+
+
+DATA_HELP = ("'digits' (the built-in set; --split picks the part), an .npz with x (N, ...) float32 inputs and y (N,) "
+             "integer labels, or a folder of .npy/.npz shards (x_000.npy + y_000.npy, or .npz with x and y), "
+             "streamed in batches. Inputs must be preprocessed as the model expects.")
+SPLIT_HELP = "digits split (default: test); for --data digits only."
+
+
+@contextlib.contextmanager
+def _progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A transient rich progress bar on stderr; yields ``update(done, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task(escape(description), total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def write_json(path: str | Path | None, report: dict[str, Any], schema: str) -> None:
+    """Write ``report`` with ``schema`` and ``edgebnn_version`` atomically (no-op without a path)."""
+    write_report(console, path, report, schema)
+
+
+def _check_output_dir(path: str) -> None:
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise InvalidOptionError(f"-o {path}: directory {parent} does not exist")

@@ -1,0 +1,189 @@
+"""``edgebnn eval``, ``profile``, ``compare`` and ``demo``: measuring artifacts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+
+from edgebnn import schemas
+from edgebnn.api import evaluate_artifact, profile_artifact
+from edgebnn.cli._common import (
+    DATA_HELP,
+    SPLIT_HELP,
+    _check_output_dir,
+    _progress_bar,
+    console,
+    main,
+    write_json,
+)
+from edgebnn.exporters import MODES
+from edgebnn.tables import (
+    print_eval,
+    print_profile,
+)
+from edgebnn.targets.base import BASELINE_RUNNERS
+
+if TYPE_CHECKING:
+    pass
+
+
+# -- eval -------------------------------------------------------------------------------------------------
+
+
+@main.command(name="eval")
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", help=DATA_HELP)
+@click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
+@click.option("--ood-data", default=None, metavar="FILE|DIR",
+              help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
+                   "of mutual information and entropy and FPR at 95% TPR.")
+@click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn (an .onnx has S baked in).")
+@click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False),
+              help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD).")
+def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: int, seed: int,
+             json_out: str | None, plot: str | None) -> None:
+    """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx.
+
+    With --ood-data, also how well the model's uncertainty tells those inputs from --data.
+    """
+    for path in (json_out, plot):
+        if path:
+            _check_output_dir(path)
+    with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
+        report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed, ood_data=ood_data,
+                                   plot=plot, progress=progress)
+    print_eval(console, [report])
+    if plot:
+        console.print(f"wrote {plot}")
+    write_json(json_out, report, schemas.EVAL)
+
+
+# -- profile ----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
+@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--mode", type=click.Choice(["auto", *MODES]), default="auto",
+              show_default=True,
+              help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
+                   "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
+                   "--bench-results, else baked.")
+@click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False),
+              help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
+@click.option("--engine", type=click.Path(dir_okay=False),
+              help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one.")
+@click.option("--baseline-runner", type=click.Choice(BASELINE_RUNNERS), default="auto",
+              show_default=True, help="Runtime of the float baselines. auto: onnxruntime on the cpu; on rtx/jetson "
+                                      "float_deterministic as a TensorRT engine and float_bnn in torch CUDA.")
+@click.option("--bench-results", type=click.Path(dir_okay=False),
+              help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu; "
+                   "without it, auto means baked.")
+@click.option("--batch", default=1, show_default=True)
+@click.option("--runs", default=200, show_default=True, help="Timed runs per graph.")
+@click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
+@click.option("--threads", default=2, show_default=True, help="onnxruntime/torch CPU threads.")
+@click.option("--power-meter", default=None, help="nvml, tegrastats, ina3221, jtop, rapl or none (default: auto).")
+@click.option("--remote", metavar="USER@HOST",
+              help="Run the profile on this machine over ssh (scp the files, run edgebnn there, fetch the JSON).")
+@click.option("--remote-edgebnn", default="edgebnn", show_default=True, metavar="CMD",
+              help="The edgebnn command on the --remote machine, e.g. ~/venv/bin/edgebnn.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the profile as JSON.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
+def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str | None, engine: str | None,
+            baseline_runner: str, bench_results: str | None, batch: int, runs: int, warmup: int, threads: int,
+            power_meter: str | None, remote: str | None, remote_edgebnn: str, json_out: str | None,
+            plot: str | None) -> None:
+    """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run."""
+    with console.status("profiling") as status:
+        report = profile_artifact(
+            artifact, device=device, samples=samples, mode=mode, onnx_path=onnx_path, engine=engine,
+            baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
+            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs, warmup=warmup, threads=threads,
+            power_meter=power_meter, progress=lambda name: status.update(f"profiling {name}"),
+        )
+    print_profile(console, report)
+    console.print("runners: " + "; ".join(f"{name} on {r.get('runner')} ({r.get('provider')})" for name, r in
+                                         [("ensemble", report), *report["baselines"].items()]), highlight=False)
+    if report.get("mode_reason"):
+        console.print(f"mode {report['mode']}: {report['mode_reason']}", highlight=False)
+    write_json(json_out, report, report["schema"])
+    if plot:
+        from edgebnn.targets.profiler import plot_profile
+
+        plot_profile(report, plot)
+        console.print(f"wrote {plot}")
+
+
+# -- compare ----------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", help=DATA_HELP)
+@click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
+@click.option("--ir", "ir_path", type=click.Path(dir_okay=False),
+              help="The .ebnn both artifacts came from (needed when A and B are both exports).")
+@click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn side (reference runtime).")
+@click.option("--null-runs", default=99, show_default=True, help="Simulated null pairs for the p-value.")
+@click.option("--alpha", default=0.01, show_default=True, help="Call the distributions different when p <= alpha.")
+@click.option("--seed", default=0, show_default=True,
+              help="Sampling seed: A's side uses it, B's seed + 1, the null simulation seeds from seed + 1000.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
+def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, null_runs: int,
+            alpha: float, seed: int, json_out: str | None) -> None:
+    """Do artifacts A and B give the same predictive distribution (within Monte Carlo error)?
+
+    Each side is an .ebnn (run with the reference runtime) or an exported .onnx (any mode). The test
+    simulates its own null distribution from the IR, so it holds for correlated Monte Carlo errors.
+    Exit status 0 when they agree, 1 when they differ.
+    """
+    from edgebnn.compare import compare_artifacts
+
+    with console.status(f"comparing ({null_runs} simulated null pairs)"):
+        report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, null_runs=null_runs,
+                                   alpha=alpha, seed=seed)
+    where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
+    table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
+    for col in ("artifact", "S", "accuracy", "nll", "ece", "brier"):
+        table.add_column(col, justify="left" if col == "artifact" else "right")
+    for side in (report["a"], report["b"]):
+        table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"),
+                      *(f"{side[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")))
+    console.print(table)
+    verdict = "same predictive distribution" if report["same_distribution"] else "DIFFERENT predictive distributions"
+    console.print(f"{verdict}: T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}, "
+                  f"99th pct {report['null_p99']:.3f}), p = {report['p_value']:.3f}, alpha = {alpha}")
+    write_json(json_out, report, schemas.COMPARE)
+    if not report["same_distribution"]:
+        sys.exit(1)
+
+
+# -- demo -------------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for the weights, IR, ONNX and JSON reports.")
+@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
+def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
+    """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.
+
+    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx, the fixed-point
+    lowering digits_cnn_fixed.ebnn and its int8 export digits_cnn_fixed_S<S>_int8.onnx, and the JSON
+    reports lower.json, eval_reference.json, eval_onnx.json, eval_fixed_int8.json, profile.json and
+    demo.json (plus profile.png).
+    """
+    from edgebnn.demo import run_demo
+
+    run_demo(Path(out_dir), samples=samples, seed=seed, runs=runs, console=console)
