@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._files import PathLike, load_ir
+from edgebnn.api._files import PathLike, Progress, load_ir
 
 if TYPE_CHECKING:
     from edgebnn._lowered import LoweredModel
@@ -44,7 +44,7 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
 
 
 def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | None = None,
-          bits: str | int | None = None, **options: Any) -> LoweredModel:
+          bits: str | int | None = None, progress: Progress | None = None, **options: Any) -> LoweredModel:
     """Lower an IR with a compression scheme; the lowering report is attached as ``result.lowering_report``.
 
     Args:
@@ -54,6 +54,7 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
             bits and options, so give none of them here).
         seed: Seeds every random choice; the same seed gives the same bytes (default 0).
         bits: ``"auto"`` (default: bits per layer from the posterior variance) or a forced width.
+        progress: Called as ``progress(done, total)`` while the passes run (one step per weight per pass).
         **options: Scheme options, e.g. ``clusters=16`` for codebook (see :func:`edgebnn.passes.lower`).
 
     Returns:
@@ -63,7 +64,7 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
     from edgebnn._lowered import LoweredModel
     from edgebnn.passes import lower as run_passes
 
-    result = run_passes(model, scheme, seed=seed, bits=bits, **options)
+    result = run_passes(model, scheme, seed=seed, bits=bits, progress=progress, **options)
     return LoweredModel(result.model, result.report)
 
 

@@ -93,7 +93,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     config = _lower_config(config_file, scheme, bits, seed, assignments)
     _check_output_dir(output)
     what = (f"budget {budget}: configurations measured" if budget else
-            f"lowering ({config.scheme})" + (": rows evaluated" if eval_data else ""))
+            f"lowering ({config.scheme}): weights, then rows evaluated" if eval_data else
+            f"lowering ({config.scheme}): weights")
     try:
         with _progress_bar(what) as progress:
             model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,

@@ -7,7 +7,9 @@ each pass's config, runs the passes in order and writes the lowering report (doc
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -97,7 +99,7 @@ def ebnn_bytes(model: BNNModel) -> int:
 
 
 def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None, bits: str | int | None = None,
-          **options: Any) -> PassResult:
+          progress: Callable[[int, int], None] | None = None, **options: Any) -> PassResult:
     """Lower ``model`` with a scheme (or a whole :class:`LowerConfig`) and report what it cost.
 
     Args:
@@ -106,6 +108,7 @@ def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None
             ``prune+<scheme>``; or a :class:`LowerConfig` (then give no ``seed``, ``bits`` or settings here:
             the config holds them, per-layer overrides included).
         seed: Seeds every random choice; the same seed gives the same bytes (default 0).
+        progress: Called as ``progress(done, total)`` after each weight each pass visits (a progress bar).
         bits: ``"auto"`` (default: bits per layer from the posterior variance) or a forced width, given to the
             last scheme of the composition.
         **options: Fields of the schemes' configs (e.g. ``samples_per_weight=2`` for mcq, ``clusters=16``
@@ -131,12 +134,16 @@ def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None
     reference = float_bnn_bytes(model)
     current, modified, reports = model, False, []
     rows: dict[str, dict[str, Any]] = {}
-    for plan in plans:
-        for p in build_passes(plan, data, restrict=len(plans) > 1):
-            result = p(current, seed=config.seed)
-            current, modified = result.model, modified or result.modified
-            reports.append(result.report)
-            rows.update((row["name"], row) for row in result.report["layers"])
+    passes = [p for plan in plans for p in build_passes(plan, data, restrict=len(plans) > 1)]
+    if progress is not None:  # each pass visits every weight once: one tick per (pass, weight)
+        tick, done, total = progress, itertools.count(1), len(passes) * len(model.encoded_weight_names())
+        for p in passes:
+            p.progress = lambda: tick(next(done), total)
+    for p in passes:
+        result = p(current, seed=config.seed)
+        current, modified = result.model, modified or result.modified
+        reports.append(result.report)
+        rows.update((row["name"], row) for row in result.report["layers"])
     previous = model.manifest.scheme
     current.manifest.scheme = config.scheme if previous == "float" else f"{previous}+{config.scheme}"
     current.manifest.lower_config = config.to_dict()

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -190,6 +190,7 @@ class Pass(ABC):
     def __init__(self, config: PassConfig | None = None, *, weights: Collection[str] | None = None) -> None:
         """``weights``: lower only these encoded weights (by name; None: all), as per-layer overrides need."""
         self.weights = None if weights is None else frozenset(weights)
+        self.progress: Callable[[], None] | None = None  # called once per weight a run visits (lower's progress bar)
         if config is None:
             config = self.config_type()
         if not isinstance(config, self.config_type):
@@ -248,6 +249,8 @@ class LayerPass(Pass):
         rows = []
         modified = False
         for i, name in enumerate(model.encoded_weight_names()):  # i seeds the layer: the same with or without others
+            if self.progress is not None:
+                self.progress()
             if self.weights is not None and name not in self.weights:
                 continue
             weight = model.encoded_weight(name)  # one layer decoded at a time

@@ -110,3 +110,10 @@ def test_pass_failures_name_the_pass_and_those_before(mlp) -> None:
         _Broken()(broken)
     with pytest.raises(InvalidOptionError, match=r"pass 'mcq': weight 'W1': .*wider than 16 bits"):
         McqPass(McqPass.config_type(samples_per_weight=1e6))(mlp)
+
+
+def test_progress_ticks_once_per_weight_per_pass_up_to_the_total(mlp):
+    calls: list[tuple[int, int]] = []
+    lower(mlp, "prune+fixed", progress=lambda done, total: calls.append((done, total)))
+    n = len(mlp.encoded_weight_names())
+    assert calls == [(i, 2 * n) for i in range(1, 2 * n + 1)]  # two passes (prune, fixed), every weight each
