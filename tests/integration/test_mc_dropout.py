@@ -164,13 +164,21 @@ def test_lowering_leaves_the_masks_and_predict_runs():
     np.testing.assert_allclose(predict(out, _x(), 4, seed=0).probs, predict(ir, _x(), 4, seed=0).probs)
 
 
-def test_gaussian_noise_variants_refuse_masks():
-    """``auto``/``local`` propagate Gaussian moments; a Bernoulli mask is drawn (``--noise weight``) or baked."""
-    from edgebnn.errors import InvalidOptionError
-
-    ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
-    with pytest.raises(InvalidOptionError, match=r"^cnn: layer '2' is DropoutMask, which --mode noise cannot draw"):
-        export_onnx(ir, 4, mode="noise")
+@pytest.mark.parametrize("variant", ["auto", "local"])
+def test_gaussian_noise_variants_draw_masks(variant):
+    """``auto``/``local`` (the default and its Gemm form) draw a mask from uniform inputs per sample, as
+    ``weight`` does: fed the reference's uniforms, the same ensemble; the Gaussian layers of this plain model
+    are deterministic, so the only noise inputs are the masks'."""
+    ir, x = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True), _x()
+    proto = export_onnx(ir, 8, mode="noise", noise=variant)
+    ref = predictive_from_logits(sample_logits(ir, x, 8, seed=3)).probs
+    index = {name: i for i, name in enumerate(ir.encoded_weight_names())}
+    masks = [w for w in ir.encoded_weights() if w.encoding.op_type == "DropoutMask"]
+    uniforms = {f"noise/{w.name}": np.random.default_rng([3, index[w.name]]).random((8, *w.encoding.shape),
+                                                                                   dtype=np.float32)
+                for w in masks}
+    assert {i.name for i in proto.graph.input} == {"input", *uniforms}
+    np.testing.assert_allclose(_run(proto, x, **uniforms), ref, atol=ROUNDOFF)
 
 
 FACTORIES = '''
