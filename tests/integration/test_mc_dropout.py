@@ -82,6 +82,31 @@ def test_analytic_propagates_the_mask_moments():
     np.testing.assert_allclose(_run(export_onnx(ir, 16, mode="analytic"), x), want, atol=ROUNDOFF)
 
 
+def test_float_bnn_baseline_draws_bernoulli_masks():
+    """The profiling baseline draws a mask in the graph per run, [RandomUniform >= p] / (1-p), as torch does:
+    every entry is 0 or 1/(1-p), kept with frequency 1-p, and the runs' mean predictive is the reference's
+    (1,000 runs of 4 examples; bounds are 4 standard errors)."""
+    from onnx import TensorProto, helper
+
+    from edgebnn.exporters.ensemble import float_bnn
+
+    torch.manual_seed(1)
+    ir = import_model(nn.Sequential(nn.Linear(6, 5), nn.Dropout(0.25), nn.Linear(5, 3)).eval(), (1, 6),
+                      where="lin", mc_dropout=True)
+    proto = float_bnn(ir)
+    onnx.checker.check_model(proto, full_check=True)
+    proto.graph.output.append(helper.make_tensor_value_info("1.dropout_mask", TensorProto.FLOAT, [5]))
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    runs = [sess.run(["probs", "1.dropout_mask"], {"input": x}) for _ in range(1000)]
+    masks = np.stack([m for _, m in runs])
+    assert set(np.unique(masks)) == {0.0, np.float32(1 / 0.75)}
+    assert abs(masks.mean() - 1.0) < 4 * np.sqrt(0.25 / 0.75 / masks.size)  # E[M] = 1, Var[M] = p/(1-p)
+    ref = predictive_from_logits(sample_logits(ir, x, 4096, seed=0)).probs
+    got = np.mean([p for p, _ in runs], axis=0)
+    assert np.abs(got - ref).max() < 4 * 0.5 * np.sqrt(1 / 1000 + 1 / 4096)  # a probability's sd is at most 1/2
+
+
 def test_every_export_is_clean():
     ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
     for mode, kw in [("baked", {}), ("baked", {"weights": "int8"}), ("noise", {"noise": "weight"}), ("shared", {}),
