@@ -26,7 +26,9 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
         output_index: Which output to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         name: How errors name the model (default: its class name).
         mc_dropout: MC dropout (Gal & Ghahramani): keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at
-            prediction, each a ``DropoutMask`` posterior on its input (a plain torch model needs nothing else).
+            prediction, each a ``DropoutMask`` posterior on its input, and its plain Linear/Conv weights as σ = 0
+            ``GaussianWeight`` (lowering schemes encode them; exports run them once). A plain torch model needs
+            nothing else.
 
     Returns:
         The IR, one ``GaussianWeight`` per Bayesian weight (and one ``DropoutMask`` per dropout layer with

@@ -25,7 +25,7 @@ pass.
 
 Float baselines built from the same IR (for ``profile``): ``float_deterministic`` (posterior mean, one
 pass) and ``float_bnn`` (w = mu + sigma·RandomNormal drawn inside the graph on every run, the
-bayesian-torch way; S runs make one predictive).
+bayesian-torch way, and dropout masks [RandomUniform ≥ p]/(1-p); S runs make one predictive).
 """
 
 from __future__ import annotations
@@ -41,9 +41,11 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
+from edgebnn.exporters.draws import dropout_draw
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.ir import DOMAIN, BNNModel
+from edgebnn.ir.encodings import DropoutMask
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
@@ -139,7 +141,8 @@ def float_deterministic(model: BNNModel) -> onnx.ModelProto:
 
 
 def float_bnn(model: BNNModel) -> onnx.ModelProto:
-    """fp32 Gaussian network drawing every weight with RandomNormal inside the graph (output ``probs``).
+    """fp32 Gaussian network drawing every weight with RandomNormal inside the graph (output ``probs``); an
+    MC-dropout mask is drawn as a Bernoulli keep-mask (RandomUniform ≥ p, scaled by 1/(1-p)).
 
     One run is one posterior sample, as bayesian-torch does it; the profiler runs it S times.
     """
@@ -152,6 +155,10 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
     graph.initializer.extend(kept)
     b = Builder()
     for w in encoded:
+        if isinstance(w.encoding, DropoutMask):  # MC dropout: a Bernoulli keep-mask, as torch draws it
+            u = b.add("RandomUniform", [], f"{P}{w.name}.u", shape=list(w.encoding.shape), dtype=TensorProto.FLOAT)
+            b.add("Identity", [dropout_draw(b, w.encoding, f"{P}{w.name}.", "", {"": u}, 1)], w.name)
+            continue
         mu = b.f32(f"{P}{w.name}.mu", w.encoding.mean())
         sigma = b.f32(f"{P}{w.name}.sigma", w.encoding.stddev())
         eps = b.add("RandomNormal", [], f"{P}{w.name}.eps", shape=list(w.encoding.shape), dtype=TensorProto.FLOAT)

@@ -20,7 +20,8 @@ W_s = mu + sigma ⊙ ε_s), then the layer kind's batched op, as ``baked``::
 every spatial position independently, while a sampled kernel is shared across positions. ``auto`` (the
 default) is exact everywhere and keeps noise small: ``weight`` where the layer kind shares weights across
 positions (Conv: kernels are small), ``local`` where it does not (Gemm: a row's outputs are fewer than the
-layer's weights).
+layer's weights). A dropout mask (MC dropout) is Bernoulli, not Gaussian: every variant draws it as ``weight``
+does, from a uniform input per sample.
 
 ``mixed``: ``local`` where it is exact and the weight is Gaussian (Gemm), the baked members elsewhere (Conv: S
 kernels drawn at export from the seeded streams of ``baked``, stored as constants in the batched form). Exact
@@ -49,7 +50,7 @@ from edgebnn.exporters.draws import draw_emitter
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.ir import BNNModel, EncodedWeight
-from edgebnn.ir.encodings import Encoding
+from edgebnn.ir.encodings import DropoutMask, Encoding
 
 ROWS = "batch_x_samples"
 
@@ -113,6 +114,11 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
         kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
 
+    def local_or_mask(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+                      shapes: dict[str, list[int]], wide: bool) -> None:
+        """``local``: Gaussian layers propagate their moments; a dropout mask is drawn (it is Bernoulli)."""
+        (local if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes, wide)
+
     def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
              shapes: dict[str, list[int]], wide: bool) -> None:
         (local if kind.LOCAL_EXACT else weight)(b, node, kind, w, shapes, wide)
@@ -129,9 +135,9 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
     def draws_weights(kind: LayerKind, w: EncodedWeight) -> bool:
         """Whether the layer has S weight sets (the batched op, which takes an input shared by every sample)."""
-        return variant == "weight" or (variant != "local" and not (w.encoding.GAUSSIAN and kind.LOCAL_EXACT))
+        return variant == "weight" or not (w.encoding.GAUSSIAN and (kind.LOCAL_EXACT or variant == "local"))
 
-    rewrite = {"auto": auto, "local": local, "weight": weight, "shared": shared, "mixed": mixed}[variant]
+    rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed}[variant]
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights)
     mode = "shared" if variant == "shared" else "noise"
     out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
@@ -141,8 +147,9 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
 
 def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str) -> None:
-    """``local``/``auto`` propagate Gaussian moments exactly only for Gaussian weights; ``weight`` and ``shared``
-    also draw encodings with their own in-graph draw (codebooks); ``shared`` needs one."""
+    """``local``/``auto`` propagate Gaussian moments exactly only for Gaussian weights and draw dropout masks
+    (uniform inputs per sample); ``weight`` and ``shared`` also draw encodings with their own in-graph draw
+    (codebooks); ``shared`` needs one."""
     kinds = {w.encoding.op_type for w in weights}
     discrete = {w.encoding.op_type for w in weights if not w.encoding.GAUSSIAN and draw_emitter(w.encoding)}
     if variant == "shared" and not discrete:
@@ -152,11 +159,13 @@ def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str)
             f"{', '.join(sorted(kinds))}: use --mode baked or noise"
         )
     for w in weights:
-        drawn = variant in ("shared", "weight") and draw_emitter(w.encoding) is not None
+        drawn = (variant in ("shared", "weight") or isinstance(w.encoding, DropoutMask)) \
+            and draw_emitter(w.encoding) is not None
         if not (w.encoding.GAUSSIAN or drawn):
             raise InvalidOptionError(
                 f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --mode noise cannot draw "
-                f"(it draws Gaussian weights{' and codebooks' if variant == 'weight' else ''}): use --mode baked"
+                f"(it draws Gaussian weights{', codebooks' if variant == 'weight' else ''} and dropout masks): "
+                "use --mode baked"
                 + (" or shared" if draw_emitter(w.encoding) is not None else "")
             )
 

@@ -29,15 +29,14 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
     """Encoded weights whose posterior noise is below the hoisting threshold.
 
     ``hoist="auto"``: max σ at most the encoding's quantization step (float storage: σ = 0 only);
-    a number: max σ at most that value; ``"off"``: none.
+    a number: max σ at most that value; ``"off"``: none but σ ≡ 0 weights, which are deterministic under any
+    threshold (an MC-dropout model's plain layers: no S identical copies).
     """
-    if hoist == "off":
-        return set()
-    if hoist != "auto" and (not isinstance(hoist, (int, float)) or hoist < 0):
+    if hoist not in ("off", "auto") and (not isinstance(hoist, (int, float)) or hoist < 0):
         raise InvalidOptionError(f"--hoist {hoist}: use auto, off or a non-negative sigma")
     out = set()
     for w in model.iter_encoded_weights():  # one layer decoded at a time
-        limit = w.encoding.step() if hoist == "auto" else float(hoist)
+        limit = 0.0 if hoist == "off" else w.encoding.step() if hoist == "auto" else float(hoist)
         if float(w.encoding.stddev().max(initial=0.0)) <= limit:
             out.add(w.name)
     names = set(model.encoded_weight_names())

@@ -34,7 +34,13 @@ from edgebnn.errors import (
 )
 from edgebnn.importers._shapes import fold_shape_computations, static_feature_shapes
 from edgebnn.importers.base import LayerAdapter, LayerPosterior
-from edgebnn.importers.mc_dropout import dropout_modules, mask_encodings, mask_layer, watch
+from edgebnn.importers.mc_dropout import (
+    deterministic_posteriors,
+    dropout_modules,
+    mask_encodings,
+    mask_layer,
+    watch,
+)
 from edgebnn.ir import (
     DOMAIN,
     DOMAIN_VERSION,
@@ -183,7 +189,8 @@ def import_model(
         output_index: which element to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         where: how errors name the model (e.g. the factory string).
         mc_dropout: keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at prediction (MC dropout): each
-            becomes a :class:`~edgebnn.ir.encodings.DropoutMask` on its input (:mod:`.mc_dropout`).
+            becomes a :class:`~edgebnn.ir.encodings.DropoutMask` on its input, and its plain Linear/Conv weights
+            ``GaussianWeight`` with σ = 0 (:mod:`.mc_dropout`).
 
     Returns:
         The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one ``DropoutMask`` per dropout
@@ -196,6 +203,8 @@ def import_model(
     model = model.eval()
     posteriors, libraries = find_bayesian_layers(model)
     dropouts = dropout_modules(model) if mc_dropout else {}
+    if mc_dropout:  # the plain layers' weights as σ = 0 Gaussians: lowering schemes encode them too
+        posteriors = deterministic_posteriors(model, posteriors)
     if not posteriors and not mc_dropout:
         raise UnsupportedLayerError(
             f"{where}: no Bayesian layers found (supported: edgebnn, bayesian-torch, torchbnn, blitz; "

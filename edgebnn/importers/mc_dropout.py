@@ -5,6 +5,10 @@ Each dropout module becomes ``x * <path>.dropout_mask`` in the exported network:
 mask's shape (``nn.Dropout``: one example's feature shape; ``DropoutNd``: ``[C, 1, ...]``), which the importer
 then replaces by the mask's encoding node. Dropout that is not such a module (``F.dropout`` in a custom
 module's ``forward``) cannot be kept on and is refused, naming the module.
+
+The model's plain ``nn.Linear``/``Conv1d/2d/3d`` become Gaussian weights with σ = 0
+(:func:`deterministic_posteriors`), so lowering schemes encode them as any other weight; they contribute no
+randomness, and the exporters run a σ ≡ 0 weight once with its mean (``rewrite.quiet_weights``).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.importers.base import describe
+from edgebnn.importers.base import LayerPosterior, conv_geometry, describe, to_numpy
 from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask
 
 _CHANNEL_RANK = {"Dropout1d": 3, "Dropout2d": 4, "Dropout3d": 5}  # input rank with the batch
@@ -28,6 +34,29 @@ def dropout_modules(model: Any) -> dict[str, Any]:
 
     kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
     return {path: m for path, m in model.named_modules() if type(m) in kinds and m.p > 0}
+
+
+def deterministic_posteriors(model: Any, posteriors: dict[str, LayerPosterior]) -> dict[str, LayerPosterior]:
+    """``posteriors`` with the model's plain ``nn.Linear``/``Conv1d/2d/3d`` (exact classes, zero padding, not
+    inside a Bayesian layer) added as σ = 0 weights, in module order; biases stay deterministic."""
+    from torch import nn
+
+    convs = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    out: dict[str, LayerPosterior] = {}
+    for path, m in model.named_modules():
+        if path in posteriors:
+            out[path] = posteriors[path]
+        elif any(path.startswith(p + ".") for p in posteriors):
+            continue
+        elif type(m) is nn.Linear or (type(m) in convs and m.padding_mode == "zeros"):
+            mu = to_numpy(m.weight)
+            bias = (to_numpy(m.bias), None) if m.bias is not None else (None, None)
+            if type(m) is nn.Linear:
+                out[path] = LayerPosterior(path, "linear", mu, np.zeros_like(mu), *bias)
+            else:
+                geometry = conv_geometry(m, path, tuple(int(k) for k in mu.shape[2:]))
+                out[path] = LayerPosterior(path, "conv", mu, np.zeros_like(mu), *bias, **geometry)
+    return out
 
 
 @contextmanager

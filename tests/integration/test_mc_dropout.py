@@ -8,6 +8,8 @@ digits the S = 64 baked export matches torch's own MC dropout within the issue's
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 import numpy as np
@@ -22,7 +24,7 @@ from edgebnn.ir import from_bytes, to_bytes
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.passes import lower
 from edgebnn.runtime import Session
-from edgebnn.runtime.reference import predict, sample_logits
+from edgebnn.runtime.reference import sample_logits
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -49,21 +51,29 @@ def _run(proto: onnx.ModelProto, x: np.ndarray, **feeds: np.ndarray) -> np.ndarr
 
 def test_masks_import_as_encodings_and_round_trip():
     ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
-    masks = {w.name: (w.encoding.op_type, w.encoding.shape, w.encoding.p) for w in ir.encoded_weights()}
+    masks = {w.name: (w.encoding.op_type, w.encoding.shape, w.encoding.p) for w in ir.encoded_weights()
+             if w.encoding.op_type == "DropoutMask"}
+    # the plain Conv/Linear weights: σ = 0 Gaussians (lowering schemes encode them); biases stay plain
+    plain = {w.name: (w.encoding.op_type, float(w.encoding.stddev().max())) for w in ir.encoded_weights()
+             if w.encoding.op_type != "DropoutMask"}
+    assert plain == {f"{i}.weight": ("GaussianWeight", 0.0) for i in (0, 4, 7)}
     assert masks == {"2.dropout_mask": ("DropoutMask", (4, 1, 1), pytest.approx(0.3)),
                      "6.dropout_mask": ("DropoutMask", (32,), 0.5)}
     again = from_bytes(to_bytes(ir), "again")
-    assert [w.encoding.p for w in again.encoded_weights()] == [w.encoding.p for w in ir.encoded_weights()]
+    assert [getattr(w.encoding, "p", None) for w in again.encoded_weights()] == \
+        [getattr(w.encoding, "p", None) for w in ir.encoded_weights()]
 
 
 def test_baked_and_noise_are_the_reference_ensemble():
     ir, x = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True), _x()
     ref = predictive_from_logits(sample_logits(ir, x, 8, seed=3)).probs
     np.testing.assert_allclose(_run(export_onnx(ir, 8, seed=3), x), ref, atol=ROUNDOFF)
-    np.testing.assert_allclose(_run(export_onnx(ir, 8, seed=3, weights="int8"), x), ref, atol=ROUNDOFF)  # exact grid
+    int8 = lower(ir, "fixed", seed=0, bits=8).model  # the plain weights on an 8-bit grid: int8 storage is exact
+    ref8 = predictive_from_logits(sample_logits(int8, x, 8, seed=3)).probs
+    np.testing.assert_allclose(_run(export_onnx(int8, 8, seed=3, weights="int8"), x), ref8, atol=ROUNDOFF)
     # noise --noise weight: masks drawn per sample from uniform inputs; fed the reference's uniforms
     uniforms = {f"noise/{w.name}": np.random.default_rng([3, i]).random((8, *w.encoding.shape), dtype=np.float32)
-                for i, w in enumerate(ir.encoded_weights())}
+                for i, w in enumerate(ir.encoded_weights()) if w.encoding.op_type == "DropoutMask"}
     np.testing.assert_allclose(_run(export_onnx(ir, 8, mode="noise", noise="weight"), x, **uniforms), ref,
                                atol=ROUNDOFF)
 
@@ -80,6 +90,31 @@ def test_analytic_propagates_the_mask_moments():
     e = np.exp(z - z.max(-1, keepdims=True))
     want = (e / e.sum(-1, keepdims=True)).mean(1)
     np.testing.assert_allclose(_run(export_onnx(ir, 16, mode="analytic"), x), want, atol=ROUNDOFF)
+
+
+def test_float_bnn_baseline_draws_bernoulli_masks():
+    """The profiling baseline draws a mask in the graph per run, [RandomUniform >= p] / (1-p), as torch does:
+    every entry is 0 or 1/(1-p), kept with frequency 1-p, and the runs' mean predictive is the reference's
+    (1,000 runs of 4 examples; bounds are 4 standard errors)."""
+    from onnx import TensorProto, helper
+
+    from edgebnn.exporters.ensemble import float_bnn
+
+    torch.manual_seed(1)
+    ir = import_model(nn.Sequential(nn.Linear(6, 5), nn.Dropout(0.25), nn.Linear(5, 3)).eval(), (1, 6),
+                      where="lin", mc_dropout=True)
+    proto = float_bnn(ir)
+    onnx.checker.check_model(proto, full_check=True)
+    proto.graph.output.append(helper.make_tensor_value_info("1.dropout_mask", TensorProto.FLOAT, [5]))
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    runs = [sess.run(["probs", "1.dropout_mask"], {"input": x}) for _ in range(1000)]
+    masks = np.stack([m for _, m in runs])
+    assert set(np.unique(masks)) == {0.0, np.float32(1 / 0.75)}
+    assert abs(masks.mean() - 1.0) < 4 * np.sqrt(0.25 / 0.75 / masks.size)  # E[M] = 1, Var[M] = p/(1-p)
+    ref = predictive_from_logits(sample_logits(ir, x, 4096, seed=0)).probs
+    got = np.mean([p for p, _ in runs], axis=0)
+    assert np.abs(got - ref).max() < 4 * 0.5 * np.sqrt(1 / 1000 + 1 / 4096)  # a probability's sd is at most 1/2
 
 
 def test_every_export_is_clean():
@@ -113,6 +148,7 @@ def test_a_model_without_dropout_is_refused():
         import_model(nn.Sequential(nn.Linear(4, 3)).eval(), (1, 4), where="m", mc_dropout=True)
 
 
+@functools.lru_cache(maxsize=1)
 def _digits_mlp() -> tuple[Any, np.ndarray, np.ndarray]:
     """A dropout MLP trained on sklearn's digits (bundled; 1,500 train / 297 test), fixed seeds."""
     from sklearn.datasets import load_digits
@@ -137,16 +173,22 @@ def _scores(probs: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(np.mean(probs.argmax(-1) == y)), float(-np.mean(np.log(probs[np.arange(len(y)), y] + 1e-12)))
 
 
+def _torch_mc_dropout(model: Any, x: np.ndarray, passes: int) -> np.ndarray:
+    """torch's own MC dropout: ``passes`` forward passes with dropout on, softmax averaged (seeded)."""
+    torch.manual_seed(1)
+    model.train()  # dropout on
+    with torch.no_grad():
+        probs = torch.stack([torch.softmax(model(torch.from_numpy(x)), -1) for _ in range(passes)]).mean(0).numpy()
+    model.eval()
+    return probs
+
+
 def test_digits_export_matches_torch_mc_dropout():
     """S = 64: the baked export within 1 point of accuracy and +0.03 NLL of torch's own MC dropout (64 passes
     with dropout on). Both are 64-sample estimates of the same predictive (torch: masks per example; baked: 64
     masks shared by all examples)."""
     model, x, y = _digits_mlp()
-    torch.manual_seed(1)
-    model.train()  # dropout on: torch's MC dropout
-    with torch.no_grad():
-        lib = torch.stack([torch.softmax(model(torch.from_numpy(x)), -1) for _ in range(64)]).mean(0).numpy()
-    model.eval()
+    lib = _torch_mc_dropout(model, x, 64)
     ir = import_model(model, (1, 64), where="digits-mlp", mc_dropout=True)
     got = Session(export_onnx(ir, 64, seed=0)).predict(x).probs
     (acc_lib, nll_lib), (acc, nll) = _scores(lib, y), _scores(got, y)
@@ -156,21 +198,50 @@ def test_digits_export_matches_torch_mc_dropout():
     assert acc_n >= acc_lib - 0.01 and nll_n <= nll_lib + 0.03, (acc_lib, nll_lib, acc_n, nll_n)
 
 
-def test_lowering_leaves_the_masks_and_predict_runs():
-    """Schemes lower Gaussian weights; masks (and a plain model's deterministic weights) pass through."""
+def test_digits_lowered_with_fixed_stores_the_weights_once():
+    """``fixed`` encodes the plain weights (σ = 0: they run once with their mean); the S = 16 baked export stores
+    them once, not 16 times, and stays within 1 point / +0.03 NLL of torch's MC dropout with 16 passes."""
+    model, x, y = _digits_mlp()
+    ir = import_model(model, (1, 64), where="digits-mlp", mc_dropout=True)
+    lowered = lower(ir, "fixed", seed=0).model
+    assert {w.encoding.op_type for w in lowered.encoded_weights()} == {"FixedPointWeight", "DropoutMask"}
+    proto = export_onnx(lowered, 16, seed=0)
+    weights = sum(p.numel() for p in model.parameters())  # 17,226 (weights and biases)
+    assert len(proto.SerializeToString()) < 1.5 * 4 * weights  # fp32 once (S copies: 16x that)
+    lib = _torch_mc_dropout(model, x, 16)
+    (acc_lib, nll_lib), (acc, nll) = _scores(lib, y), _scores(Session(proto).predict(x).probs, y)
+    assert acc >= acc_lib - 0.01 and nll <= nll_lib + 0.03, (acc_lib, nll_lib, acc, nll)
+
+
+@pytest.mark.parametrize("scheme", ["fixed", "mcq", "codebook", "ternary", "binary", "prune"])
+def test_every_scheme_encodes_the_deterministic_weights(scheme):
+    """Schemes lower the plain layers' σ = 0 weights (a deterministic layer: every draw is the mean) and pass the
+    masks through; the lowered IR exports with those layers run once (σ ≡ 0) and the masks sampled."""
     ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
-    out = lower(ir, "fixed", seed=0).model
-    assert [w.encoding.op_type for w in out.encoded_weights()] == ["DropoutMask", "DropoutMask"]
-    np.testing.assert_allclose(predict(out, _x(), 4, seed=0).probs, predict(ir, _x(), 4, seed=0).probs)
+    out = lower(ir, scheme, seed=0).model
+    kinds = [w.encoding.op_type for w in out.encoded_weights()]
+    assert kinds[3:] == ["DropoutMask", "DropoutMask"]
+    assert ("GaussianWeight" in kinds) == (scheme == "prune")  # prune keeps Gaussians; the others encode them
+    assert all(not w.encoding.stddev().any() for w in out.encoded_weights() if w.encoding.op_type != "DropoutMask")
+    meta = json.loads(export_onnx(out, 4, seed=0).metadata_props[0].value)
+    assert meta["layers"] == {"sampled": ["2", "6"], "hoisted": ["0", "4", "7"]}
 
 
-def test_gaussian_noise_variants_refuse_masks():
-    """``auto``/``local`` propagate Gaussian moments; a Bernoulli mask is drawn (``--noise weight``) or baked."""
-    from edgebnn.errors import InvalidOptionError
-
-    ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
-    with pytest.raises(InvalidOptionError, match=r"^cnn: layer '2' is DropoutMask, which --mode noise cannot draw"):
-        export_onnx(ir, 4, mode="noise")
+@pytest.mark.parametrize("variant", ["auto", "local"])
+def test_gaussian_noise_variants_draw_masks(variant):
+    """``auto``/``local`` (the default and its Gemm form) draw a mask from uniform inputs per sample, as
+    ``weight`` does: fed the reference's uniforms, the same ensemble; the Gaussian layers of this plain model
+    are deterministic, so the only noise inputs are the masks'."""
+    ir, x = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True), _x()
+    proto = export_onnx(ir, 8, mode="noise", noise=variant)
+    ref = predictive_from_logits(sample_logits(ir, x, 8, seed=3)).probs
+    index = {name: i for i, name in enumerate(ir.encoded_weight_names())}
+    masks = [w for w in ir.encoded_weights() if w.encoding.op_type == "DropoutMask"]
+    uniforms = {f"noise/{w.name}": np.random.default_rng([3, index[w.name]]).random((8, *w.encoding.shape),
+                                                                                   dtype=np.float32)
+                for w in masks}
+    assert {i.name for i in proto.graph.input} == {"input", *uniforms}
+    np.testing.assert_allclose(_run(proto, x, **uniforms), ref, atol=ROUNDOFF)
 
 
 FACTORIES = '''
@@ -215,7 +286,7 @@ def test_cli_lower_mc_dropout_and_its_bad_input(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, [*args, "--model", "mcd_factories:dropout_mlp", "--weights",
                                   str(tmp_path / "dropout_mlp.pt"), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert [w.encoding.op_type for w in load(out).encoded_weights()] == ["DropoutMask"]
+    assert [w.encoding.op_type for w in load(out).encoded_weights()] == ["GaussianWeight"] * 2 + ["DropoutMask"]
     bad = tmp_path / "bad.ebnn"
     r = CliRunner().invoke(main, [*args, "--model", "mcd_factories:functional_dropout", "--weights",
                                   str(tmp_path / "functional_dropout.pt"), "-o", str(bad)])
@@ -226,7 +297,6 @@ def test_cli_lower_mc_dropout_and_its_bad_input(tmp_path, monkeypatch):
 
 def test_deploy_example_meets_the_goals(tmp_path):
     """examples/deploy_mc_dropout.py as a user runs it: S = 64, within 1 point / +0.03 NLL of torch's MC dropout."""
-    import json
     import os
     import subprocess
     import sys
