@@ -71,7 +71,8 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
 
 
 def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mode: str = "baked",
-           weights: str = "fp32", seed: int = 0, noise: str = "auto", hoist: str | float = "off") -> Path:
+           weights: str = "fp32", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
+           form: str = "auto", device: str | None = None, progress: Progress | None = None) -> Path:
     """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
 
     Args:
@@ -82,8 +83,13 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mod
             inputs, filled by :class:`Session`), ``shared`` (codebook models) or ``analytic``.
         weights: Baked mode: ``fp32``, ``int8`` or ``int4`` member weights.
         seed: Seed of the baked samples.
-        noise: Noise mode variant: ``auto``, ``local`` or ``weight``.
+        noise: Noise mode variant: ``auto``, ``local``, ``weight`` or ``mixed``.
         hoist: ``off``, ``auto`` or a σ threshold below which layers run once (see ``edgebnn export --help``).
+        form: How int8/int4 weights are written: ``auto`` (chosen from ``device``), ``qdq``, ``folded`` or
+            ``integer`` (see docs/speed.md).
+        device: Where the graph runs (``cpu``, ``arm64``, ``rtx``, ``jetson*``): picks the form, refuses a weight
+            format the device cannot run.
+        progress: Called as ``progress(done, total)`` while the graph is built.
 
     Returns:
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.
@@ -92,4 +98,4 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mod
 
     ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
     return save_onnx(export_onnx(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights,
-                                 hoist=hoist), path)
+                                 hoist=hoist, form=form, device=device, progress=progress), path)

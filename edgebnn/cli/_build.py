@@ -239,10 +239,10 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
 
     model = load_ir(file)
     _check_output_dir(output)
-    with console.status(f"exporting {mode} ensemble, S={samples}"):
+    with _progress_bar(f"exporting the {mode} ensemble, S={samples}: layers") as progress:
         proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
                             hoist=_parse_hoist(hoist), form=form,
-                            device=device or ("cpu" if target == "onnx" else "rtx"))
+                            device=device or ("cpu" if target == "onnx" else "rtx"), progress=progress)
     meta = read_metadata(proto, output)
     layers = meta.layers
     if layers:

@@ -51,7 +51,8 @@ def quadrature_points(samples: int, classes: int, seed: int = 0) -> np.ndarray:
     return norm.ppf(np.clip(u, 1e-6, 1 - 1e-6)).astype(np.float32)
 
 
-def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
+def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
+                    ) -> onnx.ModelProto:
     encoded = {w.name: w for w in model.encoded_weights()}
     base = model.float_model()
     shapes = static_shapes(base)
@@ -69,7 +70,9 @@ def export_analytic(model: BNNModel, samples: int) -> onnx.ModelProto:
             return fixed[name], np.zeros_like(fixed[name])
         raise UnsupportedLayerError(f"{model.where}: weight {name!r} is not a constant; analytic mode needs one")
 
-    for node in base.graph.node:
+    for k, node in enumerate(base.graph.node, 1):
+        if progress is not None:  # one step per node (a progress bar)
+            progress(k, len(base.graph.node))
         data_in = [i for i in node.input if i in var]
         if not data_in or node.op_type == "Shape":
             b.nodes.append(node)

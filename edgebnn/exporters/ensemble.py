@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -50,7 +51,7 @@ from edgebnn.ir.encodings import DropoutMask
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
                 noise: str = "auto", weights: str = "fp32", hoist: str | float = "off", form: str = "auto",
-                device: str | None = None) -> onnx.ModelProto:
+                device: str | None = None, progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -75,6 +76,7 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             (``qdq`` without one). The chosen form and the reason are recorded in the export metadata.
         device: where the graph runs (:data:`.forms.DEVICE_FORMATS`: ``cpu``, ``arm64``, ``rtx``, ``jetson*``);
             refuses a weight format the device cannot run.
+        progress: called as ``progress(done, total)`` while the graph is built (a progress bar).
     """
     check_samples(samples)
     if weights not in WEIGHT_FORMATS:
@@ -84,15 +86,16 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     choice = choose_form(device, weights, form)
     if mode == "baked":
         _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist, choice)
+        out = _baked(model, samples, seed, weights, hoist, choice, progress)
     elif mode in ("noise", "shared"):
         from edgebnn.exporters.noise import export_noise
 
-        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist, seed=seed)
+        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist, seed=seed,
+                           progress=progress)
     elif mode == "analytic":
         from edgebnn.exporters.analytic import export_analytic
 
-        out = export_analytic(model, samples)
+        out = export_analytic(model, samples, progress=progress)
     else:
         raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
@@ -118,13 +121,13 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
 
 
 def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | float, choice: FormChoice,
-           ) -> onnx.ModelProto:
+           progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
     b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
     rewrite = baked_layers(model, samples, seed, weights)
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
     set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers,
                  form=choice.form, form_reason=choice.reason,

@@ -40,6 +40,8 @@ Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 
@@ -56,7 +58,7 @@ ROWS = "batch_x_samples"
 
 
 def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
-                 seed: int = 0) -> onnx.ModelProto:
+                 seed: int = 0, progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
     """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``)."""
     if variant not in NOISE_VARIANTS:
         raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(NOISE_VARIANTS)}")
@@ -138,7 +140,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         return variant == "weight" or not (w.encoding.GAUSSIAN and (kind.LOCAL_EXACT or variant == "local"))
 
     rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed}[variant]
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights,
+                                          progress=progress)
     mode = "shared" if variant == "shared" else "noise"
     out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
     set_metadata(out, model, mode=mode, samples=samples, seed=seed if variant == "mixed" else None, noise=variant,

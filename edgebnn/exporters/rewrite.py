@@ -80,6 +80,7 @@ def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32"
 
 def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,
                            hoist: str | float = "off", weights: str = "fp32", takes_shared: TakesShared | None = None,
+                           progress: Callable[[int, int], None] | None = None,
                            ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """Copy deterministic nodes, let ``rewrite`` emit each sampled layer (a registered layer kind), add the
     predictive head.
@@ -158,6 +159,8 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
                 f"({node.name or node.output[0]}); ensembles handle {' and '.join(LAYERS)} weights"
             )
         rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes, shared)
+        if progress is not None:  # one step per sampled layer (a progress bar)
+            progress(sum(1 for j in sampled_at if j <= i), len(sampled_at))
     logits = base.graph.output[0].name
     if logits in pre_data:
         logits = fold(logits)  # every layer was hoisted: S identical members

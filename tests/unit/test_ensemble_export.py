@@ -209,3 +209,13 @@ def test_too_many_samples_for_one_onnx_file_is_refused_before_drawing(monkeypatc
     with pytest.raises(InvalidOptionError, match=r"--samples 16: .* use at most -S 13, --weights int8"):
         export_onnx(synthetic_cnn(), 16)
     export_onnx(synthetic_cnn(), 13)  # 7.7 kB fits
+
+
+@pytest.mark.parametrize("mode", ["baked", "noise", "analytic"])
+def test_progress_reaches_its_total_once_per_step(mode):
+    calls: list[tuple[int, int]] = []
+    export_onnx(synthetic_cnn(), 2, mode=mode, progress=lambda done, total: calls.append((done, total)))
+    total = calls[-1][1]
+    # baked/noise: one step per sampled layer (the CNN's Conv and Gemm); analytic: one per node of the graph
+    assert calls == [(i, total) for i in range(1, total + 1)]
+    assert total == 2 if mode != "analytic" else total > 2
