@@ -31,6 +31,7 @@ F = torch.nn.functional
 
 TINY_RHO = -40.0  # softplus(-40) ~ 4.2e-18
 ATOL = 1e-6  # float32 summation order; the leftover noise contributes < 1e-15
+NET_TOL = 1e-5  # a whole small network (conv, ReLU, head) in float32: onnxruntime vs torch op order
 
 # (conv kwargs, input shape): plain, and every geometry argument off its default with groups 2
 GEOMETRIES = [
@@ -135,6 +136,13 @@ def _bt_shrink(layer: nn.Module) -> None:
             p.data.fill_(TINY_RHO)
 
 
+def _assert_bt_conv_posterior(post: Any, layer: nn.Module) -> None:
+    """The imported posterior is a bayesian-torch conv layer's (μ, softplus(ρ)) for kernel and bias."""
+    rho_bias = layer.rho_bias
+    assert_posterior(post, layer.mu_kernel, _bt_softplus(layer.rho_kernel), layer.mu_bias,
+                     None if rho_bias is None else _bt_softplus(rho_bias))
+
+
 def _bt_out(result: Any) -> torch.Tensor:
     """bayesian-torch layers return ``(out, kl)`` unless ``return_kl=False`` or ``dnn_to_bnn_flag``."""
     assert isinstance(result, tuple) and len(result) == 2
@@ -173,13 +181,7 @@ def test_bayesian_torch_conv2d(
     layer = getattr(bl, cls_name)(**kwargs, bias=bias)
     post = bt_adapter.ADAPTER.extract(layer, "features.0")
     assert_geometry(post, kwargs)
-    assert_posterior(
-        post,
-        layer.mu_kernel,
-        _bt_softplus(layer.rho_kernel),
-        layer.mu_bias,
-        None if layer.rho_bias is None else _bt_softplus(layer.rho_bias),
-    )
+    _assert_bt_conv_posterior(post, layer)
     _bt_shrink(layer)
     x = torch.randn(shape)
     with torch.no_grad():
@@ -240,13 +242,7 @@ def test_bayesian_torch_every_conv_kind(
     assert post.dilation == (kwargs.get("dilation", 1),) * rank
     if "Transpose" in kind:
         assert post.output_padding == (kwargs.get("output_padding", 0),) * rank
-    assert_posterior(
-        post,
-        layer.mu_kernel,
-        _bt_softplus(layer.rho_kernel),
-        layer.mu_bias,
-        None if layer.rho_bias is None else _bt_softplus(layer.rho_bias),
-    )
+    _assert_bt_conv_posterior(post, layer)
     _bt_shrink(layer)
     # bayesian-torch 0.5 bugs: ConvTranspose*Flipout builds its prior sigma in the forward conv's layout (the KL
     # fails unless in = out), and ConvTranspose3dFlipout fails with a bias unless return_kl; reshape the prior
@@ -706,7 +702,7 @@ def _check_import(model: nn.Module, adapter: Any, denoised: nn.Module, *, output
     with torch.no_grad():
         ref = denoised(x)
     ref = ref[output_index] if isinstance(ref, tuple) else ref
-    np.testing.assert_allclose(got, ref.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, ref.numpy(), rtol=NET_TOL, atol=NET_TOL)
 
 
 @pytest.mark.slow
@@ -809,6 +805,6 @@ def test_import_other_conv_kinds(bl: Any, cls_name: str, kwargs: dict[str, Any],
     session = ort.InferenceSession(bnn.float_model().SerializeToString(), providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {bnn.manifest.input_name: x.numpy()})
     with torch.no_grad():
-        np.testing.assert_allclose(got, denoised(x).numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got, denoised(x).numpy(), rtol=NET_TOL, atol=NET_TOL)
     draws = sample_logits(bnn, x.numpy(), 8, seed=0)  # the reference runtime samples this layer kind
     assert draws.shape == (8, 5, 3) and np.all(draws.std(0) > 0)  # (tests/integration/test_zoo.py: vs the library)
