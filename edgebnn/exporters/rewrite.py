@@ -132,6 +132,7 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
 
     pre_data = {in_name}  # data values computed on B rows, before the sample axis starts
     shape_vals: set[str] = set()  # values computed from Shape(...): batch arithmetic
+    emitted = 0  # sampled layers rewritten so far
     for i, node in enumerate(nodes):
         kind = layer_kind(node) if i in sampled_at else None
         shared = (kind is not None and takes_shared is not None and node.input[0] in pre_data
@@ -159,8 +160,9 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
                 f"({node.name or node.output[0]}); ensembles handle {' and '.join(LAYERS)} weights"
             )
         rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes, shared)
+        emitted += 1
         if progress is not None:  # one step per sampled layer (a progress bar)
-            progress(sum(1 for j in sampled_at if j <= i), len(sampled_at))
+            progress(emitted, len(sampled_at))
     logits = base.graph.output[0].name
     if logits in pre_data:
         logits = fold(logits)  # every layer was hoisted: S identical members
