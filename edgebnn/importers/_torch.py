@@ -250,6 +250,12 @@ def import_model(
             f"{where}: the model output must be [batch, classes] logits, got {tuple(getattr(out, 'shape', ()))}"
         )
     num_classes = int(out.shape[1])
+    if num_classes < 2:
+        raise UnsupportedLayerError(
+            f"{where}: forward returns one output per example; edgebnn exports a softmax predictive over >= 2 "
+            "classes: for a sigmoid (binary) classifier return torch.cat([torch.zeros_like(z), z], 1) (its softmax "
+            "is [1 - sigmoid(z), sigmoid(z)]); regression outputs are not supported"
+        )
 
     mean_model = copy.deepcopy(model)
     for path, post in posteriors.items():

@@ -464,6 +464,13 @@ def test_forward_returning_a_dict_is_refused() -> None:
         import_model(DictOut(), (1, 4), where="m")
 
 
+def test_one_output_per_example_is_refused() -> None:
+    """A sigmoid classifier's or a regression's single output would make a softmax predictive of 1.0."""
+    model = nn.Sequential(bt_layers.LinearReparameterization(4, 1))
+    with pytest.raises(UnsupportedLayerError, match=r"^m: forward returns one output per example; .*zeros_like"):
+        import_model(model, (1, 4), where="m")
+
+
 def test_unresolvable_spatial_shape_is_refused() -> None:
     """A Conv whose input size depends on the data (Resize by a data-derived scale) cannot be laid out."""
     from onnx import TensorProto, helper
