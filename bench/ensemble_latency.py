@@ -484,6 +484,7 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
             continue
         if variant == "int8_calibrated_qdq":
             calibrated = quantize_int8(proto, BatchReader(calib_x, in_name, batch=16), Int8Config(method="minmax"))
+            del calibrated.metadata_props[:]  # onnxruntime's quantizer may copy them already: keep one set
             calibrated.metadata_props.extend(proto.metadata_props)
             proto = calibrated
         elif variant == "int8_calibrated_folded":
