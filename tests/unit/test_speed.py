@@ -165,6 +165,21 @@ def test_int4_integer_wide_layer_is_within_one_activation_block_step_of_the_fold
     assert np.all(err <= delta / 2 + ROUNDOFF) and err.max() > 0
 
 
+def test_a_hoisted_int4_layer_is_one_matmulnbits_on_the_folded_values(monkeypatch):
+    """A hoisted int4 Gemm (its mean, one 2-D weight) in the integer form is one MatMulNBits; with fp32
+    activations (accuracy_level 0) it computes the folded form's predictive to round-off."""
+    from edgebnn.exporters import layers
+
+    model = lower(synthetic_linear(n_in=64, classes=4, trans_b=False), "fixed", seed=0).model
+    x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
+    monkeypatch.setattr(layers, "NBITS_ACCURACY_LEVEL", 0)
+    proto = export_onnx(model, 4, seed=2, weights="int4", form="integer", hoist=1e9)
+    assert _meta(proto)["layers"]["sampled"] == []
+    assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1
+    folded = export_onnx(model, 4, seed=2, weights="int4", form="folded", hoist=1e9)
+    np.testing.assert_allclose(_run(proto, x)[0], _run(folded, x)[0], atol=ROUNDOFF)
+
+
 def test_the_device_picks_the_form():
     cpu = choose_form("cpu", "int8")
     assert (cpu.form, cpu.integer_min_bytes) == ("integer", INTEGER_MIN_BYTES)  # large dense layers only
