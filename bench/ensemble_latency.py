@@ -36,12 +36,13 @@ onnxruntime-profiler breakdown per op type.
 Weight forms (``--parts forms``, docs/speed.md): LeNet-5, ResNet-20 and bayesian-torch's zoo SCNN
 (``bayesian_torch.models.bayesian.simple_cnn_variational``, default init; its own S forward passes are the
 torch baseline) at S=16, batch 1 and 32: every weight format x graph form of the baked ensemble (fp32; the
-``fixed``-lowered members as fp32, int8 and int4 in the qdq / folded / integer forms; the ``edgebnn.calib``
-Q/DQ artifact as written and with its weights folded; MCQ-lowered members, 8-bit, integer form, also with
-hoisting) and the ``noise`` (auto, mixed; pooled host noise) and ``analytic`` modes, all interleaved in one
-``time_blocks`` call with the three baselines. Ratios: against the fp32 baked ensemble (for low-bit variants,
-the fp32 export of the same ``fixed`` IR), the float net on S copies, one float pass, and bayesian-torch.
-Every low-bit variant's max |probs - fp32| is recorded. A bar plot of the ratios goes to ``--forms-plot``.
+``fixed``-lowered members as fp32, int8 and int4 in the qdq / folded / integer forms and as ``export`` writes
+them for ``--device cpu``; the ``edgebnn.calib`` Q/DQ artifact as written and with its weights folded;
+MCQ-lowered members, 8-bit, integer form, also with hoisting) and the ``noise`` (auto, mixed; pooled host
+noise) and ``analytic`` modes, all interleaved in one ``time_blocks`` call with the three baselines. Ratios:
+against the fp32 baked ensemble (for low-bit variants, the fp32 export of the same ``fixed`` IR), the float net
+on S copies, one float pass, and bayesian-torch. Every low-bit variant's max |probs - fp32| is recorded. A bar
+plot of the ratios goes to ``--forms-plot``.
 No GPU part: this bench times onnxruntime CPU only.
 
 Prints one JSON line on stdout (schema ``edgebnn.bench.ensemble_latency/1``), rich tables on stderr, and
@@ -419,6 +420,8 @@ FORM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "int8_auto_cpu": ("fixed", {"weights": "int8", "device": "cpu"}),  # what `export --weights int8` writes
     "int4_qdq": ("fixed", {"weights": "int4", "form": "qdq"}),
     "int4_folded": ("fixed", {"weights": "int4", "form": "folded"}),
+    "int4_integer": ("fixed", {"weights": "int4", "form": "integer"}),  # MatMulNBits, every int4 dense layer
+    "int4_auto_cpu": ("fixed", {"weights": "int4", "device": "cpu"}),  # what `export --weights int4` writes
     "int8_calibrated_qdq": ("fixed", {}),  # the fixed_fp32 export through edgebnn.calib (Q/DQ acts + weights)
     "int8_calibrated_folded": ("fixed", {}),  # that artifact with its weight DequantizeLinear folded (CPU form)
     "mcq_int8_integer": ("mcq", {"weights": "int8", "form": "integer"}),
@@ -427,8 +430,8 @@ FORM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "noise_mixed": ("float", {"mode": "noise", "noise": "mixed"}),
     "analytic": ("float", {"mode": "analytic"}),
 }
-LOW_BIT = ("int8_qdq", "int8_folded", "int8_integer", "int8_auto_cpu", "int4_qdq", "int4_folded", "int8_calibrated_qdq",
-           "int8_calibrated_folded", "mcq_int8_integer")
+LOW_BIT = ("int8_qdq", "int8_folded", "int8_integer", "int8_auto_cpu", "int4_qdq", "int4_folded", "int4_integer",
+           "int4_auto_cpu", "int8_calibrated_qdq", "int8_calibrated_folded", "mcq_int8_integer")
 
 
 def forms_net(name: str, seed: int, sigma_ratio: float) -> tuple[Any, Any, str]:
@@ -481,6 +484,7 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
             continue
         if variant == "int8_calibrated_qdq":
             calibrated = quantize_int8(proto, BatchReader(calib_x, in_name, batch=16), Int8Config(method="minmax"))
+            del calibrated.metadata_props[:]  # onnxruntime's quantizer may copy them already: keep one set
             calibrated.metadata_props.extend(proto.metadata_props)
             proto = calibrated
         elif variant == "int8_calibrated_folded":

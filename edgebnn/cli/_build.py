@@ -213,9 +213,10 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                    "no longer contribute to the mutual information.")
 @click.option("--form", type=click.Choice(["auto", "qdq", "folded", "integer"]), default="auto", show_default=True,
               help="How int8/int4 weights are written: qdq (int8/int4 + DequantizeLinear: storage, TensorRT), "
-                   "folded (the same values as fp32 constants: fastest on onnxruntime CPU), integer (MatMulInteger "
-                   "on per-call quantized activations), or auto: by target and device (onnx: folded; tensorrt: "
-                   "qdq). The export report says which and why.")
+                   "folded (the same values as fp32 constants), integer (int8: MatMulInteger, int4: MatMulNBits, "
+                   "on activations quantized per call), or auto: by target and device (onnx: integer for dense "
+                   "layers over 8 MiB of members, folded elsewhere; tensorrt: qdq). The export report says which "
+                   "and why.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the baked samples.")
 @click.option("--device", default=None,
               help="Target onnx: cpu|arm64 (default cpu; picks the weight form). TensorRT device profile: "

@@ -19,6 +19,7 @@ from edgebnn.ir.encodings import Grid
 
 P = "ens/"  # prefix of every value an exporter adds
 INT4_BLOCK = 32
+CONTRIB = "com.microsoft"  # onnxruntime's contrib-op domain
 
 
 class Builder:
@@ -144,6 +145,8 @@ class Builder:
         graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, inits)
         opsets = [helper.make_opsetid(o.domain, max(o.version, 21) if self.int4_used and o.domain in ("", "ai.onnx")
                                       else o.version) for o in base.opset_import]
+        if any(n.domain == CONTRIB for n in self.nodes) and all(o.domain != CONTRIB for o in opsets):
+            opsets.append(helper.make_opsetid(CONTRIB, 1))  # MatMulNBits (the int4 integer form)
         out = helper.make_model(graph, opset_imports=opsets, producer_name="edgebnn")
         out.ir_version = base.ir_version
         return out
@@ -180,6 +183,24 @@ def dequantize_blocks(q: np.ndarray, scale: np.ndarray, block: int = INT4_BLOCK)
     """``float32(q) · scale`` for :func:`int4_parts`' block layout (what the int4 DequantizeLinear computes)."""
     per_row = np.repeat(scale, block, axis=-2)[..., : q.shape[-2], :]
     return q.astype(np.float32) * per_row
+
+
+def nbits_weight(w: np.ndarray, step: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A dense weight ``w`` [K, N] (inputs x outputs) as MatMulNBits' inputs ``B`` and ``scales``.
+
+    The values are :func:`int4_parts`' (the ``qdq`` / ``folded`` forms' blocks of
+    ``INT4_BLOCK`` inputs per output, ``q`` in [-7, 7], ``step`` for an exact grid), stored as MatMulNBits takes
+    them (onnxruntime's contrib-op schema, checked numerically in the tests): ``B`` [N, ceil(K / block),
+    block / 2] uint8, two codes ``q + 8`` per byte, the lower K first in the low nibble (the default zero point
+    is 8, so code 8 is 0: the last block is padded with it when ``block`` does not divide K); ``scales``
+    [N, blocks] float32."""
+    q, scale = int4_parts(np.asarray(w, np.float32), step)  # q [K, N], scale [blocks, N]
+    k, n = q.shape
+    blocks = scale.shape[0]
+    codes = np.full((n, blocks * INT4_BLOCK), 8, np.uint8)
+    codes[:, :k] = (q.T + 8).astype(np.uint8)
+    pairs = codes.reshape(n, blocks, INT4_BLOCK // 2, 2)
+    return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8), np.ascontiguousarray(scale.T)
 
 
 def renamed_input(node: onnx.NodeProto, old: str, new: str) -> onnx.NodeProto:

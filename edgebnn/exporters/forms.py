@@ -10,15 +10,18 @@ The same int8 / int4 member weights (identical values) can be written three ways
     the quantized values stored dequantized, as fp32 constants (``float32(q) · scale``): the fp32 kernels, no
     dequantization at run time, 4x (int8) / 8x (int4) the file size of ``qdq``. Same predictive as ``qdq``.
 ``integer``
-    int8 Gemm weights in integer kernels (MatMulInteger, u8 x s8 with int32 accumulation) on the activation
+    Gemm weights in integer kernels. int8: MatMulInteger (u8 x s8 with int32 accumulation) on the activation
     quantized per call (DynamicQuantizeLinear, uint8 per tensor), dequantized by one multiply per output
-    channel; the other weights (Conv: onnxruntime's ConvInteger is slower than its fp32 Conv; int4 blocks;
-    hoisted layers) are folded.
+    channel. int4: onnxruntime's block-quantized ``MatMulNBits`` (com.microsoft) on the same blocks and scales
+    as ``qdq`` (:func:`~edgebnn.exporters._graph.nbits_weight`), one op per member (a 2-D weight each: Split,
+    S ops, Concat), or one op on the members side by side where the input is shared; at ``accuracy_level`` 4 it
+    quantizes the activation to int8 per block of 32 inputs of each row and accumulates int8 x int4 products in
+    int32. The other weights (Conv: onnxruntime's ConvInteger is slower than its fp32 Conv) are folded.
 
-``auto`` picks by device (:func:`choose_form`, measured in docs/speed.md): onnxruntime CPU devices take int8
+``auto`` picks by device (:func:`choose_form`, measured in docs/speed.md): onnxruntime CPU devices take
 ``integer`` kernels only for dense layers whose S fp32 members exceed :data:`INTEGER_MIN_BYTES` (beyond the
-caches: streamed from memory on every call, where int8 is 4x less traffic) and ``folded`` weights everywhere
-else (int4 weights: ``folded``); TensorRT devices ``qdq``; without a device, ``qdq`` (the portable form).
+caches: streamed from memory on every call, where int8 is 4x and int4 about 6x less traffic) and ``folded``
+weights everywhere else; TensorRT devices ``qdq``; without a device, ``qdq`` (the portable form).
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ FORMS = ("auto", "qdq", "folded", "integer")
 # auto on onnxruntime CPU: a dense layer's S members run in integer kernels above this many fp32 bytes (the
 # bayesian-torch SCNN's fc1, 75 MB at S=16: 0.56x the fp32 time at batch 1; LeNet-5's fc1, 2 MB: 1.1x, so folded)
 INTEGER_MIN_BYTES = 8 * 2**20
+# MatMulNBits' accuracy_level: 4 = the activation quantized to int8 per block inside the op (int8 x int4 kernel,
+# int32 sums); 0 keeps it fp32 (the folded form's arithmetic) and ran 2.3x (members) to 4x (side by side) slower
+# at batch 1 on the SCNN-fc1-sized layer (bench/layer_kernels.py)
+NBITS_ACCURACY_LEVEL = 4
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,10 @@ _REASONS = {
            "int8 MatMulInteger; the other weights are fp32 constants folded from the quantized values, because "
            "onnxruntime runs a DequantizeLinear on constants every inference and its ConvInteger and small integer "
            "GEMMs measured slower than fp32 (docs/speed.md)",
-    "cpu_int4": "onnxruntime CPU: int4 weights folded to fp32 constants (its block-wise DequantizeLinear and "
-                "MatMulNBits measured slower than fp32, docs/speed.md)",
+    "cpu_int4": "onnxruntime CPU: dense layers whose fp32 members exceed 8 MiB run int4 MatMulNBits (int8 "
+                "activations per block, one op per member); the other weights are fp32 constants folded from the "
+                "quantized values (onnxruntime runs a DequantizeLinear on constants every inference; MatMulNBits "
+                "measured slower than fp32 on small layers, docs/speed.md)",
     "tensorrt": "TensorRT fuses explicit Q/DQ into integer kernels (its explicit-quantization rules)",
     "none": "no device given: the compact Q/DQ form, portable to every runtime",
     "fp32": "fp32 weights have one form",
@@ -100,9 +109,7 @@ def choose_form(device: str | None, weights: str = "int8", form: str = "auto") -
         return FormChoice("qdq", _REASONS["none"])
     if DEVICE_FORMATS[device][0].startswith("TensorRT"):
         return FormChoice("qdq", _REASONS["tensorrt"])
-    if weights == "int4":
-        return FormChoice("folded", _REASONS["cpu_int4"])
-    return FormChoice("integer", _REASONS["cpu"], INTEGER_MIN_BYTES)
+    return FormChoice("integer", _REASONS["cpu_int4" if weights == "int4" else "cpu"], INTEGER_MIN_BYTES)
 
 
 def fold_constant_dequantize(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -30,10 +30,15 @@ side on the output axis, no copies of its input and no grouping::
     Conv:  [B, C, *sp] -> Conv(W_s as [S·O, C/g, *k], group g, b_s as [S·O]) -> [B, S·O, *sp'] -> [B·S, O, *sp']
     Gemm:  [B, in] -> Gemm(W_s as [S·out, in], transB, b_s as [S·out]) -> [B, S·out] -> Reshape [B·S, out]
 
-Integer kernels (``Builder.form == "integer"``, int8 constant Gemm weights): the activation is quantized per call
-(DynamicQuantizeLinear: uint8, per tensor) and the op runs as MatMulInteger (u8 x s8, int32 accumulation), then
-one float multiply by (activation scale x weight scale) per output channel and the bias. Conv weights are folded
-to fp32 in that form (onnxruntime's ConvInteger measured slower than its fp32 Conv).
+Integer kernels (``Builder.form == "integer"``, int8 / int4 constant Gemm weights): int8 quantizes the activation
+per call (DynamicQuantizeLinear: uint8, per tensor) and runs MatMulInteger (u8 x s8, int32 accumulation), then
+one float multiply by (activation scale x weight scale) per output channel and the bias. int4 runs onnxruntime's
+MatMulNBits, whose weight is 2-D: one op per member on the sample-major input, or one on the members side by side
+for a shared input::
+
+    Gemm, int4 members:  [S, B, in] -> Split into S -> S MatMulNBits (W_s as [out, in] blocks) -> Concat [S, B, out]
+
+Conv weights are folded to fp32 in that form (onnxruntime's ConvInteger measured slower than its fp32 Conv).
 
 Weights and biases reach ``batched`` as an :data:`Operand`: a constant array not emitted yet (``baked``: laid
 out in numpy, then stored in the requested weight format) or a graph value (``noise``: laid out by nodes).
@@ -52,7 +57,8 @@ import numpy as np
 import onnx
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import Builder, attrs_of, int8_parts, renamed_input
+from edgebnn.exporters._graph import CONTRIB, INT4_BLOCK, Builder, attrs_of, int8_parts, nbits_weight, renamed_input
+from edgebnn.exporters.forms import NBITS_ACCURACY_LEVEL
 from edgebnn.ir.encodings import MASK_SUFFIX, Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
@@ -127,8 +133,10 @@ class LayerKind(ABC):
 
     has_integer_plain: ClassVar[bool] = False
 
-    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str) -> None:
-        """The op on its own input with the constant weight ``w`` in an integer kernel (``has_integer_plain``)."""
+    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str,
+                      dtype: str = "int8") -> None:
+        """The op on its own input with the constant weight ``w`` (as ``dtype``) in an integer kernel
+        (``has_integer_plain``)."""
         raise NotImplementedError(self.op_type)
 
     @abstractmethod
@@ -145,14 +153,24 @@ def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | 
 
 
 def integer_kernel(b: Builder, v: Operand, dtype: str) -> bool:
-    """Whether this weight runs in an integer kernel: an int8 constant in the ``integer`` form, larger (as fp32)
-    than the builder's ``integer_min_bytes``."""
-    return (b.form == "integer" and dtype == "int8" and isinstance(v, np.ndarray)
+    """Whether this weight runs in an integer kernel: an int8 / int4 constant in the ``integer`` form, larger (as
+    fp32) than the builder's ``integer_min_bytes``."""
+    return (b.form == "integer" and dtype in ("int8", "int4") and isinstance(v, np.ndarray)
             and v.size * 4 > b.integer_min_bytes)
 
 
-def _grid_step(grid: Grid | None) -> float | None:
-    return grid.step if grid is not None and grid.bits <= 8 else None
+def _grid_step(grid: Grid | None, bits: int = 8) -> float | None:
+    return grid.step if grid is not None and grid.bits <= bits else None
+
+
+def _nbits_op(b: Builder, x: str, w: np.ndarray, grid: Grid | None, p: str, out: str) -> str:
+    """MatMulNBits (onnxruntime contrib) on ``x`` [..., K] with the int4 blocks of ``w`` [K, N]: the ``qdq`` /
+    ``folded`` forms' values (exact on a grid of at most 4 bits), the activation rounded to int8 per block inside
+    the op (:data:`~edgebnn.exporters.forms.NBITS_ACCURACY_LEVEL`)."""
+    packed, scales = nbits_weight(w, _grid_step(grid, 4))
+    return b.add("MatMulNBits", [x, b.const(p + "B4", packed), b.f32(p + "B4_scales", scales)], out, domain=CONTRIB,
+                 K=int(w.shape[0]), N=int(w.shape[1]), bits=4, block_size=INT4_BLOCK,
+                 accuracy_level=NBITS_ACCURACY_LEVEL)
 
 
 def _integer_op(b: Builder, op: str, x: str, q: np.ndarray, scale: np.ndarray, p: str, out: str,
@@ -207,7 +225,13 @@ class Gemm(LayerKind):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, n_in)], p + "x")
         xt = b.add("Transpose", [x], p + "x_t", perm=[1, 0, 2])  # [S, B, in]: each member's weights read once
-        if integer_kernel(b, w, fmt):
+        if integer_kernel(b, w, fmt) and fmt == "int4":
+            assert isinstance(w, np.ndarray)  # MatMulNBits takes a 2-D weight: one op per member
+            xs = [f"{p}x{s}" for s in range(samples)]
+            b.nodes.append(onnx.helper.make_node("Split", [xt, b.i64(p + "split", *[1] * samples)], xs, axis=0))
+            y = b.add("Concat", [_nbits_op(b, xs[s], w[s], grid, f"{p}m{s}/", f"{p}y{s}") for s in range(samples)],
+                      p + "xw", axis=0)
+        elif integer_kernel(b, w, fmt):
             assert isinstance(w, np.ndarray)  # one scale per member and output: quantized as [S·out, in]
             q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
             y = _integer_op(b, "MatMulInteger", xt, q.reshape(samples, n_out, n_in).transpose(0, 2, 1),
@@ -221,16 +245,21 @@ class Gemm(LayerKind):
 
     has_integer_plain = True
 
-    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str) -> None:
+    def integer_plain(self, b: Builder, node: onnx.NodeProto, w: np.ndarray, grid: Grid | None, p: str,
+                      dtype: str = "int8") -> None:
         """x -> MatMulInteger with ``w`` as int8 -> · (s_x · scale) [+ bias] -> node's output. On a grid of at most
         8 bits (MCQ counts, fixed point) the weight is its integer grid ``q`` and the scale is the layer's one
-        step, a scalar; otherwise one scale per output."""
+        step, a scalar; otherwise one scale per output. ``int4``: one MatMulNBits."""
         attrs = self.attrs(node, p)
         w_oi = w if attrs.get("transB", 0) else w.T  # [out, in]
-        step = _grid_step(grid)
-        q, scale = int8_parts(np.asarray(w_oi, np.float32), step)
-        y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale[:1] if step is not None else scale, p,
-                        node.output[0] if len(node.input) < 3 or not node.input[2] else p + "xw")
+        out = node.output[0] if len(node.input) < 3 or not node.input[2] else p + "xw"
+        if dtype == "int4":
+            y = _nbits_op(b, node.input[0], np.ascontiguousarray(w_oi.T), grid, p, out)
+        else:
+            step = _grid_step(grid)
+            q, scale = int8_parts(np.asarray(w_oi, np.float32), step)
+            y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale[:1] if step is not None else scale, p,
+                            out)
         if len(node.input) > 2 and node.input[2]:
             b.add("Add", [y, node.input[2]], node.output[0])
 
@@ -243,7 +272,11 @@ class Gemm(LayerKind):
             if attrs.get("transB", 0):
                 w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
             w = reshape(b, transpose(b, w, (1, 0, 2), p + "W_is"), (n_in, samples * n_out), p + "w_shape", p + "W_wide")
-            y = b.add("MatMul", [node.input[0], _const(b, w, p + "W", fmt, grid)], p + "xw")
+            if integer_kernel(b, w, fmt):
+                assert isinstance(w, np.ndarray)
+                y = _nbits_op(b, node.input[0], w, grid, p, p + "xw")
+            else:
+                y = b.add("MatMul", [node.input[0], _const(b, w, p + "W", fmt, grid)], p + "xw")
             y = b.add("Add", [y, b_wide], p + "y") if b_wide is not None else y
             b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
             return

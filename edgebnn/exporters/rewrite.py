@@ -199,7 +199,7 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
     if kind.has_integer_plain and integer_kernel(b, w.encoding.mean(), fmt):
         # the layer itself becomes its integer form (MCQ counts: one scale per layer after the integer MAC)
         first = len(b.nodes)
-        kind.integer_plain(b, user, w.encoding.mean(), w.encoding.mean_grid(), f"{P}{w.name}/")
+        kind.integer_plain(b, user, w.encoding.mean(), w.encoding.mean_grid(), f"{P}{w.name}/", fmt)
         at = nodes.index(user)
         nodes[at:at + 1] = b.nodes[first:]
         del b.nodes[first:]

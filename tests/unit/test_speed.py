@@ -1,6 +1,6 @@
-"""Speed forms: low-bit weight forms (qdq, folded, integer) run in onnxruntime and compute the fp32 form's
-predictive within their stated tolerances; the device picks the form and refuses formats it cannot run; thin
-convs split into S convs; the noise pool; the ``mixed`` noise variant samples the posterior."""
+"""Speed forms: low-bit weight forms (qdq, folded, integer: MatMulInteger, int4 MatMulNBits) run in onnxruntime and
+compute the fp32 form's predictive within their stated tolerances; the device picks the form and refuses formats it
+cannot run; thin convs split into S convs; the noise pool; the ``mixed`` noise variant samples the posterior."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters._graph import dequantize_blocks, int4_parts, nbits_weight
 from edgebnn.exporters.ensemble import export_onnx
 from edgebnn.exporters.forms import DEVICE_FORMATS, INTEGER_MIN_BYTES, FormChoice, choose_form
 from edgebnn.ir import gaussian_mlp
@@ -92,10 +93,98 @@ def test_integer_form_runs_sample_major_gemms_and_folds_convs():
         np.testing.assert_allclose(_run(integer, x)[0], _run(export_onnx(model, 8, seed=2), x)[0], atol=0.02)
 
 
+def _nbits_model(w: np.ndarray, accuracy_level: int) -> onnx.ModelProto:
+    """One MatMulNBits on x [b, K] with the int4 blocks of ``w`` [K, N] (nbits_weight's packing)."""
+    packed, scales = nbits_weight(w)
+    node = helper.make_node("MatMulNBits", ["x", "B", "scales"], ["y"], domain="com.microsoft", K=w.shape[0],
+                            N=w.shape[1], bits=4, block_size=32, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "nbits", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                               ["b", w.shape[0]])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["b", w.shape[1]])],
+                              [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "scales")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+@pytest.mark.parametrize("k", [64, 100])  # 100: the last block of 32 is padded
+def test_nbits_packing_is_what_matmulnbits_computes_with(k):
+    """At accuracy_level 0 (fp32 arithmetic) MatMulNBits on nbits_weight's bytes is x @ the folded form's int4
+    values (dequantize_blocks of int4_parts) to float32 round-off: |error| <= K · 2^-24 · (|x| @ |w|) <= 1e-5
+    · (|x| @ |w|) for K <= 100. At level 4 the activation is rounded to int8 per block of 32 (scale max|block| /
+    127): each output moves by at most Σ_blocks max|x_block| / 254 · Σ_block |w|, and by more than round-off."""
+    rng = np.random.default_rng(k)
+    w = rng.normal(size=(k, 6)).astype(np.float32)
+    x = rng.normal(size=(5, k)).astype(np.float32)
+    values = dequantize_blocks(*int4_parts(w)).astype(np.float64)
+    want = x @ values
+    got = _run(_nbits_model(w, 0), x)[0]
+    assert np.all(np.abs(got - want) <= 1e-5 * (np.abs(x) @ np.abs(values)))
+    blocks = -(-k // 32)
+    x_max = np.pad(np.abs(x), ((0, 0), (0, blocks * 32 - k))).reshape(5, blocks, 32).max(axis=2)
+    w_sum = np.pad(np.abs(values), ((0, blocks * 32 - k), (0, 0))).reshape(blocks, 32, 6).sum(axis=1)
+    err = np.abs(_run(_nbits_model(w, 4), x)[0] - want)
+    assert np.all(err <= x_max / 254 @ w_sum) and err.max() > 1e-3
+
+
+def test_int4_integer_form_runs_matmulnbits_on_the_folded_forms_values(monkeypatch):
+    """int4 integer form: the wide first layer as one MatMulNBits, the deeper ones as S MatMulNBits between Split
+    and Concat. With the activation kept fp32 (accuracy_level 0) it is the folded form to round-off (same weight
+    values); at the shipped level 4 each layer's activation is rounded to int8 per block of 32 (a relative step
+    of 1/254 of the block's max), which moves these probabilities by < 0.02 (as the int8 form's uint8 step)."""
+    from edgebnn.exporters import layers
+
+    model = lower(_mlp(), "fixed", seed=0).model
+    x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    folded = _run(export_onnx(model, 8, seed=2, weights="int4", form="folded"), x)[0]
+    proto = export_onnx(model, 8, seed=2, weights="int4", form="integer")
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("MatMulNBits") == 1 + 2 * 8 and ops.count("Split") == 2 and "DequantizeLinear" not in ops
+    assert {a.i for n in proto.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+            if a.name == "accuracy_level"} == {4}
+    assert _meta(proto)["form"] == "integer"
+    got = _run(proto, x)[0]
+    assert 0 < np.abs(got - folded).max() < 0.02
+    monkeypatch.setattr(layers, "NBITS_ACCURACY_LEVEL", 0)
+    np.testing.assert_allclose(_run(export_onnx(model, 8, seed=2, weights="int4", form="integer"), x)[0], folded,
+                               atol=ROUNDOFF)
+
+
+def test_int4_integer_wide_layer_is_within_one_activation_block_step_of_the_folded_form():
+    """One Gemm on the input (the members side by side, one MatMulNBits): the only change from the folded form
+    is the activation's int8 rounding per block of 32 inputs of a row, at most max|x_block| / 254 per input. A
+    logit moves by at most δ = Σ_blocks max|x_block| / 254 · Σ_block |W|, a probability by at most δ / 2."""
+    model = lower(synthetic_linear(n_in=64, classes=4, trans_b=False), "fixed", seed=0).model
+    x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
+    folded = export_onnx(model, 8, seed=2, weights="int4", form="folded")
+    proto = export_onnx(model, 8, seed=2, weights="int4", form="integer")
+    assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1
+    w = numpy_helper.to_array(next(t for t in folded.graph.initializer if t.name == "ens/fc.weight/W"))  # [in, S·4]
+    x_max = np.abs(x).reshape(6, 2, 32).max(axis=2)
+    delta = (x_max / 254 @ np.abs(w).reshape(2, 32, -1).sum(axis=1)).max(axis=1)  # per row
+    err = np.abs(_run(proto, x)[0] - _run(folded, x)[0]).max(axis=1)
+    assert np.all(err <= delta / 2 + ROUNDOFF) and err.max() > 0
+
+
+def test_a_hoisted_int4_layer_is_one_matmulnbits_on_the_folded_values(monkeypatch):
+    """A hoisted int4 Gemm (its mean, one 2-D weight) in the integer form is one MatMulNBits; with fp32
+    activations (accuracy_level 0) it computes the folded form's predictive to round-off."""
+    from edgebnn.exporters import layers
+
+    model = lower(synthetic_linear(n_in=64, classes=4, trans_b=False), "fixed", seed=0).model
+    x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
+    monkeypatch.setattr(layers, "NBITS_ACCURACY_LEVEL", 0)
+    proto = export_onnx(model, 4, seed=2, weights="int4", form="integer", hoist=1e9)
+    assert _meta(proto)["layers"]["sampled"] == []
+    assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1
+    folded = export_onnx(model, 4, seed=2, weights="int4", form="folded", hoist=1e9)
+    np.testing.assert_allclose(_run(proto, x)[0], _run(folded, x)[0], atol=ROUNDOFF)
+
+
 def test_the_device_picks_the_form():
     cpu = choose_form("cpu", "int8")
     assert (cpu.form, cpu.integer_min_bytes) == ("integer", INTEGER_MIN_BYTES)  # large dense layers only
-    assert choose_form("arm64", "int4").form == "folded"
+    int4 = choose_form("arm64", "int4")  # MatMulNBits above the same threshold (was: folded everywhere)
+    assert (int4.form, int4.integer_min_bytes) == ("integer", INTEGER_MIN_BYTES) and "MatMulNBits" in int4.reason
     assert choose_form("rtx", "int8").form == "qdq"
     assert choose_form(None, "int8").form == "qdq"  # no device: the portable form, as before
     assert choose_form("cpu", "fp32").form == "fp32"
@@ -116,6 +205,8 @@ def test_auto_on_cpu_runs_only_dense_layers_above_the_threshold_in_integer_kerne
     monkeypatch.setattr(forms, "INTEGER_MIN_BYTES", 2048)
     proto = export_onnx(model, 8, seed=2, weights="int8", device="cpu")
     assert [n.op_type for n in proto.graph.node].count("MatMulInteger") == 2  # fc1, fc2; fc3 folded
+    proto = export_onnx(model, 8, seed=2, weights="int4", device="cpu")
+    assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1 + 8  # fc1 (wide), fc2 (S ops); fc3 folded
 
 
 def test_a_format_the_device_cannot_run_is_one_line_naming_the_device():
