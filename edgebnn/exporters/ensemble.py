@@ -72,7 +72,8 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             and cut the mean mutual information from 0.040 to 0.015.
         form: how int8/int4 weights are written (:mod:`.forms`): ``qdq`` (int8/int4 + DequantizeLinear:
             storage, TensorRT), ``folded`` (the same values as fp32 constants: onnxruntime CPU), ``integer``
-            (ConvInteger/MatMulInteger on per-call quantized activations), or ``auto``: chosen from ``device``
+            (dense layers in MatMulInteger for int8, MatMulNBits for int4, on per-call quantized activations; Conv
+            weights folded), or ``auto``: chosen from ``device``
             (``qdq`` without one). The chosen form and the reason are recorded in the export metadata.
         device: where the graph runs (:data:`.forms.DEVICE_FORMATS`: ``cpu``, ``arm64``, ``rtx``, ``jetson*``);
             refuses a weight format the device cannot run.
