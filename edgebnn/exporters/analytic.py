@@ -5,12 +5,16 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
 
     layer kind (Conv of any rank, Gemm; :mod:`.layers`), w ~ (mu, s²) (the encoding's ``moments()``), x ~ (m, v):
                                            m' = op(m, mu) + b_mu
-                                           v' = op(m² + v, s²) + op(v, mu²) + s_b²
+                                           v' = op(m², s²) + op(v, s² + mu²) + s_b²
                                            (Var Σwx = Σ s²(v + m²) + mu² v; deterministic w: s² = 0; both
-                                           variance terms are one op on [m² + v, v] concatenated on the
-                                           reduction axis, with [s², mu²] and bias s_b², for Gemm and 1-group Conv)
+                                           variance terms are one op on [m², v] concatenated on the reduction
+                                           axis, with [s², s² + mu²] and bias s_b², for Gemm and 1-group Conv; a
+                                           1-group Conv on a deterministic x computes m' and v' as one Conv on
+                                           [x, x²] with block weights [[mu, 0], [0, s²]], then two Slices)
     ReLU (rectified Gaussian), α = m/√v:   m' = m Φ(α) + √v φ(α),  v' = v Φ(α) + m' (m − m')
                                            (= (m² + v) Φ(α) + m √v φ(α) − m'², in fewer nodes)
+    ReLU then MaxPool (its only consumer): pooled first (relu(max x) = max(relu x) draw by draw), then the
+                                           ReLU's moments on the pooled units: a quarter of them for a 2x2 pool
     BatchNorm (inference, a·x + c):        m' = BN(m),   v' = a² v
     MaxPool:                               m' = MaxPool(m); v' = v at the arg-max of m
     ReduceMax (approximate, as MaxPool):   m' = ReduceMax(m); v' = v at the arg-max of m
@@ -22,8 +26,9 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
 
 The head turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte Carlo quadrature
-(S scrambled-Sobol standard-normal points, baked as constants): logits_q = m + √v ⊙ z_q, then the same
-head as the sampling modes, so ``mutual_info`` is the logit-level epistemic spread. No random ops.
+(S scrambled-Sobol standard-normal points, baked as constants): logits_q = m + √v ⊙ z_q (one MatMul of
+[m, √v] by :func:`quadrature_matrix`), then the same head as the sampling modes, so ``mutual_info`` is the
+logit-level epistemic spread. No random ops.
 """
 
 from __future__ import annotations
@@ -51,6 +56,13 @@ def quadrature_points(samples: int, classes: int, seed: int = 0) -> np.ndarray:
     return norm.ppf(np.clip(u, 1e-6, 1 - 1e-6)).astype(np.float32)
 
 
+def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:
+    """[2K, Q·K]: [m, s] @ it = (m + s ⊙ z_q for q in 1..Q) on the points of :func:`quadrature_points`."""
+    z = quadrature_points(samples, classes, seed)
+    eye = np.eye(classes, dtype=np.float32)
+    return np.concatenate([np.tile(eye, (1, samples)), (eye[:, None, :] * z.T[:, :, None]).reshape(classes, -1)])
+
+
 def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
                     ) -> onnx.ModelProto:
     encoded = {w.name: w for w in model.encoded_weights()}
@@ -70,9 +82,13 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
             return fixed[name], np.zeros_like(fixed[name])
         raise UnsupportedLayerError(f"{model.where}: weight {name!r} is not a constant; analytic mode needs one")
 
+    pool_of = _relu_then_max_pool(base.graph)
+    skip: set[str] = set()
     for k, node in enumerate(base.graph.node, 1):
         if progress is not None:  # one step per node (a progress bar)
             progress(k, len(base.graph.node))
+        if node.output[0] in skip:  # a MaxPool already emitted before its ReLU
+            continue
         data_in = [i for i in node.input if i in var]
         if not data_in or node.op_type == "Shape":
             b.nodes.append(node)
@@ -89,6 +105,12 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
                 b.nodes.append(node)
                 var[out] = None
                 continue
+            pool = pool_of.get(out)
+            if pool is not None:  # max-pool first: relu(max x) = max(relu x) draw by draw, on a quarter of the units
+                pre = p + "pooled"
+                vx = _max_pool_moments(b, pool, x, vx, pre, p)
+                x, out = pre, pool.output[0]
+                skip.add(out)
             var[out] = _relu_moments(b, x, vx, out, p)
         elif op == "BatchNormalization":
             b.nodes.append(node)
@@ -107,10 +129,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
                 b.nodes.append(node)
                 var[out] = None
                 continue
-            idx = p + "argmax"
-            b.nodes.append(onnx.helper.make_node("MaxPool", [node.input[0]], [out, idx], **attrs_of(node)))
-            flat = b.add("Reshape", [vx, b.i64(p + "flat", -1)], p + "v_flat")
-            var[out] = b.add("Gather", [flat, idx], p + "v", axis=0)
+            var[out] = _max_pool_moments(b, node, node.input[0], vx, out, p)
         elif op in ("AveragePool", "GlobalAveragePool"):
             b.nodes.append(node)
             vx = var[node.input[0]]
@@ -163,13 +182,10 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
     if v is None:
         v = b.add("Mul", [logits, b.f32(P + "zero_v", 0.0)], P + "logit_var")
     std = b.add("Sqrt", [b.add("Max", [v, b.f32(P + "var_floor", VAR_FLOOR)], P + "v_floor")], P + "logit_std")
-    z = b.f32(P + "quadrature", quadrature_points(samples, classes)[None])  # [1, Q, K]
-    axis1 = b.i64(P + "head_axis1", 1)
-    m3 = b.add("Unsqueeze", [logits, axis1], P + "m3")
-    s3 = b.add("Unsqueeze", [std, axis1], P + "s3")
-    lq = b.add("Add", [m3, b.add("Mul", [s3, z], P + "sz")], P + "logits_q")  # [B, Q, K]
-    flat = b.add("Reshape", [lq, b.i64(P + "q_flat", -1, classes)], P + "logits_flat")
-    b.predictive_head(flat, samples, classes)
+    # logits_q = m + s ⊙ z_q for every point q, as one MatMul: [m, s] [B, 2K] @ [[I ... I], [diag z_1 ... diag z_Q]]
+    ms = b.add("Concat", [logits, std], P + "m_s", axis=-1)
+    lq = b.add("MatMul", [ms, b.f32(P + "quadrature", quadrature_matrix(samples, classes))], P + "logits_q")
+    b.predictive_head(lq, samples, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K] reshape
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0)
     return out
@@ -178,7 +194,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
 def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[str, str | None],
                    moments: Callable[[str], tuple[np.ndarray, np.ndarray]], encoded: Collection[str], where: str,
                    p: str) -> None:
-    """m' = op(m, mu) + b_mu,  v' = op(m² + v, s²) + op(v, mu²) + s_b² (writes the mean, records the variance)."""
+    """m' = op(m, mu) + b_mu,  v' = op(m², s²) + op(v, s² + mu²) + s_b² (writes the mean, records the variance)."""
     x, out = node.input[0], node.output[0]
     if node.input[1] in var:
         raise UnsupportedLayerError(f"{where}: weights computed from the input are not supported")
@@ -186,26 +202,37 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
     mu_w, s2_w = moments(node.input[1])
     bias = bias_name(node)
     mu_b, s2_b = moments(bias) if bias else (None, None)
+    vx = var[x]
+    has_b = s2_b is not None and s2_b.any()
+    if vx is None and s2_w.any() and node.op_type == "Conv" and _concatenable(node):
+        # deterministic input: mean and variance as one Conv on [x, x²] with block weights [[mu, 0], [0, s²]]
+        both = b.add("Concat", [x, b.add("Mul", [x, x], p + "m2")], p + "x_m2", axis=1)
+        c, zero_w, zero_b = len(mu_w), np.zeros_like(mu_w), np.zeros(len(mu_w))
+        w = np.concatenate([np.concatenate([mu_w, zero_w], 1), np.concatenate([zero_w, s2_w], 1)])
+        bias_mv = np.concatenate([zero_b if mu_b is None else mu_b, s2_b if has_b and s2_b is not None else zero_b])
+        mv = kind.plain(b, node, [both, b.f32(p + "w_block", w), b.f32(p + "b_block", bias_mv)], p + "m_v")
+        axis1 = b.i64(p + "axis1", 1)  # two Slices, not a Split: the torch runner has no Split
+        b.add("Slice", [mv, b.i64(p + "zero", 0), b.i64(p + "c", c), axis1], out)
+        var[out] = b.add("Slice", [mv, p + "c", b.i64(p + "c2", 2 * c), axis1], p + "v")
+        return
     mean_in = [x, b.f32(p + "mu_w", mu_w) if node.input[1] in encoded else node.input[1]]
     if bias:
         mean_in.append(b.f32(p + "mu_b", mu_b) if bias in encoded and mu_b is not None else bias)
     kind.plain(b, node, mean_in, out)
-    vx = var[x]
-    operands = []  # (input, weight) pairs of the variance: op(m² + v, s²) and op(v, mu²)
+    operands = []  # (input, weight) pairs of the variance: op(m², s²) and op(v, s² + mu²)
     if s2_w.any():
-        m2 = b.add("Mul", [x, x], p + "m2")
-        operands.append((b.add("Add", [m2, vx], p + "ex2") if vx else m2, s2_w))
+        operands.append((b.add("Mul", [x, x], p + "m2"), s2_w))
     if vx:
-        operands.append((vx, mu_w.astype(np.float64) ** 2))
-    has_b = s2_b is not None and s2_b.any()
+        operands.append((vx, s2_w + mu_w.astype(np.float64) ** 2))
     v: str | None = None
-    if len(operands) == 2 and _concatenable(node):
+    if operands and _concatenable(node):
         # one op for both terms: inputs side by side on the reduction axis (channels / features), weights too
         axis = 0 if node.op_type == "Gemm" and not attrs_of(node).get("transB", 0) else 1
-        both = b.add("Concat", [operands[0][0], operands[1][0]], p + "ex2_v", axis=1)
-        w2 = np.concatenate([operands[0][1], operands[1][1]], axis=axis)
+        both = (b.add("Concat", [operands[0][0], operands[1][0]], p + "m2_v", axis=1) if len(operands) == 2
+                else operands[0][0])
+        w2 = np.concatenate([wi for _, wi in operands], axis=axis)
         bias_in = [b.f32(p + "s2_b", s2_b)] if has_b and s2_b is not None else []
-        v = kind.plain(b, node, [both, b.f32(p + "s2_w_mu_w2", w2), *bias_in], p + "v")
+        v = kind.plain(b, node, [both, b.f32(p + "s2_w_s2_mu2", w2), *bias_in], p + "v")
         has_b = False
     else:
         v = _sum(b, [kind.plain(b, node, [xi, b.f32(f"{p}w2_{i}", wi)], f"{p}v_{i}")
@@ -214,6 +241,26 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
         s2b = b.f32(p + "s2_b", s2_b.reshape(kind.bias_shape(mu_w.shape)))
         v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")
     var[out] = v
+
+
+def _relu_then_max_pool(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """ReLU output -> the MaxPool that is its only consumer (one output, no indices asked for)."""
+    uses: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for i in node.input:
+            uses.setdefault(i, []).append(node)
+    outputs = {o.name for o in graph.output}
+    relus = [node.output[0] for node in graph.node if node.op_type == "Relu"]
+    return {r: uses[r][0] for r in relus if r not in outputs and len(uses.get(r, [])) == 1
+            and uses[r][0].op_type == "MaxPool" and len(uses[r][0].output) == 1}
+
+
+def _max_pool_moments(b: Builder, node: onnx.NodeProto, m: str, v: str, out: str, p: str) -> str:
+    """MaxPool ``node`` on the mean ``m`` (written to ``out``); returns the variance at each arg-max."""
+    idx = p + "argmax"
+    b.nodes.append(onnx.helper.make_node("MaxPool", [m], [out, idx], **attrs_of(node)))
+    flat = b.add("Reshape", [v, b.i64(p + "flat", -1)], p + "v_flat")
+    return b.add("Gather", [flat, idx], p + "v_pool", axis=0)
 
 
 def _concatenable(node: onnx.NodeProto) -> bool:
@@ -266,19 +313,20 @@ def _sum(b: Builder, terms: list[str], p: str) -> str | None:
 def _relu_moments(b: Builder, m: str, v: str, out: str, p: str) -> str:
     """Mean and variance of max(0, X), X ~ N(m, v); writes the mean to ``out`` and returns the variance.
 
-    With s = √v, a = m/s: m' = m Φ(a) + s φ(a), and since E[max(0,X)²] = (m² + v) Φ(a) + m s φ(a) = v Φ(a) + m m',
-    v' = v Φ(a) + m' (m − m') (fewer nodes than (m² + v) Φ + m s φ − m'², and no cancellation of large terms
-    where Φ(a) ≈ 1).
+    With s = √v, a = m/s, r = a/√2: Φ(a) = (1 + erf r)/2 and s φ(a) = s√2 · e^(ln(1/(2√π)) − r²) (the constant
+    inside the Exp: no node for it), m' = m Φ(a) + s φ(a); since E[max(0,X)²] = (m² + v) Φ(a) + m s φ(a) =
+    v Φ(a) + m m', v' = v Φ(a) + m' (m − m') (no cancellation of large terms where Φ(a) ≈ 1). v' is not clamped:
+    its round-off (where Φ(a) ≈ 0, a few ulps of v below 0) only meets linear ops and the floored √ of the next
+    ReLU or the head.
     """
-    s = b.add("Sqrt", [b.add("Max", [v, b.f32(p + "floor", VAR_FLOOR)], p + "vf")], p + "s")
-    a_r2 = b.add("Div", [m, b.add("Mul", [s, b.f32(p + "sqrt2", math.sqrt(2))], p + "s_r2")], p + "a_r2")  # a/√2
-    cdf = b.add("Add", [b.add("Mul", [b.add("Erf", [a_r2], p + "erf"), b.f32(p + "half", 0.5)], p + "erf_h"),
+    q = b.add("Mul", [b.add("Sqrt", [b.add("Max", [v, b.f32(p + "floor", VAR_FLOOR)], p + "vf")], p + "s"),
+                      b.f32(p + "sqrt2", math.sqrt(2))], p + "s_r2")  # s√2
+    r = b.add("Div", [m, q], p + "a_r2")  # a/√2
+    cdf = b.add("Add", [b.add("Mul", [b.add("Erf", [r], p + "erf"), b.f32(p + "half", 0.5)], p + "erf_h"),
                         b.f32(p + "half_", 0.5)], p + "cdf")
-    # s φ(a) = s / √(2π) · exp(-(a/√2)²)
-    e = b.add("Exp", [b.add("Mul", [a_r2, b.add("Neg", [a_r2], p + "neg_a_r2")], p + "ea")], p + "exp")
-    sp = b.add("Mul", [b.add("Mul", [s, e], p + "s_e"), b.f32(p + "rsqrt2pi", 1 / math.sqrt(2 * math.pi))],
-               p + "s_pdf")
+    log_c = b.f32(p + "log_c", -math.log(2 * math.sqrt(math.pi)))
+    e = b.add("Exp", [b.add("Sub", [log_c, b.add("Mul", [r, r], p + "r2")], p + "log_e")], p + "e")
+    sp = b.add("Mul", [q, e], p + "s_pdf")
     b.add("Add", [b.add("Mul", [m, cdf], p + "m_cdf"), sp], out)
-    vc = b.add("Mul", [v, cdf], p + "v_cdf")
     spread = b.add("Mul", [out, b.add("Sub", [m, out], p + "m_minus")], p + "spread")
-    return b.add("Relu", [b.add("Add", [vc, spread], p + "var_raw")], p + "v")
+    return b.add("Add", [b.add("Mul", [v, cdf], p + "v_cdf"), spread], p + "v")

@@ -1,5 +1,5 @@
-"""Analytic mode through Slice, Pad, ReduceMax and a LogSoftmax head: one Gaussian Gemm (exact moments in numpy),
-then the op, then the quadrature head, against the same head on the moments computed by hand."""
+"""Analytic mode through ReLU, MaxPool, Slice, Pad, ReduceMax and a LogSoftmax head: one Gaussian Gemm (exact moments
+in numpy), then the op, then the quadrature head, against the same head on the moments computed by hand."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from scipy.stats import norm
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters.analytic import quadrature_points
@@ -47,6 +48,33 @@ def _head(m: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 
 M, V = X @ MU.T, (X * X) @ (SD * SD).T  # the Gemm's output moments
+
+
+def _rectified(m: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of max(0, X), X ~ N(m, v), in the textbook form (float64)."""
+    m, s = m.astype(np.float64), np.sqrt(v.astype(np.float64))
+    a = m / s
+    mean = m * norm.cdf(a) + s * norm.pdf(a)
+    return mean, (m * m + s * s) * norm.cdf(a) + m * s * norm.pdf(a) - mean**2
+
+
+def test_relu_takes_the_rectified_gaussian_moments():
+    m, v = _rectified(M, V)
+    got = _analytic(_model([helper.make_node("Relu", ["h"], ["logits"])], [], 12))
+    np.testing.assert_allclose(got, _head(m, v), atol=ROUNDOFF)
+
+
+def test_a_relu_before_a_max_pool_is_pooled_first():
+    """relu(max x) = max(relu x) draw by draw: the pool takes the unit with the largest pre-activation mean, then
+    the ReLU's moments apply to the pooled units (a quarter of them for a 2x2 pool)."""
+    tail = [helper.make_node("Reshape", ["h", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["a"]),
+            helper.make_node("MaxPool", ["a"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+            helper.make_node("Flatten", ["p"], ["logits"])]
+    m4, v4 = M.reshape(-1, 3, 4), V.reshape(-1, 3, 4)  # [B, C=3, 2x2 window]
+    arg = m4.argmax(-1)[..., None]
+    m, v = _rectified(np.take_along_axis(m4, arg, -1)[..., 0], np.take_along_axis(v4, arg, -1)[..., 0])
+    got = _analytic(_model(tail, [("shape", np.array([-1, 3, 2, 2]))], 3))
+    np.testing.assert_allclose(got, _head(m, v), atol=ROUNDOFF)
 
 
 def test_slice_and_pad_select_and_zero_pad_the_variance():
