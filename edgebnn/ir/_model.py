@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import helper
 
 from edgebnn._version import __version__
@@ -274,6 +275,17 @@ def make_encoding_node(graph: onnx.GraphProto, name: str, layer: str, enc: Encod
         inputs.append(iname)
     all_attrs = {"layer": layer, "shape": list(enc.shape), **enc.attributes(), **attrs}
     return helper.make_node(enc.op_type, inputs, [name], domain=DOMAIN, name=f"{name}.encoding", **all_attrs)
+
+
+def copy_field(src: Message, dst: Message, name: str) -> None:
+    """Copy field ``name`` of ``src`` into ``dst`` (a repeated field is appended to, a message copied)."""
+    value, target = getattr(src, name), getattr(dst, name)
+    if hasattr(target, "extend"):  # a repeated field
+        target.extend(value)
+    elif isinstance(target, Message):
+        target.CopyFrom(value)
+    else:
+        setattr(dst, name, value)
 
 
 def _text(value: object) -> str:
