@@ -12,7 +12,7 @@ Stages, each in a fresh ``python`` process so that one stage's high-water mark c
 
     build          generate the posterior and ``ir.save`` it
     load           ``ir.load`` it (parse + verify, every encoding decoded and checked)
-    lower/SCHEME   load, ``edgebnn.passes.lower(model, SCHEME)``, ``ir.save`` the result
+    lower/SCHEME   load, ``edgebnn.passes.lower(model, SCHEME, consume=True)``, ``ir.save`` the result
     export/SCHEME  load the lowered IR, ``export_onnx(model, S, mode="baked")``, ``save_onnx``
 
 Each stage reports its peak resident set (``getrusage(RUSAGE_SELF).ru_maxrss``), the same right after its
@@ -170,7 +170,7 @@ def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed:
     elif stage == "load":
         ir.load(posterior)
     elif stage == "lower":
-        out = ir.save(lower(ir.load(posterior), scheme, seed=seed).model, lowered)
+        out = ir.save(lower(ir.load(posterior), scheme, seed=seed, consume=True).model, lowered)
     elif stage == "export":
         out = save_onnx(export_onnx(ir.load(lowered), samples, mode="baked", seed=seed),
                         workdir / f"{scheme}-S{samples}.onnx")
