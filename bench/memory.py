@@ -15,9 +15,10 @@ Stages, each in a fresh ``python`` process so that one stage's high-water mark c
     lower/SCHEME   load, ``edgebnn.passes.lower(model, SCHEME, consume=True)``, ``ir.save`` the result
     export/SCHEME  load the lowered IR, ``export_onnx(model, S, mode="baked")``, ``save_onnx``
 
-Each stage reports its peak resident set (``getrusage(RUSAGE_SELF).ru_maxrss``), the same right after its
-imports (the interpreter, numpy, onnx, onnxruntime: the baseline), the difference ("peak - baseline", the
-memory the stage itself needed) and that difference as a multiple of the posterior's fp32 bytes.
+Each stage reports its peak resident set (Linux ``VmHWM``, else ``getrusage(RUSAGE_SELF).ru_maxrss``), the
+same right after its imports (the interpreter, numpy, onnx, onnxruntime: the baseline), the difference
+("peak - baseline", the memory the stage itself needed) and that difference as a multiple of the posterior's
+fp32 bytes.
 
 Run from the repository root (takes a few minutes; the machine must have ~3 GB free)::
 
@@ -148,7 +149,13 @@ def build_posterior(seed: int) -> Any:
 
 
 def _rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    """Peak resident set of this process so far: Linux's VmHWM, else ``ru_maxrss`` (which, spawned from a larger
+    process, can start at that process's size: exec keeps the high-water mark of the forked copy)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed: int) -> dict[str, Any]:

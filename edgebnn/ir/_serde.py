@@ -7,6 +7,7 @@ fields, then one initializer at a time), so neither holds a serialized copy of t
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 from typing import IO
@@ -144,19 +145,126 @@ def _model_of(proto: onnx.ModelProto, where: str) -> BNNModel:
 
 
 def load(path: str | os.PathLike[str]) -> BNNModel:
-    """Read and verify an ``.ebnn`` file; every failure is an :class:`InvalidArtifactError` naming it."""
+    """Read and verify an ``.ebnn`` file; every failure is an :class:`InvalidArtifactError` naming it.
+
+    The file is parsed field by field (:func:`_parse_streamed`): at most one large tensor's bytes are held
+    beside the model, not the whole file's.
+    """
     p = Path(path)
     try:
         size = p.stat().st_size
         if size > MAX_FILE_BYTES:
             raise InvalidArtifactError(f"{p}: {size} bytes is over the 2 GiB protobuf limit")
-        data = p.read_bytes()
+        with p.open("rb") as f:
+            proto = _parse_streamed(f, size, str(p))
+        if proto is None:  # not laid out as edgebnn writes files: parse it whole, as protobuf does
+            data = p.read_bytes()
+            proto = _parse(data, str(p))
+            del data  # the parsed model holds its own copy: do not keep the file's bytes through verification
     except FileNotFoundError as e:
         raise InvalidArtifactError(f"{p}: no such file") from e
     except IsADirectoryError as e:
         raise InvalidArtifactError(f"{p}: is a directory, not an .ebnn file") from e
     except OSError as e:
         raise InvalidArtifactError(f"{p}: cannot read ({e.strerror or e})") from e
-    proto = _parse(data, str(p))
-    del data  # the parsed model holds its own copy: do not keep the file's bytes through verification
     return _model_of(proto, str(p))
+
+
+_Field = tuple[int, int, int, tuple[int, int] | None]  # (number, start, end, (payload offset, length) or None)
+_BATCH = 1 << 20  # graph fields up to this size are parsed together; a larger one (a tensor) on its own
+
+
+def _parse_streamed(f: io.BufferedReader, size: int, where: str) -> onnx.ModelProto | None:
+    """Parse a model from ``f`` the way ``ParseFromString`` would, reading the graph one field at a time.
+
+    Protobuf merges a message that arrives in pieces as if it came whole (repeated fields append in order, a
+    scalar's last value wins), so the graph's fields are merged into ``proto.graph`` in batches, each large
+    one (a tensor) alone, and the model's other fields at the end. Returns None, having parsed nothing,
+    where the top two levels are not plain fields inside ``size`` bytes (groups, a truncated or overlong
+    length): the caller then parses the file whole, which raises protobuf's own error for a broken file.
+    """
+    fields = _scan(f, size)
+    if fields is None or not fields:
+        return None
+    proto = onnx.ModelProto()
+    rest = bytearray()
+    try:
+        for number, start, end, body in fields:
+            if number != _GRAPH or body is None:
+                f.seek(start)
+                rest += f.read(end - start)
+                continue
+            inner = _scan(f, body[1], offset=body[0])
+            if inner is None:
+                return None
+            batch = bytearray()
+            for _, i_start, i_end, _ in inner:
+                if batch and (len(batch) + i_end - i_start > _BATCH):
+                    proto.graph.MergeFromString(batch)
+                    batch = bytearray()
+                f.seek(i_start)
+                piece = bytearray(i_end - i_start)
+                if f.readinto(piece) != len(piece):
+                    return None
+                if len(piece) > _BATCH:
+                    proto.graph.MergeFromString(piece)
+                else:
+                    batch += piece
+                del piece
+            if batch:
+                proto.graph.MergeFromString(batch)
+        proto.MergeFromString(rest)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InvalidArtifactError(f"{where}: not an .ebnn/ONNX file (protobuf parse failed)") from e
+    return proto
+
+
+def _scan(f: io.BufferedReader, size: int, offset: int = 0) -> list[_Field] | None:
+    """The fields of the message in bytes ``[offset, offset + size)`` of ``f``: ``(number, start, end, body)``
+    with ``body = (offset, length)`` of a length-delimited field's payload; None where they are not plain
+    fields that end exactly there."""
+    f.seek(offset)
+    end, pos, out = offset + size, offset, []
+    while pos < end:
+        start = pos
+        key, pos = _read_varint(f, pos, end)
+        if key is None or key >> 3 == 0:
+            return None
+        wire = key & 7
+        body = None
+        if wire == 0:
+            value, pos = _read_varint(f, pos, end)
+            if value is None:
+                return None
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+            f.seek(pos)
+        elif wire == 2:
+            length, pos = _read_varint(f, pos, end)
+            if length is None or pos + length > end:
+                return None
+            body = (pos, length)
+            pos += length
+            f.seek(pos)
+        else:  # groups: not in ONNX files
+            return None
+        if pos > end:
+            return None
+        out.append((key >> 3, start, pos, body))
+    return out
+
+
+def _read_varint(f: io.BufferedReader, pos: int, end: int) -> tuple[int | None, int]:
+    """(a varint read at ``pos``, the position after it); None when it is not one inside ``end``."""
+    value = 0
+    for shift in range(0, 70, 7):
+        if pos >= end:
+            return None, pos
+        byte = f.read(1)
+        if not byte:
+            return None, pos
+        pos += 1
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value, pos
+    return None, pos
