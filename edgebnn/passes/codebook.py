@@ -465,7 +465,7 @@ def lower_codebook(
     m_raw, cov_raw, label = merge_components(m_std[live] * scale + centre, cov_std[live] * scale**2,
                                              config.merge_threshold)
     merged = int(np.count_nonzero(live)) - len(m_raw)
-    comp = label.astype(np.int32)[remap[comp]]
+    comp = label.astype(np.int32)[remap][comp]  # the two maps composed first: one weight-sized array, not two
     m_std, cov_std = (m_raw - centre) / scale, cov_raw / scale**2
 
     # components too small to share become outliers
@@ -474,14 +474,16 @@ def lower_codebook(
     if dropped == len(m_std):
         return f"every cluster has fewer than {config.min_cluster_size} members"
     gone = small[comp]
-    outlier[np.flatnonzero(inlier)[gone]] = True
+    outlier[inlier] = gone  # outlier is False on every inlier: this marks the inliers that are gone
     inlier &= ~outlier
     keep = ~small
     m_std, cov_std, m_raw, cov_raw = m_std[keep], cov_std[keep], m_raw[keep], cov_raw[keep]
     stay = ~gone
     if gone.any():
-        u, v = u[stay], v[stay]
-    comp = (np.cumsum(keep) - 1).astype(np.int32)[comp[stay]]
+        u = u[stay]
+        v = v[stay]
+    comp = comp[stay]
+    comp = (np.cumsum(keep) - 1).astype(np.int32)[comp]
     del gone, stay
 
     # ellipse blending of inliers outside their component's 95% ellipse
