@@ -27,31 +27,44 @@ Run from the repository root (takes a few minutes; the machine must have ~3 GB f
 It prints one JSON line on stdout and a table on stderr.
 
 Measured on the CI machine (2 shared cores, 23 GB, no GPU; edgebnn 0.1.0, numpy 2.4, onnx 1.23,
-onnxruntime 1.31, Python 3.11; S = 4, seed 0). Baseline after imports: 84 MiB. "x posterior" is
-peak - baseline over the posterior's 204 MB of fp32 μ and σ:
+onnxruntime 1.31, protobuf 7.36 (upb), Python 3.11; S = 4, seed 0). Baseline after imports: 83 MiB. "x
+posterior" is peak - baseline over the posterior's 204 MB of fp32 μ and σ; "before" is commit 0fb6a9a (each
+pass copied its input, ``ir.load`` held the file's bytes while parsing, ``ir.save`` and the lowering report's
+``ebnn_bytes`` serialized the whole model at once), "after" is this version, both run the same hour. Seconds
+and weights/s are of the whole stage (load + lower + save, 25.5M weights), from before/after runs interleaved
+stage by stage on the loaded machine (load average 3-4 on its 2 cores): they vary by +-30 % from run to run::
 
-    stage      scheme     peak-baseline   x posterior   seconds   artifact
-    build                      605 MiB        3.11         3.3    204.0 MB .ebnn
-    load                       389 MiB        2.00         0.5    (parse: file bytes + protobuf, then 1 layer)
-    lower      float           802 MiB        4.12         2.9    204.0 MB
-    lower      mcq             860 MiB        4.42         3.5     37.1 MB
-    lower      fixed           803 MiB        4.13         3.1     26.6 MB
-    lower      codebook        934 MiB        4.80        12.4     22.3 MB
-    lower      ternary         923 MiB        4.75         3.8     12.8 MB
-    lower      binary          844 MiB        4.34         3.9      9.6 MB
-    lower      prune          1002 MiB        5.15         3.6    204.0 MB
-    export     float          1390 MiB        7.15         8.6    408.1 MB .onnx (S = 4 baked constants)
-    export     mcq            1225 MiB        6.29         6.8    408.1 MB
-    export     fixed          1214 MiB        6.24         6.6    408.1 MB
-    export     codebook       1238 MiB        6.36         5.6    408.1 MB
-    export     ternary        1213 MiB        6.24         6.8    408.1 MB
-    export     binary         1203 MiB        6.18         6.7    408.1 MB
-    export     prune          1390 MiB        7.15         8.8    408.1 MB
+    stage   scheme     before x   after: peak-baseline  x posterior   seconds before/after  weights/s  artifact
+    build                3.12              390 MiB         2.01                                       204.0 MB
+    load                 2.00              340 MiB         1.75          0.9 / 1.0                   (.ebnn)
+    lower   float        4.13              347 MiB         1.78          3.1 / 3.6           7.1M     204.0 MB
+    lower   mcq          4.39              579 MiB         2.98          4.7 / 3.3           7.8M      38.2 MB
+    lower   fixed        4.13              570 MiB         2.93          2.9 / 3.0           8.5M      29.8 MB
+    lower   codebook     5.09              690 MiB         3.55         16.7 / 18.3          1.4M      26.7 MB
+    lower   ternary      4.75              607 MiB         3.12          4.4 / 3.4           7.5M      12.8 MB
+    lower   binary       4.34              626 MiB         3.22          3.6 / 3.1           8.3M       9.6 MB
+    lower   prune        5.16              658 MiB         3.38          3.7 / 4.1           6.2M     204.0 MB
+    export  float        7.18             1397 MiB         7.18                                       408.1 MB .onnx
+    export  mcq          6.32             1234 MiB         6.34                                       408.1 MB
+    export  fixed        6.46             1223 MiB         6.29                                       408.1 MB
+    export  codebook     6.26             1218 MiB         6.26                                       408.1 MB
+    export  ternary      6.19             1204 MiB         6.19                                       408.1 MB
+    export  binary       6.28             1222 MiB         6.28                                       408.1 MB
+    export  prune        7.18             1396 MiB         7.17                                       408.1 MB
 
-So lowering a 25M-weight posterior stays under 5.2x its fp32 bytes and a baked S = 4 export under 7.2x (that
-graph alone is 2x: S·n·4 bytes of constants, and the loaded input IR another 1-2x). Loading, verifying,
-lowering and the baked export decode one layer at a time (before that change: 5.1x to load, up to 10.1x to
-lower, 10.6x to export); ``tests/reliability/test_bounded_memory.py`` holds them to it.
+So lowering a 25M-weight posterior now peaks at 1.8x (float) to 3.6x (codebook) its fp32 bytes, from 4.1x to
+5.2x, at the same speed; every scheme but codebook (its mixture fit) lowers more than 5M weights/s. Where it
+went: ``lower(..., consume=True)`` rewrites the loaded model in place (each pass copied its input: 1.0x; passes
+after the first of a composition no longer copy either), ``ir.save`` and ``ebnn_bytes`` serialize one
+initializer at a time (protobuf's whole-model ``SerializeToString``/``ByteSize`` took 2.0x while it grew its
+buffer), ``ir.load`` parses the file a field at a time (the file's bytes were 1.0x), and the schemes drop
+weight-sized temporaries early (``pack_int`` masked int16 codes as two int32 copies; codebook held three
+component-index arrays at once). What remains: the model itself (1.1x: protobuf's copy of μ and σ), the
+largest layer decoded (0.66x here: fc1 is 4096 x 4096) while its encoding is built, and, for a dense result
+(prune), the replaced tensors, which protobuf's arena keeps until the model is freed (up to 1.0x). The baked
+S = 4 export is 6.2-7.2x (that graph alone is 2x: S·n·4 bytes of constants, and the loaded input IR another
+1-2x); not changed here. ``tests/reliability/test_bounded_memory.py`` holds loading, verifying, lowering and
+the baked export to one layer at a time, and a consuming lower and ``ir.save`` to no model copy.
 """
 
 from __future__ import annotations

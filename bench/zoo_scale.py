@@ -35,6 +35,25 @@ onnxruntime 1.32; S = 4, batch 2, seconds)::
     variational_large:resnet50  25.5M    22.2      1.9 / 9.3         12.8 / 1.25        1.7 / 2.73      7.1e-06
     flipout_large:resnet50      25.5M    33.3      2.7 / 11.2         6.2 / 0.78        0.8 / 1.47      1.0e-05
 
+Stage memory and lowering speed of variational resnet50 (``--models resnet50 --methods variational --schemes
+float,fixed,mcq``; 25,503,912 Bayesian weights, posterior 204 MB in fp32; the same machine, load average 4-5,
+so seconds are loose)::
+
+    stage          peak - RSS before/baseline   x posterior   seconds   weights/s
+    import                1106 MiB                 5.68          31.1
+    lower/float            243 MiB                 1.25           1.3      19.0M
+    lower/fixed            321 MiB                 1.65           4.7       5.4M
+    lower/mcq              331 MiB                 1.70           4.0       6.3M
+    export/float          1834 MiB                 9.43           6.7       (baked S = 4, fp32: 409 MB .onnx)
+    export/fixed          1685 MiB                 8.66           8.8
+    export/mcq            1688 MiB                 8.67           7.2
+
+Lowering holds the model and its largest layer (a ResNet's layers are small: 1.3-1.7x, against 1.8-3.0x for
+the few big layers of ``bench/memory.py``). The export's 8.7-9.4x is the exporter's (the S = 4 fp32 constants
+alone are 2x). The baked export with ``weights="int8"`` at S = 4 serializes to 103 MB, far under protobuf's
+2 GiB (int8 fits up to S = 81 of 25.5M weights, fp32 up to S = 20); a larger one is refused before anything is
+drawn, naming the largest S that fits, a smaller ``--weights`` format where there is one, and ``--mode noise``.
+
 Every model imports with static shapes and exports in baked and noise mode; the baked ensemble reproduces
 the reference runtime's members (max |diff| of the predictive, float32 summation order). Analytic mode is not
 timed here; ``export_onnx(ir, 4, mode="analytic")`` of variational resnet18 took 7.0 s and gives a valid
