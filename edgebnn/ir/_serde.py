@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -170,8 +171,12 @@ def load(path: str | os.PathLike[str]) -> BNNModel:
     return _model_of(proto, str(p))
 
 
-_Field = tuple[int, int, int, tuple[int, int] | None]  # (number, start, end, (payload offset, length) or None)
 _BATCH = 1 << 20  # graph fields up to this size are parsed together; a larger one (a tensor) on its own
+_MAX_FIELDS = 1 << 16  # more fields in one message than a real graph has: scanning them in Python would crawl
+
+
+class _NotPlainError(Exception):
+    """The bytes are not plain protobuf fields inside their message (see :func:`_fields_of`)."""
 
 
 def _parse_streamed(f: io.BufferedReader, size: int, where: str) -> onnx.ModelProto | None:
@@ -179,32 +184,26 @@ def _parse_streamed(f: io.BufferedReader, size: int, where: str) -> onnx.ModelPr
 
     Protobuf merges a message that arrives in pieces as if it came whole (repeated fields append in order, a
     scalar's last value wins), so the graph's fields are merged into ``proto.graph`` in batches, each large
-    one (a tensor) alone, and the model's other fields at the end. Returns None, having parsed nothing,
-    where the top two levels are not plain fields inside ``size`` bytes (groups, a truncated or overlong
-    length): the caller then parses the file whole, which raises protobuf's own error for a broken file.
+    one (a tensor) alone, and the model's other fields at the end. Returns None where the top two levels are
+    not plain fields inside ``size`` bytes (groups, a truncated or overlong length): the caller then parses
+    the file whole, which raises protobuf's own error for a broken file.
     """
-    fields = _scan(f, size)
-    if fields is None or not fields:
-        return None
     proto = onnx.ModelProto()
     rest = bytearray()
     try:
-        for number, start, end, body in fields:
+        for number, start, end, body in _fields_of(f, 0, size):
             if number != _GRAPH or body is None:
                 f.seek(start)
                 rest += f.read(end - start)
                 continue
-            inner = _scan(f, body[1], offset=body[0])
-            if inner is None:
-                return None
             batch = bytearray()
-            for _, i_start, i_end, _ in inner:
-                if batch and (len(batch) + i_end - i_start > _BATCH):
+            for _, i_start, i_end, _ in _fields_of(f, body, end):
+                if batch and len(batch) + i_end - i_start > _BATCH:
                     proto.graph.MergeFromString(batch)
                     batch = bytearray()
                 f.seek(i_start)
                 piece = bytearray(i_end - i_start)
-                if f.readinto(piece) != len(piece):
+                if f.readinto(piece) != len(piece):  # the file shrank under us
                     return None
                 if len(piece) > _BATCH:
                     proto.graph.MergeFromString(piece)
@@ -213,58 +212,62 @@ def _parse_streamed(f: io.BufferedReader, size: int, where: str) -> onnx.ModelPr
                 del piece
             if batch:
                 proto.graph.MergeFromString(batch)
+        if not rest and not proto.HasField("graph"):
+            return None  # an empty file
         proto.MergeFromString(rest)
+    except _NotPlainError:
+        return None
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InvalidArtifactError(f"{where}: not an .ebnn/ONNX file (protobuf parse failed)") from e
     return proto
 
 
-def _scan(f: io.BufferedReader, size: int, offset: int = 0) -> list[_Field] | None:
-    """The fields of the message in bytes ``[offset, offset + size)`` of ``f``: ``(number, start, end, body)``
-    with ``body = (offset, length)`` of a length-delimited field's payload; None where they are not plain
-    fields that end exactly there."""
-    f.seek(offset)
-    end, pos, out = offset + size, offset, []
+def _fields_of(f: io.BufferedReader, begin: int, end: int) -> Iterator[tuple[int, int, int, int | None]]:
+    """The fields of the message in bytes ``[begin, end)`` of ``f``, one at a time, as ``(number, start, stop,
+    payload start)`` (the payload start of a length-delimited field, else None).
+
+    Raises:
+        _NotPlainError: A field is not a plain one (a group, a bad key) or does not end by ``end``, or the
+            message has more than ``_MAX_FIELDS`` fields (protobuf parses those faster whole).
+    """
+    pos, count = begin, 0
     while pos < end:
+        count += 1
+        if count > _MAX_FIELDS:
+            raise _NotPlainError
+        f.seek(pos)  # the caller reads between fields
         start = pos
         key, pos = _read_varint(f, pos, end)
-        if key is None or key >> 3 == 0:
-            return None
-        wire = key & 7
-        body = None
+        if key >> 3 == 0:
+            raise _NotPlainError
+        wire, payload = key & 7, None
         if wire == 0:
-            value, pos = _read_varint(f, pos, end)
-            if value is None:
-                return None
+            _, pos = _read_varint(f, pos, end)
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
-            f.seek(pos)
         elif wire == 2:
             length, pos = _read_varint(f, pos, end)
-            if length is None or pos + length > end:
-                return None
-            body = (pos, length)
-            pos += length
-            f.seek(pos)
+            payload, pos = pos, pos + length
         else:  # groups: not in ONNX files
-            return None
+            raise _NotPlainError
         if pos > end:
-            return None
-        out.append((key >> 3, start, pos, body))
-    return out
+            raise _NotPlainError
+        yield key >> 3, start, pos, payload
 
 
-def _read_varint(f: io.BufferedReader, pos: int, end: int) -> tuple[int | None, int]:
-    """(a varint read at ``pos``, the position after it); None when it is not one inside ``end``."""
+def _read_varint(f: io.BufferedReader, pos: int, end: int) -> tuple[int, int]:
+    """(the varint at ``pos``, the position after it), read from where ``f`` stands (at ``pos``).
+
+    Raises:
+        _NotPlainError: It is not a varint of at most 10 bytes that ends by ``end``.
+    """
     value = 0
     for shift in range(0, 70, 7):
-        if pos >= end:
-            return None, pos
-        byte = f.read(1)
+        byte = f.read(1) if pos < end else b""
         if not byte:
-            return None, pos
+            raise _NotPlainError
         pos += 1
         value |= (byte[0] & 0x7F) << shift
         if byte[0] < 0x80:
             return value, pos
-    return None, pos
+    raise _NotPlainError
