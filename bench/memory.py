@@ -31,19 +31,20 @@ onnxruntime 1.31, protobuf 7.36 (upb), Python 3.11; S = 4, seed 0). Baseline aft
 posterior" is peak - baseline over the posterior's 204 MB of fp32 μ and σ; "before" is commit 0fb6a9a (each
 pass copied its input, ``ir.load`` held the file's bytes while parsing, ``ir.save`` and the lowering report's
 ``ebnn_bytes`` serialized the whole model at once), "after" is this version, both run the same hour. Seconds
-and weights/s are of the whole stage (load + lower + save, 25.5M weights), from before/after runs interleaved
-stage by stage on the loaded machine (load average 3-4 on its 2 cores): they vary by +-30 % from run to run::
+and weights/s are of the whole stage (load + lower + save, 25.5M weights), the mean of two before/after runs
+interleaved stage by stage on the loaded machine (load average 2.5-3.5 on its 2 cores; single runs vary by up
+to 2x)::
 
     stage   scheme     before x   after: peak-baseline  x posterior   seconds before/after  weights/s  artifact
     build                3.12              390 MiB         2.01                                       204.0 MB
     load                 2.00              340 MiB         1.75          0.9 / 1.0                   (.ebnn)
-    lower   float        4.13              347 MiB         1.78          3.1 / 3.6           7.1M     204.0 MB
-    lower   mcq          4.39              579 MiB         2.98          4.7 / 3.3           7.8M      38.2 MB
-    lower   fixed        4.13              570 MiB         2.93          2.9 / 3.0           8.5M      29.8 MB
-    lower   codebook     5.09              690 MiB         3.55         16.7 / 18.3          1.4M      26.7 MB
-    lower   ternary      4.75              607 MiB         3.12          4.4 / 3.4           7.5M      12.8 MB
-    lower   binary       4.34              626 MiB         3.22          3.6 / 3.1           8.3M       9.6 MB
-    lower   prune        5.16              658 MiB         3.38          3.7 / 4.1           6.2M     204.0 MB
+    lower   float        4.13              347 MiB         1.78          3.5 / 3.1           8.2M     204.0 MB
+    lower   mcq          4.39              579 MiB         2.98          5.5 / 3.0           8.4M      38.2 MB
+    lower   fixed        4.13              570 MiB         2.93          3.0 / 3.1           8.1M      29.8 MB
+    lower   codebook     5.09              686 MiB         3.53         20.0 / 18.5          1.4M      26.7 MB
+    lower   ternary      4.75              607 MiB         3.12          4.3 / 3.1           8.2M      12.8 MB
+    lower   binary       4.34              626 MiB         3.22          3.8 / 4.7           5.5M       9.6 MB
+    lower   prune        5.16              658 MiB         3.38          3.6 / 3.8           6.8M     204.0 MB
     export  float        7.18             1397 MiB         7.18                                       408.1 MB .onnx
     export  mcq          6.32             1234 MiB         6.34                                       408.1 MB
     export  fixed        6.46             1223 MiB         6.29                                       408.1 MB
@@ -52,19 +53,20 @@ stage by stage on the loaded machine (load average 3-4 on its 2 cores): they var
     export  binary       6.28             1222 MiB         6.28                                       408.1 MB
     export  prune        7.18             1396 MiB         7.17                                       408.1 MB
 
-So lowering a 25M-weight posterior now peaks at 1.8x (float) to 3.6x (codebook) its fp32 bytes, from 4.1x to
-5.2x, at the same speed; every scheme but codebook (its mixture fit) lowers more than 5M weights/s. Where it
-went: ``lower(..., consume=True)`` rewrites the loaded model in place (each pass copied its input: 1.0x; passes
-after the first of a composition no longer copy either), ``ir.save`` and ``ebnn_bytes`` serialize one
-initializer at a time (protobuf's whole-model ``SerializeToString``/``ByteSize`` took 2.0x while it grew its
-buffer), ``ir.load`` parses the file a field at a time (the file's bytes were 1.0x), and the schemes drop
-weight-sized temporaries early (``pack_int`` masked int16 codes as two int32 copies; codebook held three
-component-index arrays at once). What remains: the model itself (1.1x: protobuf's copy of μ and σ), the
-largest layer decoded (0.66x here: fc1 is 4096 x 4096) while its encoding is built, and, for a dense result
-(prune), the replaced tensors, which protobuf's arena keeps until the model is freed (up to 1.0x). The baked
-S = 4 export is 6.2-7.2x (that graph alone is 2x: S·n·4 bytes of constants, and the loaded input IR another
-1-2x); not changed here. ``tests/reliability/test_bounded_memory.py`` holds loading, verifying, lowering and
-the baked export to one layer at a time, and a consuming lower and ``ir.save`` to no model copy.
+So lowering a 25M-weight posterior now peaks at 1.8x (float) to 3.5x (codebook) its fp32 bytes, from 4.1x to
+5.2x, at the same speed (within the noise); every scheme but codebook (its mixture fit) lowers more than 5M
+weights/s. Where it went: ``lower(..., consume=True)`` rewrites the loaded model in place (each pass copied
+its input: 1.0x; passes after the first of a composition no longer copy either), ``ir.save`` and
+``ebnn_bytes`` serialize one initializer at a time (protobuf's whole-model ``SerializeToString``/``ByteSize``
+took 2.0x while it grew its buffer), ``ir.load`` parses the file a field at a time (the file's bytes were
+1.0x), and the schemes drop weight-sized temporaries early (``pack_int`` masked int16 codes as two int32
+copies; codebook held three component-index arrays at once). What remains: the model itself (1.1x: protobuf's
+copy of μ and σ), the largest layer decoded (0.66x here: fc1 is 4096 x 4096) while its encoding is built, and,
+for a dense result (prune), the replaced tensors, which protobuf's arena keeps until the model is freed (up to
+1.0x). The baked S = 4 export is 6.2-7.2x (that graph alone is 2x: S·n·4 bytes of constants, and the loaded
+input IR another 1-2x); not changed here. ``tests/reliability/test_bounded_memory.py`` holds loading,
+verifying, lowering and the baked export to one layer at a time, and a consuming lower and ``ir.save`` to no
+model copy.
 """
 
 from __future__ import annotations
