@@ -12,12 +12,13 @@ Stages, each in a fresh ``python`` process so that one stage's high-water mark c
 
     build          generate the posterior and ``ir.save`` it
     load           ``ir.load`` it (parse + verify, every encoding decoded and checked)
-    lower/SCHEME   load, ``edgebnn.passes.lower(model, SCHEME)``, ``ir.save`` the result
+    lower/SCHEME   load, ``edgebnn.passes.lower(model, SCHEME, consume=True)``, ``ir.save`` the result
     export/SCHEME  load the lowered IR, ``export_onnx(model, S, mode="baked")``, ``save_onnx``
 
-Each stage reports its peak resident set (``getrusage(RUSAGE_SELF).ru_maxrss``), the same right after its
-imports (the interpreter, numpy, onnx, onnxruntime: the baseline), the difference ("peak - baseline", the
-memory the stage itself needed) and that difference as a multiple of the posterior's fp32 bytes.
+Each stage reports its peak resident set (Linux ``VmHWM``, else ``getrusage(RUSAGE_SELF).ru_maxrss``), the
+same right after its imports (the interpreter, numpy, onnx, onnxruntime: the baseline), the difference
+("peak - baseline", the memory the stage itself needed) and that difference as a multiple of the posterior's
+fp32 bytes.
 
 Run from the repository root (takes a few minutes; the machine must have ~3 GB free)::
 
@@ -26,31 +27,46 @@ Run from the repository root (takes a few minutes; the machine must have ~3 GB f
 It prints one JSON line on stdout and a table on stderr.
 
 Measured on the CI machine (2 shared cores, 23 GB, no GPU; edgebnn 0.1.0, numpy 2.4, onnx 1.23,
-onnxruntime 1.31, Python 3.11; S = 4, seed 0). Baseline after imports: 84 MiB. "x posterior" is
-peak - baseline over the posterior's 204 MB of fp32 μ and σ:
+onnxruntime 1.31, protobuf 7.36 (upb), Python 3.11; S = 4, seed 0). Baseline after imports: 83 MiB. "x
+posterior" is peak - baseline over the posterior's 204 MB of fp32 μ and σ; "before" is commit 0fb6a9a (each
+pass copied its input, ``ir.load`` held the file's bytes while parsing, ``ir.save`` and the lowering report's
+``ebnn_bytes`` serialized the whole model at once), "after" is this version, both run the same hour. Seconds
+and weights/s are of the whole stage (load + lower + save, 25.5M weights), the mean of two before/after runs
+interleaved stage by stage on the loaded machine (load average 2.5-3.5 on its 2 cores; single runs vary by up
+to 2x)::
 
-    stage      scheme     peak-baseline   x posterior   seconds   artifact
-    build                      605 MiB        3.11         3.3    204.0 MB .ebnn
-    load                       389 MiB        2.00         0.5    (parse: file bytes + protobuf, then 1 layer)
-    lower      float           802 MiB        4.12         2.9    204.0 MB
-    lower      mcq             860 MiB        4.42         3.5     37.1 MB
-    lower      fixed           803 MiB        4.13         3.1     26.6 MB
-    lower      codebook        934 MiB        4.80        12.4     22.3 MB
-    lower      ternary         923 MiB        4.75         3.8     12.8 MB
-    lower      binary          844 MiB        4.34         3.9      9.6 MB
-    lower      prune          1002 MiB        5.15         3.6    204.0 MB
-    export     float          1390 MiB        7.15         8.6    408.1 MB .onnx (S = 4 baked constants)
-    export     mcq            1225 MiB        6.29         6.8    408.1 MB
-    export     fixed          1214 MiB        6.24         6.6    408.1 MB
-    export     codebook       1238 MiB        6.36         5.6    408.1 MB
-    export     ternary        1213 MiB        6.24         6.8    408.1 MB
-    export     binary         1203 MiB        6.18         6.7    408.1 MB
-    export     prune          1390 MiB        7.15         8.8    408.1 MB
+    stage   scheme     before x   after: peak-baseline  x posterior   seconds before/after  weights/s  artifact
+    build                3.12              390 MiB         2.01                                       204.0 MB
+    load                 2.00              340 MiB         1.75          0.9 / 1.0                   (.ebnn)
+    lower   float        4.13              347 MiB         1.78          3.5 / 3.1           8.2M     204.0 MB
+    lower   mcq          4.39              579 MiB         2.98          5.5 / 3.0           8.4M      38.2 MB
+    lower   fixed        4.13              570 MiB         2.93          3.0 / 3.1           8.1M      29.8 MB
+    lower   codebook     5.09              686 MiB         3.53         20.0 / 18.5          1.4M      26.7 MB
+    lower   ternary      4.75              607 MiB         3.12          4.3 / 3.1           8.2M      12.8 MB
+    lower   binary       4.34              626 MiB         3.22          3.8 / 4.7           5.5M       9.6 MB
+    lower   prune        5.16              658 MiB         3.38          3.6 / 3.8           6.8M     204.0 MB
+    export  float        7.18             1397 MiB         7.18                                       408.1 MB .onnx
+    export  mcq          6.32             1234 MiB         6.34                                       408.1 MB
+    export  fixed        6.46             1223 MiB         6.29                                       408.1 MB
+    export  codebook     6.26             1218 MiB         6.26                                       408.1 MB
+    export  ternary      6.19             1204 MiB         6.19                                       408.1 MB
+    export  binary       6.28             1222 MiB         6.28                                       408.1 MB
+    export  prune        7.18             1396 MiB         7.17                                       408.1 MB
 
-So lowering a 25M-weight posterior stays under 5.2x its fp32 bytes and a baked S = 4 export under 7.2x (that
-graph alone is 2x: S·n·4 bytes of constants, and the loaded input IR another 1-2x). Loading, verifying,
-lowering and the baked export decode one layer at a time (before that change: 5.1x to load, up to 10.1x to
-lower, 10.6x to export); ``tests/reliability/test_bounded_memory.py`` holds them to it.
+So lowering a 25M-weight posterior now peaks at 1.8x (float) to 3.5x (codebook) its fp32 bytes, from 4.1x to
+5.2x, at the same speed (within the noise); every scheme but codebook (its mixture fit) lowers more than 5M
+weights/s. Where it went: ``lower(..., consume=True)`` rewrites the loaded model in place (each pass copied
+its input: 1.0x; passes after the first of a composition no longer copy either), ``ir.save`` and
+``ebnn_bytes`` serialize one initializer at a time (protobuf's whole-model ``SerializeToString``/``ByteSize``
+took 2.0x while it grew its buffer), ``ir.load`` parses the file a field at a time (the file's bytes were
+1.0x), and the schemes drop weight-sized temporaries early (``pack_int`` masked int16 codes as two int32
+copies; codebook held three component-index arrays at once). What remains: the model itself (1.1x: protobuf's
+copy of μ and σ), the largest layer decoded (0.66x here: fc1 is 4096 x 4096) while its encoding is built, and,
+for a dense result (prune), the replaced tensors, which protobuf's arena keeps until the model is freed (up to
+1.0x). The baked S = 4 export is 6.2-7.2x (that graph alone is 2x: S·n·4 bytes of constants, and the loaded
+input IR another 1-2x); not changed here. ``tests/reliability/test_bounded_memory.py`` holds loading,
+verifying, lowering and the baked export to one layer at a time, and a consuming lower and ``ir.save`` to no
+model copy.
 """
 
 from __future__ import annotations
@@ -148,7 +164,13 @@ def build_posterior(seed: int) -> Any:
 
 
 def _rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
+    """Peak resident set of this process so far: Linux's VmHWM, else ``ru_maxrss`` (which, spawned from a larger
+    process, can start at that process's size: exec keeps the high-water mark of the forked copy)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
 def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed: int) -> dict[str, Any]:
@@ -170,7 +192,7 @@ def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed:
     elif stage == "load":
         ir.load(posterior)
     elif stage == "lower":
-        out = ir.save(lower(ir.load(posterior), scheme, seed=seed).model, lowered)
+        out = ir.save(lower(ir.load(posterior), scheme, seed=seed, consume=True).model, lowered)
     elif stage == "export":
         out = save_onnx(export_onnx(ir.load(lowered), samples, mode="baked", seed=seed),
                         workdir / f"{scheme}-S{samples}.onnx")

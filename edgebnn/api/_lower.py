@@ -49,7 +49,8 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data, samples=samples,
                                       progress=progress)
         return lowered, lowered.lowering_report
-    lowered = lower(bnn, scheme, seed=seed, bits=bits, progress=progress)
+    # the float model is only needed again to compare against: otherwise lower it in place
+    lowered = lower(bnn, scheme, seed=seed, bits=bits, progress=progress, consume=evaluate is None)
     report = lowered.lowering_report
     if evaluate is not None:
         report["eval"] = lowering_quality(bnn, lowered, data=evaluate, ood_data=ood_data, samples=samples,

@@ -46,17 +46,20 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
 
 
 def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | None = None,
-          bits: str | int | None = None, progress: Progress | None = None, **options: Any) -> LoweredModel:
+          bits: str | int | None = None, progress: Progress | None = None, consume: bool = False,
+          **options: Any) -> LoweredModel:
     """Lower an IR with a compression scheme; the lowering report is attached as ``result.lowering_report``.
 
     Args:
-        model: The IR (not modified).
+        model: The IR (not modified, unless ``consume``).
         scheme: ``float``, ``mcq``, ``fixed``, ``codebook``, ``ternary``, ``binary``, ``prune`` or
             ``prune+SCHEME``; or a :class:`edgebnn.passes.LowerConfig` (per-layer overrides; it holds the seed,
             bits and options, so give none of them here).
         seed: Seeds every random choice; the same seed gives the same bytes (default 0).
         bits: ``"auto"`` (default: bits per layer from the posterior variance) or a forced width.
         progress: Called as ``progress(done, total)`` while the passes run (one step per weight per pass).
+        consume: Lower ``model`` in place rather than a copy (one model's memory less); give it up: do not use
+            it afterwards. The result is the same.
         **options: Scheme options, e.g. ``clusters=16`` for codebook (see :func:`edgebnn.passes.lower`).
 
     Returns:
@@ -66,7 +69,7 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
     from edgebnn._lowered import LoweredModel
     from edgebnn.passes import lower as run_passes
 
-    result = run_passes(model, scheme, seed=seed, bits=bits, progress=progress, **options)
+    result = run_passes(model, scheme, seed=seed, bits=bits, progress=progress, consume=consume, **options)
     return LoweredModel(result.model, result.report)
 
 

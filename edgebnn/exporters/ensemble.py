@@ -114,9 +114,10 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
     need = samples * n * _BYTES_PER_WEIGHT[weights]
     if need > MAX_GRAPH_BYTES:
         most = int(MAX_GRAPH_BYTES // (n * _BYTES_PER_WEIGHT[weights]))
+        smaller = next((f"--weights {w}, " for w, b in _BYTES_PER_WEIGHT.items() if b < _BYTES_PER_WEIGHT[weights]), "")
         raise InvalidOptionError(
             f"--samples {samples}: {samples} baked members of {n:,} weights need {need / 2**30:.1f} GiB of "
-            f"{weights} constants, over ONNX's 2 GiB file limit; use at most -S {most}, --weights int8, or "
+            f"{weights} constants, over ONNX's 2 GiB file limit; use at most -S {most}, {smaller}or "
             "--mode noise (noise drawn at run time)"
         )
 

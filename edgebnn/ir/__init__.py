@@ -18,7 +18,7 @@ from edgebnn.ir._model import (
     make_encoding_node,
     tensor_to_array,
 )
-from edgebnn.ir._serde import from_bytes, load, save, to_bytes
+from edgebnn.ir._serde import from_bytes, load, save, serialized_size, to_bytes
 from edgebnn.ir._verify import verify
 from edgebnn.ir.encodings import ENCODINGS, Encoding, GaussianWeight, register_encoding
 from edgebnn.ir.mlp import gaussian_mlp
@@ -41,6 +41,7 @@ __all__ = [
     "make_encoding_node",
     "register_encoding",
     "save",
+    "serialized_size",
     "tensor_to_array",
     "to_bytes",
     "verify",

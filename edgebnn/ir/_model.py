@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
+from google.protobuf.message import Message
 from onnx import helper
 
 from edgebnn._version import __version__
@@ -270,10 +272,34 @@ def make_encoding_node(graph: onnx.GraphProto, name: str, layer: str, enc: Encod
     inputs = []
     for fname, arr in enc.fields().items():
         iname = f"{name}.{fname}"
-        graph.initializer.append(onnx.numpy_helper.from_array(np.ascontiguousarray(arr), iname))
+        _append_initializer(graph, np.ascontiguousarray(arr), iname)
         inputs.append(iname)
     all_attrs = {"layer": layer, "shape": list(enc.shape), **enc.attributes(), **attrs}
     return helper.make_node(enc.op_type, inputs, [name], domain=DOMAIN, name=f"{name}.encoding", **all_attrs)
+
+
+def _append_initializer(graph: onnx.GraphProto, arr: np.ndarray, name: str) -> None:
+    """``graph.initializer.append(numpy_helper.from_array(arr, name))`` without the copy that appending makes:
+    a plain little-endian numeric array's tensor is built in place, field by field as ``from_array`` sets them."""
+    if not (arr.dtype.kind in "biuf" and arr.dtype.isnative and sys.byteorder == "little"):
+        graph.initializer.append(onnx.numpy_helper.from_array(arr, name))
+        return
+    tensor = graph.initializer.add()
+    tensor.dims.extend(arr.shape)
+    tensor.name = name
+    tensor.raw_data = arr.tobytes()
+    tensor.data_type = helper.np_dtype_to_tensor_dtype(arr.dtype)
+
+
+def copy_field(src: Message, dst: Message, name: str) -> None:
+    """Copy field ``name`` of ``src`` into ``dst`` (a repeated field is appended to, a message copied)."""
+    value, target = getattr(src, name), getattr(dst, name)
+    if hasattr(target, "extend"):  # a repeated field
+        target.extend(value)
+    elif isinstance(target, Message):
+        target.CopyFrom(value)
+    else:
+        setattr(dst, name, value)
 
 
 def _text(value: object) -> str:

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, shape_inference
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.ir._model import DOMAIN, MAX_IR_VERSION, OPSET_RANGE, BNNModel
+from edgebnn.ir._model import DOMAIN, MAX_IR_VERSION, OPSET_RANGE, BNNModel, copy_field
 
 Shape = list[int | None]
 
@@ -102,16 +102,9 @@ def _checker_view(proto: onnx.ModelProto, encoded: list[_Weight]) -> onnx.ModelP
 
 
 def _copy_fields(src: onnx.ModelProto | onnx.GraphProto, dst: onnx.ModelProto | onnx.GraphProto, skip: str) -> None:
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        target = getattr(dst, fd.name)
-        if hasattr(target, "extend"):  # a repeated field
-            target.extend(value)
-        elif fd.message_type is not None:
-            target.CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
+    for fd, _ in src.ListFields():
+        if fd.name != skip:
+            copy_field(src, dst, fd.name)
 
 
 def _check_shapes(model: BNNModel, encoded: list[_Weight]) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.ir import DOMAIN, MANIFEST_KEY, BNNModel
+from edgebnn.ir import DOMAIN, BNNModel, serialized_size
 from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResult
 from edgebnn.passes.binary import BinaryConfig
 from edgebnn.passes.codebook import CodebookConfig
@@ -85,30 +85,28 @@ def float_bnn_bytes(model: BNNModel) -> int:
 
 
 def ebnn_bytes(model: BNNModel) -> int:
-    """Size of the ``.ebnn`` file ``model`` serialises to, without serialising it.
+    """Size of the ``.ebnn`` file ``model`` serialises to, without serialising it whole.
 
-    Writes the manifest into ``metadata_props`` exactly as :func:`edgebnn.ir.to_bytes` does (so saving
-    later writes the same bytes), then asks protobuf for the encoded size.
+    Writes the manifest into ``metadata_props`` exactly as :func:`edgebnn.ir.save` does (so saving later
+    writes the same bytes), then counts them (:func:`edgebnn.ir.serialized_size`).
     """
-    props = [p for p in model.proto.metadata_props if p.key != MANIFEST_KEY]
-    del model.proto.metadata_props[:]
-    model.proto.metadata_props.extend(props)
-    entry = model.proto.metadata_props.add()
-    entry.key, entry.value = MANIFEST_KEY, model.manifest.to_json()
-    return int(model.proto.ByteSize())
+    return serialized_size(model)
 
 
 def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None, bits: str | int | None = None,
-          progress: Callable[[int, int], None] | None = None, **options: Any) -> PassResult:
+          progress: Callable[[int, int], None] | None = None, consume: bool = False, **options: Any) -> PassResult:
     """Lower ``model`` with a scheme (or a whole :class:`LowerConfig`) and report what it cost.
 
     Args:
-        model: A verified IR (not modified).
+        model: A verified IR (not modified, unless ``consume``).
         scheme: ``float``, ``mcq``, ``fixed``, ``codebook``, ``ternary``, ``binary``, ``prune`` or
             ``prune+<scheme>``; or a :class:`LowerConfig` (then give no ``seed``, ``bits`` or settings here:
             the config holds them, per-layer overrides included).
         seed: Seeds every random choice; the same seed gives the same bytes (default 0).
         progress: Called as ``progress(done, total)`` after each weight each pass visits (a progress bar).
+        consume: Lower ``model`` in place instead of a copy of it, for a caller that gives the model up: it
+            saves a model-sized copy, and ``model`` must not be used afterwards (it is the result, or half
+            lowered when ``lower`` raises). The result is the same either way.
         bits: ``"auto"`` (default: bits per layer from the posterior variance) or a forced width, given to the
             last scheme of the composition.
         **options: Fields of the schemes' configs (e.g. ``samples_per_weight=2`` for mcq, ``clusters=16``
@@ -132,6 +130,7 @@ def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None
     config, data = _config_of(scheme, seed, bits, options)
     plans = config.plan(model, data)
     reference = float_bnn_bytes(model)
+    previous = model.manifest.scheme
     current, modified, reports = model, False, []
     rows: dict[str, dict[str, Any]] = {}
     passes = [p for plan in plans for p in build_passes(plan, data, restrict=len(plans) > 1)]
@@ -139,12 +138,11 @@ def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None
         tick, done, total = progress, itertools.count(1), len(passes) * len(model.encoded_weight_names())
         for p in passes:
             p.progress = lambda: tick(next(done), total)
-    for p in passes:
-        result = p(current, seed=config.seed)
+    for p in passes:  # the first pass copies the input unless told to consume it; later ones own theirs
+        result = p(current, seed=config.seed, consume=consume or current is not model)
         current, modified = result.model, modified or result.modified
         reports.append(result.report)
         rows.update((row["name"], row) for row in result.report["layers"])
-    previous = model.manifest.scheme
     current.manifest.scheme = config.scheme if previous == "float" else f"{previous}+{config.scheme}"
     current.manifest.lower_config = config.to_dict()
     total = current.nbytes()

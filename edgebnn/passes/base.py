@@ -1,10 +1,11 @@
 """The pass machinery: configs, ``PassResult``, the ``Pass`` base class and the per-layer report.
 
 A pass takes a verified IR and returns ``PassResult(model, modified, report)`` with a *new* model (the
-input is never changed). :class:`Pass` verifies the input, runs, verifies the output, records itself in
-``manifest.passes`` and wraps unexpected failures in :class:`PassError` naming the pass and the passes
-before it. :class:`LayerPass` lowers each ``GaussianWeight`` on its own, with a generator seeded by
-``(seed, weight index)``, so the result is deterministic for a seed and independent of other layers.
+input is never changed), or, called with ``consume=True``, the input itself rewritten in place (no
+model-sized copy; the caller gives the input up). :class:`Pass` verifies the input, runs, verifies the
+output, records itself in ``manifest.passes`` and wraps unexpected failures in :class:`PassError` naming
+the pass and the passes before it. :class:`LayerPass` lowers each ``GaussianWeight`` on its own, with a
+generator seeded by ``(seed, weight index)``, so the result is deterministic for a seed and independent of other layers.
 
 Per-layer report (one row per encoded weight, graph order):
 
@@ -201,10 +202,11 @@ class Pass(ABC):
 
     @abstractmethod
     def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, Any]], bool]:
-        """Rewrite ``model`` (a private copy) in place; return the layer rows and whether it changed."""
+        """Rewrite ``model`` (a private copy, or the consumed input) in place; return the layer rows and whether it
+        changed."""
 
-    def __call__(self, model: BNNModel, *, seed: int = 0) -> PassResult:
-        """Verify, run on a copy, verify, record; see the module docstring.
+    def __call__(self, model: BNNModel, *, seed: int = 0, consume: bool = False) -> PassResult:
+        """Verify, run on a copy (on ``model`` itself with ``consume``), verify, record; see the module docstring.
 
         Raises:
             InvalidArtifactError: The input model fails verification.
@@ -218,7 +220,7 @@ class Pass(ABC):
             verify(model)
         except InvalidArtifactError as e:
             raise InvalidArtifactError(f"{context}: input model is invalid: {e}") from e
-        out = model.copy()
+        out = model if consume else model.copy()
         try:
             layers, modified = self.run(out, seed)
         except EdgeBNNError as e:

@@ -433,6 +433,7 @@ def lower_codebook(
     outlier, tau, tau_note = _outlier_mask(name, mu, config)
     outlier &= ~zero
     inlier = ~(outlier | zero)
+    del zero  # weight-sized masks and arrays are dropped as soon as they are used: a big layer holds few at once
     n_in = int(np.count_nonzero(inlier))
     most = n_in // config.min_cluster_size
     forced = config.clusters or ((1 << config.bits) - int(has_zero) if config.bits else None)
@@ -464,7 +465,7 @@ def lower_codebook(
     m_raw, cov_raw, label = merge_components(m_std[live] * scale + centre, cov_std[live] * scale**2,
                                              config.merge_threshold)
     merged = int(np.count_nonzero(live)) - len(m_raw)
-    comp = label.astype(np.int32)[remap[comp]]
+    comp = label.astype(np.int32)[remap][comp]  # the two maps composed first: one weight-sized array, not two
     m_std, cov_std = (m_raw - centre) / scale, cov_raw / scale**2
 
     # components too small to share become outliers
@@ -473,14 +474,17 @@ def lower_codebook(
     if dropped == len(m_std):
         return f"every cluster has fewer than {config.min_cluster_size} members"
     gone = small[comp]
-    outlier[np.flatnonzero(inlier)[gone]] = True
+    outlier[inlier] = gone  # outlier is False on every inlier: this marks the inliers that are gone
     inlier &= ~outlier
     keep = ~small
     m_std, cov_std, m_raw, cov_raw = m_std[keep], cov_std[keep], m_raw[keep], cov_raw[keep]
     stay = ~gone
     if gone.any():
-        u, v = u[stay], v[stay]
-    comp = (np.cumsum(keep) - 1).astype(np.int32)[comp[stay]]
+        u = u[stay]
+        v = v[stay]
+    comp = comp[stay]
+    comp = (np.cumsum(keep) - 1).astype(np.int32)[comp]
+    del gone, stay
 
     # ellipse blending of inliers outside their component's 95% ellipse
     top = max(config.blend_max, 1)
@@ -502,9 +506,11 @@ def lower_codebook(
     blend_flat = np.flatnonzero(inlier)[blended]
     hard = inlier.copy()
     hard[blend_flat] = False
+    hard_var = sigma[hard]
     members, sum_mu, sum_var = group_sums(
-        np.delete(comp, blended) if blended.size else comp, k, mu[hard], np.square(sigma[hard])
+        np.delete(comp, blended) if blended.size else comp, k, mu[hard], np.square(hard_var, out=hard_var)
     )
+    del hard, hard_var
     safe = np.maximum(members, 1)
     entry_mu = np.where(members > 0, sum_mu / safe, m_raw[:, 0])
     entry_var = np.where(members > 0, sum_var / safe, m_raw[:, 1] ** 2 + cov_raw[:, 1, 1])

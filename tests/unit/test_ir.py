@@ -34,6 +34,49 @@ def test_save_load_round_trip_is_byte_identical(cnn_ir, tmp_path):
         np.testing.assert_array_equal(x.encoding.stddev(), y.encoding.stddev())
 
 
+def test_piecewise_save_and_size_match_protobuf(cnn_ir, tmp_path):
+    cnn_ir.proto.doc_string = "fields before and after the graph"
+    cnn_ir.proto.graph.doc_string = "fields before and after the initializers"
+    path = ir.save(cnn_ir, tmp_path / "m.ebnn")
+    assert path.read_bytes() == ir.to_bytes(cnn_ir) == cnn_ir.proto.SerializeToString(deterministic=True)
+    assert ir.serialized_size(cnn_ir) == path.stat().st_size
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (field number < 16: a one-byte key)."""
+    length = bytearray()
+    n = len(payload)
+    while n >= 0x80:
+        length.append(n & 0x7F | 0x80)
+        n >>= 7
+    length.append(n)
+    return bytes([number << 3 | 2]) + bytes(length) + payload
+
+
+def test_piecewise_load_parses_as_protobuf_does(cnn_ir, tmp_path):
+    # a file edgebnn would not write: the graph in two fields (merged), the model's other fields first, and a
+    # field protobuf does not know (kept): loading it piece by piece gives what parsing it whole gives
+    data = ir.to_bytes(cnn_ir)
+    model = onnx.ModelProto.FromString(data)
+    graph = model.graph
+    first, second = onnx.GraphProto(), onnx.GraphProto()
+    first.name = graph.name
+    first.node.extend(graph.node)
+    first.initializer.extend(graph.initializer[:2])
+    second.initializer.extend(graph.initializer[2:])
+    second.input.extend(graph.input)
+    second.output.extend(graph.output)
+    model.ClearField("graph")
+    unknown = _field(15, b"from a future onnx")
+    mixed = (model.SerializeToString() + _field(7, first.SerializeToString()) + unknown
+             + _field(7, second.SerializeToString()))
+    path = tmp_path / "mixed.ebnn"
+    path.write_bytes(mixed)
+    loaded = ir.load(path)
+    assert loaded.proto.SerializeToString() == onnx.ModelProto.FromString(mixed).SerializeToString()
+    assert [t.name for t in loaded.proto.graph.initializer] == [t.name for t in cnn_ir.proto.graph.initializer]
+
+
 def test_same_model_gives_same_bytes():
     assert ir.to_bytes(synthetic_cnn(seed=1)) == ir.to_bytes(synthetic_cnn(seed=1))
     assert ir.to_bytes(synthetic_cnn(seed=1)) != ir.to_bytes(synthetic_cnn(seed=2))

@@ -129,11 +129,15 @@ def pack_int(values: np.ndarray, bits: int) -> np.ndarray:
     """
     if not 2 <= bits <= MAX_BITS:
         raise ValueError(f"signed bit width {bits} outside 2..{MAX_BITS}")
-    flat = np.asarray(values).reshape(-1).astype(np.int32, copy=False)
+    flat = np.asarray(values).reshape(-1)
+    if flat.dtype.kind != "i" or 8 * flat.dtype.itemsize < bits:
+        flat = flat.astype(np.int32)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     if flat.size and (flat.min() < lo or flat.max() > hi):
         raise ValueError(f"values outside {lo}..{hi} cannot be packed at {bits} bits")
-    return pack_uint(flat & ((1 << bits) - 1), bits)
+    # the low ``bits`` bits of two's complement are the same at every width: mask in the input's own width
+    unsigned = flat.view(flat.dtype.str.replace("i", "u"))
+    return pack_uint(unsigned & unsigned.dtype.type((1 << bits) - 1), bits)
 
 
 def unpack_int(packed: np.ndarray, bits: int, n: int) -> np.ndarray:

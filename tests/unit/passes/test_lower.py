@@ -17,6 +17,18 @@ from edgebnn.passes.mcq import McqPass
 REPORT = {"scheme", "seed", "layers", "passes", "total_bytes", "float_bnn_bytes", "compression_ratio", "ebnn_bytes"}
 
 
+@pytest.mark.parametrize("scheme", [*SCHEMES, "prune+codebook", "prune+mcq"])
+def test_consuming_lower_rewrites_the_input_into_the_same_result(mlp, scheme) -> None:
+    kept = lower(mlp, scheme, seed=3)
+    before = to_bytes(mlp)
+    assert to_bytes(lower(mlp, scheme, seed=3).model) == to_bytes(kept.model)
+    assert to_bytes(mlp) == before  # without consume the input is left as it was
+    consumed = lower(mlp, scheme, seed=3, consume=True)
+    assert consumed.model.proto is mlp.proto  # lowered in place: no copy
+    assert to_bytes(consumed.model) == to_bytes(kept.model)
+    assert json.dumps(consumed.report, sort_keys=True) == json.dumps(kept.report, sort_keys=True)
+
+
 @pytest.mark.parametrize("scheme", [*SCHEMES, "prune+codebook", "prune+mcq", "prune+fixed", "prune+ternary"])
 def test_every_scheme_reports_and_records_itself(mlp, scheme, report_keys) -> None:
     result = lower(mlp, scheme, seed=4)
