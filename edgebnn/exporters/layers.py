@@ -15,6 +15,7 @@ Batched forms (S samples, one op per layer)::
     Conv, any rank (group g):  [B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Conv(W_s as [S·O, C/g, *k],
                                 group S·g, bias b_s as [S·O]) -> [B, S·O, *sp'] -> Reshape [B·S, O, *sp']
                                 (baked, fewer than SPLIT_BELOW channels per group: Split -> S Convs -> Concat)
+                                then Relu / MaxPool run before that last Reshape (sink_wide_outputs)
     Gemm (members stream once): [B·S, in] -> Reshape [B, S, in] -> Transpose [S, B, in] -> MatMul W_s [S, in, out]
                                 -> + b_s [S, 1, out] -> Transpose [B, S, out] -> Reshape [B·S, out]
 
@@ -55,6 +56,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import CONTRIB, INT4_BLOCK, Builder, attrs_of, int8_parts, nbits_weight, renamed_input
@@ -66,6 +68,8 @@ Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph
 # grouped Conv: onnxruntime's grouped Conv is slow on thin groups (LeNet-5 conv2, 6 channels: 1.4x faster split at
 # batch 1, 2.3x at batch 32); on ResNet-20's 16-64-channel convs the grouped Conv was 1.2x faster (docs/speed.md).
 SPLIT_BELOW = 8
+WIDE_OUT = "wide_out"  # the name of a Conv layer's output Reshape: sink_wide_outputs moves it below Relu, MaxPool
+POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})  # spatial per channel: commute with regrouping N and C
 LAYERS: dict[str, LayerKind] = {}
 
 
@@ -340,7 +344,7 @@ class Conv(LayerKind):
         b_flat = None if bias is None else _const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b")
         y = b.add(self.op_type, [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid),
                            *([b_flat] if b_flat else [])], p + "y", group=group, **attrs)
-        b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], node.output[0])
+        _wide_out(b, p, y, [o, *out_spatial], node.output[0])
 
 
     def _split(self, b: Builder, p: str, samples: int, x: str, dims: tuple[int, list[int], int, list[int]],
@@ -354,8 +358,52 @@ class Conv(LayerKind):
         ys = [b.add(self.op_type, [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid),
                              *([_const(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
                     f"{p}y{s}", group=group, **attrs) for s in range(samples)]
-        y = b.add("Concat", ys, p + "y", axis=1)
-        b.add("Reshape", [y, b.i64(p + "out_shape", -1, o, *out_spatial)], out)
+        _wide_out(b, p, b.add("Concat", ys, p + "y", axis=1), [o, *out_spatial], out)
+
+
+def _wide_out(b: Builder, p: str, y: str, dims: list[int], out: str) -> None:
+    """A Conv's output [B, S·O, *sp] as [B·S, O, *sp]: a Reshape named ``p + WIDE_OUT`` (:func:`sink_wide_outputs`)."""
+    b.add("Reshape", [y, b.i64(p + "out_shape", -1, *dims)], out)
+    b.nodes[-1].name = p + WIDE_OUT
+
+
+def sink_wide_outputs(b: Builder, shapes: dict[str, list[int]], elementwise: frozenset[str]) -> None:
+    """Run the unary elementwise ops and spatial pools after a Conv layer on its wide output [B, S·O, *sp].
+
+    Both only see one channel of one row at a time, so they commute with the Reshape that regroups
+    [B, S·O, *sp] as [B·S, O, *sp]: the Reshape moves below them (a pool's output takes its spatial shape from
+    ``shapes``), and merges into a Reshape that follows (a flatten, or the next batched Conv's fold)::
+
+        Conv -> Reshape -> Relu -> MaxPool -> Reshape    ==   Conv -> Relu -> MaxPool -> Reshape
+
+    onnxruntime then fuses the Relu into the Conv and pools in its blocked (NCHWc) layout (LeNet-5, S=16, batch 1:
+    conv1's Relu and MaxPool 1.49x -> 1.29x the float net on 16 copies, docs/speed.md). Each moved value has one
+    consumer.
+    """
+    consts = {t.name: numpy_helper.to_array(t) for t in b.inits if t.data_type == onnx.TensorProto.INT64}
+    for r in [n for n in b.nodes if n.op_type == "Reshape" and n.name.endswith(WIDE_OUT)]:
+        while True:
+            users = [n for n in b.nodes if r.output[0] in n.input]
+            if len(users) != 1:
+                break
+            u, dims = users[0], consts[r.input[1]]
+            pooled = shapes.get(u.output[0], [])[2:]
+            if u.op_type in POOLS and len(u.output) == 1 and len(pooled) == len(dims) - 2:
+                dims = np.array([*dims[:2], *pooled], np.int64)
+                r.input[1] = b.i64(f"{r.name}/{u.output[0]}_shape", *dims.tolist())
+                consts[r.input[1]] = dims
+            elif u.op_type not in elementwise:
+                break
+            out = u.output[0]
+            u.input[0], u.output[0] = r.input[0], f"{r.name}/{out}"
+            r.input[0], r.output[0] = u.output[0], out
+            b.nodes.remove(r)
+            b.nodes.insert(b.nodes.index(u) + 1, r)
+        users = [n for n in b.nodes if r.output[0] in n.input]
+        after = consts.get(users[0].input[1]) if len(users) == 1 and users[0].op_type == "Reshape" else None
+        if after is not None and 0 not in after:  # a Reshape of a Reshape is the second one (no copied dims)
+            users[0].input[0] = r.input[0]
+            b.nodes.remove(r)
 
 
 @register_layer

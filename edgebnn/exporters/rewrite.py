@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
-from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind
+from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind, sink_wide_outputs
 from edgebnn.ir import BNNModel, EncodedWeight
 
 # A layer rewrite: (builder, node, its layer kind, its weight, static shapes, shared input) -> nodes added to the
@@ -167,6 +167,7 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     if logits in pre_data:
         logits = fold(logits)  # every layer was hoisted: S identical members
     _stay_sample_major(b)
+    sink_wide_outputs(b, shapes, ELEMENTWISE)
     b.predictive_head(logits, samples, model.manifest.num_classes)
     sampled = {layer_of[n] for n in encoded if n not in quiet}
     return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}

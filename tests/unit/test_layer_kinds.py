@@ -140,3 +140,28 @@ def test_every_initializer_is_used_and_the_graph_checks(which, mode, kw):
     onnx.checker.check_model(proto, full_check=True)
     used = {x for node in proto.graph.node for x in node.input}
     assert [t.name for t in proto.graph.initializer if t.name not in used] == []
+
+
+@pytest.mark.parametrize("mode", ["baked", "mixed"])
+def test_relu_and_pool_run_on_the_wide_conv_output_and_the_ensemble_is_the_reference(mode):
+    """LeNet-5 (shared conv1, thin conv2 as S Convs), baked and ``noise --noise mixed`` (baked convs): each Conv's
+    Relu reads the Conv (Concat) output itself and its MaxPool comes before the Reshape to rows
+    (sink_wide_outputs); the baked predictive of a batch of 3 is the reference ensemble of the same seed."""
+    import torch
+
+    from edgebnn.importers import import_model
+    from edgebnn.models import lenet5, synthetic_posterior
+
+    torch.manual_seed(0)
+    model = import_model(synthetic_posterior(lenet5(), 0.2), (1, 1, 28, 28), where="lenet5")
+    x = np.random.default_rng(3).random((3, 1, 28, 28), dtype=np.float32)
+    proto = export_onnx(model, 4, seed=2, **({"mode": "noise", "noise": "mixed"} if mode == "mixed" else {}))
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    relus = [n for n in proto.graph.node if n.op_type == "Relu"][:2]
+    assert [producer[r.input[0]].op_type for r in relus] == ["Conv", "Concat"]  # conv1 wide, conv2 split
+    pools = [n for n in proto.graph.node if n.op_type == "MaxPool"]
+    assert [producer[p.input[0]].op_type for p in pools] == ["Relu", "Relu"]
+    if mode == "baked":
+        ref = predictive_from_logits(sample_logits(model, x, 4, seed=2))
+        for got, want in zip(_run(proto, x), (ref.probs, ref.entropy, ref.mutual_info), strict=True):
+            np.testing.assert_allclose(got, want, atol=ROUNDOFF)
