@@ -376,9 +376,8 @@ def sink_wide_outputs(b: Builder, shapes: dict[str, list[int]], elementwise: fro
 
         Conv -> Reshape -> Relu -> MaxPool -> Reshape    ==   Conv -> Relu -> MaxPool -> Reshape
 
-    onnxruntime then fuses the Relu into the Conv and pools in its blocked (NCHWc) layout (LeNet-5, S=16, batch 1:
-    conv1's Relu and MaxPool 1.49x -> 1.29x the float net on 16 copies, docs/speed.md). Each moved value has one
-    consumer.
+    onnxruntime then fuses the Relu into the Conv and pools in its blocked (NCHWc) layout (LeNet-5 baked, S=16,
+    batch 1: 1.5x -> 1.26x the float net on 16 copies, docs/speed.md). Each moved value has one consumer.
     """
     consts = {t.name: numpy_helper.to_array(t) for t in b.inits if t.data_type == onnx.TensorProto.INT64}
     for r in [n for n in b.nodes if n.op_type == "Reshape" and n.name.endswith(WIDE_OUT)]:
