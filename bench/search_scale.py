@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -51,22 +52,47 @@ def strip_timing(report: dict) -> list[dict]:
             for t in report["trials"]]
 
 
+def total(timing: dict) -> float:
+    return timing["start_s"] + timing["search_s"] + timing["stop_s"]
+
+
+def ray_search(settings, study: Path, workers: int) -> tuple[dict, dict]:
+    """One search on a fresh local Ray instance: the seconds to start it, to run the trials, and to stop it.
+
+    ``search_s`` runs from the call to the last trial told (the progress callback), so it holds the workers'
+    warm-up, the baseline and every trial; ``stop_s`` is the rest, mostly ``ray.shutdown``.
+    """
+    from edgebnn.search import RayExecutor, run_search
+
+    t0 = time.perf_counter()
+    executor = RayExecutor(None, workers=workers).__enter__()  # the search re-enters it, then stops it
+    started = time.perf_counter()
+    told: list[float] = []
+    report = run_search(settings, study, executor, progress=lambda *_: told.append(time.perf_counter()))
+    end = time.perf_counter()
+    return {"start_s": round(started - t0, 2), "search_s": round(told[-1] - started, 2),
+            "stop_s": round(end - told[-1], 2)}, report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--runs", type=int, default=20, help="timed runs per trial profile")
+    parser.add_argument("--model", type=Path, help="an .ebnn to search instead of training the digits CNN")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="Ray searches with 1, then 2 workers, this many times")
     args = parser.parse_args()
 
-    from edgebnn.search import LocalExecutor, RayExecutor, SearchSettings, plot_front, run_search
+    from edgebnn.search import LocalExecutor, SearchSettings, plot_front, run_search
 
     with tempfile.TemporaryDirectory(prefix="edgebnn-search-bench-") as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        model = trained_ir(root)
+        model = args.model or trained_ir(root)
         print(f"trained and imported the digits CNN in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        load_before = os.getloadavg()[0]
         settings = SearchSettings(model=str(model), data="digits", trials=args.trials, budget=BUDGET,
                                   runs=args.runs)
         t0 = time.perf_counter()
@@ -89,15 +115,19 @@ def main() -> None:
                               "accuracy": best["metrics"]["accuracy"]}
             result["goal_16x_within_budget"] = base["bytes"] / best["bytes"] >= 16
         if not args.skip_ray:
-            for workers in (1, 2):
-                t0 = time.perf_counter()
-                executor = RayExecutor(None, workers=workers).__enter__()  # the search re-enters it, then stops it
-                started = time.perf_counter()
-                report = run_search(settings, root / f"ray{workers}.jsonl", executor)
-                result[f"ray_{workers}_workers_s"] = round(time.perf_counter() - started, 2)
-                result[f"ray_{workers}_workers_start_s"] = round(started - t0, 2)
-                result[f"ray_{workers}_same_trials_as_local"] = strip_timing(report) == strip_timing(local)
-            result["ray_2_over_1"] = round(result["ray_2_workers_s"] / result["ray_1_workers_s"], 3)
+            runs: dict[int, list[dict]] = {1: [], 2: []}
+            for _ in range(args.repeat):
+                for workers in (1, 2):
+                    timing, report = ray_search(settings, root / f"ray{workers}-{len(runs[workers])}.jsonl", workers)
+                    timing["same_trials_as_local"] = strip_timing(report) == strip_timing(local)
+                    runs[workers].append(timing)
+            for workers, timings in runs.items():
+                result[f"ray_{workers}_workers"] = timings
+            pairs = list(zip(runs[1], runs[2], strict=True))
+            result["ray_2_over_1"] = [round(two["search_s"] / one["search_s"], 3) for one, two in pairs]
+            result["ray_2_over_1_with_start_and_stop"] = [round(total(two) / total(one), 3) for one, two in pairs]
+            result["ray_same_trials_as_local"] = all(t["same_trials_as_local"] for ts in runs.values() for t in ts)
+        result["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     line = json.dumps(result)
     print(line)
     if args.json:
