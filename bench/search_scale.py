@@ -56,11 +56,38 @@ def total(timing: dict) -> float:
     return timing["start_s"] + timing["search_s"] + timing["stop_s"]
 
 
+def later(timing: dict) -> float:
+    """Seconds from the end of the first batch to the end of the search: warm workers, the same trials."""
+    return timing["search_s"] - timing["generations_end_s"][0]
+
+
+def busy_ticks() -> tuple[int, int]:
+    """Clock ticks the machine spent busy, and those this process and its descendants used (Linux /proc)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    machine = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # exited meanwhile
+                continue
+            rest = stat[stat.rindex(")") + 2:].split()
+            parents[int(entry.name)], ticks[int(entry.name)] = int(rest[1]), int(rest[11]) + int(rest[12])
+    mine = {os.getpid()}
+    for _ in range(8):  # the driver, Ray's daemons, the workers they start
+        mine |= {pid for pid, parent in parents.items() if parent in mine}
+    return machine, sum(ticks[pid] for pid in mine if pid in ticks)
+
+
 def ray_search(settings, study: Path, workers: int) -> tuple[dict, dict]:
     """One search on a fresh local Ray instance: the seconds to start it, to run the trials, and to stop it.
 
     ``search_s`` runs from the call to the last trial told (the progress callback), so it holds the workers'
-    warm-up, the baseline and every trial; ``stop_s`` is the rest, mostly ``ray.shutdown``.
+    warm-up, the baseline and every trial; ``stop_s`` is the rest, mostly ``ray.shutdown``;
+    ``generations_end_s`` is when each batch of ``population`` trials was told; ``other_processes_cores`` is
+    how many cores other processes kept busy during the search (a run with 2 workers needs both cores).
     """
     from edgebnn.search import RayExecutor, run_search
 
@@ -68,10 +95,21 @@ def ray_search(settings, study: Path, workers: int) -> tuple[dict, dict]:
     executor = RayExecutor(None, workers=workers).__enter__()  # the search re-enters it, then stops it
     started = time.perf_counter()
     told: list[float] = []
-    report = run_search(settings, study, executor, progress=lambda *_: told.append(time.perf_counter()))
+    ticks: list[tuple[int, int]] = [busy_ticks()]
+
+    def progress(done: int, wanted: int, _result: dict) -> None:
+        told.append(time.perf_counter())
+        if done == wanted:
+            ticks.append(busy_ticks())
+
+    report = run_search(settings, study, executor, progress=progress)
     end = time.perf_counter()
+    (machine0, mine0), (machine1, mine1) = ticks
+    others = (machine1 - machine0 - (mine1 - mine0)) / os.sysconf("SC_CLK_TCK") / (told[-1] - started)
+    generations = [round(t - started, 2) for t in told[settings.population - 1::settings.population]]
     return {"start_s": round(started - t0, 2), "search_s": round(told[-1] - started, 2),
-            "stop_s": round(end - told[-1], 2)}, report
+            "stop_s": round(end - told[-1], 2), "generations_end_s": generations,
+            "other_processes_cores": round(max(others, 0.0), 2)}, report
 
 
 def main() -> None:
@@ -125,6 +163,8 @@ def main() -> None:
                 result[f"ray_{workers}_workers"] = timings
             pairs = list(zip(runs[1], runs[2], strict=True))
             result["ray_2_over_1"] = [round(two["search_s"] / one["search_s"], 3) for one, two in pairs]
+            result["ray_2_over_1_after_first_batch"] = [
+                round(later(two) / later(one), 3) for one, two in pairs]
             result["ray_2_over_1_with_start_and_stop"] = [round(total(two) / total(one), 3) for one, two in pairs]
             result["ray_same_trials_as_local"] = all(t["same_trials_as_local"] for ts in runs.values() for t in ts)
         result["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]

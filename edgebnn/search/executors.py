@@ -11,6 +11,10 @@ trials or their metrics.
   of the custom resource named after the device profile (``jetson-orin-nano``, ``rtx``), so it runs on a node
   started with ``ray start --resources '{"jetson-orin-nano": 1}'`` and each board profiles one trial at a time
   while the others are evaluated on CPU nodes. On the ``cpu`` device the profile needs no custom resource.
+
+Both start their workers importing the trial code and opening the model and data
+(:func:`~edgebnn.search.trial.warm_up`) when the search begins, while it measures the baseline, and submit a batch
+largest ensemble first (:func:`largest_first`), so a slow trial does not start last and keep the batch waiting.
 """
 
 from __future__ import annotations
