@@ -6,16 +6,23 @@ Trains the digits CNN (seed 0, as ``edgebnn demo`` does), imports it into the IR
    ``nll=+0.05,ece=+0.01`` on the digits validation split, and reports the best trial's size against the fp32 BNN
    (``float_bnn_bytes / bytes``; the goal is >= 16x) and its NLL/ECE changes; the Pareto plot goes to
    ``--plot``;
-2. runs the same 24-trial search on a local Ray instance with 1 worker, then with 2, each into a fresh study, and
-   reports both wall times (the search itself; starting the Ray instance is reported apart) and their ratio (the
-   goal is <= 0.6), and whether both gave the local search's trials.
+2. runs the same 24-trial search on a fresh local Ray instance with 1 worker, then with 2 (``--repeat`` times,
+   alternating), each into a fresh study, and reports for each run the seconds to start Ray (``start_s``), to
+   search (``search_s``: from the call to the last trial told; the workers' warm-up, the baseline and every
+   trial), to stop Ray (``stop_s``), the end of each batch, and how many cores other processes kept busy
+   meanwhile (``other_processes_cores``; 2 workers need both cores); then three ratios of 2 workers to 1:
+   ``ray_2_over_1`` (``search_s``; the goal is <= 0.6), ``ray_2_over_1_after_first_batch`` (batches 2-4: warm
+   workers, the same 18 trials) and ``ray_2_over_1_with_start_and_stop`` (the whole command), and whether every
+   run gave the local search's trials.
 
 Run from the repository root::
 
-    .venv/bin/python bench/search_scale.py [--trials 24] [--json out.json] [--plot front.png]
+    .venv/bin/python bench/search_scale.py [--trials 24] [--runs 20] [--repeat 3] [--model digits_cnn.ebnn] \
+        [--json out.json] [--plot front.png]
 
 Prints one JSON line on stdout and a summary on stderr. Wall times on a machine shared with other jobs vary
-from run to run; see docs/search.md for the figures measured and the machine they were measured on.
+from run to run: compare only runs whose ``other_processes_cores`` is near 0. docs/search.md has the figures
+measured and the machine they were measured on.
 """
 
 from __future__ import annotations
