@@ -134,9 +134,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="edgebnn-search-bench-") as tmp:
         root = Path(tmp)
-        t0 = time.perf_counter()
-        model = args.model or trained_ir(root)
-        print(f"trained and imported the digits CNN in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        model = args.model
+        if model is None:
+            t0 = time.perf_counter()
+            model = trained_ir(root)
+            print(f"trained and imported the digits CNN in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         load_before = os.getloadavg()[0]
         settings = SearchSettings(model=str(model), data="digits", trials=args.trials, budget=BUDGET,
                                   runs=args.runs)
