@@ -11,6 +11,10 @@ trials or their metrics.
   of the custom resource named after the device profile (``jetson-orin-nano``, ``rtx``), so it runs on a node
   started with ``ray start --resources '{"jetson-orin-nano": 1}'`` and each board profiles one trial at a time
   while the others are evaluated on CPU nodes. On the ``cpu`` device the profile needs no custom resource.
+
+Both start their workers importing the trial code and opening the model and data
+(:func:`~edgebnn.search.trial.warm_up`) when the search begins, while it measures the baseline, and submit a batch
+largest ensemble first (:func:`largest_first`), so a slow trial does not start last and keep the batch waiting.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from edgebnn.errors import InvalidOptionError, MissingDependencyError
-from edgebnn.search.trial import TrialJob, evaluate_trial, profile_trial, run_trial
+from edgebnn.search.trial import TrialJob, evaluate_trial, profile_trial, run_trial, warm_up
 
 EXECUTORS = ("local", "ray")
 RAY_CONNECT_TIMEOUT_S = 5
@@ -32,6 +36,17 @@ RAY_CONNECT_TIMEOUT_S = 5
 (``RAY_gcs_server_port_wait_time_s``, unless set already), before the search gives up: 10 s in all."""
 
 Done = Callable[[dict[str, Any]], None]
+
+
+def largest_first(jobs: Sequence[TrialJob]) -> list[int]:
+    """Indices of ``jobs``, the largest ensemble first (then in job order): the order to submit a batch in.
+
+    A trial's time grows with S (S members are exported, evaluated and profiled), and the batch ends with its
+    slowest trial: submitted last, a large-S trial runs alone on one worker while the others wait. Submitting the
+    longest first (LPT) makes a 6-trial batch on 2 workers end sooner; the results are still told in trial order,
+    so the order changes the wall time only.
+    """
+    return sorted(range(len(jobs)), key=lambda i: -jobs[i].config.samples)
 
 
 class LocalExecutor(AbstractContextManager["LocalExecutor"]):
@@ -46,16 +61,29 @@ class LocalExecutor(AbstractContextManager["LocalExecutor"]):
     def describe(self) -> str:
         return f"local ({self.workers} worker{'s' if self.workers > 1 else ''})"
 
-    def map(self, jobs: Sequence[TrialJob]) -> Iterator[dict[str, Any]]:
-        """Results of ``jobs`` in job order."""
-        if self.workers == 1:
-            yield from map(run_trial, jobs)
-            return
+    def _processes(self) -> Executor:
         if self._pool is None:
             import multiprocessing
 
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-        yield from self._pool.map(run_trial, jobs)
+        return self._pool
+
+    def warm_up(self, model: str, data: str, ood_data: str | None, parallel: int) -> None:
+        """Start the worker processes importing and opening the inputs (1 worker: nothing, trials run here)."""
+        if self.workers > 1:
+            pool = self._processes()
+            for _ in range(min(self.workers, parallel)):
+                pool.submit(warm_up, model, data, ood_data)
+
+    def map(self, jobs: Sequence[TrialJob]) -> Iterator[dict[str, Any]]:
+        """Results of ``jobs`` in job order (submitted largest S first, see :func:`largest_first`)."""
+        if self.workers == 1:
+            yield from map(run_trial, jobs)
+            return
+        pool = self._processes()
+        futures = {i: pool.submit(run_trial, jobs[i]) for i in largest_first(jobs)}
+        for i in range(len(jobs)):
+            yield futures[i].result()
 
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
@@ -131,6 +159,7 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
         self._started = False
         self._evaluate: Any = None
         self._profile: Any = None
+        self._warming: list[Any] = []
 
     def describe(self) -> str:
         return f"ray ({self.address})" if self.address else f"ray (local instance, {self.workers} CPUs)"
@@ -158,22 +187,34 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
         resources = {} if self.device == "cpu" else {self.device: 1}
         self._profile = ray.remote(num_cpus=1, resources=resources, max_retries=0)(profile_trial)
 
+    def warm_up(self, model: str, data: str, ood_data: str | None, parallel: int) -> None:
+        """Have up to ``parallel`` workers (one per CPU) import and open the inputs; returns at once.
+
+        Ray reuses a worker process for the tasks of one search, so the first trial on each would otherwise pay the
+        imports (about a second); submitted while the driver measures the baseline, they overlap it.
+        """
+        self._start()
+        cpus = self.workers if self.address is None else int(self._ray.cluster_resources().get("CPU", 1))
+        task = self._ray.remote(num_cpus=1, max_retries=0)(warm_up)
+        self._warming = [task.remote(model, data, ood_data) for _ in range(max(1, min(cpus, parallel)))]
+
     def __enter__(self) -> RayExecutor:
         self._start()
         return self
 
     def map(self, jobs: Sequence[TrialJob]) -> Iterator[dict[str, Any]]:
-        """Submit every job of the batch, then return the results in job order."""
+        """Submit every job of the batch (largest S first, see :func:`largest_first`); results in job order."""
         self._start()
-        refs = []
-        for job in jobs:
-            result_ref, onnx_ref = self._evaluate.remote(job)
-            refs.append(self._profile.remote(result_ref, onnx_ref, job))
-        for ref in refs:
-            yield self._ray.get(ref)
+        refs = {}
+        for i in largest_first(jobs):
+            result_ref, onnx_ref = self._evaluate.remote(jobs[i])
+            refs[i] = self._profile.remote(result_ref, onnx_ref, jobs[i])
+        for i in range(len(jobs)):
+            yield self._ray.get(refs[i])
 
     def __exit__(self, *exc: object) -> None:
         if self._started:
+            self._warming = []
             self._ray.shutdown()
             self._started = False
 

@@ -148,6 +148,9 @@ def run_search(settings: SearchSettings, study_path: str | Path, executor: Local
     objectives, budget = validate(settings)
     import_optuna()  # a missing optuna is reported before a Ray cluster is joined
     with executor:  # started (a Ray cluster joined) before the study file is touched
+        # The workers import and open the inputs while this process measures the baseline.
+        executor.warm_up(str(settings.model), str(settings.data),
+                         None if settings.ood_data is None else str(settings.ood_data), settings.population)
         study = open_study(study_path, settings.study_settings(),
                            ["maximize" if o.maximize else "minimize" for o in objectives])
         baseline = study.user_attrs.get(BASELINE_KEY)

@@ -7,6 +7,9 @@ ensemble (S, mode, weight format, hoisting) and evaluates it in onnxruntime on t
 device's power meter). The two halves are separate so a cluster can run the first on CPU nodes and the second
 on the board it names (:mod:`edgebnn.search.executors`); :func:`run_trial` runs both in one process.
 
+A worker process opens the model and the data once (:func:`open_inputs`), and :func:`warm_up` does it, with the
+imports a trial needs, before the first trial arrives; the trials of one search then share them.
+
 A failure becomes data, never an exception: an error while lowering, exporting or evaluating makes the trial
 ``failed`` with its one-line error; an error while profiling (a device whose runtime is not installed here)
 leaves latency and energy null with ``profile_error``.
@@ -14,11 +17,18 @@ leaves latency and energy null with ``profile_error``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edgebnn.search.space import TrialConfig
+
+if TYPE_CHECKING:
+    from edgebnn.data import Dataset
+    from edgebnn.ir import BNNModel
 
 
 @dataclass(frozen=True)
@@ -59,9 +69,53 @@ def data_split(data: str) -> str | None:
     return "val" if data == "digits" else None
 
 
+Stamp = tuple[tuple[str, int, int], ...]
+
+
+def _stamp(source: str | None) -> Stamp:
+    """Name, size and modification time of a file, or of each file of a folder: a changed input is opened again."""
+    from edgebnn.data import DIGITS
+
+    if source is None or source == DIGITS or not Path(source).exists():
+        return ()
+    path = Path(source)
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    return tuple((f.name, (st := f.stat()).st_size, st.st_mtime_ns) for f in files)
+
+
+@functools.lru_cache(maxsize=1)
+def _open(model: str, data: str, ood_data: str | None,
+          _stamps: tuple[Stamp, ...]) -> tuple[BNNModel, Dataset, Dataset | None]:
+    from edgebnn.api import dataset_for, load_ir
+
+    ir = load_ir(model)
+    ood = None if ood_data is None else dataset_for(ir, ood_data, labels=False, option="--ood-data")
+    return ir, dataset_for(ir, data, split=data_split(data)), ood
+
+
+def open_inputs(model: str, data: str, ood_data: str | None) -> tuple[BNNModel, Dataset, Dataset | None]:
+    """The float BNN and the search data (and OOD inputs), opened once per process while the files are unchanged.
+
+    Lowering does not modify the IR, and a :class:`~edgebnn.data.Dataset` reads its files again on each pass,
+    so the trials of a search share them; the cache holds one search's inputs.
+    """
+    return _open(model, data, ood_data, (_stamp(model), _stamp(data), _stamp(ood_data)))
+
+
+def warm_up(model: str, data: str, ood_data: str | None) -> None:
+    """Import what a trial runs and open its inputs in this process, before its first trial arrives."""
+    import edgebnn.exporters.ensemble
+    import edgebnn.runtime
+    import edgebnn.targets.profiler
+    import edgebnn.targets.registry  # noqa: F401
+
+    with contextlib.suppress(Exception):  # each trial opens them again and records the error as its own
+        open_inputs(model, data, ood_data)
+
+
 def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
     """Lower, export and evaluate; returns ``(result, exported ONNX bytes or None when it failed)``."""
-    from edgebnn.api import evaluate_artifact, load_ir, lower
+    from edgebnn.api import evaluate_artifact, lower
     from edgebnn.exporters.ensemble import export_onnx
     from edgebnn.runtime import Session
 
@@ -71,12 +125,13 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
                               "latency_ms": None, "energy_mj": None, "energy_reason": None, "error": None,
                               "profile_error": None}
     try:
-        lowered = lower(load_ir(job.model), c.scheme, seed=job.seed, bits=c.bits_value, **c.options)
+        model, dataset, ood = open_inputs(job.model, job.data, job.ood_data)
+        lowered = lower(model, c.scheme, seed=job.seed, bits=c.bits_value, **c.options)
         report = lowered.lowering_report
         proto = export_onnx(lowered, c.samples, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist)
         onnx_bytes = proto.SerializeToString()
-        ev = evaluate_artifact(Session(onnx_bytes, seed=job.seed, threads=job.threads), data=job.data,
-                               split=data_split(job.data), seed=job.seed, ood_data=job.ood_data)
+        ev = evaluate_artifact(Session(onnx_bytes, seed=job.seed, threads=job.threads), data=dataset, seed=job.seed,
+                               ood_data=ood)
     except Exception as e:  # a failed trial is recorded with its error; the search goes on
         result["error"] = _one_line(e)
         return result, None

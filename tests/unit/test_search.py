@@ -3,6 +3,7 @@ budget selection, and one-line errors for bad input (nothing written to the stud
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 
@@ -23,9 +24,10 @@ from edgebnn.search import (
     parse_objectives,
     run_search,
 )
+from edgebnn.search.executors import largest_first
 from edgebnn.search.objectives import choose_best
 from edgebnn.search.space import TrialConfig, bits_for, modes_for
-from edgebnn.search.trial import TrialJob, run_trial
+from edgebnn.search.trial import TrialJob, open_inputs, run_trial, warm_up
 
 optuna = pytest.importorskip("optuna")
 
@@ -142,6 +144,27 @@ def test_resume_after_an_interrupt_inside_a_batch(files, reference, tmp_path):
 def test_two_local_workers_give_the_same_trials(files, reference, tmp_path):
     parallel = run_search(settings(files), tmp_path / "study.jsonl", LocalExecutor(2))
     assert strip_timing(parallel) == strip_timing(reference)
+
+
+def test_inputs_are_opened_once_per_process_until_a_file_changes(files, tmp_path):
+    root, model = files
+    data = tmp_path / "val.npz"
+    data.write_bytes((root / "val.npz").read_bytes())
+    first = open_inputs(str(model), str(data), None)
+    assert open_inputs(str(model), str(data), None) is first  # the trials of a search share one IR and data set
+    with np.load(data) as z:
+        x, y = z["x"], z["y"]
+    np.savez(data, x=x[:24], y=y[:24])  # rewritten: a later search on the same path sees the new rows
+    again = open_inputs(str(model), str(data), None)
+    assert again is not first and again[1].n == 24 and first[1].n == 48
+    warm_up(str(model), str(tmp_path / "missing.npz"), None)  # an error is left to the trials to record
+
+
+def test_batches_are_submitted_largest_ensemble_first():
+    config = TrialConfig("fixed", "auto", 2, 4, "baked", "fp32", "off")
+    jobs = [TrialJob(n, dataclasses.replace(config, samples=s), "m.ebnn", "digits", None, 0, "cpu")
+            for n, s in enumerate((4, 32, 8, 32, 16))]
+    assert largest_first(jobs) == [1, 3, 4, 2, 0]  # ties keep trial order
 
 
 def test_budget_keeps_the_smallest_within_or_names_the_closest():
