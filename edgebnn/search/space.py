@@ -9,7 +9,8 @@ The space is *define-by-run* (Optuna's term): ``scheme``, ``samples`` and ``hois
 the widths the scheme's pass accepts (its own config check decides: binary takes only 1 bit, ternary 2, so their
 trials take ``auto``);
 the export mode is drawn among the modes the scheme's encodings can be exported in (``noise`` draws Gaussian
-weights only, so not codebook or binary ones; ``shared`` needs codebook layers), and the weight format only in
+weights only, so not codebook or binary ones; ``shared`` needs codebook layers, lowered with shared draws), and
+the weight format only in
 ``baked`` mode (the only mode with quantized member weights). Each mode choice set is its own parameter
 (``mode[baked,noise,analytic]``, ``bits[auto,3]``; ``bits`` when every width is accepted), because Optuna keeps one
 distribution per parameter name. Parameters that are
@@ -108,8 +109,12 @@ class TrialConfig:
 
     @property
     def options(self) -> dict[str, Any]:
-        """Scheme options :func:`edgebnn.api.lower` takes (``sigma_bits`` when the scheme has a σ code)."""
-        return {} if self.sigma_bits is None else {"sigma_bits": self.sigma_bits}
+        """Scheme options :func:`edgebnn.api.lower` takes: ``sigma_bits`` when the scheme has a σ code, and
+        ``sampling="shared"`` for a ``shared``-mode trial (that mode exports the codebook's shared draws, which
+        the codebook pass records only when asked; on a posterior not trained with shared draws they widen the
+        predictive, which the trial's NLL and ECE measure)."""
+        options: dict[str, Any] = {} if self.sigma_bits is None else {"sigma_bits": self.sigma_bits}
+        return {**options, "sampling": "shared"} if self.mode == "shared" else options
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,21 @@ def test_a_trial_that_fails_is_a_result_with_its_error(files):
     assert result["config"] == config.to_dict()
 
 
+def test_a_shared_mode_trial_lowers_the_codebook_with_shared_draws(tmp_path):
+    """The shared mode exports shared codebook draws: a trial that lowered with independent ones could not export."""
+    from edgebnn.ir.mlp import gaussian_mlp
+
+    rng = np.random.default_rng(0)
+    layers = [(rng.normal(0, 0.3, (32, 64)).astype(np.float32), np.full((32, 64), 0.05, np.float32), None, None),
+              (rng.normal(0, 0.3, (10, 32)).astype(np.float32), np.full((10, 32), 0.05, np.float32), None, None)]
+    model = ir.save(gaussian_mlp(layers), tmp_path / "mlp.ebnn")
+    np.savez(tmp_path / "val.npz", x=rng.normal(0, 1, (32, 64)).astype(np.float32), y=rng.integers(0, 10, 32))
+    config = TrialConfig("codebook", "auto", 2, 4, "shared", "fp32", "off")
+    assert config.options == {"sigma_bits": 2, "sampling": "shared"}
+    result = run_trial(TrialJob(0, config, str(model), str(tmp_path / "val.npz"), None, 0, "cpu", runs=1, warmup=0))
+    assert result["error"] is None and result["state"] == "complete"
+
+
 def test_binary_and_ternary_trials_take_only_their_width(reference):
     for t in reference["trials"]:
         if t["config"]["scheme"] == "binary":
