@@ -55,7 +55,9 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
               help="Bits of the σ codes to explore (default 2,1,0; 0: one σ per layer).")
 @click.option("--samples", "samples_choices", default=None, help="Ensemble sizes S (default 4,8,16,32).")
 @click.option("--modes", default=None, help="Export modes (default baked,noise,shared,analytic).")
-@click.option("--weights", "weight_choices", default=None, help="Baked member weight formats (default fp32,int8,int4).")
+@click.option("--weights", "weight_choices", default=None,
+              help="Baked member weight formats (default: those the device runs: fp32,int8,int4; fp32,int8 on a "
+                   "Jetson).")
 @click.option("--hoist", "hoist_choices", default=None, help="Hoisting choices (default off,auto).")
 @click.option("--seed", default=0, show_default=True, help="Seeds the sampler and every trial: same seed, same trials.")
 @click.option("--population", default=DEFAULT_POPULATION, show_default=True,
@@ -100,6 +102,7 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
         run_search,
     )
     from edgebnn.search import export_best as write_best
+    from edgebnn.search.run import device_formats
 
     axes: dict[str, Any] = {}
     for axis, text, option in (("schemes", schemes, "--schemes"), ("bits", bits_choices, "--bits"),
@@ -108,6 +111,8 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
         values = _choices(text, option)
         if values is not None:
             axes[axis] = values
+    if "weights" not in axes:  # the formats the device runs (a Jetson's TensorRT takes no int4)
+        axes["weights"] = device_formats(device)
     for axis, text, option in (("sigma_bits", sigma_choices, "--sigma-bits"),
                                ("samples", samples_choices, "--samples")):
         values = _choices(text, option)

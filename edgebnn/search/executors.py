@@ -170,8 +170,8 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
         ray = self._ray
         options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
         try:
-            if self.address is None:
-                ray.init(num_cpus=self.workers, _node_ip_address="127.0.0.1", **options)
+            if self.address is None:  # this machine is the device: it holds the profile's resource
+                ray.init(num_cpus=self.workers, resources=self._resources(), _node_ip_address="127.0.0.1", **options)
             else:
                 with _stderr_held():  # Ray's C++ client logs each retry; a failure is reported as one line
                     ray.init(address=self.address, **options)
@@ -183,9 +183,14 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
                                      f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
                                      ) from e
         self._started = True
+        if self.address is not None:
+            check_device_resource(ray.cluster_resources(), self.device, self.address)
         self._evaluate = ray.remote(num_cpus=1, num_returns=2, max_retries=0)(evaluate_trial)
-        resources = {} if self.device == "cpu" else {self.device: 1}
-        self._profile = ray.remote(num_cpus=1, resources=resources, max_retries=0)(profile_trial)
+        self._profile = ray.remote(num_cpus=1, resources=self._resources(), max_retries=0)(profile_trial)
+
+    def _resources(self) -> dict[str, float]:
+        """The custom resource a profile task asks for: one unit named after the device (none for ``cpu``)."""
+        return {} if self.device == "cpu" else {self.device: 1}
 
     def warm_up(self, model: str, data: str, ood_data: str | None, parallel: int) -> None:
         """Have up to ``parallel`` workers (one per CPU) import and open the inputs; returns at once.
@@ -217,6 +222,18 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
             self._warming = []
             self._ray.shutdown()
             self._started = False
+
+
+def check_device_resource(cluster: dict[str, float], device: str, address: str) -> None:
+    """Refuse a cluster on which no node offers ``device``'s custom resource: its profile tasks would wait forever.
+
+    Raises:
+        InvalidOptionError: One line naming the address, the resource and how to offer it.
+    """
+    if device != "cpu" and cluster.get(device, 0) < 1:
+        raise InvalidOptionError(
+            f"--ray-address {address}: no node offers the resource {device!r} that --device {device} profiles "
+            f"on; start one on the board with: ray start --address {address} --resources '{{\"{device}\": 1}}'")
 
 
 def make_executor(kind: str, *, workers: int = 1, ray_address: str | None = None,

@@ -18,6 +18,7 @@ from edgebnn import schemas
 from edgebnn._version import __version__
 from edgebnn.budget import BudgetNotMetError
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters.forms import DEVICE_FORMATS
 from edgebnn.search.executors import LocalExecutor, RayExecutor
 from edgebnn.search.objectives import DEFAULT_OBJECTIVES, Objective, choose_best, parse_budget, parse_objectives
 from edgebnn.search.space import SearchSpace, TrialConfig
@@ -31,6 +32,7 @@ from edgebnn.search.study import (
     trial_sampler,
 )
 from edgebnn.search.trial import TrialJob, data_split
+from edgebnn.targets.registry import get_target
 
 SCHEMA = schemas.SEARCH
 DEFAULT_POPULATION = 6
@@ -82,6 +84,11 @@ class SearchSettings:
                 "seed": self.seed, "population": self.population, "baseline_samples": self.baseline_samples}
 
 
+def device_formats(device: str) -> tuple[str, ...]:
+    """The member weight formats ``device`` (a device profile name or alias) runs."""
+    return DEVICE_FORMATS[get_target(device).name][1]
+
+
 def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str, float]]:
     """Check every input before anything is written: model, data, device, objectives, budget, counts.
 
@@ -89,7 +96,6 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
         InvalidOptionError, InvalidArtifactError: One line naming the option or file at fault.
     """
     from edgebnn.api import dataset_for, load_ir
-    from edgebnn.targets.registry import get_target
 
     if settings.trials < 1:
         raise InvalidOptionError(f"--trials {settings.trials}: must be at least 1")
@@ -101,7 +107,12 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
     budget = parse_budget(settings.budget, ood=settings.ood_data is not None)
     if settings.runs == 0 and any(not o.deterministic for o in objectives):
         raise InvalidOptionError("--runs 0 measures no latency or energy: drop them from --objectives")
-    get_target(settings.device)
+    device = get_target(settings.device).name
+    formats = device_formats(device)
+    bad = [w for w in settings.space.weights if w not in formats]
+    if bad:
+        raise InvalidOptionError(f"--weights {','.join(bad)}: {device} ({DEVICE_FORMATS[device][0]}) takes "
+                                 f"{' or '.join(formats)}; search with --weights {','.join(formats)}")
     model = load_ir(settings.model)
     dataset_for(model, settings.data, split=data_split(settings.data))
     if settings.ood_data is not None:
@@ -127,7 +138,8 @@ def _baseline(settings: SearchSettings) -> dict[str, Any]:
 def _job(settings: SearchSettings, number: int, config: TrialConfig) -> TrialJob:
     return TrialJob(number=number, config=config, model=str(settings.model), data=str(settings.data),
                     ood_data=None if settings.ood_data is None else str(settings.ood_data), seed=settings.seed,
-                    device=settings.device, runs=settings.runs, warmup=settings.warmup, threads=settings.threads)
+                    device=get_target(settings.device).name, runs=settings.runs, warmup=settings.warmup,
+                    threads=settings.threads)
 
 
 def run_search(settings: SearchSettings, study_path: str | Path, executor: LocalExecutor | RayExecutor,
@@ -255,4 +267,5 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
     c = TrialConfig.from_dict(best["config"])
     seed = report["settings"]["seed"]
     lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value, **c.options)
-    return export(lowered, path, samples=c.samples, mode=c.mode, weights=c.weights, seed=seed, hoist=c.hoist)
+    return export(lowered, path, samples=c.samples, mode=c.mode, weights=c.weights, seed=seed, hoist=c.hoist,
+                  device=get_target(report["settings"]["device"]).name)

@@ -128,7 +128,8 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
         model, dataset, ood = open_inputs(job.model, job.data, job.ood_data)
         lowered = lower(model, c.scheme, seed=job.seed, bits=c.bits_value, **c.options)
         report = lowered.lowering_report
-        proto = export_onnx(lowered, c.samples, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist)
+        proto = export_onnx(lowered, c.samples, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist,
+                            device=job.device)  # the graph form export writes for the device
         onnx_bytes = proto.SerializeToString()
         ev = evaluate_artifact(Session(onnx_bytes, seed=job.seed, threads=job.threads), data=dataset, seed=job.seed,
                                ood_data=ood)

@@ -351,3 +351,54 @@ def test_ray_profiles_ask_for_the_canonical_device_resource():
     assert RayExecutor(None, device="RTX").device == "rtx"
     with pytest.raises(InvalidOptionError, match="unknown device 'tpu'"):
         RayExecutor(None, device="tpu")
+
+
+def test_a_device_resource_no_cluster_node_offers_is_one_line():
+    """Profile tasks asking for a resource no node has would wait forever: refused before any trial."""
+    from edgebnn.search.executors import check_device_resource
+
+    check_device_resource({"CPU": 4.0, "rtx": 1.0}, "rtx", "head:6379")
+    check_device_resource({"CPU": 4.0}, "cpu", "head:6379")
+    with pytest.raises(InvalidOptionError, match=r"^--ray-address head:6379: no node offers the resource "
+                                                 r"'jetson-orin-nano' .*ray start --address head:6379 --resources "
+                                                 r"'\{\"jetson-orin-nano\": 1\}'$"):
+        check_device_resource({"CPU": 4.0, "rtx": 1.0}, "jetson-orin-nano", "head:6379")
+
+
+def test_a_local_ray_instance_holds_the_device_resource(files, tmp_path):
+    """Without --ray-address this machine is the device: its profile tasks run here (rtx: no TensorRT, so each
+    trial records the profile error) instead of waiting for a node that never comes."""
+    from edgebnn.search import RayExecutor
+
+    ray = pytest.importorskip("ray")
+    with RayExecutor(None, workers=1, device="rtx") as executor:
+        assert ray.cluster_resources().get("rtx") == 1  # (else the search below would wait forever)
+        report = run_search(settings(files, trials=2, population=2, device="rtx"), tmp_path / "study.jsonl", executor)
+    assert [t["state"] for t in report["trials"]] == ["complete", "complete"]
+    assert all(t["latency_ms"] is None and t["profile_error"] for t in report["trials"])
+
+
+
+@pytest.mark.parametrize(("device", "form"), [("cpu", "integer"), ("rtx", "qdq")])
+def test_a_trial_exports_the_form_export_writes_for_its_device(files, device, form):
+    """The latency a trial measures is that of the graph `edgebnn export --device` writes (on onnxruntime CPU not
+    the Q/DQ form, which dequantizes every member on every call)."""
+    import onnx
+
+    from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.search.trial import evaluate_trial
+
+    root, model = files
+    job = TrialJob(0, TrialConfig("fixed", "4", 2, 4, "baked", "int8", "off"), str(model), str(root / "val.npz"),
+                   None, 0, device, runs=1, warmup=0)
+    result, proto = evaluate_trial(job)
+    assert result["error"] is None and proto is not None
+    assert read_metadata(onnx.load_from_string(proto), "trial").form == form
+
+
+def test_a_weight_format_the_device_cannot_run_is_refused(files, tmp_path):
+    with pytest.raises(InvalidOptionError, match=r"^--weights int4: jetson-orin-nano \(TensorRT 10.3\) takes fp32 or "
+                                                 r"int8; search with --weights fp32,int8$"):
+        run_search(settings(files, device="jetson", space=SearchSpace(weights=("fp32", "int8", "int4"))),
+                   tmp_path / "s.jsonl", LocalExecutor(1))
+    assert not (tmp_path / "s.jsonl").exists()
