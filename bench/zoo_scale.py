@@ -47,6 +47,11 @@ so seconds are loose)::
     export/float          1834 MiB                 9.43           6.7       (baked S = 4, fp32: 409 MB .onnx)
     export/fixed          1685 MiB                 8.66           8.8
     export/mcq            1688 MiB                 8.67           7.2
+    lower/codebook         325 MiB                 1.67          49.4       0.5M   (a later run, load ~1)
+
+codebook's lowering is the slow one: its mixture fit (mini-batch EM, trying K = 2^b - 1 upwards until the
+variance budget is met) costs about 0.9 s per layer whatever the layer's size, and ResNet-50 has 54 Bayesian
+conv/linear layers; ``bench/memory.py``'s few large layers lower at 1.4M weights/s.
 
 Lowering holds the model and its largest layer (a ResNet's layers are small: 1.3-1.7x, against 1.8-3.0x for
 the few big layers of ``bench/memory.py``). The export's 8.7-9.4x is the exporter's (the S = 4 fp32 constants
