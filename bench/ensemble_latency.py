@@ -557,8 +557,6 @@ def plot_forms(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from edgebnn._io import atomic_write
-
     cells = [(name, c) for name, model in result["forms"].items() for c in model["cells"]]
     fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4.6), squeeze=False)
     for ax, (name, cell) in zip(axes[0], cells, strict=True):
@@ -571,9 +569,19 @@ def plot_forms(result: dict[str, Any], path: str) -> None:
         ax.set_title(f"{name}, batch {cell['batch']}, S={cell['samples']}", fontsize=9)
         ax.set_xlabel("p50 latency / fp32 baked ensemble")
         ax.tick_params(axis="y", labelsize=7)
+    save_figure(fig, result, path)
+
+
+def save_figure(fig: Any, result: dict[str, Any], path: str, *, cpus: bool = False) -> None:
+    """Title ``fig`` with the run's machine (onnxruntime, threads, load), write it atomically as PNG, close it."""
+    import matplotlib.pyplot as plt
+
+    from edgebnn._io import atomic_write
+
     m = result["machine"]
-    fig.suptitle(f"onnxruntime {m['onnxruntime']}, {THREADS} threads, load avg {m['load_average_start'][0]} -> "
-                 f"{m['load_average_end'][0]}", fontsize=9)
+    where = f", {m['cpu_count']} CPUs" if cpus else ""
+    fig.suptitle(f"onnxruntime {m['onnxruntime']}, {THREADS} threads{where}, load avg "
+                 f"{m['load_average_start'][0]} -> {m['load_average_end'][0]}", fontsize=9)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
@@ -692,7 +700,6 @@ def plot(result: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from edgebnn._io import atomic_write
 
     models = list(result["models"])
     batches = sorted({c["batch"] for m in result["models"].values() for c in m["cells"]})
@@ -722,12 +729,7 @@ def plot(result: dict[str, Any], path: str) -> None:
             ax.set_title(f"{name}, batch {batch}", fontsize=10)
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    m = result["machine"]
-    fig.suptitle(f"onnxruntime {m['onnxruntime']}, {THREADS} threads, {m['cpu_count']} CPUs, load avg "
-                 f"{m['load_average_start'][0]} -> {m['load_average_end'][0]}", fontsize=9)
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
-    plt.close(fig)
+    save_figure(fig, result, path, cpus=True)
 
 
 # ----------------------------------------------------------------------------------------------- main
