@@ -11,4 +11,5 @@ COMPARE = "edgebnn.compare/1"
 CALIBRATE = "edgebnn.calibrate/1"
 PROFILE = "edgebnn.profile/1"
 DEMO = "edgebnn.demo/1"
-SEARCH = "edgebnn.search/1"
+SEARCH = "edgebnn.search/2"  # 2: trial "bytes" is the deployed ONNX file (was the IR's tensors)
+EXPORT = "edgebnn.export/1"

@@ -143,6 +143,8 @@ def print_inspect(console: Console, info: dict[str, Any], *, verbose: bool = Fal
             rows.append(("sampled", ", ".join(layers.get("sampled", [])) or "none"))
             rows.append(("hoisted", ", ".join(layers.get("hoisted", [])) or "none"))
         _header(console, [*rows, ("ops", ops)])
+        if info.get("deployed"):
+            print_deployed(console, info["deployed"])
         return
     manifest = info["manifest"]
     weights = info["layers"]
@@ -172,6 +174,49 @@ def print_inspect(console: Console, info: dict[str, Any], *, verbose: bool = Fal
     console.print(_grouped(weights, [("encoding", "encoding")], sparse=False))
     console.print(f"{len(weights)} weights grouped by encoding; --verbose lists each, --json prints everything",
                   highlight=False)
+
+
+_DEPLOYED_ROWS = (("codes", "codes", "quantized levels, indices, counts, packed bits"),
+                  ("tables", "scales and tables", "scales, zero points, codebooks"),
+                  ("float_weights", "float weights", "μ/σ, baked members, biases, BatchNorm"),
+                  ("graph", "graph", "nodes, names, shapes, metadata"))
+
+
+def times_smaller(reference: int | None, size: int, what: str) -> str:
+    """``3.84x smaller than the fp32 BNN (157.3 KiB)``, or ``1.75x larger than ...``; unknown reference: said so."""
+    if not reference or size <= 0:
+        return f"{what}: not recorded"
+    ratio = reference / size
+    word = f"{ratio:.2f}x smaller" if ratio >= 1 else f"{1 / ratio:.2f}x larger"
+    return f"{word} than the {what} ({fmt_bytes(reference)})"
+
+
+def print_deployed(console: Console, deployed: dict[str, Any], *, title: str = "deployed") -> None:
+    """What an exported file costs the device (:meth:`edgebnn.exporters.sizes.DeployedSize.to_dict`): the bytes,
+    the ratios to the fp32 BNN and the ``.ebnn``, the breakdown and the inputs a caller must fill."""
+    total = int(deployed["file_bytes"])
+    _header(console, [
+        (title, f"{fmt_bytes(total)} ({total:,} bytes): "
+                f"{times_smaller(deployed.get('float_bnn_bytes'), total, 'fp32 BNN')}; "
+                f"{times_smaller(deployed.get('ebnn_bytes'), total, '.ebnn')}"),
+    ])
+    table = Table(title_justify="left")
+    for col in ("part", "bytes", "share", "tensors", "what"):
+        table.add_column(col, justify="left" if col in ("part", "what") else "right",
+                         overflow="fold" if col == "what" else "ellipsis", no_wrap=col != "what")
+    counts = deployed.get("tensors", {})
+    for key, label, what in _DEPLOYED_ROWS:
+        n = int(deployed["breakdown"][key])
+        table.add_row(label, f"{n:,}", f"{n / total:.1%}" if total else "-",
+                      "" if key == "graph" else str(counts.get(key, "")), what)
+    console.print(table)
+    noise = deployed.get("noise_inputs") or []
+    if deployed.get("self_contained"):
+        inputs = "1 (the data): self-contained, runs on the data alone"
+    else:
+        inputs = (f"{deployed['inputs']}: the data + {len(noise)} noise input(s) the host must draw on every call "
+                  f"({', '.join(noise[:4])}{', ...' if len(noise) > 4 else ''})")
+    console.print(f"graph inputs: {inputs}", highlight=False, markup=False)
 
 
 def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:

@@ -30,6 +30,7 @@ from edgebnn.tables import (
     print_closest,
     print_inspect,
     print_lower_eval,
+    print_deployed,
     print_lower_report,
 )
 
@@ -176,12 +177,15 @@ def _describe_ir(model: Any) -> dict[str, Any]:
 def _describe_onnx(path: str) -> dict[str, Any]:
     from edgebnn.runtime.session import read_export
 
+    from edgebnn.exporters.sizes import deployed_bytes
+
     proto, meta, _ = read_export(path)
     ops: dict[str, int] = {}
     for n in proto.graph.node:
         ops[n.op_type] = ops.get(n.op_type, 0) + 1
     return {"file": path, "export": meta.to_dict(), "bytes": Path(path).stat().st_size,
-            "opset": [(o.domain or "ai.onnx", o.version) for o in proto.opset_import], "ops": ops}
+            "opset": [(o.domain or "ai.onnx", o.version) for o in proto.opset_import], "ops": ops,
+            "deployed": deployed_bytes(path).to_dict()}
 
 
 # -- export -----------------------------------------------------------------------------------------------
@@ -228,9 +232,11 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--max-batch", default=1, show_default=True, help="TensorRT: largest batch the engine accepts.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False),
+              help="Write the export report as JSON: the export metadata and the deployed bytes (key deployed).")
 def export(file: str, target: str, samples: int, mode: str, noise_variant: str, weight_format: str, hoist: str,
            form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None,
-           timing_cache: str | None, max_batch: int, output: str) -> None:
+           timing_cache: str | None, max_batch: int, output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
@@ -254,6 +260,7 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")
+        _print_deployed(output, meta.to_dict(), json_out)
         return
     from edgebnn.exporters.tensorrt import build_engine
 
@@ -262,11 +269,21 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
         raise InvalidOptionError(f"-o {output}: give the engine path (e.g. model.engine), not an .onnx path")
     save_onnx(proto, onnx_path)
     console.print(f"wrote {onnx_path} (TensorRT-ready ONNX)")
+    _print_deployed(str(onnx_path), meta.to_dict(), json_out)
     manifest = build_engine(onnx_path, Path(output), device or "rtx", workspace_mib=workspace_mib,
                             dla_core=dla_core, timing_cache=Path(timing_cache) if timing_cache else None,
                             dry_run=dry_run, max_batch=max_batch)
     what = "dry run: engine not built" if dry_run else f"wrote {output} (TensorRT {manifest['tensorrt_version']})"
     console.print(f"{what}; trtexec equivalent:\n  {shlex.join(manifest['trtexec'])}", highlight=False)
+
+
+def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None) -> None:
+    """The written ONNX's deployed bytes as a table, and ``--json``: the export metadata and ``deployed``."""
+    from edgebnn.exporters.sizes import deployed_bytes
+
+    deployed = deployed_bytes(path).to_dict()
+    print_deployed(console, deployed)
+    write_json(json_out, {"file": path, "export": export_meta, "deployed": deployed}, schemas.EXPORT)
 
 
 # -- calibrate --------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     noise           noise/shared: the noise variant
     noise_inputs    noise/shared: [{"name", "shape" ([-1 | S, dims...]), "per" (row | sample), "dist"}]
     quadrature, quadrature_seed   analytic: the logit quadrature
+    float_bnn_bytes, ebnn_bytes   the fp32 BNN's bytes (μ and σ of every Bayesian weight in fp32) and the
+                    ``.ebnn``'s, so the file alone gives its size ratios (:mod:`edgebnn.exporters.sizes`)
     precision, calibration        INT8 calibration (``calibrate``): "int8" and its settings
 """
 
@@ -55,6 +57,8 @@ class ExportMetadata:
     num_classes: int
     outputs: tuple[str, ...]
     edgebnn_version: str = __version__
+    float_bnn_bytes: int | None = None
+    ebnn_bytes: int | None = None
     weights: str | None = None
     form: str | None = None
     form_reason: str | None = None
@@ -69,10 +73,15 @@ class ExportMetadata:
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
-        """The record of a graph exported from ``model`` (``extra``: the optional fields of its mode)."""
+        """The record of a graph exported from ``model`` (``extra``: the optional fields of its mode), with the
+        fp32 BNN's and the ``.ebnn``'s bytes (computed from the IR unless ``extra`` gives them)."""
+        from edgebnn.passes import ebnn_bytes, float_bnn_bytes
+
         m = model.manifest
         if extra.get("noise_inputs") is not None:
             extra["noise_inputs"] = tuple(extra["noise_inputs"])
+        extra.setdefault("float_bnn_bytes", float_bnn_bytes(model))
+        extra.setdefault("ebnn_bytes", ebnn_bytes(model))
         return cls(mode=mode, samples=samples, seed=seed, scheme=m.scheme, source_library=m.source_library,
                    input_name=m.input_name, input_shape=tuple(m.input_shape), num_classes=m.num_classes,
                    outputs=("probs",) if mode in BASELINE_MODES else OUTPUTS, **extra)
@@ -245,6 +254,8 @@ _CHECKS: dict[str, Any] = {
     "form": _is_text,
     "form_reason": _is_text,
     "integer_min_bytes": lambda v: _is_int(v) and v >= 0,
+    "float_bnn_bytes": lambda v: _is_int(v) and v >= 0,
+    "ebnn_bytes": lambda v: _is_int(v) and v >= 0,
     "layers": lambda v: isinstance(v, dict) and set(v) == {"sampled", "hoisted"} and all(
         _is_text_list(x) for x in v.values()),
     "noise": _is_text,
@@ -260,6 +271,7 @@ _DESCRIBE = {
     "outputs": "a non-empty list of names", "layers": 'an object {"sampled": [names], "hoisted": [names]}',
     "noise_inputs": 'a list of {"name", "shape", "per": row|sample, "dist": normal|uniform} objects',
     "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer",
+    "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
     "calibration": "an object with a method",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
