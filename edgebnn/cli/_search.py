@@ -46,8 +46,9 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
               help="Allowed loss vs the float BNN on the same data, e.g. nll=+0.05,ece=+0.01 (accuracy=-0.01). "
                    "No trial within: exit 2 naming the closest.")
 @click.option("--objectives", default=",".join(DEFAULT_OBJECTIVES), show_default=True,
-              help="Minimized/maximized together (NSGA-II): bytes, artifact_bytes, latency, energy, accuracy, nll, "
-                   "ece, brier, auroc. latency/energy are timings: with them, later generations depend on them.")
+              help="Minimized/maximized together (NSGA-II): bytes (the exported ONNX file a trial deploys), ir_bytes "
+                   "(the lowered IR's tensors), artifact_bytes (= bytes), latency, energy, accuracy, nll, ece, brier, "
+                   "auroc. latency/energy are timings: with them, later generations depend on them.")
 @click.option("--schemes", default=None, help="Schemes to explore (default mcq,fixed,codebook,ternary,binary,"
                                               "prune+fixed).")
 @click.option("--bits", "bits_choices", default=None, help="Bit widths to explore (default auto,3,4,6).")

@@ -1,8 +1,10 @@
 """Objectives, budgets, the Pareto front and the choice of ``best``.
 
 A trial result (:func:`edgebnn.search.trial.run_trial`) has ``metrics`` (``accuracy``, ``nll``, ``ece``,
-``brier`` and, with OOD data, ``auroc``), ``bytes`` (the lowered model's stored weights, the figure
-``compression_ratio`` divides), ``artifact_bytes`` (the exported ONNX), ``latency_ms`` and ``energy_mj``.
+``brier`` and, with OOD data, ``auroc``), ``bytes`` (the exported ONNX the trial would deploy, byte for byte the
+file ``edgebnn export`` writes: the figure ``compression_ratio`` divides), ``artifact_bytes`` (the same, the name
+of search/1), ``ir_bytes`` (the lowered IR's stored weights, ``lower``'s ``total_bytes``), ``deployed`` (the
+file's breakdown, :mod:`edgebnn.exporters.sizes`), ``latency_ms`` and ``energy_mj``.
 
 A budget bounds metrics relative to the float BNN measured once per search: ``nll=+0.05,ece=+0.01`` keeps
 trials whose NLL is at most 0.05 and ECE at most 0.01 above the float BNN's; ``accuracy=-0.01`` keeps those
@@ -47,6 +49,7 @@ class Objective:
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("bytes", ("bytes",)),
     Objective("artifact_bytes", ("artifact_bytes",)),
+    Objective("ir_bytes", ("ir_bytes",)),
     Objective("latency", ("latency_ms",), deterministic=False),
     Objective("energy", ("energy_mj",), deterministic=False),
     Objective("accuracy", ("metrics", "accuracy"), maximize=True),

@@ -44,7 +44,8 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
                       _num(t.get("latency_ms"), ".3f"), _num(m.get("accuracy"), ".4f"), _num(m.get("nll"), ".4f"),
                       _num(m.get("ece"), ".4f") if t["state"] == "complete" else "failed")
     console.print(table)
-    console.print("* Pareto front   > best   ratio: float BNN bytes / bytes", highlight=False)
+    console.print("* Pareto front   > best   bytes: the exported ONNX file   ratio: float BNN bytes / bytes",
+                  highlight=False)
     for note in notes:
         console.print(note, highlight=False, markup=False)
     if report["best"]:
@@ -100,7 +101,7 @@ def plot_front(report: dict[str, Any], path: str | Path) -> Path:
     bx0, by0 = x_obj.value(base), y_obj.value(base)
     if bx0 is not None and by0 is not None:
         ax.scatter([bx0], [by0], marker="s", s=40, color="#36c", label="float BNN")
-    if x_name in ("bytes", "artifact_bytes"):
+    if x_name in ("bytes", "artifact_bytes", "ir_bytes"):
         ax.set_xscale("log")
     ax.set_xlabel(x_name)
     ax.set_ylabel(y_name)

@@ -81,7 +81,8 @@ class SearchSettings:
         """The settings that decide which trials a study holds (stored in it; a resume must match them)."""
         return {"model_sha256": file_digest(self.model), "data": self.data, "ood_data": self.ood_data,
                 "device": self.device, "objectives": list(self.objectives), "space": self.space.to_dict(),
-                "seed": self.seed, "population": self.population, "baseline_samples": self.baseline_samples}
+                "seed": self.seed, "population": self.population, "baseline_samples": self.baseline_samples,
+                "bytes": "deployed"}  # search/1 studies measured IR bytes: not resumed with deployed ones
 
 
 def device_formats(device: str) -> tuple[str, ...]:
@@ -149,8 +150,9 @@ def run_search(settings: SearchSettings, study_path: str | Path, executor: Local
     Trials an interrupted run left unfinished are run again first (with the configs they were asked with).
 
     Returns:
-        The ``edgebnn.search/1`` report (without ``schema``): ``trials`` (each ``number``, ``state``,
-        ``config``, ``metrics``, ``bytes``, ``artifact_bytes``, ``latency_ms``, ``energy_mj``, ``error``),
+        The ``edgebnn.search/2`` report (without ``schema``): ``trials`` (each ``number``, ``state``,
+        ``config``, ``metrics``, ``bytes`` (the deployed ONNX file), ``artifact_bytes`` (the same), ``ir_bytes``,
+        ``deployed`` (its breakdown), ``latency_ms``, ``energy_mj``, ``error``),
         ``pareto`` (the non-dominated completed trials), ``best`` and ``best_reason``, ``closest`` (when no
         trial is within the budget), ``baseline`` (the float BNN), ``objectives``, ``budget``, ``settings``.
 

@@ -117,11 +117,13 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
     """Lower, export and evaluate; returns ``(result, exported ONNX bytes or None when it failed)``."""
     from edgebnn.api import evaluate_artifact, lower
     from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.sizes import deployed_bytes
     from edgebnn.runtime import Session
 
     c = job.config
     result: dict[str, Any] = {"number": job.number, "state": "failed", "config": c.to_dict(), "metrics": None,
-                              "bytes": None, "artifact_bytes": None, "compression_ratio": None,
+                              "bytes": None, "artifact_bytes": None, "ir_bytes": None, "deployed": None,
+                              "compression_ratio": None, "ir_compression_ratio": None,
                               "latency_ms": None, "energy_mj": None, "energy_reason": None, "error": None,
                               "profile_error": None}
     try:
@@ -130,7 +132,7 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
         report = lowered.lowering_report
         proto = export_onnx(lowered, c.samples, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist,
                             device=job.device)  # the graph form export writes for the device
-        onnx_bytes = proto.SerializeToString()
+        onnx_bytes = proto.SerializeToString(deterministic=True)  # the bytes `export` writes
         ev = evaluate_artifact(Session(onnx_bytes, seed=job.seed, threads=job.threads), data=dataset, seed=job.seed,
                                ood_data=ood)
     except Exception as e:  # a failed trial is recorded with its error; the search goes on
@@ -139,9 +141,12 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
     metrics = {k: ev[k] for k in ("accuracy", "nll", "ece", "brier")}
     if "ood" in ev:
         metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
-    result.update(state="complete", metrics=metrics, bytes=int(report["total_bytes"]),
-                  artifact_bytes=len(onnx_bytes), compression_ratio=report["float_bnn_bytes"] / report["total_bytes"],
-                  n=ev["n"])
+    deployed = deployed_bytes(onnx_bytes, float_bnn_bytes=int(report["float_bnn_bytes"]),
+                              ebnn_bytes=int(report["ebnn_bytes"]))
+    result.update(state="complete", metrics=metrics, bytes=deployed.file_bytes, artifact_bytes=deployed.file_bytes,
+                  ir_bytes=int(report["total_bytes"]), deployed=deployed.to_dict(),
+                  compression_ratio=deployed.ratio_float_bnn,
+                  ir_compression_ratio=report["float_bnn_bytes"] / report["total_bytes"], n=ev["n"])
     return result, onnx_bytes
 
 

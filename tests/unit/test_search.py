@@ -309,7 +309,7 @@ def test_cli_writes_report_plot_and_best_artifact(files, tmp_path):
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     body = json.loads(out.read_text())
-    assert body["schema"] == "edgebnn.search/1" and body["edgebnn_version"]
+    assert body["schema"] == "edgebnn.search/2" and body["edgebnn_version"]
     assert (tmp_path / "out.study.jsonl").exists()  # the default study file sits beside --json
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = body["best"]
