@@ -296,6 +296,24 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
     if budget["met"]:
         console.print(f"budget kept: {', '.join(f'{k} {v:+.4f}' for k, v in budget['deltas'].items())}",
                       highlight=False)
+    sizes = budget.get("sizes")
+    if sizes:
+        print_budget_sizes(console, sizes)
+
+
+def print_budget_sizes(console: Console, sizes: dict[str, Any]) -> None:
+    """``lower --budget``: the IR's bytes (what the budget minimizes) and the default export's deployed bytes."""
+    ref = sizes.get("float_bnn_bytes")
+    rows = [("IR", f"{fmt_bytes(sizes['ir_bytes'])} of tensors ({times_smaller(ref, sizes['ir_bytes'], 'fp32 BNN')}); "
+                   f".ebnn file {fmt_bytes(sizes['ebnn_bytes'])}")]
+    deployed, what = sizes.get("deployed"), sizes.get("export") or {}
+    if deployed:
+        how = " ".join(f"--{k} {v}" for k, v in what.items())
+        rows.append(("deployed", f"{fmt_bytes(deployed['file_bytes'])} ({times_smaller(ref, deployed['file_bytes'], 'fp32 BNN')})"
+                                 f" exported with the defaults ({how}); `edgebnn export` prints its breakdown"))
+    else:
+        rows.append(("deployed", f"the default export is refused: {sizes.get('deployed_error')}"))
+    _header(console, [(label, escape(value)) for label, value in rows])
 
 
 def print_closest(console: Console, closest: dict[str, Any]) -> None:

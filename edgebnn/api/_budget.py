@@ -89,9 +89,29 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
         "measured_on": {"rows": dataset.n, "of": full_n, "ood_rows": ood.n if ood else None, "samples": samples,
                         "seed": config.seed},
         "evaluations": search.evaluations, "steps": search.steps, "layers": search.layer_rows(lowered),
-        "warnings": warnings,
+        "warnings": warnings, "sizes": budget_sizes(lowered),
     }
     return lowered
+
+
+def budget_sizes(lowered: LoweredModel) -> dict[str, Any]:
+    """Both sizes of the chosen lowering: the IR's (what the budget search minimizes: ``total_bytes``, and the
+    ``.ebnn`` file) and the deployed ONNX of the default export for the device
+    (:data:`edgebnn.exporters.sizes.DEFAULT_EXPORT`), with what was exported; ``deployed`` is null with
+    ``deployed_error`` when that export is refused."""
+    from edgebnn.errors import EdgeBNNError
+    from edgebnn.exporters.sizes import export_size
+
+    report = lowered.lowering_report
+    out: dict[str, Any] = {"ir_bytes": int(report["total_bytes"]), "ebnn_bytes": int(report["ebnn_bytes"]),
+                           "float_bnn_bytes": int(report["float_bnn_bytes"]), "deployed": None, "export": None}
+    try:
+        size, what = export_size(lowered)
+    except EdgeBNNError as e:
+        out["deployed_error"] = str(e)
+        return out
+    out.update(deployed=size.to_dict(), export=what)
+    return out
 
 
 def _head(dataset: Dataset, rows: int) -> Dataset:

@@ -61,6 +61,10 @@ def test_budget_search_keeps_the_budget_and_replays(trained_digits, ood, tmp_pat
     assert code == 0
     assert report["total_bytes"] < json.loads((tmp_path / "rule.json").read_text())["total_bytes"]
     assert "MI-AUROC (OOD)" in output and "budget kept" in output
+    # Both sizes: the IR the budget minimized and the file the default export deploys.
+    sizes = budget["sizes"]
+    assert sizes["ir_bytes"] == report["total_bytes"] and sizes["deployed"]["file_bytes"] > 0
+    assert "deployed" in output
     # the manifest stores the chosen config: replaying it gives the same bytes
     code, output = lower(weights, tmp_path / "replay.ebnn", "--config", str(out))
     assert code == 0, output

@@ -183,3 +183,18 @@ def test_search_objective_is_the_deployed_file(models, tmp_path):
     assert result["ir_bytes"] == OBJECTIVES["ir_bytes"].value(result) != result["bytes"]
     assert result["deployed"]["file_bytes"] == result["bytes"]
     assert math.isclose(result["compression_ratio"], float_bnn_bytes(models["float"]) / result["bytes"])
+
+
+def test_lower_budget_reports_ir_and_deployed_bytes(models, tmp_path):
+    from edgebnn.api import lower as api_lower
+    from edgebnn.api._budget import budget_sizes
+
+    lowered = api_lower(models["float"], "fixed", seed=0)
+    sizes = budget_sizes(lowered)
+    report = lowered.lowering_report
+    assert sizes["ir_bytes"] == report["total_bytes"] and sizes["ebnn_bytes"] == report["ebnn_bytes"]
+    # The deployed figure is the file `edgebnn export model.ebnn -o m.onnx` writes (its defaults: S=16, cpu).
+    path = save_onnx(export_onnx(lowered, 16, device="cpu"), tmp_path / "default.onnx")
+    assert sizes["deployed"]["file_bytes"] == path.stat().st_size
+    assert sizes["export"]["samples"] == 16 and sizes["export"]["mode"] == read_metadata(
+        onnx.load(str(path)), "default").mode
