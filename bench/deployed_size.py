@@ -115,12 +115,8 @@ def resnet_model(blocks: int, scheme: str, rows: int) -> dict[str, Any]:
 
 def rows_to_export() -> list[dict[str, Any]]:
     """Every mode x weights (x form for integer weights) the exporter names."""
-    out = []
-    for mode in MODES:
-        for weights in WEIGHT_FORMATS:
-            for form in ("auto",) if weights == "fp32" else ("auto", "qdq"):
-                out.append({"mode": mode, "weights": weights, "form": form})
-    return out
+    return [{"mode": mode, "weights": weights, "form": form} for mode in MODES for weights in WEIGHT_FORMATS
+            for form in (("auto",) if weights == "fp32" else ("auto", "qdq"))]
 
 
 def label(row: dict[str, Any]) -> str:
@@ -208,7 +204,7 @@ def bench_model(spec: dict[str, Any], samples: int, extra: dict[str, Any], runs:
     shared = None
     report = lowered.lowering_report
     result: dict[str, Any] = {
-        "model": spec["name"], "lowering": spec["lowering"], "samples": samples, "n": int(len(y)),
+        "model": spec["name"], "lowering": spec["lowering"], "samples": samples, "n": len(y),
         "float_bnn_bytes": float_bnn_bytes(bnn), "ir_bytes": int(report["total_bytes"]),
         "ebnn_bytes": int(report["ebnn_bytes"]), "float_export": {"bytes": len(float_export), "metrics": reference},
         "exports": [],

@@ -55,14 +55,15 @@ def entropy_bytes(values: np.ndarray) -> float:
 def symbols(encoding: Any) -> list[np.ndarray]:
     """The integer symbols an encoding stores packed: mean codes (q / counts / indices) and σ codes."""
     out = []
-    for attr in ("q", "counts", "indices"):
+    for attr in ("q", "counts", "indices", "positive"):  # fixed/ternary, mcq, codebook, binary signs
         value = getattr(encoding, attr, None)
-        if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
-            out.append(value.reshape(-1))
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iub":
+            out.append(value.reshape(-1).astype(np.int64))
             break
-    sigma = getattr(encoding, "sigma", None)
-    if sigma is not None and getattr(sigma, "bits", 0):
-        out.append(unpack_uint(sigma.codes, sigma.bits, sigma.n))
+    for attr in ("sigma", "flip"):  # σ codes; binary: flip-probability codes
+        code = getattr(encoding, attr, None)
+        if code is not None and getattr(code, "bits", 0):
+            out.append(unpack_uint(code.codes, code.bits, code.n))
     return out
 
 
@@ -102,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     bnn = digits_cnn()
     rows.append(measure("digits_cnn float", bnn))
-    for scheme in args.schemes.split(","):
-        try:
-            rows.append(measure(f"digits_cnn {scheme}", edgebnn.lower(bnn, scheme)))
-        except edgebnn.errors.EdgeBNNError as e:
-            print(f"{scheme}: {e}", file=sys.stderr)
+    rows.extend(measure(f"digits_cnn {scheme}", edgebnn.lower(bnn, scheme)) for scheme in args.schemes.split(","))
     if args.resnet:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from deployed_size import resnet_model

@@ -309,8 +309,9 @@ def print_budget_sizes(console: Console, sizes: dict[str, Any]) -> None:
     deployed, what = sizes.get("deployed"), sizes.get("export") or {}
     if deployed:
         how = " ".join(f"--{k} {v}" for k, v in what.items())
-        rows.append(("deployed", f"{fmt_bytes(deployed['file_bytes'])} ({times_smaller(ref, deployed['file_bytes'], 'fp32 BNN')})"
-                                 f" exported with the defaults ({how}); `edgebnn export` prints its breakdown"))
+        size = deployed["file_bytes"]
+        rows.append(("deployed", f"{fmt_bytes(size)} ({times_smaller(ref, size, 'fp32 BNN')}) exported with the "
+                                 f"defaults ({how}); `edgebnn export` prints its breakdown"))
     else:
         rows.append(("deployed", f"the default export is refused: {sizes.get('deployed_error')}"))
     _header(console, [(label, escape(value)) for label, value in rows])

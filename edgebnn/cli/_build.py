@@ -28,9 +28,9 @@ from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.tables import (
     fmt_bytes,
     print_closest,
+    print_deployed,
     print_inspect,
     print_lower_eval,
-    print_deployed,
     print_lower_report,
 )
 
@@ -175,9 +175,8 @@ def _describe_ir(model: Any) -> dict[str, Any]:
 
 
 def _describe_onnx(path: str) -> dict[str, Any]:
-    from edgebnn.runtime.session import read_export
-
     from edgebnn.exporters.sizes import deployed_bytes
+    from edgebnn.runtime.session import read_export
 
     proto, meta, _ = read_export(path)
     ops: dict[str, int] = {}

@@ -341,10 +341,10 @@ def _flow(graph: onnx.GraphProto, tensors: dict[str, tuple[TensorProto, int]], c
     products: set[str] = set()
     for n in graph.node:
         ins = [x for x in n.input if x]
-        if n.op_type in INTEGER_PRODUCT_OPS and any(x in decoded for x in ins):
-            products.update(n.output)
-        elif n.op_type in ("Cast", "Mul", "Div", "Reshape") and any(x in products for x in ins) and all(
-                x in products or x in tensors for x in ins):
+        computes_on_codes = n.op_type in INTEGER_PRODUCT_OPS and any(x in decoded for x in ins)
+        scales_a_product = n.op_type in ("Cast", "Mul", "Div", "Reshape") and any(x in products for x in ins) and all(
+            x in products or x in tensors for x in ins)
+        if computes_on_codes or scales_a_product:
             products.update(n.output)
         elif n.op_type in DECODE_OPS and any(x in decoded for x in ins) and all(
                 x in decoded or x in tensors for x in ins):

@@ -130,7 +130,7 @@ def test_a_plain_onnx_and_a_file_that_is_not_onnx(models, tmp_path):
     assert sum(size.breakdown.values()) == size.file_bytes == plain.ByteSize()
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\xff\xff not a protobuf")
-    with pytest.raises(InvalidArtifactError, match="bad.onnx: not an ONNX file"):
+    with pytest.raises(InvalidArtifactError, match=r"bad\.onnx: not an ONNX file"):
         deployed_bytes(bad)
     with pytest.raises(InvalidArtifactError, match="no such file"):
         deployed_bytes(tmp_path / "missing.onnx")
