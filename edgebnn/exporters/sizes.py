@@ -316,21 +316,23 @@ def classify(graph: onnx.GraphProto, tensors: dict[str, tuple[TensorProto, int]]
             out[name] = "float_weights"
 
     decoded, products = _flow(graph, tensors, out)
+    # A table decodes codes: it is smaller than the largest code tensor (a float tensor that large is weights).
+    largest = max((_numel(t) for name, (t, _) in tensors.items() if out[name] == "codes"), default=0)
     for n in graph.node:  # 2. float constants that decode codes: affine terms, scales of integer products
         if n.op_type not in _AFFINE:
             continue
-        consts = [x for x in n.input if x in tensors and out[x] == "float_weights"]
+        consts = [x for x in n.input if x in tensors and out[x] == "float_weights" and _numel(tensors[x][0]) < largest]
         others = [x for x in n.input if x and x not in tensors]
         if consts and any(x in decoded for x in others):
             out.update(dict.fromkeys(consts, "tables"))
         if n.op_type in ("Mul", "Div") and any(x in products for x in others):  # the scale, maybe itself a product
             for x in n.input:
                 if x and x not in products:
-                    _mark_table(x, tensors, out, producer)
+                    _mark_table(x, tensors, out, producer, largest)
     for n in graph.node:  # 3. a codebook: the data a Gather over codes reads, back through the ops that make it
         if n.op_type in ("Gather", "GatherElements", "GatherND") and len(n.input) > 1 and (
                 n.input[1] in decoded or out.get(n.input[1]) == "codes"):
-            _mark_table(n.input[0], tensors, out, producer)
+            _mark_table(n.input[0], tensors, out, producer, largest)
     return out
 
 
@@ -353,9 +355,10 @@ def _flow(graph: onnx.GraphProto, tensors: dict[str, tuple[TensorProto, int]], c
 
 
 def _mark_table(name: str, tensors: dict[str, tuple[TensorProto, int]], out: dict[str, str],
-                producer: dict[str, onnx.NodeProto], depth: int = 0) -> None:
+                producer: dict[str, onnx.NodeProto], largest: int, depth: int = 0) -> None:
+    """Mark the float constants ``name`` is built from (through :data:`_TABLE_SOURCES`, 8 ops deep) as tables."""
     if name in tensors:
-        if out[name] == "float_weights":
+        if out[name] == "float_weights" and _numel(tensors[name][0]) < largest:
             out[name] = "tables"
         return
     node = producer.get(name)
@@ -363,4 +366,4 @@ def _mark_table(name: str, tensors: dict[str, tuple[TensorProto, int]], out: dic
         return
     for x in node.input:
         if x:
-            _mark_table(x, tensors, out, producer, depth + 1)
+            _mark_table(x, tensors, out, producer, largest, depth + 1)

@@ -198,3 +198,35 @@ def test_lower_budget_reports_ir_and_deployed_bytes(models, tmp_path):
     assert sizes["deployed"]["file_bytes"] == path.stat().st_size
     assert sizes["export"]["samples"] == 16 and sizes["export"]["mode"] == read_metadata(
         onnx.load(str(path)), "default").mode
+
+
+def test_a_store_it_does_not_name_is_classified_by_its_data_flow():
+    """Integer counts x a per-row scale, σ levels gathered by uint8 codes, ε drawn in the graph: the stores the
+    compact exports write, built by hand (no edgebnn exporter names them)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-7, 8, (4, 8)).astype(np.int8), "counts"),
+             numpy_helper.from_array(np.full((4, 1), 0.05, np.float32), "scale"),
+             numpy_helper.from_array(rng.integers(0, 4, (4, 8)).astype(np.uint8), "sigma_codes"),
+             numpy_helper.from_array(np.array([0.0, 0.01, 0.02, 0.04], np.float32), "sigma_levels"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "bias")]
+    nodes = [helper.make_node("Cast", ["counts"], ["counts_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["counts_f", "scale"], ["mu"]),
+             helper.make_node("Cast", ["sigma_codes"], ["idx"], to=TensorProto.INT32),
+             helper.make_node("Gather", ["sigma_levels", "idx"], ["sigma"]),
+             helper.make_node("RandomNormalLike", ["sigma"], ["eps"], seed=1.0),
+             helper.make_node("Mul", ["sigma", "eps"], ["noise"]),
+             helper.make_node("Add", ["mu", "noise"], ["w"]),
+             helper.make_node("Gemm", ["x", "w", "bias"], ["probs"], transB=1)]
+    graph = helper.make_graph(nodes, "store", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 4])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    proto.ir_version = 10
+    onnx.checker.check_model(proto)
+    ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.ones((1, 8), np.float32)})  # a valid graph that runs on the data alone
+    assert classify(proto.graph) == {"counts": "codes", "scale": "tables", "sigma_codes": "codes",
+                                     "sigma_levels": "tables", "bias": "float_weights"}
+    size = deployed_bytes(proto)
+    assert size.self_contained and sum(size.breakdown.values()) == size.file_bytes
