@@ -311,6 +311,7 @@ def print_tables(result: dict[str, Any]) -> None:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -326,6 +327,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.annotate(r["export"], (r["ratio"], r["delta"]["nll"]), fontsize=6)
         ax.axhline(GOAL["nll"], color="#999", lw=0.8, ls="--")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("fp32 BNN bytes / file bytes (o: self-contained, x: noise inputs)")
         ax.set_ylabel("dNLL vs the float export")
         ax.set_title(m["model"], fontsize=9)

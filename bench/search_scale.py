@@ -6,7 +6,8 @@ Trains the digits CNN (seed 0, as ``edgebnn demo`` does), imports it into the IR
    ``nll=+0.05,ece=+0.01`` on the digits validation split (written to a ``val.npz``, the file a user gives
    ``--data``; ``--data digits`` reads the built-in split instead, whose loader imports scikit-learn in every
    worker: about 0.9 s more per worker start), and reports the best trial's size against the fp32 BNN
-   (``float_bnn_bytes / bytes``; the goal is >= 16x) and its NLL/ECE changes; the Pareto plot goes to
+   (``float_bnn_bytes / bytes``, bytes: the exported ONNX file the trial deploys since ``edgebnn.search/2``,
+   ``ir_bytes`` the lowered IR's; the goal is >= 16x) and its NLL/ECE changes; the Pareto plot goes to
    ``--plot``;
 2. runs the same 24-trial search on a fresh local Ray instance with 1 worker, then with 2 (``--repeat`` times,
    alternating), each into a fresh study, and reports for each run the seconds to start Ray (``start_s``), to
@@ -169,7 +170,7 @@ def main() -> None:
         if best is not None:
             result["best"] = {"number": best["number"], "config": best["config"], "bytes": best["bytes"],
                               "ratio_vs_fp32_bnn": round(base["bytes"] / best["bytes"], 2),
-                              "artifact_bytes": best["artifact_bytes"],
+                              "ir_bytes": best.get("ir_bytes"), "deployed": best.get("deployed"),
                               "d_nll": round(best["metrics"]["nll"] - base["metrics"]["nll"], 4),
                               "d_ece": round(best["metrics"]["ece"] - base["metrics"]["ece"], 4),
                               "accuracy": best["metrics"]["accuracy"]}
