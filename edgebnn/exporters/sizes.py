@@ -22,7 +22,8 @@ the field tag and length prefix protobuf writes before it, so only the graph is 
 A tensor's class comes from its dtype and from the ops that consume it (:data:`INPUT_ROLES`, by op type and
 input index), then from the data flow: a tensor computed from codes by decode ops (:data:`DECODE_OPS`) is
 *decoded*; a float tensor combined with a decoded one, or with an integer product (:data:`INTEGER_PRODUCT_OPS`)
-by Mul/Div, is a table. So a new store (a new op chain from codes to a weight) is classified without being
+by Mul/Div, is a table, provided it has fewer elements than the largest code tensor (one that large is weights).
+So a new store (a new op chain from codes to a weight) is classified without being
 named here, and one that is not still sums to the file.
 
 The ratios compare the file with the fp32 BNN (μ and σ of every Bayesian weight in fp32,
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
     from edgebnn.ir import BNNModel
 
 CATEGORIES = ("codes", "tables", "float_weights", "graph")
-LABELS = {"codes": "codes", "tables": "scales and tables", "float_weights": "float weights", "graph": "graph"}
 SHAPE_MAX = 16
 """An integer tensor (int32/int64) of at most this many elements that no op reads as codes is a shape constant."""
 
