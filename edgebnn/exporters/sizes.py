@@ -17,7 +17,8 @@ graph) and splits its serialized bytes exactly into four parts, so that the part
 - ``graph``: the rest: nodes, names, value infos, metadata, shape constants and float scalars.
 
 Each initializer (or ``Constant`` node value) is charged what it adds to the file: its serialized message plus
-the field tag and length prefix protobuf writes before it, so only the graph is found by subtraction.
+the field tag and length prefix protobuf writes before it, so only the graph is found by subtraction. Tensors kept
+as ONNX external data (edgebnn never writes any) are outside the file and not counted.
 
 A tensor's class comes from its dtype and from the ops that consume it (:data:`INPUT_ROLES`, by op type and
 input index), then from the data flow: a tensor computed from codes by decode ops (:data:`DECODE_OPS`) is
