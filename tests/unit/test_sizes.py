@@ -230,3 +230,17 @@ def test_a_store_it_does_not_name_is_classified_by_its_data_flow():
                                      "sigma_levels": "tables", "bias": "float_weights"}
     size = deployed_bytes(proto)
     assert size.self_contained and sum(size.breakdown.values()) == size.file_bytes
+
+
+@pytest.mark.parametrize("bad", [-1, "12", 1.5, True])
+def test_a_tampered_size_in_the_metadata_is_one_line(models, bad):
+    from edgebnn.exporters.metadata import EXPORT_KEY
+
+    proto = export_onnx(models["float"], S, mode="analytic")
+    entry = next(p for p in proto.metadata_props if p.key == EXPORT_KEY)
+    entry.value = json.dumps({**json.loads(entry.value), "float_bnn_bytes": bad})
+    with pytest.raises(InvalidArtifactError, match=r"float_bnn_bytes .* is not a non-negative integer"):
+        read_metadata(proto, "m.onnx")
+    # deployed_bytes still measures such a file; it only has no ratio to the fp32 BNN.
+    size = deployed_bytes(proto)
+    assert size.float_bnn_bytes is None and sum(size.breakdown.values()) == size.file_bytes
