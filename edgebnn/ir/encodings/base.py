@@ -21,11 +21,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
+
+if TYPE_CHECKING:
+    from edgebnn.ir.encodings.joint import JointGroup
 
 ENCODINGS: dict[str, type[Encoding]] = {}
 
@@ -130,6 +133,14 @@ class Encoding(ABC):
     def sample_grid(self) -> Grid | None:
         """The integer grid every draw of ``sample`` lies on exactly, if any."""
         return None
+
+    def joint_group(self) -> JointGroup | None:
+        """The group this weight is drawn jointly with (:mod:`.joint`), or None: drawn on its own."""
+        return None
+
+    def sample_joint(self, shared: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` draws given the group's shared draw ``shared`` [n, ...] (only encodings with a group)."""
+        raise NotImplementedError(f"{self.op_type} is not drawn jointly")
 
     @property
     def nbytes(self) -> int:
