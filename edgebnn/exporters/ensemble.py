@@ -86,7 +86,7 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     if weights != "fp32" and mode != "baked":
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
     choice = choose_form(device, weights, form)
-    check_family(model, mode, samples)
+    check_family(model, mode, samples, noise)
     if mode == "baked":
         _check_baked_size(model, samples, weights)
         out = _baked(model, samples, seed, weights, hoist, choice, progress)

@@ -8,8 +8,9 @@ Read from the encoding nodes' op types and attributes, nothing decoded:
   ``baked``) and ``analytic`` would propagate the members' mean and variance, a Gaussian, not the ensemble:
   both refused;
 - SWAG (``LowRankGaussianWeight``) is exact in ``baked`` (one z₂ per sample shared by every layer, as the
-  reference code draws it); ``analytic`` would treat the weights as independent, dropping the low-rank
-  correlation between layers: refused, as is ``noise`` (its z₂ is not drawn in the graph).
+  reference code draws it) and in ``noise --noise weight`` (z₂ a graph input [S, K] every layer reads);
+  ``analytic`` and the other noise variants run on per-weight moments, dropping the low-rank correlation
+  between layers: refused.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def default_samples(model: BNNModel, fallback: int) -> int:
     return ensemble_members(model) or fallback
 
 
-def check_family(model: BNNModel, mode: str, samples: int) -> None:
+def check_family(model: BNNModel, mode: str, samples: int, noise: str = "auto") -> None:
     """Refuse, in one line, a mode or S that cannot be exact for the IR's posterior family."""
     kinds = {n.op_type for n in model.proto.graph.node if n.domain == DOMAIN}
     m = ensemble_members(model)
@@ -47,7 +48,11 @@ def check_family(model: BNNModel, mode: str, samples: int) -> None:
                 f"{model.where}: --samples {samples}: a deep ensemble of {m} members exports exactly with "
                 f"--samples {m} (each member once)"
             )
-    if kinds & LOW_RANK and mode != "baked":
-        why = ("would treat the layers as independent, dropping SWAG's low-rank correlation"
-               if mode == "analytic" else "does not draw SWAG's shared low-rank term in the graph")
-        raise InvalidOptionError(f"{model.where}: --mode {mode} {why}; export SWAG with --mode baked")
+    if kinds & LOW_RANK and mode == "analytic":
+        raise InvalidOptionError(f"{model.where}: --mode analytic would treat the layers as independent, dropping "
+                                 "SWAG's low-rank correlation; export SWAG with --mode baked or --mode noise "
+                                 "--noise weight")
+    if kinds & LOW_RANK and mode in ("noise", "shared") and noise != "weight":
+        raise InvalidOptionError(f"{model.where}: --noise {noise if mode == 'noise' else 'shared'} runs Gaussian "
+                                 "layers on their marginal moments, dropping SWAG's low-rank correlation; use --noise "
+                                 "weight (z₂ drawn in the graph, shared by every layer) or --mode baked")

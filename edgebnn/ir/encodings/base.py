@@ -49,11 +49,14 @@ class NoiseNeed:
         suffix: appended to the weight's name to name the graph input (``""`` for the main one).
         dims: its shape per sample.
         dist: ``normal`` (standard normal) or ``uniform`` (on [0, 1)).
+        shared: one input for the whole graph, named ``noise/<suffix without its dot>``, read by every weight
+            that needs it (a joint draw: SWAG's z₂).
     """
 
     suffix: str
     dims: tuple[int, ...]
     dist: str = "normal"
+    shared: bool = False
 
 
 def register_encoding(cls: type[Encoding]) -> type[Encoding]:

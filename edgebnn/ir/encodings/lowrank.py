@@ -14,6 +14,9 @@ parameter of the network (the reference draws it for the flattened concatenation
 encoding is drawn jointly (:class:`~edgebnn.ir.encodings.joint.JointGroup` kind ``normal`` of size K); its own
 ``sample`` draws an independent z₂ (the marginal of this one parameter).
 
+In a ``noise --noise weight`` export the draw runs in the graph from inputs ``noise/<weight>`` (z₁) and one
+``noise/swag_z2`` [S, K] that every layer reads (:func:`edgebnn.exporters.draws.lowrank_draw`).
+
 Moments per weight: mean ``mean``, variance ``scale · (σ² + Σ_k D_k² / (K − 1))``.
 
 Stored: ``mean`` and ``sigma`` float32 [*shape], ``deviations`` float32 [K, n]; attribute ``scale`` (> 0).
@@ -27,11 +30,12 @@ from typing import Any
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.ir.encodings.base import Encoding, check_finite, check_shape, register_encoding
+from edgebnn.ir.encodings.base import Encoding, NoiseNeed, check_finite, check_shape, register_encoding
 from edgebnn.ir.encodings.fixedpoint import attr_number
 from edgebnn.ir.encodings.joint import JointGroup
 
 MAX_RANK = 4096
+Z2_SUFFIX = ".swag_z2"  # the shared noise input ``noise/swag_z2`` [S, K] of a ``noise`` export
 
 
 @register_encoding
@@ -111,5 +115,6 @@ class LowRankGaussianWeight(Encoding):
         z1 += self.mu
         return z1
 
-    def noise_needs(self) -> None:
-        return None
+    def noise_needs(self) -> tuple[NoiseNeed, ...]:
+        """z₁ per weight, and z₂ [K] as one input shared by every layer (``noise/swag_z2``)."""
+        return (NoiseNeed("", self.shape), NoiseNeed(Z2_SUFFIX, (self.rank,), shared=True))
