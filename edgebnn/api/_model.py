@@ -114,7 +114,7 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
     return LoweredModel(result.model, result.report)
 
 
-def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mode: str = "baked",
+def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = None, mode: str = "baked",
            weights: str = "fp32", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
            form: str = "auto", device: str | None = None, progress: Progress | None = None) -> Path:
     """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
@@ -122,7 +122,7 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mod
     Args:
         model: The IR, or the path of an ``.ebnn``.
         path: The ``.onnx`` to write (atomically).
-        samples: Ensemble size S.
+        samples: Ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports).
         mode: ``baked`` (S samples stored as constants; TensorRT/DLA-safe), ``noise`` (host-drawn noise
             inputs, filled by :class:`Session`), ``shared`` (codebook models) or ``analytic``.
         weights: Baked mode: ``fp32``, ``int8`` or ``int4`` member weights.
@@ -139,7 +139,9 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mod
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.
     """
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.families import default_samples
 
     ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
+    samples = samples if samples is not None else default_samples(ir_model, 16)
     return save_onnx(export_onnx(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights,
                                  hoist=hoist, form=form, device=device, progress=progress), path)

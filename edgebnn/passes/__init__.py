@@ -30,6 +30,7 @@ from edgebnn.passes.config import (
     config_fields,
     parse_scheme,
 )
+from edgebnn.passes import families as _families  # registers the family lowerings (deep ensembles, SWAG)
 from edgebnn.passes.fixed import FixedConfig
 from edgebnn.passes.float_ import FloatConfig
 from edgebnn.passes.mcq import McqConfig
@@ -69,7 +70,9 @@ def float_bnn_bytes(model: BNNModel) -> int:
     constants) count their stored bytes.
     """
     nodes = [n for n in model.proto.graph.node if n.domain == DOMAIN]  # sizes from 'shape', nothing decoded
-    total = sum(8 * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
+    # μ and σ per weight; a deep ensemble's M fp32 members (its 'members' attribute)
+    total = sum(next((4 * a.i for a in n.attribute if a.name == "members"), 8)
+                * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
     encoding_inputs = {i for n in nodes for i in n.input}
     for t in model.proto.graph.initializer:
         if t.name in encoding_inputs:

@@ -14,6 +14,7 @@ import onnxruntime as ort
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import check_samples
+from edgebnn.exporters.families import check_family
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import draw_weight
 from edgebnn.metrics import Predictive, predictive_from_logits
@@ -22,6 +23,7 @@ from edgebnn.metrics import Predictive, predictive_from_logits
 def sample_weights(model: BNNModel, samples: int, seed: int) -> dict[str, np.ndarray]:
     """``{weight name: [samples, *shape]}`` for every encoded weight."""
     check_samples(samples)
+    check_family(model, "baked", samples)  # a deep ensemble: S = M, each member once
     return {w.name: draw_weight(w.encoding, seed, i, samples) for i, w in enumerate(model.encoded_weights())}
 
 
