@@ -246,9 +246,8 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
     """
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
-    from edgebnn.exporters.metadata import read_metadata
-
     from edgebnn.exporters.families import default_samples
+    from edgebnn.exporters.metadata import read_metadata
 
     model = load_ir(file)
     samples = samples if samples is not None else default_samples(model, 16)

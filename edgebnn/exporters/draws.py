@@ -139,8 +139,8 @@ def lowrank_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str
     assert isinstance(enc, LowRankGaussianWeight)
     p += tag
     root = np.float32(np.sqrt(enc.scale))
-    low = b.add("MatMul", [eps[Z2_SUFFIX], b.f32(p + "dev", enc.deviations * (root / np.float32(np.sqrt(enc.rank - 1))))],
-                p + "low_flat")
+    dev = enc.deviations * (root / np.float32(np.sqrt(enc.rank - 1)))
+    low = b.add("MatMul", [eps[Z2_SUFFIX], b.f32(p + "dev", dev)], p + "low_flat")
     low = b.add("Reshape", [low, b.i64(p + "low_shape", samples, *enc.shape)], p + "low")
     diag = b.add("Mul", [b.f32(p + "sigma", enc.sigma * root), eps[""]], p + "scaled")
     return b.add("Add", [b.add("Add", [b.f32(p + "mu", enc.mu), diag], p + "diag_s"), low],

@@ -50,8 +50,9 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
 
 def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> LayerRewrite:
     """The ``baked`` strategy: S members drawn at export from the reference runtime's streams ``[seed, i]``
-    (weight ``i`` in graph order; :func:`~edgebnn.ir.encodings.draw_weight`), emitted as constants in the layer kind's batched form, in the ``weights``
-    format (exact on the encoding's sample grid)."""
+    (weight ``i`` in graph order, jointly with its group: :func:`~edgebnn.ir.encodings.draw_weight`), emitted
+    as constants in the layer kind's batched form, in the ``weights`` format (exact on the encoding's sample
+    grid)."""
     index = {name: i for i, name in enumerate(model.encoded_weight_names())}
 
     def draw(w: EncodedWeight) -> np.ndarray:

@@ -54,7 +54,7 @@ def import_swag(model: Any, stats: Mapping[str, Any] | str | os.PathLike[str], i
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise InvalidOptionError(f"--swag-{option.replace('_', '-')} {value!r}: must be a finite number > 0")
     source = str(stats) if isinstance(stats, (str, os.PathLike)) else "SWAG stats"
-    table = read_state_dict(stats) if isinstance(stats, (str, os.PathLike)) else dict(stats)
+    table = read_state_dict(os.fspath(stats)) if isinstance(stats, (str, os.PathLike)) else dict(stats)
     arrays = {str(k): _array(v, f"{source}: {k}") for k, v in table.items()}
     if not isinstance(model, torch.nn.Module):
         raise InvalidOptionError(f"{where}: from_swag takes the torch.nn.Module SWAG was run on, got "

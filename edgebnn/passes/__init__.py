@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import DOMAIN, BNNModel, serialized_size
+from edgebnn.passes import families as families  # registers the family lowerings (deep ensembles, SWAG)
 from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResult
 from edgebnn.passes.binary import BinaryConfig
 from edgebnn.passes.codebook import CodebookConfig
@@ -30,7 +31,6 @@ from edgebnn.passes.config import (
     config_fields,
     parse_scheme,
 )
-from edgebnn.passes import families as _families  # registers the family lowerings (deep ensembles, SWAG)
 from edgebnn.passes.fixed import FixedConfig
 from edgebnn.passes.float_ import FloatConfig
 from edgebnn.passes.mcq import McqConfig

@@ -192,7 +192,8 @@ def test_cli_list_factory_and_prefixed_weights(members, tmp_path, monkeypatch, d
     (tmp_path / "ens_factories.py").write_text(
         "from torch import nn\n\n"
         "def mlp():\n"
-        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))\n\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(),\n"
+        "                         nn.Linear(32, 10))\n\n"
         f"def ensemble():\n    return [mlp() for _ in range({M})]\n\n"
         "def junk():\n    return [mlp(), 3]\n")
     monkeypatch.syspath_prepend(str(tmp_path))

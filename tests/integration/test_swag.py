@@ -157,7 +157,7 @@ def test_joint_draw_shares_z2_across_layers(swag_ir):
 def test_stats_formats_and_round_trip(swag, swag_ir):
     from edgebnn.importers.swag import _prefix
 
-    model, stats, x, _ = swag
+    model, stats, _, _ = swag
     ref = swag_ir
     # the reference code's buffers (base. prefix, _cov_mat_sqrt, n_models) import to the same IR
     ref_code = {"base." + k.replace("_covariance_sqrt", "_cov_mat_sqrt"): v for k, v in stats.items()}
@@ -186,7 +186,7 @@ def test_bad_swag_inputs_are_one_line(swag, swag_ir):
         assert needle in str(e.value) and "\n" not in str(e.value), name
     ln = nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.LayerNorm(10))
     ln_stats = {f"{n}_{s}": p.detach() for n, p in ln.named_parameters() for s in ("mean", "sq_mean")}
-    with pytest.raises(UnsupportedLayerError, match="'2.weight'"):
+    with pytest.raises(UnsupportedLayerError, match=r"'2\.weight'"):
         edgebnn.from_swag(ln, ln_stats, (1, 1, 8, 8))
     with pytest.raises(EdgeBNNError, match="scale"):
         edgebnn.from_swag(model, stats, (1, 1, 8, 8), scale=0)
@@ -203,7 +203,7 @@ def test_cli_swag(swag, tmp_path, monkeypatch):
     from click.testing import CliRunner
     from safetensors.torch import save_file
 
-    model, stats, x, _ = swag
+    model, stats, _, _ = swag
     (tmp_path / "swag_factories.py").write_text(
         "from torch import nn\n\ndef mlp():\n"
         "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))\n")

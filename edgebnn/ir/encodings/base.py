@@ -21,14 +21,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
-
-if TYPE_CHECKING:
-    from edgebnn.ir.encodings.joint import JointGroup
 
 ENCODINGS: dict[str, type[Encoding]] = {}
 
@@ -57,6 +54,31 @@ class NoiseNeed:
     dims: tuple[int, ...]
     dist: str = "normal"
     shared: bool = False
+
+
+JOINT_STREAM = 0x6A6F696E  # "join": group draws seed [seed, JOINT_STREAM, size], never a weight's stream [seed, i]
+JOINT_KINDS = ("members", "normal")
+
+
+@dataclass(frozen=True)
+class JointGroup:
+    """A shared per-sample draw (:mod:`.joint`): ``kind`` ``members`` (a member index in 0..size-1) or
+    ``normal`` (``size`` standard normals)."""
+
+    kind: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in JOINT_KINDS or self.size < 1:
+            raise ValueError(f"joint group {self.kind!r} of size {self.size}")
+
+    def draw(self, seed: int, n: int) -> np.ndarray:
+        """The shared draw of ``n`` samples: int64 [n] member indices, or float32 [n, size] normals."""
+        if self.kind == "members":
+            return np.arange(n, dtype=np.int64) % self.size
+        rng = np.random.default_rng([seed, JOINT_STREAM, self.size])
+        return rng.standard_normal((n, self.size), dtype=np.float32)
+
 
 
 def register_encoding(cls: type[Encoding]) -> type[Encoding]:

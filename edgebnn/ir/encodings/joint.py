@@ -22,34 +22,11 @@ and the reference runtime both call it, so the same seed gives the same members 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from edgebnn.ir.encodings.base import Encoding
+from edgebnn.ir.encodings.base import JOINT_KINDS, JOINT_STREAM, Encoding, JointGroup
 
-JOINT_STREAM = 0x6A6F696E  # "join": a seed-sequence entry no per-weight stream [seed, i] has in second place
-JOINT_KINDS = ("members", "normal")
-
-
-@dataclass(frozen=True)
-class JointGroup:
-    """A shared per-sample draw: ``kind`` ``members`` (a member index in 0..size-1) or ``normal`` (size
-    standard normals)."""
-
-    kind: str
-    size: int
-
-    def __post_init__(self) -> None:
-        if self.kind not in JOINT_KINDS or self.size < 1:
-            raise ValueError(f"joint group {self.kind!r} of size {self.size}")
-
-    def draw(self, seed: int, n: int) -> np.ndarray:
-        """The shared draw of ``n`` samples: int64 [n] member indices, or float32 [n, size] normals."""
-        if self.kind == "members":
-            return np.arange(n, dtype=np.int64) % self.size
-        rng = np.random.default_rng([seed, JOINT_STREAM, self.size])
-        return rng.standard_normal((n, self.size), dtype=np.float32)
+__all__ = ["JOINT_KINDS", "JOINT_STREAM", "JointGroup", "draw_weight"]
 
 
 def draw_weight(enc: Encoding, seed: int, index: int, n: int) -> np.ndarray:
