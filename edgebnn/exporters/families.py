@@ -29,6 +29,12 @@ def ensemble_members(model: BNNModel) -> int | None:
     return max(sizes) if sizes else None
 
 
+def family_of(model: BNNModel) -> str | None:
+    """``deep ensemble`` or ``SWAG posterior`` for an IR of such a family, None for the others."""
+    kinds = {n.op_type for n in model.proto.graph.node if n.domain == DOMAIN}
+    return "deep ensemble" if kinds & MEMBER_SETS else "SWAG posterior" if kinds & LOW_RANK else None
+
+
 def default_samples(model: BNNModel, fallback: int) -> int:
     """The S an export of ``model`` takes when none is given: M for a deep ensemble, else ``fallback``."""
     return ensemble_members(model) or fallback

@@ -172,3 +172,13 @@ def test_member_count_attribute_is_checked():
             a.CopyFrom(helper.make_attribute("members", 0))
     with pytest.raises(InvalidArtifactError, match="'members'"):
         verify(BNNModel(proto, ir.manifest, "hostile.ebnn"))
+
+
+def test_budget_search_refuses_family_irs():
+    """--budget searches Gaussian schemes (codebook, prune, σ codes): refused up front for a family, in one line."""
+    from edgebnn.api import lower_within_budget
+    from edgebnn.passes import LowerConfig
+
+    for ir, family in ((_members_ir(), "deep ensemble"), (_lowrank_ir(), "SWAG posterior")):
+        with pytest.raises(InvalidOptionError, match=f"a {family} lowers with fixed"):
+            lower_within_budget(ir, LowerConfig(scheme="float"), "nll=+0.02", data="digits")
