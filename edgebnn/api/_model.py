@@ -50,7 +50,7 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
     from edgebnn.importers.ensemble import as_ensemble, import_ensemble
 
     where = name or ("deep ensemble" if isinstance(model, (list, tuple)) else type(model).__name__)
-    members = as_ensemble(model, input_shape, where)  # a deep ensemble: its own importer
+    members = as_ensemble(model, input_shape, where, wrappers=not mc_dropout)  # a deep ensemble: its own importer
     if members is not None:
         if mc_dropout:
             raise InvalidOptionError(f"{where}: --mc-dropout does not apply to a deep ensemble")

@@ -34,8 +34,9 @@ LIBRARY = "torch-ensemble"
 _BN_STATS = ("running_mean", "running_var", "num_batches_tracked")
 
 
-def as_ensemble(obj: Any, input_shape: Sequence[int], where: str) -> list[Any] | None:
-    """The members when ``obj`` is a deep ensemble (see the module docstring), else None.
+def as_ensemble(obj: Any, input_shape: Sequence[int], where: str, *, wrappers: bool = True) -> list[Any] | None:
+    """The members when ``obj`` is a deep ensemble (see the module docstring), else None. ``wrappers``: also
+    look for a wrapper module (its members must be whole models, each with submodules, that run on the input).
 
     Raises:
         InvalidOptionError: A list or tuple holding something other than torch modules, or fewer than two.
@@ -53,7 +54,7 @@ def as_ensemble(obj: Any, input_shape: Sequence[int], where: str) -> list[Any] |
         if len(members) < 2:
             raise InvalidOptionError(f"{where}: a deep ensemble needs at least 2 members, got {len(members)}")
         return members
-    if not isinstance(obj, nn.Module):
+    if not wrappers or not isinstance(obj, nn.Module):
         return None
     lists = [(name, c) for name, c in obj.named_children() if isinstance(c, nn.ModuleList)]
     if len(lists) != 1 or len(lists[0][1]) < 2:
@@ -62,23 +63,27 @@ def as_ensemble(obj: Any, input_shape: Sequence[int], where: str) -> list[Any] |
     members = list(held)
     inside = {id(t) for t in held.parameters()} | {id(t) for t in held.buffers()}
     outside = [t for t in (*obj.parameters(), *obj.buffers()) if id(t) not in inside]
-    if outside or len({type(m) for m in members}) != 1 or find_bayesian_layers(members[0])[0]:
+    if (outside or len({type(m) for m in members}) != 1 or not any(True for _ in members[0].children())
+            or find_bayesian_layers(members[0])[0]):
         return None
-    _check_wrapper(obj, members, attr, input_shape, where)
-    return members
+    return members if _check_wrapper(obj, members, attr, input_shape, where) else None
 
 
-def _check_wrapper(obj: Any, members: list[Any], attr: str, input_shape: Sequence[int], where: str) -> None:
-    """Refuse a wrapper whose forward is not the members' mean softmax (or its log) on a probe input."""
+def _check_wrapper(obj: Any, members: list[Any], attr: str, input_shape: Sequence[int], where: str) -> bool:
+    """Whether ``obj`` wraps ``members`` as an ensemble: False when the members do not each map the input to
+    [batch, classes] logits (so not models: a layer list); refused when they do but the wrapper's forward is not
+    their mean softmax (or its log) on a probe input."""
     torch = _torch()
     x = torch.randn((2, *[int(d) for d in input_shape[1:]]), generator=torch.Generator().manual_seed(0))
     try:
         with torch.no_grad():
+            outs = [m.eval()(x) for m in members]
+            if not all(hasattr(o, "shape") and o.ndim == 2 and o.shape == outs[0].shape for o in outs):
+                return False
+            mean = torch.stack([o.softmax(-1) for o in outs]).mean(0)
             got = obj.eval()(x)
-            mean = torch.stack([m.eval()(x).softmax(-1) for m in members]).mean(0)
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InvalidOptionError(f"{where}: forward pass on --input-shape failed: {msg}") from e
+    except Exception:  # the members do not run on the input alone: not an ensemble of models
+        return False
     if isinstance(got, (tuple, list)) and got:
         got = got[0]
     ok = hasattr(got, "shape") and tuple(got.shape) == tuple(mean.shape) and (
@@ -88,6 +93,7 @@ def _check_wrapper(obj: Any, members: list[Any], attr: str, input_shape: Sequenc
             f"{where}: {type(obj).__name__} holds {len(members)} members in {attr!r} but its forward is not their "
             "mean softmax (or its log); pass the members themselves as a list"
         )
+    return True
 
 
 def import_ensemble(members: Sequence[Any], input_shape: Sequence[int], *, output_index: int = 0,
