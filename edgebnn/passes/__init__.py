@@ -70,9 +70,11 @@ def float_bnn_bytes(model: BNNModel) -> int:
     constants) count their stored bytes.
     """
     nodes = [n for n in model.proto.graph.node if n.domain == DOMAIN]  # sizes from 'shape', nothing decoded
-    # μ and σ per weight; a deep ensemble's M fp32 members (its 'members' attribute)
+    # μ and σ per weight; a deep ensemble's M fp32 members (its 'members' attribute); SWAG's K deviations too
+    dims = {t.name: list(t.dims) for t in model.proto.graph.initializer}
     total = sum(next((4 * a.i for a in n.attribute if a.name == "members"), 8)
                 * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
+    total += sum(4 * math.prod(dims.get(n.input[2], [])) for n in nodes if n.op_type == "LowRankGaussianWeight")
     encoding_inputs = {i for n in nodes for i in n.input}
     for t in model.proto.graph.initializer:
         if t.name in encoding_inputs:
