@@ -31,12 +31,15 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
 
     ``hoist="auto"``: max σ at most the encoding's quantization step (float storage: σ = 0 only);
     a number: max σ at most that value; ``"off"``: none but σ ≡ 0 weights, which are deterministic under any
-    threshold (an MC-dropout model's plain layers: no S identical copies).
+    threshold (an MC-dropout model's plain layers: no S identical copies). A weight drawn jointly with others (a
+    deep ensemble's members, SWAG) is never quiet.
     """
     if hoist not in ("off", "auto") and (not isinstance(hoist, (int, float)) or hoist < 0):
         raise InvalidOptionError(f"--hoist {hoist}: use auto, off or a non-negative sigma")
     out = set()
     for w in model.iter_encoded_weights():  # one layer decoded at a time
+        if w.encoding.joint_group() is not None:  # drawn with its group (an ensemble's mean is no member)
+            continue
         limit = 0.0 if hoist == "off" else w.encoding.step() if hoist == "auto" else float(hoist)
         if float(w.encoding.stddev().max(initial=0.0)) <= limit:
             out.add(w.name)

@@ -71,8 +71,8 @@ def as_ensemble(obj: Any, input_shape: Sequence[int], where: str, *, wrappers: b
 
 def _check_wrapper(obj: Any, members: list[Any], attr: str, input_shape: Sequence[int], where: str) -> bool:
     """Whether ``obj`` wraps ``members`` as an ensemble: False when the members do not each map the input to
-    [batch, classes] logits (so not models: a layer list); refused when they do but the wrapper's forward is not
-    their mean softmax (or its log) on a probe input."""
+    [batch, classes] logits like the wrapper's output (so not models: a layer list); refused when they do but the
+    wrapper's forward is not their mean softmax (or its log) on a probe input."""
     torch = _torch()
     x = torch.randn((2, *[int(d) for d in input_shape[1:]]), generator=torch.Generator().manual_seed(0))
     try:
@@ -86,9 +86,9 @@ def _check_wrapper(obj: Any, members: list[Any], attr: str, input_shape: Sequenc
         return False
     if isinstance(got, (tuple, list)) and got:
         got = got[0]
-    ok = hasattr(got, "shape") and tuple(got.shape) == tuple(mean.shape) and (
-        torch.allclose(got, mean, atol=1e-5) or torch.allclose(got, mean.log(), atol=1e-4))
-    if not ok:
+    if not hasattr(got, "shape") or tuple(got.shape) != tuple(mean.shape):
+        return False  # not [batch, classes] like the members: not an ensemble of them
+    if not (torch.allclose(got, mean, atol=1e-5) or torch.allclose(got, mean.log(), atol=1e-4)):
         raise UnsupportedLayerError(
             f"{where}: {type(obj).__name__} holds {len(members)} members in {attr!r} but its forward is not their "
             "mean softmax (or its log); pass the members themselves as a list"

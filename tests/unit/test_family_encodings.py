@@ -182,3 +182,17 @@ def test_budget_search_refuses_family_irs():
     for ir, family in ((_members_ir(), "deep ensemble"), (_lowrank_ir(), "SWAG posterior")):
         with pytest.raises(InvalidOptionError, match=f"a {family} lowers with fixed"):
             lower_within_budget(ir, LowerConfig(scheme="float"), "nll=+0.02", data="digits")
+
+
+def test_hoisting_never_replaces_members_by_their_mean():
+    """Members closer than the grid step would be 'quiet' by σ alone; hoisting them would run their mean, which is
+    no member: a jointly drawn weight is never hoisted, so hoist=auto still gives the ensemble."""
+    rng = np.random.default_rng(3)
+    base = _mlp()
+    ir = _replace_all(base, lambda i, w: MemberSetWeight(
+        w.encoding.mean()[None] + 0.02 * rng.standard_normal((3, *w.encoding.shape)).astype(np.float32)))
+    low = lower(ir, "fixed", bits=3).model  # step ~ max|w| / 3 >> the members' spread
+    assert all(float(w.encoding.stddev().max()) <= w.encoding.step() for w in low.encoded_weights())
+    x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run(export_onnx(low, 3, hoist="auto"), x), _run(export_onnx(low, 3), x),
+                               atol=ROUNDOFF)
