@@ -196,3 +196,12 @@ def test_hoisting_never_replaces_members_by_their_mean():
     x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
     np.testing.assert_allclose(_run(export_onnx(low, 3, hoist="auto"), x), _run(export_onnx(low, 3), x),
                                atol=ROUNDOFF)
+
+
+def test_search_refuses_family_irs(tmp_path):
+    from edgebnn.ir import save
+    from edgebnn.search.run import SearchSettings, validate
+
+    path = save(_members_ir(), tmp_path / "ens.ebnn")
+    with pytest.raises(InvalidOptionError, match="a deep ensemble: search explores"):
+        validate(SearchSettings(model=str(path), data="digits"))
