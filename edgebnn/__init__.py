@@ -10,6 +10,7 @@ The workflow in Python (each step has an ``edgebnn`` command that does the same)
     import edgebnn
 
     ir = edgebnn.from_torch(model, (1, 1, 28, 28))          # a trained torch BNN -> IR    (edgebnn lower)
+    # also: from_torch([m1, ..., mM], shape) for a deep ensemble; from_swag(model, stats, shape) for SWAG
     small = edgebnn.lower(ir, "fixed")                       # compress; small.lowering_report
     edgebnn.save(small, "model.ebnn")                        # the .ebnn file               (edgebnn inspect)
     edgebnn.export(small, "model.onnx", samples=16)          # the S-sample ensemble        (edgebnn export)
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgebnn._version import __version__
 from edgebnn.api import evaluate_artifact as evaluate
-from edgebnn.api import export, from_torch, load_ir, lower, save
+from edgebnn.api import export, from_swag, from_torch, load_ir, lower, save
 from edgebnn.errors import EdgeBNNError
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ __all__ = [
     "__version__",
     "evaluate",
     "export",
+    "from_swag",
     "from_torch",
     "load",
     "load_data",

@@ -63,9 +63,14 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
             and figures.
         InvalidOptionError: A malformed budget, an ``auroc`` budget without ``ood_data``, bad data.
     """
+    from edgebnn.exporters.families import family_of
     from edgebnn.runtime.reference import check_samples
 
     check_samples(samples)
+    family = family_of(float_ir)
+    if family is not None:  # its moves (codebook, prune, σ codes) are Gaussian schemes
+        raise InvalidOptionError(f"--budget: a {family} lowers with fixed (or float) only, which --budget does not "
+                                 "search; use --scheme fixed --bits N with --eval to compare widths")
     budget = _check_budget(budget, data, ood_data)
     dataset, ood = _eval_data(float_ir, data, split, ood_data)
     full_n = dataset.n

@@ -145,8 +145,9 @@ def dataset_for(model: BNNModel | Session, data: DataSource, *, split: str | Non
 
 
 def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSource = "digits",
-                      split: str | None = None, samples: int = 16, seed: int = 0, ood_data: DataSource | None = None,
-                      plot: PathLike | None = None, progress: Progress | None = None) -> dict[str, Any]:
+                      split: str | None = None, samples: int | None = None, seed: int = 0,
+                      ood_data: DataSource | None = None, plot: PathLike | None = None,
+                      progress: Progress | None = None) -> dict[str, Any]:
     """Accuracy, NLL, ECE (15 bins) and Brier of an IR (reference runtime, S samples) or an exported ensemble.
 
     Data streams in batches, so a shard folder larger than memory is evaluated in bounded memory.
@@ -156,7 +157,7 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
         data: ``digits``, a labelled ``.npz`` (``x``, ``y``), a folder of shards, or ``(x, y)`` arrays
             (:func:`edgebnn.data.load_data`).
         split: Digits split (default ``test``); digits only.
-        samples: S for an IR (an export has S built in).
+        samples: S for an IR (an export has S built in; default 16, a deep ensemble's M members: M).
         seed: Sampling seed for an IR, and of the host-drawn noise of a ``noise`` export.
         ood_data: Out-of-distribution inputs (``x`` only; any labels are ignored). Adds ``ood``:
             ``auroc_mutual_info``, ``auroc_entropy``, ``aupr_mutual_info``, ``fpr_at_95_tpr``
@@ -189,6 +190,9 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
         predict: Callable[[np.ndarray], Predictive] = model.predict
         samples, runtime = model.samples, f"onnxruntime ({model.mode})"
     else:
+        from edgebnn.exporters.families import default_samples
+
+        samples = samples if samples is not None else default_samples(model, 16)
         check_samples(samples)
         predict, runtime = _reference(model, samples, seed), "reference"
     dataset = dataset_for(model, data, split=split)

@@ -10,7 +10,7 @@ from edgebnn import schemas
 from edgebnn.api._budget import _check_budget, lower_within_budget
 from edgebnn.api._evaluate import Progress, lowering_quality
 from edgebnn.api._files import load_ir
-from edgebnn.api._model import from_torch, lower
+from edgebnn.api._model import from_swag, from_torch, lower
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 
 if TYPE_CHECKING:
@@ -23,14 +23,17 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                 scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
                 output_index: int = 0, evaluate: DataSource | None = None, ood_data: DataSource | None = None,
                 budget: Budget | str | None = None, samples: int = 16,
-                progress: Progress | None = None, mc_dropout: bool = False) -> tuple[BNNModel, dict[str, Any]]:
+                progress: Progress | None = None, mc_dropout: bool = False, swag: str | Path | None = None,
+                swag_scale: float = 0.5) -> tuple[BNNModel, dict[str, Any]]:
     """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
 
     ``evaluate`` (``digits`` or a data file/folder, see :func:`edgebnn.data.load_data`) adds ``report["eval"]``:
     the lowered model against the float BNN it came from (:func:`lowering_quality`; ``ood_data`` adds the
     MI-AUROC). ``budget`` (a :class:`edgebnn.budget.Budget` or its text) searches per-layer settings that keep
     it on ``evaluate`` (:func:`lower_within_budget`) and adds ``report["budget"]``. ``mc_dropout``: see
-    :func:`from_torch`.
+    :func:`from_torch`. A factory returning a list of models is a deep ensemble (``weights``: one file, member k's
+    keys prefixed ``k.``; ``samples`` becomes M). ``swag``: a SWAG statistics file, imported with
+    :func:`from_swag` at ``swag_scale``.
 
     Raises:
         InvalidOptionError: A budget without ``evaluate``, an ``auroc`` budget without ``ood_data``, bad data.
@@ -40,9 +43,18 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
 
     if budget is not None:
         budget = _check_budget(budget, evaluate, ood_data)
+    from edgebnn.exporters.families import default_samples
+
     model = load_weights(load_factory(model_spec), weights)
-    bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})",
-                     mc_dropout=mc_dropout)
+    if swag is not None:
+        if mc_dropout:
+            raise InvalidOptionError("--swag: SWAG's posterior is its statistics; drop --mc-dropout")
+        bnn = from_swag(model, swag, input_shape, scale=swag_scale, output_index=output_index,
+                        name=f"{model_spec} ({weights}, {swag})")
+    else:
+        bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})",
+                         mc_dropout=mc_dropout)
+    samples = default_samples(bnn, samples)  # a deep ensemble is evaluated on its M members
     if budget is not None:
         assert evaluate is not None  # _check_budget
         config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgebnn.api._files import PathLike, Progress, load_ir
+from edgebnn.errors import InvalidOptionError
 
 if TYPE_CHECKING:
     from edgebnn._lowered import LoweredModel
@@ -34,15 +35,55 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
         The IR, one ``GaussianWeight`` per Bayesian weight (and one ``DropoutMask`` per dropout layer with
         ``mc_dropout``); lower it with :func:`lower`.
 
+    A deep ensemble (a list, tuple or ``nn.ModuleList`` of M trained models of one architecture, or a wrapper
+    module holding them in one ``nn.ModuleList`` whose forward is their mean softmax) imports as one IR of
+    ``MemberSetWeight`` layers (:mod:`edgebnn.importers.ensemble`); export it with ``samples=M``.
+
     Raises:
         UnsupportedLayerError: No Bayesian layer (nor dropout, with ``mc_dropout``), a layer edgebnn cannot
-            import, or dropout called outside an ``nn.Dropout*`` module with ``mc_dropout`` (named by its path).
+            import, or dropout called outside an ``nn.Dropout*`` module with ``mc_dropout`` (named by its path);
+            ensemble members of different architectures.
+        InvalidOptionError: A list that holds something other than torch modules.
         MissingDependencyError: torch is not installed.
     """
     from edgebnn.importers import import_model
+    from edgebnn.importers.ensemble import as_ensemble, import_ensemble
 
-    return import_model(model, tuple(input_shape), output_index=output_index, where=name or type(model).__name__,
-                        mc_dropout=mc_dropout)
+    where = name or ("deep ensemble" if isinstance(model, (list, tuple)) else type(model).__name__)
+    members = as_ensemble(model, input_shape, where, wrappers=not mc_dropout)  # a deep ensemble: its own importer
+    if members is not None:
+        if mc_dropout:
+            raise InvalidOptionError(f"{where}: --mc-dropout does not apply to a deep ensemble")
+        return import_ensemble(members, input_shape, output_index=output_index, where=where)
+
+    return import_model(model, tuple(input_shape), output_index=output_index, where=where, mc_dropout=mc_dropout)
+
+
+def from_swag(model: Any, stats: Mapping[str, Any] | PathLike, input_shape: Sequence[int], *, scale: float = 0.5,
+              var_clamp: float = 1e-30, output_index: int = 0, name: str | None = None) -> BNNModel:
+    """Import SWAG (Maddox et al. 2019): the plain model SWAG ran on plus its statistics (needs torch).
+
+    Args:
+        model: The ``torch.nn.Module`` (its Linear/Conv/BatchNorm parameters are SWAG's; BatchNorm running
+            statistics are used as they are).
+        stats: Per parameter ``{name}_mean``, ``{name}_sq_mean`` and optionally ``{name}_covariance_sqrt``
+            (or the reference code's ``{name}_cov_mat_sqrt``) [K, numel], as a mapping of tensors/arrays or a
+            ``.safetensors``/``.pt`` file; one common key prefix (``base.``, ``model.swag_stats.``) is allowed.
+        input_shape: One example's shape with a leading batch dim.
+        scale: SWAG's ``scale`` as in the reference ``SWAG.sample(scale)``: w = mean + sqrt(scale) · (σ ⊙ z₁ +
+            Dᵀ z₂ / sqrt(K − 1)); 0.5 is the paper's ½Σ_diag + ½DDᵀ/(K−1).
+        var_clamp: Floor of the diagonal variance (the reference code's ``var_clamp``).
+        output_index: Which output to use when ``forward`` returns a tuple.
+        name: How errors name the model.
+
+    Returns:
+        The IR, one ``LowRankGaussianWeight`` per parameter (``GaussianWeight`` for SWAG-diagonal stats);
+        export it in ``baked`` mode (one z₂ per sample shared by every layer).
+    """
+    from edgebnn.importers.swag import import_swag
+
+    return import_swag(model, stats, input_shape, scale=scale, var_clamp=var_clamp, output_index=output_index,
+                       where=name or type(model).__name__)
 
 
 def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | None = None,
@@ -73,7 +114,7 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
     return LoweredModel(result.model, result.report)
 
 
-def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mode: str = "baked",
+def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = None, mode: str = "baked",
            weights: str = "fp32", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
            form: str = "auto", device: str | None = None, progress: Progress | None = None) -> Path:
     """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
@@ -81,7 +122,7 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mod
     Args:
         model: The IR, or the path of an ``.ebnn``.
         path: The ``.onnx`` to write (atomically).
-        samples: Ensemble size S.
+        samples: Ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports).
         mode: ``baked`` (S samples stored as constants; TensorRT/DLA-safe), ``noise`` (host-drawn noise
             inputs, filled by :class:`Session`), ``shared`` (codebook models) or ``analytic``.
         weights: Baked mode: ``fp32``, ``int8`` or ``int4`` member weights.
@@ -98,7 +139,9 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int = 16, mod
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.
     """
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.families import default_samples
 
     ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
+    samples = samples if samples is not None else default_samples(ir_model, 16)
     return save_onnx(export_onnx(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights,
                                  hoist=hoist, form=form, device=device, progress=progress), path)

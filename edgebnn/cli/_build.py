@@ -75,14 +75,22 @@ if TYPE_CHECKING:
 @click.option("--mc-dropout", is_flag=True,
               help="MC dropout: keep the model's nn.Dropout/Dropout1d/2d/3d on at prediction as the posterior "
                    "(a plain torch model with dropout needs no Bayesian layer).")
+@click.option("--swag", "swag_stats", default=None, type=click.Path(dir_okay=False), metavar="STATS",
+              help="SWAG: per-parameter {name}_mean, {name}_sq_mean and {name}_covariance_sqrt [K, numel] "
+                   "(.safetensors or .pt, as the SWAG reference code and torch-uncertainty store them); the model's "
+                   "parameters become SWAG's low-rank + diagonal Gaussian (export with --mode baked).")
+@click.option("--swag-scale", default=0.5, show_default=True, type=float,
+              help="SWAG's scale: w = mean + sqrt(scale)·(σ⊙z1 + Dᵀz2/sqrt(K-1)).")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          verbose: bool, mc_dropout: bool) -> None:
+          verbose: bool, mc_dropout: bool, swag_stats: str | None, swag_scale: float) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
-    torchbnn and blitz layers; plain Linear/Conv2d/BatchNorm layers are carried through unchanged.
+    torchbnn and blitz layers; plain Linear/Conv2d/BatchNorm layers are carried through unchanged. A factory
+    returning a list of models is a deep ensemble (--weights: one file, member k's keys prefixed "k."); --swag
+    imports SWAG statistics for the model.
     """
     from edgebnn import ir
     from edgebnn.budget import Budget, BudgetNotMetError
@@ -100,7 +108,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
         with _progress_bar(what) as progress:
             model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
                                               evaluate=eval_data, ood_data=ood_data, budget=budget,
-                                              progress=progress, mc_dropout=mc_dropout)
+                                              progress=progress, mc_dropout=mc_dropout, swag=swag_stats,
+                                              swag_scale=swag_scale)
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise
@@ -193,7 +202,8 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
-@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--samples", "-S", type=int, default=None,
+              help="Ensemble size S (default 16; a deep ensemble's M members: M).")
 @click.option("--mode", type=click.Choice(MODES), default="baked",
               show_default=True,
               help="baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: the graph "
@@ -233,7 +243,7 @@ def _describe_onnx(path: str) -> dict[str, Any]:
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False),
               help="Write the export report as JSON: the export metadata and the deployed bytes (key deployed).")
-def export(file: str, target: str, samples: int, mode: str, noise_variant: str, weight_format: str, hoist: str,
+def export(file: str, target: str, samples: int | None, mode: str, noise_variant: str, weight_format: str, hoist: str,
            form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None,
            timing_cache: str | None, max_batch: int, output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
@@ -241,9 +251,11 @@ def export(file: str, target: str, samples: int, mode: str, noise_variant: str, 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
     """
     from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.families import default_samples
     from edgebnn.exporters.metadata import read_metadata
 
     model = load_ir(file)
+    samples = samples if samples is not None else default_samples(model, 16)
     _check_output_dir(output)
     with _progress_bar(f"exporting the {mode} ensemble, S={samples}: layers") as progress:
         proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,

@@ -41,12 +41,13 @@ if TYPE_CHECKING:
 @click.option("--ood-data", default=None, metavar="FILE|DIR",
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
                    "of mutual information and entropy and FPR at 95% TPR.")
-@click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn (an .onnx has S baked in).")
+@click.option("--samples", "-S", type=int, default=None,
+              help="S for an .ebnn (default 16; a deep ensemble: its M members); an .onnx has S baked in.")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD).")
-def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: int, seed: int,
+def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: int | None, seed: int,
              json_out: str | None, plot: str | None) -> None:
     """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx.
 

@@ -21,6 +21,10 @@ encoding's ``sample`` does in numpy:
 
     M_s = [u_s >= p] / (1 - p),   u: uniform [S, *mask shape]
 
+``LowRankGaussianWeight`` (SWAG; z₂ one input [S, K] shared by every layer)::
+
+    W_s = mean + (sqrt(scale) σ) ⊙ ε_s + reshape(z₂_s @ (sqrt(scale / (K − 1)) D))
+
 Adding an encoding that draws differently is one emitter registered in :data:`DRAWS` by op type.
 """
 
@@ -32,7 +36,8 @@ import numpy as np
 import onnx
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.ir.encodings import CodebookWeight, DropoutMask, Encoding
+from edgebnn.ir.encodings import CodebookWeight, DropoutMask, Encoding, LowRankGaussianWeight
+from edgebnn.ir.encodings.lowrank import Z2_SUFFIX
 
 # (builder, encoding, name prefix, tag of the emitted names, {noise suffix: graph input}, samples) -> W_s
 DrawEmitter = Callable[[Builder, Encoding, str, str, dict[str, str], int], str]
@@ -125,3 +130,18 @@ def _scatter(b: Builder, flat: str, index: np.ndarray, values: str, samples: int
     const = b.const(p + "_idx", index.astype(np.int64)[None])
     idx = b.add("Expand", [const, b.i64(p + "_ishape", samples, index.size)], p + "_idx_s")
     return b.add("ScatterElements", [flat, idx, values], p + "_w", axis=1)
+
+
+@register_draw("LowRankGaussianWeight")
+def lowrank_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+    """SWAG's draw exactly as ``LowRankGaussianWeight.sample_joint``, the low-rank term one MatMul of the shared
+    z₂ [S, K] by the scaled deviations [K, n]."""
+    assert isinstance(enc, LowRankGaussianWeight)
+    p += tag
+    root = np.float32(np.sqrt(enc.scale))
+    dev = enc.deviations * (root / np.float32(np.sqrt(enc.rank - 1)))
+    low = b.add("MatMul", [eps[Z2_SUFFIX], b.f32(p + "dev", dev)], p + "low_flat")
+    low = b.add("Reshape", [low, b.i64(p + "low_shape", samples, *enc.shape)], p + "low")
+    diag = b.add("Mul", [b.f32(p + "sigma", enc.sigma * root), eps[""]], p + "scaled")
+    return b.add("Add", [b.add("Add", [b.f32(p + "mu", enc.mu), diag], p + "diag_s"), low],
+                 p + ("s" if tag else "W_s"))

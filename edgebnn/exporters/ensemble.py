@@ -43,6 +43,7 @@ from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import dropout_draw
+from edgebnn.exporters.families import check_family
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.ir import DOMAIN, BNNModel
@@ -85,6 +86,7 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     if weights != "fp32" and mode != "baked":
         raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
     choice = choose_form(device, weights, form)
+    check_family(model, mode, samples, noise)
     if mode == "baked":
         _check_baked_size(model, samples, weights)
         out = _baked(model, samples, seed, weights, hoist, choice, progress)

@@ -69,6 +69,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
     b = Builder()
 
     def noise_input(name: str, dims: list[int], per: str, dist: str = "normal") -> str:
+        if any(r["name"] == name for r in records):  # a shared input (NoiseNeed.shared): made once
+            return name
         records.append({"name": name, "shape": [-1 if per == "row" else samples, *dims], "per": per, "dist": dist})
         return b.input(name, [ROWS if per == "row" else samples, *dims])
 
@@ -76,7 +78,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         """W_s [S, *shape] of one encoded weight, from its noise inputs (one set per sample)."""
         emitter, needs = draw_emitter(enc), enc.noise_needs()
         assert emitter is not None and needs is not None  # _check_drawable
-        eps = {n.suffix: noise_input(f"noise/{name}{n.suffix}", list(n.dims), "sample", n.dist) for n in needs}
+        eps = {n.suffix: noise_input(f"noise/{n.suffix.lstrip('.')}" if n.shared else f"noise/{name}{n.suffix}",
+                                     list(n.dims), "sample", n.dist) for n in needs}
         return emitter(b, enc, p, tag, eps, samples)
 
     def local(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,

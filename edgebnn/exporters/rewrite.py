@@ -17,6 +17,7 @@ from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
 from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind, sink_wide_outputs
 from edgebnn.ir import BNNModel, EncodedWeight
+from edgebnn.ir.encodings import draw_weight
 
 # A layer rewrite: (builder, node, its layer kind, its weight, static shapes, shared input) -> nodes added to the
 # builder. ``shared``: ``node.input[0]`` is [B, ...], the same for every sample (see ``rewrite_sampled_layers``).
@@ -30,12 +31,15 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
 
     ``hoist="auto"``: max σ at most the encoding's quantization step (float storage: σ = 0 only);
     a number: max σ at most that value; ``"off"``: none but σ ≡ 0 weights, which are deterministic under any
-    threshold (an MC-dropout model's plain layers: no S identical copies).
+    threshold (an MC-dropout model's plain layers: no S identical copies). A weight drawn jointly with others (a
+    deep ensemble's members, SWAG) is never quiet.
     """
     if hoist not in ("off", "auto") and (not isinstance(hoist, (int, float)) or hoist < 0):
         raise InvalidOptionError(f"--hoist {hoist}: use auto, off or a non-negative sigma")
     out = set()
     for w in model.iter_encoded_weights():  # one layer decoded at a time
+        if w.encoding.joint_group() is not None:  # drawn with its group (an ensemble's mean is no member)
+            continue
         limit = 0.0 if hoist == "off" else w.encoding.step() if hoist == "auto" else float(hoist)
         if float(w.encoding.stddev().max(initial=0.0)) <= limit:
             out.add(w.name)
@@ -49,12 +53,13 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
 
 def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> LayerRewrite:
     """The ``baked`` strategy: S members drawn at export from the reference runtime's streams ``[seed, i]``
-    (weight ``i`` in graph order), emitted as constants in the layer kind's batched form, in the ``weights``
-    format (exact on the encoding's sample grid)."""
+    (weight ``i`` in graph order, jointly with its group: :func:`~edgebnn.ir.encodings.draw_weight`), emitted
+    as constants in the layer kind's batched form, in the ``weights`` format (exact on the encoding's sample
+    grid)."""
     index = {name: i for i, name in enumerate(model.encoded_weight_names())}
 
     def draw(w: EncodedWeight) -> np.ndarray:
-        return w.encoding.sample(np.random.default_rng([seed, index[w.name]]), samples)
+        return draw_weight(w.encoding, seed, index[w.name], samples)  # jointly with its group, if any
 
     def bias_samples(b: Builder, node: onnx.NodeProto, out_dim: int) -> np.ndarray | None:
         """Bias as [S, out]: drawn if Bayesian, the deterministic bias repeated otherwise."""

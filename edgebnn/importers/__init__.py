@@ -1,6 +1,8 @@
 """Importers: read a trained PyTorch BNN (edgebnn, bayesian-torch, torchbnn, blitz) into the IR.
 
-``import_model`` does the work; :mod:`edgebnn.importers.checkpoint` loads factories and weights safely.
+``import_model`` does the work; :mod:`edgebnn.importers.checkpoint` loads factories and weights safely;
+:mod:`edgebnn.importers.ensemble` (deep ensembles) and :mod:`edgebnn.importers.swag` (SWAG statistics) import
+plain models as the posterior families.
 """
 
 from __future__ import annotations

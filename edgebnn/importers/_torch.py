@@ -21,6 +21,7 @@ import logging
 import re
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,13 +52,24 @@ from edgebnn.ir import (
     make_encoding_node,
     verify,
 )
-from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask
+from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask, Encoding
 
 OPSET = 18
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 # Parameter-name fragments that mark a layer as Bayesian even when no adapter knows its library.
 _BAYESIAN_PARAM = re.compile(r"(^|_)(rho|log_sigma|sigma|logvar|log_alpha)($|_)|(^|_)mu($|_)")
+
+
+@dataclass(frozen=True)
+class PlainLayers:
+    """A plain model's layers to import with given encodings: ``posteriors`` describe each layer (its means are
+    what the exported skeleton holds), ``encodings`` maps weight names (``<path>.weight``, ``<path>.bias``) to
+    their encoding (others: σ = 0 Gaussians, a bias without σ stays a constant), ``library`` names the source."""
+
+    posteriors: Mapping[str, LayerPosterior]
+    encodings: Mapping[str, Encoding]
+    library: str
 
 
 def _adapters() -> list[LayerAdapter]:
@@ -179,6 +191,7 @@ def import_model(
     output_index: int = 0,
     where: str = "<model>",
     mc_dropout: bool = False,
+    layers: PlainLayers | None = None,
 ) -> BNNModel:
     """Import a trained PyTorch BNN.
 
@@ -191,6 +204,8 @@ def import_model(
         mc_dropout: keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at prediction (MC dropout): each
             becomes a :class:`~edgebnn.ir.encodings.DropoutMask` on its input, and its plain Linear/Conv weights
             ``GaussianWeight`` with σ = 0 (:mod:`.mc_dropout`).
+        layers: a plain torch model's layers with their weights given as encodings (deep ensembles, SWAG:
+            :class:`PlainLayers`) instead of Bayesian layers found by the adapters.
 
     Returns:
         The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one ``DropoutMask`` per dropout
@@ -201,7 +216,10 @@ def import_model(
     if len(shape) < 2 or any(d <= 0 for d in shape):
         raise InvalidOptionError(f"--input-shape {','.join(map(str, shape))}: need batch,dims... of positive ints")
     model = model.eval()
-    posteriors, libraries = find_bayesian_layers(model)
+    if layers is not None:  # a plain model whose weights are given (deep ensembles, SWAG)
+        posteriors, libraries = dict(layers.posteriors), {layers.library}
+    else:
+        posteriors, libraries = find_bayesian_layers(model)
     dropouts = dropout_modules(model) if mc_dropout else {}
     if mc_dropout:  # the plain layers' weights as σ = 0 Gaussians: lowering schemes encode them too
         posteriors = deterministic_posteriors(model, posteriors)
@@ -283,7 +301,7 @@ def import_model(
         input_name=INPUT_NAME,
         input_shape=[1, *shape[1:]],
         num_classes=num_classes,
-    ), where)
+    ), where, layers.encodings if layers is not None else {})
 
 
 def _export(torch: Any, module: Any, example: Any, where: str) -> onnx.ModelProto:
@@ -351,7 +369,7 @@ def _strip_prefix(graph: onnx.GraphProto, prefix: str) -> None:
 
 def _attach_posteriors(
     proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, DropoutMask], prefix: str,
-    manifest: Manifest, where: str,
+    manifest: Manifest, where: str, encodings: Mapping[str, Encoding],
 ) -> BNNModel:
     graph = proto.graph
     # Drop exporter debris that would make files differ between machines (stack traces, doc strings).
@@ -368,8 +386,9 @@ def _attach_posteriors(
     new_nodes = []
     for path, post in posteriors.items():
         pairs = [("weight", post.weight_mu, post.weight_sigma)]
-        if post.bias_mu is not None and post.bias_sigma is not None:
-            pairs.append(("bias", post.bias_mu, post.bias_sigma))
+        if post.bias_mu is not None and (post.bias_sigma is not None or f"{path}.bias" in encodings):
+            sigma_b = post.bias_sigma if post.bias_sigma is not None else np.zeros_like(post.bias_mu)
+            pairs.append(("bias", post.bias_mu, sigma_b))
         for role, mu, sigma in pairs:
             name = f"{path}.{role}"
             if name not in inits:
@@ -384,7 +403,8 @@ def _attach_posteriors(
                     "(the exporter transformed it)"
                 )
             graph.initializer.remove(inits[name])
-            new_nodes.append(make_encoding_node(graph, name, path, GaussianWeight(mu, sigma)))
+            enc = encodings[name] if name in encodings else GaussianWeight(mu, sigma)
+            new_nodes.append(make_encoding_node(graph, name, path, enc))
     for path, mask in masks.items():
         name = path + MASK_SUFFIX
         if name not in inits:

@@ -18,7 +18,11 @@ _NESTED_KEYS = ("state_dict", "model_state_dict", "model")
 
 
 def load_factory(spec: str) -> Any:
-    """Build a model from ``package.module:factory`` (called with no arguments)."""
+    """Build a model from ``package.module:factory`` (called with no arguments).
+
+    A factory returning a list or tuple of modules (a deep ensemble's members) gives them as one
+    ``nn.ModuleList``, whose state dict (member k's tensors prefixed ``k.``) is what ``--weights`` holds.
+    """
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise InvalidOptionError(f"--model {spec}: expected PACKAGE.MODULE:FACTORY")
@@ -41,8 +45,11 @@ def load_factory(spec: str) -> Any:
         import torch
     except ImportError as e:
         raise MissingDependencyError("lowering a PyTorch model needs torch: pip install 'edgebnn[torch]'") from e
+    if isinstance(model, (list, tuple)) and model and all(isinstance(m, torch.nn.Module) for m in model):
+        return torch.nn.ModuleList(model)  # a deep ensemble: one weights file, keys prefixed 0., 1., ...
     if not isinstance(model, torch.nn.Module):
-        raise InvalidOptionError(f"--model {spec}: the factory returned {type(model).__name__}, not a torch.nn.Module")
+        raise InvalidOptionError(f"--model {spec}: the factory returned {type(model).__name__}, not a torch.nn.Module "
+                                 "(or a list of them: a deep ensemble)")
     return model
 
 

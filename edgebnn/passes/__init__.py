@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import DOMAIN, BNNModel, serialized_size
+from edgebnn.passes import families as families  # registers the family lowerings (deep ensembles, SWAG)
 from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResult
 from edgebnn.passes.binary import BinaryConfig
 from edgebnn.passes.codebook import CodebookConfig
@@ -69,7 +70,11 @@ def float_bnn_bytes(model: BNNModel) -> int:
     constants) count their stored bytes.
     """
     nodes = [n for n in model.proto.graph.node if n.domain == DOMAIN]  # sizes from 'shape', nothing decoded
-    total = sum(8 * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
+    # μ and σ per weight; a deep ensemble's M fp32 members (its 'members' attribute); SWAG's K deviations too
+    dims = {t.name: list(t.dims) for t in model.proto.graph.initializer}
+    total = sum(next((4 * a.i for a in n.attribute if a.name == "members"), 8)
+                * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
+    total += sum(4 * math.prod(dims.get(n.input[2], [])) for n in nodes if n.op_type == "LowRankGaussianWeight")
     encoding_inputs = {i for n in nodes for i in n.input}
     for t in model.proto.graph.initializer:
         if t.name in encoding_inputs:

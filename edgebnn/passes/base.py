@@ -256,6 +256,18 @@ class LayerPass(Pass):
             if self.weights is not None and name not in self.weights:
                 continue
             weight = model.encoded_weight(name)  # one layer decoded at a time
+            family = FAMILY_LOWERINGS.get(weight.encoding.op_type)
+            if family is not None:  # a posterior family's own encoding (deep ensemble, SWAG): its lowering or none
+                if self.name not in family:
+                    raise InvalidOptionError(
+                        f"layer {weight.layer!r} is a {weight.encoding.op_type}, which {self.name} cannot lower; "
+                        f"use --scheme {' or '.join(sorted(family))}")
+                lowered = family[self.name](self, weight, np.random.default_rng([seed, i]))
+                if lowered.encoding is not weight.encoding:
+                    model.replace_encoding(weight, lowered.encoding)
+                    modified = True
+                rows.append(layer_row(weight, lowered.encoding, note=lowered.note, extra=lowered.extra))
+                continue
             if not isinstance(weight.encoding, GaussianWeight):
                 reason = f"already a {weight.encoding.op_type}; {self.name} lowers GaussianWeight posteriors only"
                 rows.append(layer_row(weight, weight.encoding, skipped=reason))
@@ -269,6 +281,20 @@ class LayerPass(Pass):
                 modified = True
             rows.append(layer_row(weight, outcome.encoding, note=outcome.note, extra=outcome.extra))
         return rows, modified
+
+
+# op type of a posterior family's encoding -> {pass name: its lowering}: a LayerPass hands such a weight to the
+# lowering registered for it, and refuses (one line) a scheme with none (edgebnn.passes.families)
+FamilyLowering = Callable[[LayerPass, EncodedWeight, np.random.Generator], LayerOutcome]
+FAMILY_LOWERINGS: dict[str, dict[str, FamilyLowering]] = {}
+
+
+def register_family_lowering(op_type: str, pass_name: str) -> Callable[[FamilyLowering], FamilyLowering]:
+    """Decorator: the ``pass_name`` scheme lowers ``op_type`` weights with the decorated function."""
+    def register(fn: FamilyLowering) -> FamilyLowering:
+        FAMILY_LOWERINGS.setdefault(op_type, {})[pass_name] = fn
+        return fn
+    return register
 
 
 def posterior(weight: EncodedWeight) -> tuple[np.ndarray, np.ndarray]:

@@ -2,8 +2,9 @@
 
 It shares no graph rewriting with the exporters (weights enter as graph inputs of the plain float
 network), which is what makes it a reference to check exported ensembles against. Samples are drawn
-per encoded weight ``i`` (graph order) from ``numpy.random.default_rng([seed, i])`` — the same streams
-the ``baked`` exporter uses, so the same seed gives the same members.
+per encoded weight ``i`` (graph order) from ``numpy.random.default_rng([seed, i])``, jointly with the weight's
+group where its family couples the layers (deep ensembles, SWAG: :func:`edgebnn.ir.encodings.draw_weight`) —
+the same draws the ``baked`` exporter makes, so the same seed gives the same members.
 """
 
 from __future__ import annotations
@@ -13,17 +14,17 @@ import onnxruntime as ort
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import check_samples
+from edgebnn.exporters.families import check_family
 from edgebnn.ir import BNNModel
+from edgebnn.ir.encodings import draw_weight
 from edgebnn.metrics import Predictive, predictive_from_logits
 
 
 def sample_weights(model: BNNModel, samples: int, seed: int) -> dict[str, np.ndarray]:
     """``{weight name: [samples, *shape]}`` for every encoded weight."""
     check_samples(samples)
-    return {
-        w.name: w.encoding.sample(np.random.default_rng([seed, i]), samples)
-        for i, w in enumerate(model.encoded_weights())
-    }
+    check_family(model, "baked", samples)  # a deep ensemble: S = M, each member once
+    return {w.name: draw_weight(w.encoding, seed, i, samples) for i, w in enumerate(model.encoded_weights())}
 
 
 def session(proto_bytes: bytes, threads: int = 0) -> ort.InferenceSession:

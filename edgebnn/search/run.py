@@ -97,6 +97,7 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
         InvalidOptionError, InvalidArtifactError: One line naming the option or file at fault.
     """
     from edgebnn.api import dataset_for, load_ir
+    from edgebnn.exporters.families import family_of
 
     if settings.trials < 1:
         raise InvalidOptionError(f"--trials {settings.trials}: must be at least 1")
@@ -115,6 +116,10 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
         raise InvalidOptionError(f"--weights {','.join(bad)}: {device} ({DEVICE_FORMATS[device][0]}) takes "
                                  f"{' or '.join(formats)}; search with --weights {','.join(formats)}")
     model = load_ir(settings.model)
+    family = family_of(model)
+    if family is not None:  # its schemes (fixed, float) and S (M for an ensemble) leave nothing to search
+        raise InvalidOptionError(f"{settings.model}: a {family}: search explores Gaussian schemes, S and modes; "
+                                 "lower it with --scheme fixed and export it with edgebnn export")
     dataset_for(model, settings.data, split=data_split(settings.data))
     if settings.ood_data is not None:
         dataset_for(model, settings.ood_data, labels=False, option="--ood-data")

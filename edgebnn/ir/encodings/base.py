@@ -46,11 +46,39 @@ class NoiseNeed:
         suffix: appended to the weight's name to name the graph input (``""`` for the main one).
         dims: its shape per sample.
         dist: ``normal`` (standard normal) or ``uniform`` (on [0, 1)).
+        shared: one input for the whole graph, named ``noise/<suffix without its dot>``, read by every weight
+            that needs it (a joint draw: SWAG's z₂).
     """
 
     suffix: str
     dims: tuple[int, ...]
     dist: str = "normal"
+    shared: bool = False
+
+
+JOINT_STREAM = 0x6A6F696E  # "join": group draws seed [seed, JOINT_STREAM, size], never a weight's stream [seed, i]
+JOINT_KINDS = ("members", "normal")
+
+
+@dataclass(frozen=True)
+class JointGroup:
+    """A shared per-sample draw (:mod:`.joint`): ``kind`` ``members`` (a member index in 0..size-1) or
+    ``normal`` (``size`` standard normals)."""
+
+    kind: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in JOINT_KINDS or self.size < 1:
+            raise ValueError(f"joint group {self.kind!r} of size {self.size}")
+
+    def draw(self, seed: int, n: int) -> np.ndarray:
+        """The shared draw of ``n`` samples: int64 [n] member indices, or float32 [n, size] normals."""
+        if self.kind == "members":
+            return np.arange(n, dtype=np.int64) % self.size
+        rng = np.random.default_rng([seed, JOINT_STREAM, self.size])
+        return rng.standard_normal((n, self.size), dtype=np.float32)
+
 
 
 def register_encoding(cls: type[Encoding]) -> type[Encoding]:
@@ -130,6 +158,14 @@ class Encoding(ABC):
     def sample_grid(self) -> Grid | None:
         """The integer grid every draw of ``sample`` lies on exactly, if any."""
         return None
+
+    def joint_group(self) -> JointGroup | None:
+        """The group this weight is drawn jointly with (:mod:`.joint`), or None: drawn on its own."""
+        return None
+
+    def sample_joint(self, shared: np.ndarray, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` draws given the group's shared draw ``shared`` [n, ...] (only encodings with a group)."""
+        raise NotImplementedError(f"{self.op_type} is not drawn jointly")
 
     @property
     def nbytes(self) -> int:
