@@ -50,8 +50,9 @@ def _drop_scalar_round_trips(proto: onnx.ModelProto) -> onnx.ModelProto:
     renames: dict[str, str] = {}
     for node in graph.node:
         squeeze = producer.get(node.input[0]) if node.op_type == "Reshape" else None
-        target = consts.get(node.input[1]) if squeeze is not None else None
-        source = producer.get(squeeze.input[0]) if squeeze is not None and squeeze.op_type == "Squeeze" else None
+        if squeeze is None or squeeze.op_type != "Squeeze":
+            continue
+        target, source = consts.get(node.input[1]), producer.get(squeeze.input[0])
         if target is None or source is None or source.op_type != "Shape" or target.tolist() not in ([1], [-1]):
             continue
         attrs = {a.name: a.i for a in source.attribute}
