@@ -32,3 +32,7 @@ class MissingDependencyError(EdgeBNNError):
 
 class ArtifactWriteError(EdgeBNNError):
     """Writing an artifact failed; the previous file at that path is left intact."""
+
+
+class ArtifactRuntimeError(EdgeBNNError):
+    """An exported artifact fails when its runtime loads or runs it (names the artifact and the failing op)."""

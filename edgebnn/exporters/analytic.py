@@ -44,6 +44,7 @@ from scipy.stats import norm, qmc
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata, static_shapes
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
+from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.ir import BNNModel
 
 SHAPE_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
@@ -65,6 +66,7 @@ def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:
 
 def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
                     ) -> onnx.ModelProto:
+    refuse_recurrent(model, "analytic")
     encoded = {w.name: w for w in model.encoded_weights()}
     base = model.float_model()
     shapes = static_shapes(base)

@@ -16,6 +16,7 @@ from onnx import numpy_helper
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
 from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind, sink_wide_outputs
+from edgebnn.exporters.recurrent import MOVES_BATCH, batch_axes, fold_on_axis
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import draw_weight
 
@@ -121,17 +122,27 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     start = _fold_point(nodes, in_name, sampled_at)
 
     folded: dict[str, str] = {}
+    axes: dict[str, int] = {}  # batch axis of values computed before the fold (sequence-major ones: recurrent)
+    moved = any(n.op_type in MOVES_BATCH for n in nodes[:start])
 
     def fold(value: str) -> str:
-        """``value`` [B, ...] as [B·S, ...] (once per value)."""
+        """``value`` [B, ...] as [B·S, ...] (once per value; on its batch axis, :mod:`.recurrent`)."""
         if value not in folded:
             dims = shapes.get(value)
             if dims is None:
                 raise UnsupportedLayerError(f"{model.where}: hoisting needs a static shape for {value!r}; "
                                             "export with --hoist off")
             prefix = P if value == in_name else f"{P}fold/{value}/"
-            folded[value] = b.fold_samples(value, prefix + "input" if value == in_name else prefix + "out",
-                                           samples, dims[1:], prefix)
+            axis: int | None = 0
+            if value != in_name and moved:  # only a graph that moves axes before the fold needs to look
+                axes.update(axes or batch_axes(model.weights_as_inputs()))
+                axis = axes.get(value)
+            if axis is None:
+                raise UnsupportedLayerError(f"{model.where}: cannot tell the batch axis of {value!r} to fold the "
+                                            "samples into it")
+            folded[value] = (fold_on_axis(b, value, prefix + "out", samples, dims, axis, prefix) if axis else
+                             b.fold_samples(value, prefix + "input" if value == in_name else prefix + "out",
+                                            samples, dims[1:], prefix))
             shapes[folded[value]] = dims
         return folded[value]
 

@@ -16,6 +16,14 @@ differs between the probes, which is exact at any batch size and lets shape infe
 batch-1 probe. Other batch-dependent values keep their computation.
 Nodes left without a consumer are dropped. A graph onnxruntime
 cannot run is left unfolded (the importer's static-shape check then names the layer it cannot lay out).
+
+Recurrent layers: ``torch.zeros(x.size(0), H)`` (an initial hidden state, nn.LSTM's or a hand-written loop's)
+is exported as ``Shape -> Squeeze -> Reshape [1] -> Concat -> Expand``; the scalar round trip
+``Squeeze -> Reshape`` of a one-element shape is dropped first, because ONNX's data propagation stops at it
+(the state's shape would stay ``[?, H]`` at batch 1). A zero initial state of an ``LSTM``/``GRU``/``RNN`` node
+(``initial_h``, ``initial_c``: all zeros at both probe batches) is removed: the op's default is zeros of the
+batch its input has, which keeps the state right when the exporters fold S samples into the batch
+(torch bakes the traced batch into it otherwise).
 """
 
 from __future__ import annotations
@@ -27,10 +35,42 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 _PROBE_BATCHES = (2, 3)  # two sizes > 1, so broadcasting of a size-1 batch cannot hide a dependence
 _SOURCES = ("Constant", "Shape", "Size")
 _RANDOM = ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli")
+_STATES = {"LSTM": (5, 6), "GRU": (5,), "RNN": (5,)}  # input positions of optional initial states
+
+
+def _drop_scalar_round_trips(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``Reshape(Squeeze(s), [1])`` -> ``s`` where ``s`` is a one-element 1-D tensor (a sliced ``Shape``)."""
+    graph = proto.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name in ("value", "value_ints"):
+            value = helper.get_attribute_value(n.attribute[0])
+            consts[n.output[0]] = numpy_helper.to_array(value) if n.attribute[0].name == "value" else np.array(value)
+    producer = {o: n for n in graph.node for o in n.output}
+    renames: dict[str, str] = {}
+    for node in graph.node:
+        squeeze = producer.get(node.input[0]) if node.op_type == "Reshape" else None
+        if squeeze is None or squeeze.op_type != "Squeeze":
+            continue
+        target, source = consts.get(node.input[1]), producer.get(squeeze.input[0])
+        if target is None or source is None or source.op_type != "Shape" or target.tolist() not in ([1], [-1]):
+            continue
+        attrs = {a.name: a.i for a in source.attribute}
+        if "end" in attrs and attrs["end"] - attrs.get("start", 0) == 1 and attrs.get("start", 0) >= 0:
+            renames[node.output[0]] = squeeze.input[0]
+    if not renames:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for node in out.graph.node:
+        for i, x in enumerate(node.input):
+            node.input[i] = renames.get(x, x)
+    return out
 
 
 def fold_shape_computations(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with its batch-independent shape computations replaced by initializers (a new model)."""
+    proto = _drop_scalar_round_trips(proto)
     graph = proto.graph
     shape_values = {t.name for t in graph.initializer if t.data_type in (TensorProto.INT64, TensorProto.INT32)}
     shape_nodes: set[int] = set()
@@ -59,6 +99,8 @@ def fold_shape_computations(proto: onnx.ModelProto) -> onnx.ModelProto:
         name: first for name, first, second in zip(frontier, values[0], values[1], strict=False)  # then reshapes
         if first.shape == second.shape and np.array_equal(first, second)
     }
+    zero_states = {name for name, first, second in zip(frontier, values[0], values[1], strict=False)
+                   if first.dtype.kind == "f" and not first.any() and not second.any()}
     targets = {}
     for k, name in enumerate(reshapes, start=len(frontier)):
         target = _batch_as_minus_one(values[0][k].shape, values[1][k].shape)
@@ -69,6 +111,10 @@ def fold_shape_computations(proto: onnx.ModelProto) -> onnx.ModelProto:
     graph = out.graph
     kept = [n for n in graph.node if not set(n.output) & set(folded)]
     for node in kept:
+        for i in _STATES.get(node.op_type, ()):
+            if len(node.input) > i and node.input[i] in zero_states:
+                node.input[i] = ""  # the op's default: zeros of its input's batch
+
         if node.op_type == "Reshape" and node.output[0] in targets and node.input[1] not in folded:
             node.input[1] = f"{node.output[0]}__target"
             folded[node.input[1]] = targets[node.output[0]]

@@ -42,6 +42,7 @@ from edgebnn.importers.mc_dropout import (
     mask_layer,
     watch,
 )
+from edgebnn.importers.recurrent import mask_paths, rnn_dropouts, rnn_mask_shape, split_rnn, untie_per_call
 from edgebnn.ir import (
     DOMAIN,
     DOMAIN_VERSION,
@@ -221,6 +222,7 @@ def import_model(
     else:
         posteriors, libraries = find_bayesian_layers(model)
     dropouts = dropout_modules(model) if mc_dropout else {}
+    rnns = rnn_dropouts(model) if mc_dropout else {}  # nn.LSTM/GRU dropping between their layers
     if mc_dropout:  # the plain layers' weights as σ = 0 Gaussians: lowering schemes encode them too
         posteriors = deterministic_posteriors(model, posteriors)
     if not posteriors and not mc_dropout:
@@ -236,6 +238,9 @@ def import_model(
         )
         for p in posteriors
     ]
+    rnn_shapes: dict[str, tuple[int, ...]] = {}
+    hooks += [model.get_submodule(p).register_forward_hook(
+        lambda m, _i, out, p=p: rnn_shapes.__setitem__(p, rnn_mask_shape(m, out))) for p in rnns]
     try:
         with watch(model, dropouts, where) if mc_dropout else torch.no_grad() as mask_shapes:
             example = torch.zeros((2, *shape[1:]))
@@ -250,9 +255,9 @@ def import_model(
     finally:
         for h in hooks:
             h.remove()
-    if mc_dropout and not dropouts:  # after the pass: dropout called outside a module is named first
-        raise UnsupportedLayerError(f"{where}: --mc-dropout: no nn.Dropout/Dropout1d/2d/3d with p > 0 in "
-                                    f"{type(model).__name__}")
+    if mc_dropout and not dropouts and not rnn_shapes:  # after the pass: dropout outside a module is named first
+        raise UnsupportedLayerError(f"{where}: --mc-dropout: no nn.Dropout/Dropout1d/2d/3d with p > 0 (nor an "
+                                    f"nn.LSTM/GRU/RNN with dropout > 0) in {type(model).__name__}")
     if isinstance(out, Mapping):
         keys = ", ".join(repr(k) for k in list(out)[:4])
         raise UnsupportedLayerError(
@@ -281,6 +286,10 @@ def import_model(
     masks = mask_encodings(dropouts, mask_shapes or {}) if mc_dropout else {}
     for path, mask in masks.items():
         _set_submodule(mean_model, path, mask_layer(mask.shape))
+        libraries.add("torch-mc-dropout")
+    for path, between in rnn_shapes.items():  # one module per layer, a mask between layers
+        _set_submodule(mean_model, path, split_rnn(rnns[path], between, mask_layer))
+        masks.update({drop: DropoutMask(between, float(rnns[path].dropout)) for drop in mask_paths(path, rnns[path])})
         libraries.add("torch-mc-dropout")
 
     from torch import nn
@@ -384,6 +393,7 @@ def _attach_posteriors(
     _strip_prefix(graph, prefix)
     inits = {t.name: t for t in graph.initializer}
     new_nodes = []
+    encoded: dict[str, tuple[str, Any]] = {}
     for path, post in posteriors.items():
         pairs = [("weight", post.weight_mu, post.weight_sigma)]
         if post.bias_mu is not None and (post.bias_sigma is not None or f"{path}.bias" in encodings):
@@ -403,15 +413,17 @@ def _attach_posteriors(
                     "(the exporter transformed it)"
                 )
             graph.initializer.remove(inits[name])
-            enc = encodings[name] if name in encodings else GaussianWeight(mu, sigma)
-            new_nodes.append(make_encoding_node(graph, name, path, enc))
+            encoded[name] = (path, encodings[name] if name in encodings else GaussianWeight(mu, sigma))
+            new_nodes.append(make_encoding_node(graph, name, path, encoded[name][1]))
     for path, mask in masks.items():
         name = path + MASK_SUFFIX
         if name not in inits:
             raise UnsupportedLayerError(f"{where}: layer {path!r}: exported graph has no dropout mask {name!r}")
         graph.initializer.remove(inits[name])
+        encoded[name] = (path, mask)
         new_nodes.append(make_encoding_node(graph, name, path, mask))
     nodes = list(graph.node)
+    new_nodes += untie_per_call(graph, encoded, nodes)  # the libraries draw on every call of a layer
     del graph.node[:]
     graph.node.extend(new_nodes + nodes)
     proto.opset_import.append(onnx.helper.make_opsetid(DOMAIN, DOMAIN_VERSION))

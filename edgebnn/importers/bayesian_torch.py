@@ -1,4 +1,4 @@
-"""Adapter for bayesian-torch (Intel Labs): every reparameterization and flipout layer but the recurrent ones.
+"""Adapter for bayesian-torch (Intel Labs): every reparameterization and flipout layer.
 
 Linear, Conv1d/2d/3d and ConvTranspose1d/2d/3d, each as ``...Reparameterization`` and ``...Flipout``:
 sigma = log1p(exp(rho)) for weights and biases. Flipout changes how training draws noise (one weight
@@ -7,9 +7,12 @@ perturbation per example), not the posterior: the IR carries the same mean-field
 bayesian-torch's ``BatchNorm{1,2,3}dLayer`` are deterministic batch norms that pass ``(out, kl)`` tuples
 through; they have no posterior and are exported as batch norms.
 
-Refused, naming the layer: LSTMs (``LSTMReparameterization``/``LSTMFlipout``: edgebnn exports feed-forward
-graphs only) and the quantized layers ``bnn_to_qbnn`` produces (their int8 tensors live in torch's
-quantized backend; import the float model and quantize with an edgebnn scheme instead).
+``LSTMReparameterization``/``LSTMFlipout`` are not layers to this adapter: they are a loop over time around two
+of its linear layers (``ih``, ``hh``), which it reads, and the loop is exported unrolled, drawing the weights
+at every step as bayesian-torch does (:mod:`edgebnn.importers.recurrent`).
+
+Refused, naming the layer: the quantized layers ``bnn_to_qbnn`` produces (their int8 tensors live in torch's
+quantized backend; import the float model and quantize with an edgebnn scheme instead), and subclasses.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.importers.base import LayerPosterior, conv_posterior, describe, loaded, softplus, to_numpy
+from edgebnn.importers.recurrent import unrolled_bayesian_rnn
 
 if TYPE_CHECKING:
     import torch
@@ -32,10 +36,7 @@ _SUPPORTED = _LINEAR + tuple(f"{c}{m}" for c in _CONVS + _TRANSPOSED for m in _M
 def _refusal(module: Any) -> str:
     name = type(module).__name__
     if name.startswith("LSTM"):
-        return (
-            "recurrent layers are not supported (edgebnn exports feed-forward graphs); keep the LSTM "
-            "deterministic (nn.LSTM) with a Bayesian head, or model the sequence with Conv1d layers"
-        )
+        return "a subclass or modified bayesian-torch LSTM; edgebnn reads LSTMReparameterization and LSTMFlipout"
     if name.startswith("Quantized"):
         return (
             "quantized bayesian-torch layers hold int8 tensors of torch's quantized backend; import the "
@@ -47,7 +48,7 @@ def _refusal(module: Any) -> str:
 class BayesianTorchAdapter:
     """Reads bayesian-torch layers: sigma = log1p(exp(rho)) for weights and biases.
 
-    Every bayesian-torch variational layer matches, so that those edgebnn cannot read (LSTMs, quantized
+    Every bayesian-torch variational layer but its two LSTMs matches, so that those edgebnn cannot read (quantized
     layers, subclasses) are refused by :meth:`extract` instead of being exported as if deterministic.
     """
 
@@ -55,7 +56,8 @@ class BayesianTorchAdapter:
 
     def matches(self, module: torch.nn.Module) -> bool:
         layers = loaded("bayesian_torch.layers")
-        return layers is not None and isinstance(module, layers.BaseVariationalLayer_)
+        return (layers is not None and isinstance(module, layers.BaseVariationalLayer_)
+                and not unrolled_bayesian_rnn(module))  # its ih/hh linear layers are read instead
 
     def extract(self, module: torch.nn.Module, path: str) -> LayerPosterior:
         layers = loaded("bayesian_torch.layers")

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 _READ = ("BayesianLinear", "BayesianConv1d", "BayesianConv2d", "BayesianConv3d")
 _REFUSED = {
-    "BayesianLSTM": "recurrent layers are not supported (edgebnn exports feed-forward graphs); keep the "
-    "recurrence deterministic (nn.LSTM/nn.GRU) with a Bayesian head, or model the sequence with BayesianConv1d",
+    "BayesianLSTM": "recurrent layers are not supported from blitz; keep the recurrence deterministic "
+    "(nn.LSTM/nn.GRU) with a Bayesian head, or use bayesian-torch's LSTMReparameterization",
     "BayesianEmbedding": "embeddings are not supported; keep the embedding deterministic (nn.Embedding) "
     "and make the layers after it Bayesian",
 }

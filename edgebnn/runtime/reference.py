@@ -18,6 +18,7 @@ from edgebnn.exporters.families import check_family
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import draw_weight
 from edgebnn.metrics import Predictive, predictive_from_logits
+from edgebnn.runtime._ort import ort_errors
 
 
 def sample_weights(model: BNNModel, samples: int, seed: int) -> dict[str, np.ndarray]:
@@ -49,7 +50,8 @@ class Reference:
 
     def __init__(self, model: BNNModel) -> None:
         self.model = model
-        self.session = session(model.weights_as_inputs().SerializeToString())
+        with ort_errors(model.where):
+            self.session = session(model.weights_as_inputs().SerializeToString())
 
     def logits(self, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
         """Per-sample logits ``[S, N, K]``."""
@@ -59,8 +61,9 @@ class Reference:
         out = []
         for s in range(samples):
             feed_w = {name: w[s] for name, w in weights.items()}
-            chunks = [self.session.run(None, {in_name: x[i : i + batch_size], **feed_w})[0]
-                      for i in range(0, len(x), batch_size)]
+            with ort_errors(self.model.where):
+                chunks = [self.session.run(None, {in_name: x[i : i + batch_size], **feed_w})[0]
+                          for i in range(0, len(x), batch_size)]
             out.append(np.concatenate(chunks))
         return np.stack(out)
 

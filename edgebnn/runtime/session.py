@@ -23,6 +23,7 @@ from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.metrics import Predictive
+from edgebnn.runtime._ort import ort_errors
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
 
@@ -75,8 +76,9 @@ class Session:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             opts.intra_op_num_threads = threads
-        self._sess = ort.InferenceSession(proto.SerializeToString(), opts,
-                                          providers=providers or ["CPUExecutionProvider"])
+        with ort_errors(self.where):  # onnxruntime's failures as one line naming the artifact and the op
+            self._sess = ort.InferenceSession(proto.SerializeToString(), opts,
+                                              providers=providers or ["CPUExecutionProvider"])
         self.input_name = self.meta.input_name
         self.input_shape = tuple(self.meta.input_shape[1:])
         self.noise_inputs = [dict(r) for r in self.meta.noise_inputs or ()]
@@ -105,7 +107,8 @@ class Session:
                         else fill_noise(self.noise_inputs, len(x), self.samples, self.rng))
         elif noise:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
-        probs, entropy, mi = self._sess.run(["probs", "entropy", "mutual_info"], feed)
+        with ort_errors(self.where):
+            probs, entropy, mi = self._sess.run(["probs", "entropy", "mutual_info"], feed)
         return Predictive(probs, entropy, mi)
 
     def _check_input(self, x: Any) -> np.ndarray:

@@ -107,9 +107,10 @@ class CpuTarget(Target):
         size = onnx_size(proto, path)
         if runtime == "torch":
             return TorchRunner(proto, threads=options.threads), size
+        where = str(path) if path is not None else None  # how a runtime failure names the artifact
         if meta is not None and not meta.is_baseline:  # an ensemble: a noise graph needs its noise drawn per call
-            return SessionRunner(proto, threads=options.threads), size
-        return OrtRunner(proto, threads=options.threads), size
+            return SessionRunner(proto, threads=options.threads, where=where), size
+        return OrtRunner(proto, threads=options.threads, where=where), size
 
     def _load(self, artifact: Path, samples: int | None) -> Executable:
         raise InvalidOptionError(f"--engine {artifact}: a TensorRT engine runs on rtx or jetson, not the {self.name}")

@@ -47,7 +47,8 @@ class TensorRTTarget(Target):
         if runtime == "torch":
             return TorchRunner(proto, device="cuda", threads=options.threads), onnx_size(proto, path)
         if runtime == "onnxruntime":
-            return OrtRunner(proto, provider="cuda", threads=options.threads), onnx_size(proto, path)
+            return OrtRunner(proto, provider="cuda", threads=options.threads,
+                             where=str(path) if path is not None else None), onnx_size(proto, path)
         import_tensorrt()  # fail first, with what to install, before writing or building anything
         from edgebnn.exporters.ensemble import save_onnx
         from edgebnn.exporters.tensorrt import build_engine

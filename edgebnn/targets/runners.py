@@ -40,6 +40,7 @@ import onnx
 import onnxruntime as ort
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
+from edgebnn.runtime._ort import ort_errors
 from edgebnn.targets.torch_interp import TorchProgram, import_torch
 
 Feed = np.ndarray | Mapping[str, np.ndarray]
@@ -80,7 +81,11 @@ class OrtRunner:
 
     name = "onnxruntime"
 
-    def __init__(self, model: onnx.ModelProto | bytes, *, threads: int = 2, provider: str = "cpu") -> None:
+    def __init__(self, model: onnx.ModelProto | bytes, *, threads: int = 2, provider: str = "cpu",
+                 where: str | None = None) -> None:
+        # how failures name the graph: ``where``, else the graph's own name
+        self.where = where or (model.graph.name if isinstance(model, onnx.ModelProto) and model.graph.name
+                               else "<onnx graph>")
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -98,7 +103,8 @@ class OrtRunner:
         elif provider != "cpu":
             raise InvalidOptionError(f"onnxruntime provider {provider!r}: choose cpu or cuda")
         data = model if isinstance(model, bytes) else model.SerializeToString()
-        self.session = ort.InferenceSession(data, opts, providers=providers)
+        with ort_errors(self.where):
+            self.session = ort.InferenceSession(data, opts, providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_name = self.input_names[0]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -106,12 +112,17 @@ class OrtRunner:
         self.device = "cuda" if self.provider == "CUDAExecutionProvider" else "cpu"
 
     def run(self, x: Feed) -> list[np.ndarray]:
-        return self.session.run(None, _feed(self.input_names, x, "onnxruntime"))
+        with ort_errors(self.where):
+            return self.session.run(None, _feed(self.input_names, x, "onnxruntime"))
 
     def bind(self, x: Feed) -> Callable[[], Any]:
         feed = _feed(self.input_names, x, "onnxruntime")
         if self.device == "cpu":
-            return lambda: self.session.run(None, feed)
+            def run() -> Any:
+                with ort_errors(self.where):
+                    return self.session.run(None, feed)
+
+            return run
         binding = self.session.io_binding()
         for name, arr in feed.items():
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0))
@@ -119,7 +130,8 @@ class OrtRunner:
             binding.bind_output(name, "cuda")
 
         def call() -> None:
-            self.session.run_with_iobinding(binding)  # returns after the CUDA provider synchronized
+            with ort_errors(self.where):
+                self.session.run_with_iobinding(binding)  # returns after the CUDA provider synchronized
 
         return call
 
@@ -138,10 +150,12 @@ class SessionRunner:
     name = "onnxruntime"
     provider = "CPUExecutionProvider"
 
-    def __init__(self, model: onnx.ModelProto, *, threads: int = 2) -> None:
+    def __init__(self, model: onnx.ModelProto, *, threads: int = 2, where: str | None = None) -> None:
         from edgebnn.runtime import Session
 
         self.session = Session(model, threads=threads)
+        if where is not None:  # how runtime failures name the artifact
+            self.session.where = where
         self.input_names = [self.session.input_name]
 
     def _input(self, x: Feed) -> np.ndarray:

@@ -256,8 +256,6 @@ def test_bayesian_torch_every_conv_kind(
 @pytest.mark.parametrize(
     ("cls_name", "args", "why"),
     [
-        ("LSTMReparameterization", (4, 5), "recurrent layers are not supported"),
-        ("LSTMFlipout", (4, 5), "recurrent layers are not supported"),
         ("QuantizedLinearFlipout", (4, 5), "quantized bayesian-torch layers hold int8 tensors"),
         ("QuantizedConv2dReparameterization", (2, 3, 3), "quantized bayesian-torch layers hold int8 tensors"),
     ],
@@ -267,6 +265,13 @@ def test_bayesian_torch_other_layers_are_refused(bl: Any, cls_name: str, args: t
     assert bt_adapter.ADAPTER.matches(layer)  # matched, so the importer cannot treat it as deterministic
     with pytest.raises(UnsupportedLayerError, match=rf"^layer 'blocks\.1' \({cls_name}\): {why}"):
         bt_adapter.ADAPTER.extract(layer, "blocks.1")
+
+
+@pytest.mark.parametrize("cls_name", ["LSTMReparameterization", "LSTMFlipout"])
+def test_bayesian_torch_lstms_are_read_through_their_linear_layers(bl: Any, cls_name: str) -> None:
+    layer = getattr(bl, cls_name)(4, 5)
+    assert not bt_adapter.ADAPTER.matches(layer)  # the importer descends to ih / hh (tests/integration/test_recurrent)
+    assert bt_adapter.ADAPTER.matches(layer.ih) and bt_adapter.ADAPTER.matches(layer.hh)
 
 
 def test_bayesian_torch_subclass_is_refused(bl: Any) -> None:
@@ -755,18 +760,6 @@ def test_import_blitz_cnn(bm: Any) -> None:
 def test_import_refuses_unreadable_layers(bl: Any, bm: Any) -> None:
     from edgebnn.importers import import_model
 
-    class Recurrent(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rnn = bl.LSTMReparameterization(8, 4)
-            self.head = nn.Linear(4, 3)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            out, _ = self.rnn(x.flatten(2))
-            return self.head(out[:, -1])
-
-    with pytest.raises(UnsupportedLayerError, match=r"^layer 'rnn' \(LSTMReparameterization\): recurrent layers"):
-        import_model(Recurrent(), (1, 1, 8, 8))
     gru = nn.Sequential(nn.Flatten(2), bm.BayesianGRU(8, 3))
     with pytest.raises(UnsupportedLayerError, match=r"^layer '1' \(BayesianGRU\): recurrent layers"):
         import_model(gru, (1, 1, 8, 8))

@@ -144,7 +144,7 @@ def test_functional_dropout_in_a_custom_module_is_refused():
 
 def test_a_model_without_dropout_is_refused():
     with pytest.raises(UnsupportedLayerError, match=r"^m: --mc-dropout: no nn.Dropout/Dropout1d/2d/3d with p > 0 "
-                                                    r"in Sequential$"):
+                                                    r"\(nor an nn.LSTM/GRU/RNN with dropout > 0\) in Sequential$"):
         import_model(nn.Sequential(nn.Linear(4, 3)).eval(), (1, 4), where="m", mc_dropout=True)
 
 

@@ -1,0 +1,58 @@
+"""onnxruntime failures as one line: the artifact, the op and node that failed, onnxruntime's reason.
+
+onnxruntime raises its own exception classes (``Fail``, ``InvalidArgument``, ``RuntimeException``,
+``InvalidGraph``, ... from ``onnxruntime.capi.onnxruntime_pybind11_state``) with messages such as::
+
+    [ONNXRuntimeError] : 1 : FAIL : Non-zero status code returned while running LSTM node. Name:'node_lstm'
+    Status Message: Input initial_h must have shape {1,1,16}. Actual:{1,640,16}
+    [ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx failed:Node (fc) Op (Gemm) [ShapeInferenceError] ...
+
+:func:`ort_errors` turns them, on session creation and on every run, into :class:`ArtifactRuntimeError`:
+``m.onnx: onnxruntime failed in LSTM node 'node_lstm': Input initial_h must have shape ...``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from edgebnn.errors import ArtifactRuntimeError
+
+_RUNNING = re.compile(r"running (?P<op>[\w.]+) node\. Name:'(?P<node>[^']*)' Status Message: (?P<why>.*)", re.S)
+_LOADING = re.compile(r"Node \((?P<node>[^)]*)\) Op \((?P<op>[\w.]+)\)\s*(?P<why>.*)", re.S)
+_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+MAX_REASON = 300  # characters of onnxruntime's reason kept on the line
+
+
+def is_ort_error(e: BaseException) -> bool:
+    """Whether ``e`` is onnxruntime's (its own exception classes, or its ``[ONNXRuntimeError]`` messages)."""
+    return type(e).__module__.startswith("onnxruntime") or "[ONNXRuntimeError]" in str(e)
+
+
+def describe(where: str, e: BaseException) -> str:
+    """One line: ``<where>: onnxruntime failed in <op> node '<name>': <reason>``."""
+    text = _PREFIX.sub("", str(e).strip())
+    match = _RUNNING.search(text) or _LOADING.search(text)
+    if match is not None:
+        at = f" in {match['op']} node {match['node']!r}"
+        why = match["why"]
+    else:
+        at, why = "", text
+    why = " ".join(why.split()) or type(e).__name__
+    if len(why) > MAX_REASON:
+        why = why[:MAX_REASON - 3] + "..."
+    return f"{where}: onnxruntime failed{at}: {why}"
+
+
+@contextmanager
+def ort_errors(where: str) -> Iterator[None]:
+    """Re-raise onnxruntime's exceptions inside the block as :class:`ArtifactRuntimeError` naming ``where``."""
+    try:
+        yield
+    except ArtifactRuntimeError:
+        raise
+    except Exception as e:
+        if not is_ort_error(e):
+            raise
+        raise ArtifactRuntimeError(describe(where, e)) from e
