@@ -21,7 +21,7 @@ random ops, so it runs on TensorRT and DLA.
 ``noise`` (:mod:`.noise`) takes standard noise as graph inputs that the host fills: ``weight`` draws W_s in
 the graph (the encoding's draw) for the batched form, ``local`` runs the plain op on means and variances;
 ``shared`` draws codebooks per entry. ``analytic`` (:mod:`.analytic`) propagates means and variances in one
-pass.
+pass; on a last-layer posterior it is the GLM predictive with the probit link (:mod:`.glm`).
 
 Float baselines built from the same IR (for ``profile``): ``float_deterministic`` (posterior mean, one
 pass) and ``float_bnn`` (w = mu + sigma·RandomNormal drawn inside the graph on every run, the
@@ -95,8 +95,10 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
                            progress=progress)
     elif mode == "analytic":
         from edgebnn.exporters.analytic import export_analytic
+        from edgebnn.exporters.glm import export_glm, uses_glm
 
-        out = export_analytic(model, samples, progress=progress)
+        # a last-layer posterior: the exact GLM logit variance and the probit link (glm.py)
+        out = (export_glm if uses_glm(model) else export_analytic)(model, samples, progress=progress)
     else:
         raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)

@@ -51,7 +51,7 @@ from edgebnn.ir import (
     make_encoding_node,
     verify,
 )
-from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask
+from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask, Encoding
 
 OPSET = 18
 INPUT_NAME = "input"
@@ -179,6 +179,9 @@ def import_model(
     output_index: int = 0,
     where: str = "<model>",
     mc_dropout: bool = False,
+    posteriors: dict[str, LayerPosterior] | None = None,
+    encodings: Mapping[str, Encoding] | None = None,
+    library: str | None = None,
 ) -> BNNModel:
     """Import a trained PyTorch BNN.
 
@@ -191,6 +194,10 @@ def import_model(
         mc_dropout: keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at prediction (MC dropout): each
             becomes a :class:`~edgebnn.ir.encodings.DropoutMask` on its input, and its plain Linear/Conv weights
             ``GaussianWeight`` with σ = 0 (:mod:`.mc_dropout`).
+        posteriors: the posteriors by module path, read by the caller (a posterior library that is not a layer
+            library, :mod:`.laplace`); then ``library`` names it and no layer adapter runs.
+        encodings: encodings by weight name (``<path>.weight``) that replace the ``GaussianWeight`` of the
+            posterior's marginal σ (a correlated posterior family).
 
     Returns:
         The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one ``DropoutMask`` per dropout
@@ -201,7 +208,10 @@ def import_model(
     if len(shape) < 2 or any(d <= 0 for d in shape):
         raise InvalidOptionError(f"--input-shape {','.join(map(str, shape))}: need batch,dims... of positive ints")
     model = model.eval()
-    posteriors, libraries = find_bayesian_layers(model)
+    if posteriors is None:
+        posteriors, libraries = find_bayesian_layers(model)
+    else:
+        libraries = {library or "torch"}
     dropouts = dropout_modules(model) if mc_dropout else {}
     if mc_dropout:  # the plain layers' weights as σ = 0 Gaussians: lowering schemes encode them too
         posteriors = deterministic_posteriors(model, posteriors)
@@ -278,7 +288,7 @@ def import_model(
 
     proto = fold_shape_computations(_export(torch, _Select(mean_model).eval(), example, where))
     _check_static_shapes(proto, {p: type(model.get_submodule(p)).__name__ for p in posteriors}, "net.", where)
-    return _attach_posteriors(proto, posteriors, masks, "net.", Manifest(
+    return _attach_posteriors(proto, posteriors, masks, dict(encodings or {}), "net.", Manifest(
         source_library="+".join(sorted(libraries)),
         input_name=INPUT_NAME,
         input_shape=[1, *shape[1:]],
@@ -350,8 +360,8 @@ def _strip_prefix(graph: onnx.GraphProto, prefix: str) -> None:
 
 
 def _attach_posteriors(
-    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, DropoutMask], prefix: str,
-    manifest: Manifest, where: str,
+    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, DropoutMask],
+    encodings: dict[str, Encoding], prefix: str, manifest: Manifest, where: str,
 ) -> BNNModel:
     graph = proto.graph
     # Drop exporter debris that would make files differ between machines (stack traces, doc strings).
@@ -384,7 +394,7 @@ def _attach_posteriors(
                     "(the exporter transformed it)"
                 )
             graph.initializer.remove(inits[name])
-            new_nodes.append(make_encoding_node(graph, name, path, GaussianWeight(mu, sigma)))
+            new_nodes.append(make_encoding_node(graph, name, path, encodings.get(name) or GaussianWeight(mu, sigma)))
     for path, mask in masks.items():
         name = path + MASK_SUFFIX
         if name not in inits:

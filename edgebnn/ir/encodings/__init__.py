@@ -9,6 +9,7 @@ from edgebnn.ir.encodings.dropout import MASK_SUFFIX, DropoutMask
 from edgebnn.ir.encodings.fixedpoint import FixedPointWeight
 from edgebnn.ir.encodings.gaussian import GaussianWeight
 from edgebnn.ir.encodings.intcount import IntCountWeight
+from edgebnn.ir.encodings.kron import DenseGaussianWeight, KronGaussianWeight
 from edgebnn.ir.encodings.sigmacode import SigmaCode
 from edgebnn.ir.encodings.ternary import TernaryWeight
 
@@ -17,12 +18,14 @@ __all__ = [
     "MASK_SUFFIX",
     "BinaryWeight",
     "CodebookWeight",
+    "DenseGaussianWeight",
     "DropoutMask",
     "Encoding",
     "FixedPointWeight",
     "GaussianWeight",
     "Grid",
     "IntCountWeight",
+    "KronGaussianWeight",
     "NoiseNeed",
     "SigmaCode",
     "TernaryWeight",
