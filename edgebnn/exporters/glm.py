@@ -1,8 +1,9 @@
 """``analytic`` mode on a last-layer posterior: the linearised (GLM) predictive with the probit link, one pass.
 
 When the only sampled layer of an IR is the final Gemm ``f = W φ + b`` (the graph's logits; the features φ are
-deterministic), the logits are exactly Gaussian, ``f ~ N(M φ + m_b, Σ_f)``, whatever the weight posterior's
-family. The diagonal of ``Σ_f`` is exact per family (the encoding's own covariance, not a mean-field one)::
+deterministic) and its posterior is correlated (Kronecker-factored or dense Laplace), the logits are exactly
+Gaussian, ``f ~ N(M φ + m_b, Σ_f)``. The diagonal of ``Σ_f`` is exact per family (the encoding's own covariance,
+not a mean-field one)::
 
     mean-field W (GaussianWeight and the other per-weight encodings, from moments()):
         var_k = Σ_i φ_i² Var W[k, i]
@@ -20,8 +21,9 @@ and the predictive is the probit approximation (MacKay 1992), exactly laplace-to
 ``entropy`` is that of ``probs``; ``mutual_info`` = entropy − E[H(softmax(f))], the expectation over the S
 quasi-Monte Carlo points of the analytic mode's quadrature (:func:`.analytic.quadrature_matrix`) on N(f_mean, var).
 
-Correlated families (``CORRELATED``: Kronecker-factored, dense) anywhere but the last layer have no exact
-moment propagation: :func:`uses_glm` refuses ``analytic`` for them in one line.
+A mean-field last layer keeps :mod:`.analytic` (its quadrature head integrates the same exact logit distribution
+with S points; :func:`export_glm` gives the probit form for it too). Correlated families (``CORRELATED``) anywhere
+but the last layer have no exact moment propagation: :func:`uses_glm` refuses ``analytic`` for them in one line.
 """
 
 from __future__ import annotations
@@ -66,11 +68,16 @@ def _last_layer(model: BNNModel) -> onnx.NodeProto | None:
 
 
 def uses_glm(model: BNNModel) -> bool:
-    """Whether ``analytic`` runs as the GLM/probit predictive (the only sampled layer writes the logits).
+    """Whether ``analytic`` runs as the GLM/probit predictive: the only sampled layer writes the logits and its
+    posterior is correlated (``CORRELATED``: Kronecker-factored, dense); a mean-field last layer keeps the
+    quadrature head of :mod:`.analytic` (the same exact Gaussian logits, integrated with S points).
 
     Raises:
-        InvalidOptionError: a correlated posterior (Kronecker-factored, dense) on a layer that is not the last.
+        InvalidOptionError: a correlated posterior on a layer that is not the last.
     """
+    correlated = any(w.encoding.CORRELATED for w in model.iter_encoded_weights())
+    if not correlated:
+        return False
     if _last_layer(model) is not None:
         return True
     for w in model.iter_encoded_weights():
