@@ -1,9 +1,9 @@
 """``analytic`` mode on a last-layer posterior: the linearised (GLM) predictive with the probit link, one pass.
 
-When the only sampled layer of an IR is the final Gemm ``f = W φ + b`` (the graph's logits; the features φ are
-deterministic) and its posterior is correlated (Kronecker-factored or dense Laplace), the logits are exactly
-Gaussian, ``f ~ N(M φ + m_b, Σ_f)``. The diagonal of ``Σ_f`` is exact per family (the encoding's own covariance,
-not a mean-field one)::
+When the only sampled layer of an IR is the final Gemm ``f = W φ + b`` (the graph's logits) on features φ that
+deterministic layers computed (a last-layer posterior: laplace-torch's ``*LLLaplace``, or any BNN with only its
+last layer Bayesian), the logits are exactly Gaussian, ``f ~ N(M φ + m_b, Σ_f)``. The diagonal of ``Σ_f`` is
+exact per family (the encoding's own covariance, not a mean-field one)::
 
     mean-field W (GaussianWeight and the other per-weight encodings, from moments()):
         var_k = Σ_i φ_i² Var W[k, i]
@@ -21,9 +21,10 @@ and the predictive is the probit approximation (MacKay 1992), exactly laplace-to
 ``entropy`` is that of ``probs``; ``mutual_info`` = entropy − E[H(softmax(f))], the expectation over the S
 quasi-Monte Carlo points of the analytic mode's quadrature (:func:`.analytic.quadrature_matrix`) on N(f_mean, var).
 
-A mean-field last layer keeps :mod:`.analytic` (its quadrature head integrates the same exact logit distribution
-with S points; :func:`export_glm` gives the probit form for it too). Correlated families (``CORRELATED``) anywhere
-but the last layer have no exact moment propagation: :func:`uses_glm` refuses ``analytic`` for them in one line.
+A model whose only layer is sampled (no deterministic features) keeps :mod:`.analytic` (its quadrature head
+integrates the same logit distribution with S points) unless that layer is correlated. Correlated families
+(``CORRELATED``) anywhere but the last layer have no exact moment propagation: :func:`uses_glm` refuses
+``analytic`` for them in one line.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import onnx
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata
 from edgebnn.exporters.analytic import VAR_FLOOR, quadrature_matrix
+from edgebnn.exporters.layers import layer_kind
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import DenseGaussianWeight, Encoding, KronGaussianWeight
 
@@ -68,17 +70,18 @@ def _last_layer(model: BNNModel) -> onnx.NodeProto | None:
 
 
 def uses_glm(model: BNNModel) -> bool:
-    """Whether ``analytic`` runs as the GLM/probit predictive: the only sampled layer writes the logits and its
-    posterior is correlated (``CORRELATED``: Kronecker-factored, dense); a mean-field last layer keeps the
-    quadrature head of :mod:`.analytic` (the same exact Gaussian logits, integrated with S points).
+    """Whether ``analytic`` runs as the GLM/probit predictive: a last-layer posterior, i.e. the only sampled layer
+    writes the logits and reads features that deterministic layers computed (or its posterior is correlated:
+    ``CORRELATED``, Kronecker-factored or dense). A network whose only layer is sampled (a linear model) keeps
+    the quadrature head of :mod:`.analytic` (the same exact Gaussian logits, integrated with S points).
 
     Raises:
         InvalidOptionError: a correlated posterior on a layer that is not the last.
     """
+    node = _last_layer(model)
     correlated = any(w.encoding.CORRELATED for w in model.iter_encoded_weights())
-    if not correlated:
-        return False
-    if _last_layer(model) is not None:
+    if node is not None and (correlated or any(
+            n is not node and n.domain != "ai.edgebnn" and layer_kind(n) is not None for n in model.proto.graph.node)):
         return True
     for w in model.iter_encoded_weights():
         if w.encoding.CORRELATED:

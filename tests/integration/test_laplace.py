@@ -74,6 +74,11 @@ def full_ll(mlp, digits_torch):
 
 
 @pytest.fixture(scope="module")
+def diag_ll(mlp, digits_torch):
+    return _fit(mlp, digits_torch, "last_layer", "diag")
+
+
+@pytest.fixture(scope="module")
 def diag_all(mlp, digits_torch):
     return _fit(mlp, digits_torch, "all", "diag")
 
@@ -176,7 +181,7 @@ def test_diag_all_weights_is_the_mean_field_gaussian_of_the_posterior(diag_all):
     assert np.array_equal(sigma, diag_all.posterior_scale.numpy())
 
 
-@pytest.mark.parametrize("which", ["kron_ll", "full_ll"])
+@pytest.mark.parametrize("which", ["kron_ll", "full_ll", "diag_ll"])
 def test_last_layer_analytic_is_laplace_torchs_glm_probit(which, request, digits_torch):
     la = request.getfixturevalue(which)
     x = digits_torch[2]
