@@ -42,7 +42,7 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
-from edgebnn.exporters.draws import dropout_draw
+from edgebnn.exporters.draws import draw_emitter, dropout_draw
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.ir import DOMAIN, BNNModel
@@ -149,7 +149,8 @@ def float_deterministic(model: BNNModel) -> onnx.ModelProto:
 
 def float_bnn(model: BNNModel) -> onnx.ModelProto:
     """fp32 Gaussian network drawing every weight with RandomNormal inside the graph (output ``probs``); an
-    MC-dropout mask is drawn as a Bernoulli keep-mask (RandomUniform ≥ p, scaled by 1/(1-p)).
+    MC-dropout mask is drawn as a Bernoulli keep-mask (RandomUniform ≥ p, scaled by 1/(1-p)); a correlated Gaussian
+    (Kronecker / dense Laplace) by its own draw (:mod:`.draws`) from RandomNormal noise.
 
     One run is one posterior sample, as bayesian-torch does it; the profiler runs it S times.
     """
@@ -165,6 +166,13 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
         if isinstance(w.encoding, DropoutMask):  # MC dropout: a Bernoulli keep-mask, as torch draws it
             u = b.add("RandomUniform", [], f"{P}{w.name}.u", shape=list(w.encoding.shape), dtype=TensorProto.FLOAT)
             b.add("Identity", [dropout_draw(b, w.encoding, f"{P}{w.name}.", "", {"": u}, 1)], w.name)
+            continue
+        emit = draw_emitter(w.encoding) if w.encoding.CORRELATED else None
+        if emit is not None:  # a correlated Gaussian (Kronecker / dense Laplace): its own draw, from RandomNormal
+            eps = {n.suffix: b.add("RandomNormal", [], f"{P}{w.name}.eps{n.suffix}", shape=[1, *n.dims],
+                                   dtype=TensorProto.FLOAT) for n in w.encoding.noise_needs() or ()}
+            draw = emit(b, w.encoding, f"{P}{w.name}.", "", eps, 1)
+            b.add("Reshape", [draw, b.i64(f"{P}{w.name}.shape", *w.encoding.shape)], w.name)
             continue
         mu = b.f32(f"{P}{w.name}.mu", w.encoding.mean())
         sigma = b.f32(f"{P}{w.name}.sigma", w.encoding.stddev())

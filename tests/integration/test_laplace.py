@@ -246,3 +246,18 @@ def test_kron_on_all_weights_of_a_cnn(digits_torch):
     with pytest.raises(InvalidOptionError, match=r"layer '0' is KronGaussianWeight \(a correlated posterior\): "
                                                  r"--mode analytic is exact for it only as the last layer"):
         export_onnx(ir, 8, mode="analytic")
+
+
+def test_the_float_bnn_baseline_draws_the_kronecker_posterior(kron_ll, digits_torch):
+    """``profile``'s float_bnn baseline (RandomNormal in the graph, one draw per run) draws the whole Kronecker
+    posterior, not its mean field: 64 runs are as close to the reference as laplace-torch's own 64 draws."""
+    import onnxruntime as ort
+
+    from edgebnn.exporters.ensemble import float_bnn
+
+    x = digits_torch[2]
+    ref, lib = _library_error(kron_ll, x)
+    sess = ort.InferenceSession(float_bnn(_ir(kron_ll)).SerializeToString(), providers=["CPUExecutionProvider"])
+    errs = [np.abs(np.mean([sess.run(["probs"], {"input": x})[0] for _ in range(S)], axis=0) - ref).max()
+            for _ in range(3)]
+    assert np.mean(errs) <= 1.5 * lib + 0.002
