@@ -120,9 +120,10 @@ def _library_error(la: Any, x: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def _export_error(ir: Any, x: np.ndarray, ref: np.ndarray, mode: str) -> float:
-    """Mean max-abs error of edgebnn's S = 64 export on the reference (4 seeds)."""
+    """Mean max-abs error of edgebnn's S = 64 export on the reference (8 seeds: the max over 1000 entries is
+    heavy-tailed, 4 repetitions of it scatter by about ±30%)."""
     return float(np.mean([np.abs(Session(export_onnx(ir, S, mode=mode, seed=s), seed=s).predict(x).probs - ref).max()
-                          for s in range(4)]))
+                          for s in range(8)]))
 
 
 def test_the_reference_helper_is_laplace_torchs_nn_predictive(kron_ll, diag_all, digits_torch):
@@ -250,14 +251,19 @@ def test_kron_on_all_weights_of_a_cnn(digits_torch):
 
 def test_the_float_bnn_baseline_draws_the_kronecker_posterior(kron_ll, digits_torch):
     """``profile``'s float_bnn baseline (RandomNormal in the graph, one draw per run) draws the whole Kronecker
-    posterior, not its mean field: 64 runs are as close to the reference as laplace-torch's own 64 draws."""
+    posterior, not its mean field: 64 runs are as close to the reference as laplace-torch's own 64 draws (the
+    mean-field Gaussian of the same marginals is 10x further on this model)."""
     import onnxruntime as ort
+    from onnx import helper
 
     from edgebnn.exporters.ensemble import float_bnn
 
     x = digits_torch[2]
     ref, lib = _library_error(kron_ll, x)
-    sess = ort.InferenceSession(float_bnn(_ir(kron_ll)).SerializeToString(), providers=["CPUExecutionProvider"])
+    proto = float_bnn(_ir(kron_ll))
+    for i, node in enumerate(n for n in proto.graph.node if n.op_type == "RandomNormal"):
+        node.attribute.append(helper.make_attribute("seed", float(i + 1)))  # onnxruntime: a fixed stream per node
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     errs = [np.abs(np.mean([sess.run(["probs"], {"input": x})[0] for _ in range(S)], axis=0) - ref).max()
-            for _ in range(3)]
+            for _ in range(8)]
     assert np.mean(errs) <= 1.5 * lib + 0.002
