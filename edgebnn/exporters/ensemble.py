@@ -169,9 +169,9 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
             continue
         emit = draw_emitter(w.encoding) if w.encoding.CORRELATED else None
         if emit is not None:  # a correlated Gaussian (Kronecker / dense Laplace): its own draw, from RandomNormal
-            eps = {n.suffix: b.add("RandomNormal", [], f"{P}{w.name}.eps{n.suffix}", shape=[1, *n.dims],
-                                   dtype=TensorProto.FLOAT) for n in w.encoding.noise_needs() or ()}
-            draw = emit(b, w.encoding, f"{P}{w.name}.", "", eps, 1)
+            noise = {n.suffix: b.add("RandomNormal", [], f"{P}{w.name}.eps{n.suffix}", shape=[1, *n.dims],
+                                     dtype=TensorProto.FLOAT) for n in w.encoding.noise_needs() or ()}
+            draw = emit(b, w.encoding, f"{P}{w.name}.", "", noise, 1)
             b.add("Reshape", [draw, b.i64(f"{P}{w.name}.shape", *w.encoding.shape)], w.name)
             continue
         mu = b.f32(f"{P}{w.name}.mu", w.encoding.mean())
