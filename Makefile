@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 # Third-party BNN libraries the importers are tested against. Their layers need only torch: --no-deps.
 BNN_LIBS ?= bayesian-torch==0.5.0 torchbnn==1.2 blitz-bayesian-pytorch==0.2.8
+# laplace-torch and the pure-Python packages it imports, --no-deps: it lists torchvision (no CPU wheel here),
+# which it never imports, and pip must not replace the pinned torch.
+LAPLACE_LIBS ?= laplace-torch==0.3 asdfghjkl==0.1a4 backpack-for-pytorch==1.7.1 curvlinops-for-pytorch==3.0.1 \
+	einops==0.8.2 unfoldNd==0.2.3 einconv==0.1.0 linear-operator==0.6.1 opt-einsum==3.4.0 torchmetrics==1.9.0 \
+	lightning-utilities==0.15.3
 
 .PHONY: install demo test lint bench clean
 
@@ -16,6 +21,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[torch,dev,search]'
 	$(PY) -m pip install -q --no-deps $(BNN_LIBS)
+	$(PY) -m pip install -q --no-deps $(LAPLACE_LIBS)
 	touch $(STAMP)
 
 install: $(STAMP)

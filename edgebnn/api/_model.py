@@ -22,7 +22,10 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
     Args:
         model: The trained ``torch.nn.Module``: edgebnn, bayesian-torch (reparameterization or flipout,
             hand-written or ``dnn_to_bnn``), torchbnn or blitz layers; plain Linear/Conv2d/BatchNorm layers are
-            carried through as deterministic layers.
+            carried through as deterministic layers. Or a fitted laplace-torch posterior (``DiagLaplace``,
+            ``KronLaplace``, ``DiagLLLaplace``, ``KronLLLaplace``, ``FullLLLaplace``), imported with its own structure:
+            diagonal as ``GaussianWeight``, Kronecker-factored as ``KronGaussianWeight``, full covariance as
+            ``DenseGaussianWeight`` (:mod:`edgebnn.importers.laplace`).
         input_shape: One example's shape with a leading batch dim, e.g. ``(1, 1, 28, 28)``.
         output_index: Which output to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         name: How errors name the model (default: its class name).
@@ -48,6 +51,10 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
     """
     from edgebnn.importers import import_model
     from edgebnn.importers.ensemble import as_ensemble, import_ensemble
+    from edgebnn.importers.laplace import import_laplace, is_laplace
+
+    if is_laplace(model):  # a fitted laplace-torch posterior: its own structure per layer
+        return import_laplace(model, tuple(input_shape), where=name or type(model).__name__)
 
     where = name or ("deep ensemble" if isinstance(model, (list, tuple)) else type(model).__name__)
     members = as_ensemble(model, input_shape, where, wrappers=not mc_dropout)  # a deep ensemble: its own importer

@@ -25,6 +25,10 @@ encoding's ``sample`` does in numpy:
 
     W_s = mean + (sqrt(scale) σ) ⊙ ε_s + reshape(z₂_s @ (sqrt(scale / (K − 1)) D))
 
+``KronGaussianWeight`` / ``DenseGaussianWeight`` (Kronecker-factored / full-covariance Laplace)::
+
+    W_s = M + Q_out (Z_s ⊙ D) Q_inᵀ,  Z: [S, out, rest];     W_s = M + reshape(L z_s),  z: [S, r]
+
 Adding an encoding that draws differently is one emitter registered in :data:`DRAWS` by op type.
 """
 
@@ -36,7 +40,14 @@ import numpy as np
 import onnx
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.ir.encodings import CodebookWeight, DropoutMask, Encoding, LowRankGaussianWeight
+from edgebnn.ir.encodings import (
+    CodebookWeight,
+    DenseGaussianWeight,
+    DropoutMask,
+    Encoding,
+    KronGaussianWeight,
+    LowRankGaussianWeight,
+)
 from edgebnn.ir.encodings.lowrank import Z2_SUFFIX
 
 # (builder, encoding, name prefix, tag of the emitted names, {noise suffix: graph input}, samples) -> W_s
@@ -145,3 +156,26 @@ def lowrank_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str
     diag = b.add("Mul", [b.f32(p + "sigma", enc.sigma * root), eps[""]], p + "scaled")
     return b.add("Add", [b.add("Add", [b.f32(p + "mu", enc.mu), diag], p + "diag_s"), low],
                  p + ("s" if tag else "W_s"))
+
+
+@register_draw("KronGaussianWeight")
+def kron_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+    """W_s = M + Q_out (Z_s ⊙ D) Q_inᵀ, exactly as ``KronGaussianWeight.sample``: two MatMuls broadcast over the
+    sample axis of the host noise Z [S, out, rest]."""
+    assert isinstance(enc, KronGaussianWeight)
+    scaled = b.add("Mul", [eps[""], b.f32(p + tag + "kron_scale", enc.scale)], p + tag + "kron_zd")
+    left = b.add("MatMul", [b.f32(p + tag + "q_out", enc.q_out), scaled], p + tag + "kron_left")
+    full = b.add("MatMul", [left, b.f32(p + tag + "q_in_t", np.ascontiguousarray(enc.q_in.T))], p + tag + "kron_dw")
+    dw = b.add("Reshape", [full, b.i64(p + tag + "kron_shape", samples, *enc.shape)], p + tag + "kron_dw_w")
+    return b.add("Add", [b.f32(p + tag + "mu", enc.mean()), dw], p + (tag + "s" if tag else "W_s"))
+
+
+@register_draw("DenseGaussianWeight")
+def dense_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+    """W_s = M + reshape(L z_s), exactly as ``DenseGaussianWeight.sample``: one MatMul of the host noise z [S, r]
+    with Lᵀ [r, numel]."""
+    assert isinstance(enc, DenseGaussianWeight)
+    flat = b.add("MatMul", [eps[""], b.f32(p + tag + "scale_t", np.ascontiguousarray(enc.scale.T))],
+                 p + tag + "dense_dw")
+    dw = b.add("Reshape", [flat, b.i64(p + tag + "dense_shape", samples, *enc.shape)], p + tag + "dense_dw_w")
+    return b.add("Add", [b.f32(p + tag + "mu", enc.mean()), dw], p + (tag + "s" if tag else "W_s"))

@@ -21,7 +21,7 @@ random ops, so it runs on TensorRT and DLA.
 ``noise`` (:mod:`.noise`) takes standard noise as graph inputs that the host fills: ``weight`` draws W_s in
 the graph (the encoding's draw) for the batched form, ``local`` runs the plain op on means and variances;
 ``shared`` draws codebooks per entry. ``analytic`` (:mod:`.analytic`) propagates means and variances in one
-pass.
+pass; on a last-layer posterior it is the GLM predictive with the probit link (:mod:`.glm`).
 
 Float baselines built from the same IR (for ``profile``): ``float_deterministic`` (posterior mean, one
 pass) and ``float_bnn`` (w = mu + sigma·RandomNormal drawn inside the graph on every run, the
@@ -42,7 +42,7 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
-from edgebnn.exporters.draws import dropout_draw
+from edgebnn.exporters.draws import draw_emitter, dropout_draw
 from edgebnn.exporters.families import check_family
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
@@ -97,8 +97,10 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
                            progress=progress)
     elif mode == "analytic":
         from edgebnn.exporters.analytic import export_analytic
+        from edgebnn.exporters.glm import export_glm, uses_glm
 
-        out = export_analytic(model, samples, progress=progress)
+        # a last-layer posterior: the exact GLM logit variance and the probit link (glm.py)
+        out = (export_glm if uses_glm(model) else export_analytic)(model, samples, progress=progress)
     else:
         raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
@@ -149,7 +151,8 @@ def float_deterministic(model: BNNModel) -> onnx.ModelProto:
 
 def float_bnn(model: BNNModel) -> onnx.ModelProto:
     """fp32 Gaussian network drawing every weight with RandomNormal inside the graph (output ``probs``); an
-    MC-dropout mask is drawn as a Bernoulli keep-mask (RandomUniform ≥ p, scaled by 1/(1-p)).
+    MC-dropout mask is drawn as a Bernoulli keep-mask (RandomUniform ≥ p, scaled by 1/(1-p)); a correlated Gaussian
+    (Kronecker / dense Laplace) by its own draw (:mod:`.draws`) from RandomNormal noise.
 
     One run is one posterior sample, as bayesian-torch does it; the profiler runs it S times.
     """
@@ -165,6 +168,13 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
         if isinstance(w.encoding, DropoutMask):  # MC dropout: a Bernoulli keep-mask, as torch draws it
             u = b.add("RandomUniform", [], f"{P}{w.name}.u", shape=list(w.encoding.shape), dtype=TensorProto.FLOAT)
             b.add("Identity", [dropout_draw(b, w.encoding, f"{P}{w.name}.", "", {"": u}, 1)], w.name)
+            continue
+        emit = draw_emitter(w.encoding) if w.encoding.CORRELATED else None
+        if emit is not None:  # a correlated Gaussian (Kronecker / dense Laplace): its own draw, from RandomNormal
+            noise = {n.suffix: b.add("RandomNormal", [], f"{P}{w.name}.eps{n.suffix}", shape=[1, *n.dims],
+                                     dtype=TensorProto.FLOAT) for n in w.encoding.noise_needs() or ()}
+            draw = emit(b, w.encoding, f"{P}{w.name}.", "", noise, 1)
+            b.add("Reshape", [draw, b.i64(f"{P}{w.name}.shape", *w.encoding.shape)], w.name)
             continue
         mu = b.f32(f"{P}{w.name}.mu", w.encoding.mean())
         sigma = b.f32(f"{P}{w.name}.sigma", w.encoding.stddev())

@@ -21,7 +21,8 @@ every spatial position independently, while a sampled kernel is shared across po
 default) is exact everywhere and keeps noise small: ``weight`` where the layer kind shares weights across
 positions (Conv: kernels are small), ``local`` where it does not (Gemm: a row's outputs are fewer than the
 layer's weights). A dropout mask (MC dropout) is Bernoulli, not Gaussian: every variant draws it as ``weight``
-does, from a uniform input per sample.
+does, from a uniform input per sample. So is a correlated Gaussian (``CORRELATED``: Kronecker-factored or dense
+Laplace): its moments are marginals only, so every variant draws the whole weight (``weight``, :mod:`.draws`).
 
 ``mixed``: ``local`` where it is exact and the weight is Gaussian (Gemm), the baked members elsewhere (Conv: S
 kernels drawn at export from the seeded streams of ``baked``, stored as constants in the batched form). Exact
@@ -126,7 +127,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
     def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
              shapes: dict[str, list[int]], wide: bool) -> None:
-        (local if kind.LOCAL_EXACT else weight)(b, node, kind, w, shapes, wide)
+        (local if kind.LOCAL_EXACT and not w.encoding.CORRELATED else weight)(b, node, kind, w, shapes, wide)
 
     def shared(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                shapes: dict[str, list[int]], wide: bool) -> None:
@@ -165,7 +166,7 @@ def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str)
             f"{', '.join(sorted(kinds))}: use --mode baked or noise"
         )
     for w in weights:
-        drawn = (variant in ("shared", "weight") or isinstance(w.encoding, DropoutMask)) \
+        drawn = (variant in ("shared", "weight") or isinstance(w.encoding, DropoutMask) or w.encoding.CORRELATED) \
             and draw_emitter(w.encoding) is not None
         if not (w.encoding.GAUSSIAN or drawn):
             raise InvalidOptionError(

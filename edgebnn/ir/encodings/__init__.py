@@ -12,6 +12,7 @@ from edgebnn.ir.encodings.intcount import IntCountWeight
 from edgebnn.ir.encodings.joint import JointGroup, draw_weight
 from edgebnn.ir.encodings.lowrank import LowRankGaussianWeight
 from edgebnn.ir.encodings.members import MemberSet, MemberSetFixedWeight, MemberSetWeight
+from edgebnn.ir.encodings.kron import DenseGaussianWeight, KronGaussianWeight
 from edgebnn.ir.encodings.sigmacode import SigmaCode
 from edgebnn.ir.encodings.ternary import TernaryWeight
 
@@ -20,6 +21,7 @@ __all__ = [
     "MASK_SUFFIX",
     "BinaryWeight",
     "CodebookWeight",
+    "DenseGaussianWeight",
     "DropoutMask",
     "Encoding",
     "FixedPointWeight",
@@ -27,6 +29,7 @@ __all__ = [
     "Grid",
     "IntCountWeight",
     "JointGroup",
+    "KronGaussianWeight",
     "LowRankGaussianWeight",
     "MemberSet",
     "MemberSetFixedWeight",

@@ -102,6 +102,9 @@ class Encoding(ABC):
     # draws are mean() + stddev() * N(0, 1), weight by weight; a class constant except where an instance's own
     # attribute decides (a codebook drawing every weight independently)
     GAUSSIAN: bool = False
+    # a joint Gaussian whose weights are correlated (a Kronecker-factored or dense covariance): its draw is a linear
+    # map of standard noise (``noise_needs``) that every sampling mode emits whole; ``moments()`` are marginals only
+    CORRELATED: bool = False
 
     def step(self) -> float:
         """Quantization step of the stored mean (0 for float storage): noise below it is invisible."""

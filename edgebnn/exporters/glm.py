@@ -1,0 +1,175 @@
+"""``analytic`` mode on a last-layer posterior: the linearised (GLM) predictive with the probit link, one pass.
+
+When the only sampled layer of an IR is the final Gemm ``f = W φ + b`` (the graph's logits) on features φ that
+deterministic layers computed (a last-layer posterior: laplace-torch's ``*LLLaplace``, or any BNN with only its
+last layer Bayesian), the logits are exactly Gaussian, ``f ~ N(M φ + m_b, Σ_f)``. The diagonal of ``Σ_f`` is
+exact per family (the encoding's own covariance, not a mean-field one)::
+
+    mean-field W (GaussianWeight and the other per-weight encodings, from moments()):
+        var_k = Σ_i φ_i² Var W[k, i]
+    Kronecker-factored W = M + Q_o (Z ⊙ D) Q_iᵀ (KronGaussianWeight), u = Q_iᵀ φ:
+        var_k = Σ_p Q_o[k, p]² Σ_q D[p, q]² u_q²                       (two MatMuls on u², no [K·n]² matrix)
+    dense W = M + reshape(L z) (DenseGaussianWeight, L [K·n, r]):
+        var_k = Σ_r (Σ_i L[k·n + i, r] φ_i)²                            (one MatMul, square, sum)
+    bias b (any family): + Var b_k, its marginal (∂f_k/∂b = e_k)
+
+and the predictive is the probit approximation (MacKay 1992), exactly laplace-torch's
+``la(x, pred_type="glm", link_approx="probit")``::
+
+    probs = softmax(f_mean / sqrt(1 + π/8 · var))
+
+``entropy`` is that of ``probs``; ``mutual_info`` = entropy − E[H(softmax(f))], the expectation over the S
+quasi-Monte Carlo points of the analytic mode's quadrature (:func:`.analytic.quadrature_matrix`) on N(f_mean, var).
+
+A model whose only layer is sampled (no deterministic features) keeps :mod:`.analytic` (its quadrature head
+integrates the same logit distribution with S points) unless that layer is correlated. Correlated families
+(``CORRELATED``) anywhere but the last layer have no exact moment propagation: :func:`uses_glm` refuses
+``analytic`` for them in one line.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata
+from edgebnn.exporters.analytic import VAR_FLOOR, quadrature_matrix
+from edgebnn.exporters.layers import layer_kind
+from edgebnn.ir import BNNModel
+from edgebnn.ir.encodings import DenseGaussianWeight, Encoding, KronGaussianWeight
+
+# (builder, weight encoding [K, n], features φ [B, n], name prefix) -> Var f [B, K] from the weight
+WeightVariance = Callable[[Builder, Encoding, str, str], str]
+WEIGHT_VARIANCE: dict[str, WeightVariance] = {}
+
+
+def register_weight_variance(op_type: str) -> Callable[[WeightVariance], WeightVariance]:
+    """Decorator: the exact logit variance of a last-layer weight of ``op_type`` (others: from ``moments()``)."""
+    def register(fn: WeightVariance) -> WeightVariance:
+        WEIGHT_VARIANCE[op_type] = fn
+        return fn
+    return register
+
+
+def _last_layer(model: BNNModel) -> onnx.NodeProto | None:
+    """The Gemm (``transB=1``, ``alpha = beta = 1``) that every encoded weight feeds and that writes the logits."""
+    names = set(model.encoded_weight_names())
+    users = [n for n in model.proto.graph.node if n.domain != "ai.edgebnn" and any(x in names for x in n.input)]
+    if len(users) != 1 or users[0].op_type != "Gemm":
+        return None
+    node = users[0]
+    attrs = attrs_of(node)
+    if (node.output[0] != model.proto.graph.output[0].name or node.input[0] in names or attrs.get("transA", 0)
+            or not attrs.get("transB", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+        return None
+    return node
+
+
+def uses_glm(model: BNNModel) -> bool:
+    """Whether ``analytic`` runs as the GLM/probit predictive: a last-layer posterior, i.e. the only sampled layer
+    writes the logits and reads features that deterministic layers computed (or its posterior is correlated:
+    ``CORRELATED``, Kronecker-factored or dense). A network whose only layer is sampled (a linear model) keeps
+    the quadrature head of :mod:`.analytic` (the same exact Gaussian logits, integrated with S points).
+
+    Raises:
+        InvalidOptionError: a correlated posterior on a layer that is not the last.
+    """
+    node = _last_layer(model)
+    correlated = any(w.encoding.CORRELATED for w in model.iter_encoded_weights())
+    if node is not None and (correlated or any(
+            n is not node and n.domain != "ai.edgebnn" and layer_kind(n) is not None for n in model.proto.graph.node)):
+        return True
+    for w in model.iter_encoded_weights():
+        if w.encoding.CORRELATED:
+            raise InvalidOptionError(
+                f"{model.where}: layer {w.layer!r} is {w.encoding.op_type} (a correlated posterior): --mode analytic "
+                "is exact for it only as the last layer (the GLM predictive); use --mode baked or noise"
+            )
+    return False
+
+
+def export_glm(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
+               ) -> onnx.ModelProto:
+    """The GLM/probit predictive of a last-layer posterior (see the module docstring); ``samples`` quadrature
+    points for ``mutual_info`` only."""
+    node = _last_layer(model)
+    if node is None:
+        raise InvalidOptionError(f"{model.where}: the GLM predictive needs one sampled layer, the final Gemm")
+    encoded = {w.name: w for w in model.encoded_weights()}
+    base = model.float_model()  # the posterior-mean network: its last Gemm gives the mean logits
+    b = Builder([t for t in base.graph.initializer])
+    b.nodes.extend(base.graph.node)
+    phi = node.input[0]
+    p = f"{P}glm/"
+    weight = encoded[node.input[1]].encoding
+    emit = WEIGHT_VARIANCE.get(weight.op_type, _moment_variance)
+    terms = [emit(b, weight, phi, p + "w_")]
+    if len(node.input) > 2 and node.input[2] in encoded:
+        bias = encoded[node.input[2]].encoding
+        terms.append(b.f32(p + "b_var", np.square(bias.stddev().astype(np.float64))))
+    var = terms[0] if len(terms) == 1 else b.add("Add", terms, p + "var")
+    if progress is not None:
+        progress(1, 1)
+    mean = node.output[0]
+    classes = model.manifest.num_classes
+    kappa = b.add("Reciprocal", [b.add("Sqrt", [b.add("Add", [b.f32(p + "one", 1.0), b.add(
+        "Mul", [var, b.f32(p + "pi_8", math.pi / 8)], p + "var_pi8")], p + "probit_den2")], p + "probit_den")],
+        p + "kappa")
+    probs = b.add("Softmax", [b.add("Mul", [mean, kappa], p + "scaled")], "probs", axis=-1)
+    _head(b, mean, var, probs, samples, classes, p)
+    out = b.model(base, list(base.graph.input), f"edgebnn_analytic_glm_Q{samples}", classes)
+    set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="glm-probit", quadrature_seed=0)
+    return out
+
+
+def _head(b: Builder, mean: str, var: str, probs: str, samples: int, classes: int, p: str) -> None:
+    """entropy of ``probs``; mutual_info = entropy − mean entropy of softmax(mean + √var ⊙ z_q) over S points."""
+    axk = b.i64(p + "axis_last", -1)
+    logp = b.add("Log", [b.add("Max", [probs, b.f32(p + "eps", 1e-12)], p + "probs_eps")], p + "logprobs")
+    neg_h = b.add("ReduceSum", [b.add("Mul", [probs, logp], p + "plogp"), axk], p + "neg_h", keepdims=0)
+    b.add("Neg", [neg_h], "entropy")
+    std = b.add("Sqrt", [b.add("Max", [var, b.f32(p + "var_floor", VAR_FLOOR)], p + "v_floor")], p + "std")
+    ms = b.add("Concat", [mean, std], p + "m_s", axis=-1)
+    lq = b.add("MatMul", [ms, b.f32(p + "quadrature", quadrature_matrix(samples, classes))], p + "logits_q")
+    x3 = b.add("Reshape", [lq, b.i64(p + "q_shape", -1, samples, classes)], p + "logits3")
+    ps = b.add("Softmax", [x3], p + "p_q", axis=-1)
+    logps = b.add("LogSoftmax", [x3], p + "logp_q", axis=-1)
+    neg_hs = b.add("ReduceSum", [b.add("Mul", [ps, logps], p + "plogp_q"), axk], p + "neg_h_q", keepdims=0)
+    neg_eh = b.add("ReduceMean", [neg_hs, b.i64(p + "axis1", 1)], p + "neg_expected_h", keepdims=0)
+    mi = b.add("Neg", [b.add("Sub", [neg_h, neg_eh], p + "neg_mi")], p + "mi_raw")
+    b.add("Max", [mi, b.f32(p + "zero", 0.0)], "mutual_info")
+
+
+def _moment_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
+    """Independent weights: var_k = Σ_i φ_i² Var W[k, i] (one MatMul of φ² by Varᵀ)."""
+    _, var = enc.moments()
+    phi2 = b.add("Mul", [phi, phi], p + "phi2")
+    return b.add("MatMul", [phi2, b.f32(p + "var_t", np.ascontiguousarray(var.astype(np.float32).T))], p + "var")
+
+
+@register_weight_variance("KronGaussianWeight")
+def _kron_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
+    """var_k = Σ_p Q_o[k, p]² Σ_q D[p, q]² (Q_iᵀ φ)_q²."""
+    assert isinstance(enc, KronGaussianWeight)
+    u = b.add("MatMul", [phi, b.f32(p + "q_in", enc.q_in)], p + "u")
+    u2 = b.add("Mul", [u, u], p + "u2")
+    d2 = np.square(enc.scale.astype(np.float64)).T.astype(np.float32)
+    rot = b.add("MatMul", [u2, b.f32(p + "d2_t", np.ascontiguousarray(d2))], p + "var_eig")
+    q2 = np.square(enc.q_out.astype(np.float64)).T.astype(np.float32)
+    return b.add("MatMul", [rot, b.f32(p + "q_out2_t", np.ascontiguousarray(q2))], p + "var")
+
+
+@register_weight_variance("DenseGaussianWeight")
+def _dense_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
+    """var_k = Σ_r (Σ_i L[k·n + i, r] φ_i)²."""
+    assert isinstance(enc, DenseGaussianWeight)
+    k, n = enc.shape
+    r = enc.scale.shape[1]
+    lmat = enc.scale.reshape(k, n, r).transpose(1, 0, 2).reshape(n, k * r)  # [n, K·r]
+    t = b.add("MatMul", [phi, b.f32(p + "scale_t", np.ascontiguousarray(lmat))], p + "t")
+    t3 = b.add("Reshape", [t, b.i64(p + "t_shape", -1, k, r)], p + "t3")
+    return b.add("ReduceSum", [b.add("Mul", [t3, t3], p + "t2"), b.i64(p + "axis_r", -1)], p + "var", keepdims=0)
