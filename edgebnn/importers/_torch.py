@@ -305,7 +305,7 @@ def import_model(
 
     proto = fold_shape_computations(_export(torch, _Select(mean_model).eval(), example, where))
     _check_static_shapes(proto, {p: type(model.get_submodule(p)).__name__ for p in posteriors}, "net.", where)
-    return _attach_posteriors(proto, posteriors, masks, dict(encodings or {}), "net.", Manifest(
+    return _attach_posteriors(proto, posteriors, masks, "net.", Manifest(
         source_library="+".join(sorted(libraries)),
         input_name=INPUT_NAME,
         input_shape=[1, *shape[1:]],

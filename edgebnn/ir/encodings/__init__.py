@@ -10,9 +10,9 @@ from edgebnn.ir.encodings.fixedpoint import FixedPointWeight
 from edgebnn.ir.encodings.gaussian import GaussianWeight
 from edgebnn.ir.encodings.intcount import IntCountWeight
 from edgebnn.ir.encodings.joint import JointGroup, draw_weight
+from edgebnn.ir.encodings.kron import DenseGaussianWeight, KronGaussianWeight
 from edgebnn.ir.encodings.lowrank import LowRankGaussianWeight
 from edgebnn.ir.encodings.members import MemberSet, MemberSetFixedWeight, MemberSetWeight
-from edgebnn.ir.encodings.kron import DenseGaussianWeight, KronGaussianWeight
 from edgebnn.ir.encodings.sigmacode import SigmaCode
 from edgebnn.ir.encodings.ternary import TernaryWeight
 
