@@ -6,7 +6,14 @@ check the real machine themselves. It lives outside ``edgebnn.targets`` so that 
 builder checks DLA cores and the TensorRT generation) can read it without importing a target.
 
 Known profiles: ``cpu``, ``rtx``, ``jetson-orin-nano``, ``jetson-orin-nx``, ``jetson-agx-orin``; the
-alias ``jetson`` names ``jetson-orin-nano``.
+alias ``jetson`` names ``jetson-orin-nano``, ``arm64`` names ``cpu`` (onnxruntime's CPU provider on an ARM host).
+
+It is the one table the exporters read for "what does device X run" (:func:`export_caps`): the exported weight
+formats (``weight_formats``: TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear, so Orin
+takes fp32 and int8), whether the runtime runs a store's in-graph decode of packed codes
+(``decodes``: onnxruntime folds it at session creation; TensorRT gets the float store) and whether it runs
+random ops (``random_ops``: TensorRT ignores their seeds and DLA does not run them, so ``noise`` keeps its
+host-filled noise inputs there).
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ class DeviceProfile:
         power_meters: Meter names tried in this order when none is given (see ``edgebnn.targets.power``).
         tensorrt: TensorRT generation expected on the target (None: no TensorRT).
         description: One line for humans.
+        runtime: The runtime exported graphs run on (``onnxruntime CPU``, ``TensorRT 10.3``, ...).
+        weight_formats: ``--weights`` formats the exported graph may use on this device.
+        decodes: Whether the runtime runs the stores' in-graph decode of packed codes (:mod:`edgebnn.exporters.stores`).
+        random_ops: Whether the runtime runs seeded RandomNormal/RandomUniform(Like) (``noise --rng graph``).
     """
 
     name: str
@@ -44,11 +55,22 @@ class DeviceProfile:
     power_meters: tuple[str, ...]
     tensorrt: str | None
     description: str
+    runtime: str = "onnxruntime CPU"
+    weight_formats: tuple[str, ...] = ("fp32", "int8", "int4")
+    decodes: bool = True
+    random_ops: bool = True
+
+    @property
+    def on_tensorrt(self) -> bool:
+        """Exported graphs run on TensorRT (explicit Q/DQ weights, no random ops)."""
+        return self.tensorrt is not None
 
 
 _JETSON_METERS = ("ina3221", "tegrastats", "jtop")
 # Orin is an Ampere GPU (SM 8.7): no FP8/FP4; INT4 is weight-only and not verified on a board yet.
 _ORIN_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+# TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear an int4 export writes
+_ORIN_WEIGHTS = ("fp32", "int8")
 
 DEVICES: dict[str, DeviceProfile] = {
     profile.name: profile
@@ -74,6 +96,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=("nvml",),
             tensorrt="11",
             description="desktop/laptop NVIDIA RTX GPU with TensorRT 11",
+            runtime="TensorRT", decodes=False, random_ops=False,
         ),
         DeviceProfile(
             name="jetson-orin-nano",
@@ -84,6 +107,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=_JETSON_METERS,
             tensorrt="10.3",
             description="Jetson Orin Nano 8GB, JetPack 6 (TensorRT 10.3), no DLA",
+            runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
         ),
         DeviceProfile(
             name="jetson-orin-nx",
@@ -94,6 +118,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=_JETSON_METERS,
             tensorrt="10.3",
             description="Jetson Orin NX 16GB, JetPack 6 (TensorRT 10.3), 2 DLA cores (the 8GB module has 1)",
+            runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
         ),
         DeviceProfile(
             name="jetson-agx-orin",
@@ -104,11 +129,12 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=_JETSON_METERS,
             tensorrt="10.3",
             description="Jetson AGX Orin 64GB, JetPack 6 (TensorRT 10.3), 2 DLA cores",
+            runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
         ),
     )
 }
 
-ALIASES: dict[str, str] = {"jetson": "jetson-orin-nano"}
+ALIASES: dict[str, str] = {"jetson": "jetson-orin-nano", "arm64": "cpu"}
 
 
 def device_names() -> list[str]:

@@ -34,6 +34,11 @@ class Builder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self._names: set[str] = set()
         self.int4_used = False  # int4 DequantizeLinear needs opset 21
+        self.store_choice = "fp32"  # how posterior moments are stored (exporters.stores.STORE_CHOICES)
+        self.store_runtimes: tuple[str, ...] | None = None  # runtimes the stores' decodes must run on (None: any)
+        self.stored: dict[str, str] = {}  # decoded tensor -> the store that wrote it (the export metadata)
+        self.min_opset = 0  # the ai.onnx opset the emitted ops need (stores' decodes)
+        self.code_pool: Any = None  # the stores' pooled code streams (exporters.stores.base.CodePool)
         self.adopt(inits)
 
     def adopt(self, inits: Iterable[onnx.TensorProto]) -> None:
@@ -143,7 +148,8 @@ class Builder:
         used = {x for node in self.nodes for x in node.input}  # skeleton parameters a rewrite replaced
         inits = [t for t in self.inits if t.name in used]
         graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, inits)
-        opsets = [helper.make_opsetid(o.domain, max(o.version, 21) if self.int4_used and o.domain in ("", "ai.onnx")
+        least = max(21 if self.int4_used else 0, self.min_opset)
+        opsets = [helper.make_opsetid(o.domain, max(o.version, least) if o.domain in ("", "ai.onnx")
                                       else o.version) for o in base.opset_import]
         if any(n.domain == CONTRIB for n in self.nodes) and all(o.domain != CONTRIB for o in opsets):
             opsets.append(helper.make_opsetid(CONTRIB, 1))  # MatMulNBits (the int4 integer form)

@@ -6,7 +6,7 @@ encoding's ``sample`` does in numpy:
 
 ``GAUSSIAN`` encodings (the default emitter)::
 
-    W_s = mu + sigma ⊙ ε_s,   ε: [S, *shape]
+    W_s = mu + sigma ⊙ ε_s,   ε: [S, *shape]      (mu, sigma decoded once from the encoding's store, :mod:`.stores`)
 
 ``CodebookWeight`` with ``sampling="independent"`` (each weight reads its entry, then draws on its own)::
 
@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 
 from edgebnn.exporters._graph import Builder
+from edgebnn.exporters.stores import decode
 from edgebnn.ir.encodings import CodebookWeight, DropoutMask, Encoding
 
 # (builder, encoding, name prefix, tag of the emitted names, {noise suffix: graph input}, samples) -> W_s
@@ -56,7 +57,7 @@ def draw_emitter(enc: Encoding) -> DrawEmitter | None:
 
 def gaussian_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """W_s = mu + sigma ⊙ ε_s; named ``<tag>mu``, ``<tag>sigma``, ... and ``W_s`` (``b_s`` for a bias)."""
-    mu, sigma = b.f32(p + tag + "mu", enc.mean()), b.f32(p + tag + "sigma", enc.stddev())
+    mu, sigma = decode(b, enc, "mean", p + tag + "mu"), decode(b, enc, "stddev", p + tag + "sigma")
     return b.add("Add", [mu, b.add("Mul", [sigma, eps[""]], p + tag + "scaled")], p + (tag + "s" if tag else "W_s"))
 
 

@@ -39,19 +39,23 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgebnn._io import atomic_write_bytes
+from edgebnn.devices import DeviceProfile, get_device
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import dropout_draw
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
+from edgebnn.exporters.stores import STORE_CHOICES
+from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
-                noise: str = "auto", weights: str = "fp32", hoist: str | float = "off", form: str = "auto",
-                device: str | None = None, progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
+                noise: str = "auto", weights: str = "ir", hoist: str | float = "off", form: str = "auto",
+                device: str | None = None, progress: Callable[[int, int], None] | None = None,
+                rng: str = "host") -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -61,11 +65,14 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         seed: seed of the baked samples (baked mode, and the baked layers of ``noise="mixed"``).
         noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations), ``weight`` (per weight) or
             ``mixed`` (local on Gemm, baked members on Conv: :mod:`.noise`).
-        weights: ``fp32``, ``int8`` (baked mode: each member's weights, and each hoisted layer's mean, as int8 +
-            DequantizeLinear; weights on an encoding's integer grid of at most 8 bits are stored exactly) or
-            ``int4`` (Gemm weights block-wise int4 where TensorRT allows it — reduction axis blocked, even output
-            dim —, the rest int8; exact on grids of at most 4 bits; the graph moves to opset 21, which TensorRT
-            10.3 on Jetson does not parse: for RTX / newer TensorRT).
+        weights: ``ir`` (the default: noise/shared/analytic store μ and σ in the IR's own encoding, its packed codes
+            decoded in the graph once per call, :mod:`.stores`; baked stores its fp32 draws), ``fp32``, ``int8``
+            (noise/shared/analytic: μ per-channel int8 and σ an 8-bit log code, decoded in the graph; baked mode:
+            each member's weights, and each hoisted layer's mean, as int8 + DequantizeLinear; weights on an
+            encoding's integer grid of at most 8 bits are stored exactly) or ``int4`` (noise/shared/analytic: as
+            int8 at 4 bits; baked: int4 weights, per output channel in the portable form, block-wise where
+            TensorRT takes them — Gemm weights, reduction axis blocked, even output dim —; exact on grids of at
+            most 4 bits; the graph moves to opset 21, which TensorRT 10.3 on Jetson does not parse).
         hoist: ``off`` (default: every layer samples), ``auto`` (layers whose σ is below their quantization
             step run once, before the sample axis), or a σ threshold. Off by default because it trades
             epistemic signal for speed: on the digits CNN lowered with ``fixed``, ``auto`` hoisted 3 of 4 layers
@@ -78,29 +85,56 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         device: where the graph runs (:data:`.forms.DEVICE_FORMATS`: ``cpu``, ``arm64``, ``rtx``, ``jetson*``);
             refuses a weight format the device cannot run.
         progress: called as ``progress(done, total)`` while the graph is built (a progress bar).
+        rng: noise/shared: ``host`` (standard noise as graph inputs that ``Session`` fills: reproducible),
+            ``graph`` (seeded RandomNormal/RandomUniform(Like) inside: the data is the only input; refused for
+            devices without random ops, TensorRT), or ``auto`` (``graph`` where the device runs random ops).
     """
     check_samples(samples)
-    if weights not in WEIGHT_FORMATS:
-        raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(WEIGHT_FORMATS)}")
-    if weights != "fp32" and mode != "baked":
-        raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
-    choice = choose_form(device, weights, form)
+    if weights not in STORE_CHOICES:
+        raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(STORE_CHOICES)}")
+    profile = get_device(device) if device is not None else None
+    rng = _check_rng(rng, mode, profile)
     if mode == "baked":
+        weights = "fp32" if weights == "ir" else weights  # the members are draws: fp32 unless asked otherwise
+        choice = choose_form(device, weights, form)
         _check_baked_size(model, samples, weights)
         out = _baked(model, samples, seed, weights, hoist, choice, progress)
-    elif mode in ("noise", "shared"):
-        from edgebnn.exporters.noise import export_noise
-
-        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist, seed=seed,
-                           progress=progress)
-    elif mode == "analytic":
-        from edgebnn.exporters.analytic import export_analytic
-
-        out = export_analytic(model, samples, progress=progress)
     else:
-        raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
+        if weights in WEIGHT_FORMATS:
+            choose_form(device, weights, form)  # refuses a format the device does not run
+        runtimes = None if profile is None else (TRT,) if profile.on_tensorrt else (ORT,)
+        if mode in ("noise", "shared"):
+            from edgebnn.exporters.noise import export_noise
+
+            out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist,
+                               seed=seed, progress=progress, weights=weights, rng=rng, runtimes=runtimes)
+        elif mode == "analytic":
+            from edgebnn.exporters.analytic import export_analytic
+
+            out = export_analytic(model, samples, progress=progress, weights=weights, runtimes=runtimes)
+        else:
+            raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
     return out
+
+
+RNG_CHOICES = ("auto", "host", "graph")
+
+
+def _check_rng(rng: str, mode: str, profile: DeviceProfile | None) -> str:
+    """``host`` or ``graph`` for a noise/shared export (``auto``: graph where the device runs random ops)."""
+    if rng not in RNG_CHOICES:
+        raise InvalidOptionError(f"--rng {rng}: choose one of {', '.join(RNG_CHOICES)}")
+    runs_random = profile is None or profile.random_ops
+    if rng == "auto":
+        return "graph" if runs_random and mode in ("noise", "shared") else "host"
+    if rng == "graph" and not runs_random:
+        assert profile is not None
+        raise InvalidOptionError(f"--rng graph: {profile.name} ({profile.runtime}) ignores random ops' seeds and DLA "
+                                 "does not run them; use --rng host (noise inputs the host fills)")
+    if rng == "graph" and mode not in ("noise", "shared"):
+        raise InvalidOptionError(f"--rng graph: only --mode noise and shared draw at run time (got --mode {mode})")
+    return rng
 
 
 MAX_GRAPH_BYTES = 2**31 - 2**26  # protobuf refuses messages of 2 GiB; keep room for the graph around them

@@ -10,7 +10,10 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
 
     edgebnn_version, mode, samples, seed (None unless baked), scheme, source_library, input_name,
     input_shape ([batch, ...]), num_classes, outputs (graph outputs the predictive is read from)
-    weights         baked: fp32 | int8 | int4
+    weights         baked: fp32 | int8 | int4; noise/shared/analytic: ir | fp32 | int8 | int4 (how μ, σ are stored)
+    stores          noise/shared/analytic: {store: tensors it decodes} (:mod:`edgebnn.exporters.stores`)
+    rng             noise/shared: host (noise graph inputs) | graph (seeded random ops inside the graph)
+    compact         baked with folded weights: the compact alternative (the export command's options)
     layers          baked/noise: {"sampled": [layer], "hoisted": [layer]}
     noise           noise/shared: the noise variant
     noise_inputs    noise/shared: [{"name", "shape" ([-1 | S, dims...]), "per" (row | sample), "dist"}]
@@ -66,6 +69,9 @@ class ExportMetadata:
     quadrature_seed: int | None = None
     precision: str | None = None
     calibration: Mapping[str, Any] | None = None
+    stores: Mapping[str, int] | None = None
+    rng: str | None = None
+    compact: str | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -124,7 +130,7 @@ class ExportMetadata:
             if not (value is None and optional) and not _CHECKS[name](value):
                 raise InvalidArtifactError(f"{bad}: {name} {_short(value)} is not {_DESCRIBE[name]}")
 
-        choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", WEIGHT_FORMATS),
+        choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", ("ir", *WEIGHT_FORMATS)),
                    ("form", ("fp32", *(f for f in FORMS if f != "auto"))))  # fp32 weights: one form
         for name, allowed in choices:
             if raw.get(name) is not None and raw[name] not in allowed:
@@ -253,6 +259,9 @@ _CHECKS: dict[str, Any] = {
     "quadrature_seed": lambda v: _is_int(v) and v >= 0,
     "precision": _is_text,
     "calibration": lambda v: isinstance(v, dict) and _is_text(v.get("method")),
+    "stores": lambda v: isinstance(v, dict) and all(_is_text(k) and _is_int(x) and x > 0 for k, x in v.items()),
+    "rng": lambda v: v in ("host", "graph"),
+    "compact": _is_text,
 }
 _DESCRIBE = {
     "samples": "a positive integer", "seed": "null or a non-negative integer",
@@ -260,7 +269,7 @@ _DESCRIBE = {
     "outputs": "a non-empty list of names", "layers": 'an object {"sampled": [names], "hoisted": [names]}',
     "noise_inputs": 'a list of {"name", "shape", "per": row|sample, "dist": normal|uniform} objects',
     "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer",
-    "calibration": "an object with a method",
+    "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 
