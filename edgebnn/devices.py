@@ -6,9 +6,10 @@ check the real machine themselves. It lives outside ``edgebnn.targets`` so that 
 builder checks DLA cores and the TensorRT generation) can read it without importing a target.
 
 Known profiles: ``cpu``, ``rtx``, ``jetson-orin-nano``, ``jetson-orin-nx``, ``jetson-agx-orin``; the
-alias ``jetson`` names ``jetson-orin-nano``, ``arm64`` names ``cpu`` (onnxruntime's CPU provider on an ARM host).
+alias ``jetson`` names ``jetson-orin-nano``; for exports, ``arm64`` names ``cpu`` (onnxruntime's CPU provider on an
+ARM host: :func:`export_device`).
 
-It is the one table the exporters read for "what does device X run" (:func:`export_caps`): the exported weight
+It is the one table the exporters read for "what does device X run" (:func:`export_device`): the exported weight
 formats (``weight_formats``: TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear, so Orin
 takes fp32 and int8), whether the runtime runs a store's in-graph decode of packed codes
 (``decodes``: onnxruntime folds it at session creation; TensorRT gets the float store) and whether it runs
@@ -134,7 +135,9 @@ DEVICES: dict[str, DeviceProfile] = {
     )
 }
 
-ALIASES: dict[str, str] = {"jetson": "jetson-orin-nano", "arm64": "cpu"}
+ALIASES: dict[str, str] = {"jetson": "jetson-orin-nano"}
+# export-only names (``edgebnn export --device``): onnxruntime's CPU provider on an ARM host exports as ``cpu``
+EXPORT_ALIASES: dict[str, str] = {"arm64": "cpu"}
 
 
 def device_names() -> list[str]:
@@ -159,3 +162,20 @@ def get_device(name: str) -> DeviceProfile:
     if key not in DEVICES:
         raise InvalidOptionError(f"unknown device {name!r}; known devices: {', '.join(device_names())}")
     return DEVICES[key]
+
+
+def export_device_names() -> list[str]:
+    """Every name ``edgebnn export --device`` accepts: the profiles, their aliases and :data:`EXPORT_ALIASES`."""
+    return [*device_names(), *EXPORT_ALIASES]
+
+
+def export_device(name: str) -> DeviceProfile:
+    """The profile an export for ``name`` targets (:func:`get_device`, plus the export-only aliases).
+
+    Raises:
+        InvalidOptionError: The name is unknown; the message lists the accepted names.
+    """
+    key = name.strip().lower()
+    if key not in EXPORT_ALIASES and ALIASES.get(key, key) not in DEVICES:
+        raise InvalidOptionError(f"--device {name}: choose one of {', '.join(export_device_names())}")
+    return get_device(EXPORT_ALIASES.get(key, key))

@@ -203,7 +203,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0,
-                 **store_metadata(b, weights))
+                 **store_metadata(b))
     return out if weights == "fp32" else compact_names(out)
 
 

@@ -39,14 +39,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgebnn._io import atomic_write_bytes
-from edgebnn.devices import DeviceProfile, get_device
+from edgebnn.devices import DeviceProfile, export_device
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import dropout_draw
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
-from edgebnn.exporters.stores import STORE_CHOICES
+from edgebnn.exporters.stores import STORE_CHOICES, compact_names
 from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
@@ -92,13 +92,13 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     check_samples(samples)
     if weights not in STORE_CHOICES:
         raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(STORE_CHOICES)}")
-    profile = get_device(device) if device is not None else None
+    profile = export_device(device) if device is not None else None
     rng = _check_rng(rng, mode, profile)
     if mode == "baked":
         weights = "fp32" if weights == "ir" else weights  # the members are draws: fp32 unless asked otherwise
         choice = choose_form(device, weights, form)
         _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist, choice, progress)
+        out = _baked(model, samples, seed, weights, hoist, choice, progress, profile)
     else:
         if weights in WEIGHT_FORMATS:
             choose_form(device, weights, form)  # refuses a format the device does not run
@@ -157,16 +157,26 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
 
 
 def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | float, choice: FormChoice,
-           progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
+           progress: Callable[[int, int], None] | None = None, profile: DeviceProfile | None = None,
+           ) -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
     b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
+    if weights == "int4" and profile is not None and not profile.on_tensorrt:
+        # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
+        b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"
     rewrite = baked_layers(model, samples, seed, weights)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
+    if b.int4_layout == "channels" and choice.form == "qdq":
+        out = compact_names(out)  # the compact storage form: short value names (the graph is what is left)
+    compact = None
+    if weights != "fp32" and choice.form in ("folded", "integer"):
+        compact = (f"--form qdq: the {weights} weights stored as {weights} ({choice.form} keeps "
+                   f"{'some' if choice.form == 'integer' else 'all'} of them as fp32 constants, for speed)")
     set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers,
-                 form=choice.form, form_reason=choice.reason,
+                 form=choice.form, form_reason=choice.reason, compact=compact,
                  **({"integer_min_bytes": choice.integer_min_bytes} if choice.form == "integer" else {}))
     return out
 

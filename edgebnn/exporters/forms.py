@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgebnn.devices import device_names, get_device
+from edgebnn.devices import export_device, export_device_names
 from edgebnn.errors import InvalidOptionError
 
 FORMS = ("auto", "qdq", "folded", "integer")
@@ -56,7 +56,7 @@ class FormChoice:
 # device -> (runtime, weight formats it runs): a view of the one device table, edgebnn.devices (its
 # ``runtime`` and ``weight_formats``: TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear)
 DEVICE_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
-    name: (get_device(name).runtime, get_device(name).weight_formats) for name in device_names()
+    name: (export_device(name).runtime, export_device(name).weight_formats) for name in export_device_names()
 }
 
 _REASONS = {

@@ -10,8 +10,9 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
 
     edgebnn_version, mode, samples, seed (None unless baked), scheme, source_library, input_name,
     input_shape ([batch, ...]), num_classes, outputs (graph outputs the predictive is read from)
-    weights         baked: fp32 | int8 | int4; noise/shared/analytic: ir | fp32 | int8 | int4 (how μ, σ are stored)
-    stores          noise/shared/analytic: {store: tensors it decodes} (:mod:`edgebnn.exporters.stores`)
+    weights         baked: fp32 | int8 | int4
+    stores          noise/shared/analytic with compact moments: {store: tensors it decodes in the graph}
+                    (:mod:`edgebnn.exporters.stores`: an encoding's op type, int8, int4 or float)
     rng             noise/shared: host (noise graph inputs) | graph (seeded random ops inside the graph)
     compact         baked with folded weights: the compact alternative (the export command's options)
     layers          baked/noise: {"sampled": [layer], "hoisted": [layer]}
@@ -130,7 +131,7 @@ class ExportMetadata:
             if not (value is None and optional) and not _CHECKS[name](value):
                 raise InvalidArtifactError(f"{bad}: {name} {_short(value)} is not {_DESCRIBE[name]}")
 
-        choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", ("ir", *WEIGHT_FORMATS)),
+        choices = (("mode", (*MODES, *BASELINE_MODES)), ("noise", NOISE_VARIANTS), ("weights", WEIGHT_FORMATS),
                    ("form", ("fp32", *(f for f in FORMS if f != "auto"))))  # fp32 weights: one form
         for name, allowed in choices:
             if raw.get(name) is not None and raw[name] not in allowed:

@@ -168,7 +168,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
     set_metadata(out, model, mode=mode, samples=samples,
                  seed=seed if variant == "mixed" or in_graph else None, noise=variant,
                  noise_inputs=[] if in_graph else records, layers=layers, rng=rng if in_graph else None,
-                 **store_metadata(b, weights))
+                 **store_metadata(b))
     return out if weights == "fp32" else compact_names(out)
 
 

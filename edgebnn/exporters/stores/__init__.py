@@ -67,15 +67,16 @@ def decode(b: Builder, enc: Encoding, what: str, name: str) -> str:
     return out
 
 
-def store_metadata(b: Builder, weights: str) -> dict[str, Any]:
-    """The export metadata of the builder's stores: ``weights`` and ``stores`` (decoded tensor -> store), left out
-    when every tensor is plain fp32 as asked (the bytes exporters always wrote)."""
-    if weights == "fp32" and set(b.stored.values()) <= {"float"}:
+def store_metadata(b: Builder) -> dict[str, Any]:
+    """The export metadata of the builder's stores: ``stores`` (store -> tensors it decodes), left out when every
+    tensor is plain fp32 (the bytes exporters always wrote). The decoded tensors are fp32: the runtime's weight
+    precision stays fp32, so ``weights`` (baked members' storage) is not set."""
+    if set(b.stored.values()) <= {"float"}:
         return {}
     counts: dict[str, int] = {}
     for store in b.stored.values():
         counts[store] = counts.get(store, 0) + 1
-    return {"weights": weights, "stores": dict(sorted(counts.items()))}
+    return {"stores": dict(sorted(counts.items()))}
 
 
 def compact_names(proto: onnx.ModelProto) -> onnx.ModelProto:
