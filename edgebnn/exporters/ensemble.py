@@ -41,12 +41,12 @@ from onnx import TensorProto, helper
 from edgebnn._io import atomic_write_bytes
 from edgebnn.devices import DeviceProfile, export_device
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
+from edgebnn.exporters import MODES, RNG_CHOICES, STORE_CHOICES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import dropout_draw
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
-from edgebnn.exporters.stores import STORE_CHOICES, compact_names
+from edgebnn.exporters.stores import compact_names
 from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
@@ -116,9 +116,6 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
     return out
-
-
-RNG_CHOICES = ("auto", "host", "graph")
 
 
 def _check_rng(rng: str, mode: str, profile: DeviceProfile | None) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from edgebnn.exporters import STORE_CHOICES
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store, finish_stores
 
@@ -31,7 +32,6 @@ __all__ = ["STORES", "STORE_CHOICES", "Store", "compact_names", "decode", "finis
 from edgebnn.ir.encodings import Encoding
 
 STORES: dict[str, Store] = {}
-STORE_CHOICES = ("ir", "fp32", "int8", "int4")
 
 
 def register_store(op_type: str) -> Callable[[type[Store]], type[Store]]:
