@@ -1,0 +1,115 @@
+"""Every export mode with compact stores (tests/unit/stores/ tests each store): lowered models exported with the
+IR's own encoding compute what their fp32-store twins compute, sample the reference runtime's predictive, load
+in onnxruntime with no warning, and are smaller."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from synthetic import synthetic_cnn, synthetic_linear
+
+from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.metadata import read_metadata
+from edgebnn.metrics import predictive_from_logits
+from edgebnn.passes import lower
+from edgebnn.runtime import Session
+from edgebnn.runtime.reference import sample_logits
+
+REF_SAMPLES = 4096
+
+
+@pytest.fixture(scope="module")
+def x() -> np.ndarray:
+    return np.random.default_rng(1).normal(size=(5, 1, 6, 6)).astype(np.float32)
+
+
+def _load_quietly(proto: onnx.ModelProto, capfd: pytest.CaptureFixture[str]) -> ort.InferenceSession:
+    """onnx.checker (full) and an onnxruntime session that logs no warning."""
+    onnx.checker.check_model(proto, full_check=True)
+    capfd.readouterr()
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 2  # warnings and errors
+    sess = ort.InferenceSession(proto.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    assert "W:" not in capfd.readouterr().err
+    return sess
+
+
+@pytest.mark.parametrize("scheme", ["fixed", "ternary", "mcq", "prune+fixed", "codebook"])
+@pytest.mark.parametrize("mode", ["noise", "analytic"])
+def test_the_irs_encoding_computes_what_fp32_moments_compute(scheme, mode, x, capfd):
+    """Same noise (Session seed), same predictive: the decode is exact (σ² as the same float32 product). analytic's
+    s² + μ² is float32 in the graph (float64 then rounded in the fp32 store): float32 round-off of a sum."""
+    model = lower(synthetic_cnn(sigma=0.3), scheme, seed=0).model
+    compact, fp32 = (export_onnx(model, 8, mode=mode, weights=w) for w in ("ir", "fp32"))
+    _load_quietly(compact, capfd)
+    stores = read_metadata(compact, "compact.onnx").stores
+    assert stores and set(stores) <= {w.encoding.op_type for w in model.encoded_weights()} | {"float"}
+    a, b = (Session(p, seed=3).predict(x) for p in (compact, fp32))
+    np.testing.assert_allclose(a.probs, b.probs, atol=1e-6 if mode == "noise" else 1e-5)
+    assert compact.ByteSize() < fp32.ByteSize()
+
+
+def _mc_bound(n_draws: int, entries: int) -> float:
+    # a probability from n independent draws has sd <= 0.5/sqrt(n); two estimates compared over ``entries``
+    # (row, class) pairs: 4 standard deviations of the difference (x sqrt(entries / 15) beyond 15 entries)
+    return 4 * 0.5 * np.sqrt(2 / n_draws) * max(1.0, np.sqrt(entries / 15))
+
+
+def test_in_graph_noise_runs_on_the_data_alone_and_samples_the_reference(x, capfd):
+    model = lower(synthetic_cnn(sigma=0.3), "fixed", seed=0).model
+    ref = predictive_from_logits(sample_logits(model, x, REF_SAMPLES, seed=5)).probs
+    proto = export_onnx(model, 64, mode="noise", rng="graph", seed=11)
+    sess = _load_quietly(proto, capfd)
+    assert [i.name for i in sess.get_inputs()] == ["input"]  # one graph input: the data
+    assert read_metadata(proto, "g.onnx").rng == "graph"
+    calls = [sess.run(["probs"], {"input": x})[0] for _ in range(64)]
+    assert not np.array_equal(calls[0], calls[1])  # fresh noise every call (the generator advances)
+    assert np.abs(np.mean(calls, axis=0) - ref).max() < _mc_bound(min(64 * 64, REF_SAMPLES), ref.size)
+    # Session runs it as any export (no noise inputs to fill)
+    assert Session(proto).predict(x).probs.shape == ref.shape
+
+
+def test_in_graph_noise_local_and_weight_draws_and_compact_stores_together(x):
+    """auto draws Conv weights per sample (RandomNormal [S, *w]) and Gemm pre-activations per row
+    (RandomNormalLike): both kinds present, one graph input, codes in the file."""
+    model = lower(synthetic_cnn(sigma=0.3), "fixed", seed=0).model
+    proto = export_onnx(model, 16, mode="noise", rng="graph")
+    ops = {n.op_type for n in proto.graph.node}
+    assert {"RandomNormal", "RandomNormalLike"} <= ops and len(proto.graph.input) == 1
+
+
+def test_tensorrt_devices_keep_host_noise_and_fp32_moments():
+    model = lower(synthetic_cnn(), "fixed", seed=0).model
+    with pytest.raises(InvalidOptionError, match="--rng graph: jetson-orin-nano"):
+        export_onnx(model, 4, mode="noise", rng="graph", device="jetson")
+    proto = export_onnx(model, 4, mode="noise", rng="auto", device="rtx")
+    assert not [n for n in proto.graph.node if n.op_type.startswith("Random")]
+    assert read_metadata(proto, "t.onnx").stores is None  # TensorRT gets the float store (no decode ops)
+    assert export_onnx(model, 4, mode="noise", rng="auto").graph.input[1:] == []  # no device: in the graph
+
+
+def test_baked_int4_on_onnxruntime_is_about_the_fp32_posteriors_size_and_exact_on_a_grid(capfd):
+    """16 members x 4 bits = μ + σ x 32 bits: the file is within 5% of the fp32 posterior's bytes (scales per
+    output channel shared by the members, int8 member biases, the graph). Binary draws (±a, a 2-bit grid) are
+    stored exactly: the int4 graph's probabilities equal the fp32 members' to float32 round-off of the biases'
+    int8 step (the biases are fixed point with noise: no grid)."""
+    model = lower(synthetic_linear(n_in=256, classes=32), "binary", seed=0).model
+    posterior = sum(w.encoding.size for w in model.encoded_weights()) * 8
+    int4 = export_onnx(model, 16, weights="int4", form="qdq", device="cpu")
+    _load_quietly(int4, capfd)
+    assert int4.ByteSize() <= 1.05 * posterior
+    assert read_metadata(int4, "b.onnx").weights == "int4"
+    xl = np.random.default_rng(0).normal(size=(6, 256)).astype(np.float32)
+    fp32 = export_onnx(model, 16)
+    p4, p32 = (Session(p).predict(xl).probs for p in (int4, fp32))
+    # each bias moves by at most max|b| / 254 (int8, one scale per channel): logits move by that much
+    np.testing.assert_allclose(p4, p32, atol=0.01)
+
+
+def test_a_folded_baked_export_names_its_compact_alternative():
+    model = lower(synthetic_cnn(), "fixed", seed=0).model
+    meta = read_metadata(export_onnx(model, 4, weights="int8", device="cpu"), "f.onnx")
+    assert meta.form in ("folded", "integer") and meta.compact is not None and "--form qdq" in meta.compact
