@@ -33,6 +33,7 @@ import onnx
 
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores import decode
+from edgebnn.exporters.stores.base import unpack_codes
 from edgebnn.ir.encodings import CodebookWeight, DropoutMask, Encoding
 
 # (builder, encoding, name prefix, tag of the emitted names, {noise suffix: graph input}, samples) -> W_s
@@ -67,8 +68,12 @@ def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, st
     sample shared by its weights (2DGBNN)."""
     assert isinstance(enc, CodebookWeight)
     p += tag
-    idx = b.add("Cast", [b.const(p + "indices", enc.indices.astype(np.uint8 if enc.k <= 256 else np.uint16))],
-                p + "idx", to=onnx.TensorProto.INT64)
+    if b.store_choice == "ir" and enc.bits:  # the IR's packed B-bit indices, unpacked in the graph (int32)
+        idx = unpack_codes(b, enc.packed, enc.bits, enc.size, p + "idx")
+        b.stored[p + "idx"] = enc.op_type
+    else:
+        idx = b.add("Cast", [b.const(p + "indices", enc.indices.astype(np.uint8 if enc.k <= 256 else np.uint16))],
+                    p + "idx", to=onnx.TensorProto.INT64)
     if enc.sampling == "independent":
         return _independent_draw(b, enc, p, idx, eps[""])
     c = b.add("Add", [b.f32(p + "cb_mean", enc.codebook[:, 0]),

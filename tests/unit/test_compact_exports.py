@@ -113,3 +113,16 @@ def test_a_folded_baked_export_names_its_compact_alternative():
     model = lower(synthetic_cnn(), "fixed", seed=0).model
     meta = read_metadata(export_onnx(model, 4, weights="int8", device="cpu"), "f.onnx")
     assert meta.form in ("folded", "integer") and meta.compact is not None and "--form qdq" in meta.compact
+
+
+def test_shared_codebook_draws_read_the_packed_indices():
+    """--mode shared (2DGBNN): the indices are the IR's B-bit stream unpacked in the graph (uint8 per weight
+    with --weights fp32): the same draws from the same noise, in fewer bytes, and in-graph noise works too."""
+    model = lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0, sampling="shared").model
+    xl = np.random.default_rng(4).normal(size=(6, 128)).astype(np.float32)
+    compact, fp32 = (export_onnx(model, 8, mode="shared", weights=w) for w in ("ir", "fp32"))
+    np.testing.assert_array_equal(Session(compact, seed=3).predict(xl).probs, Session(fp32, seed=3).predict(xl).probs)
+    assert compact.ByteSize() < fp32.ByteSize()
+    assert "CodebookWeight" in (read_metadata(compact, "s.onnx").stores or {})
+    graph_rng = export_onnx(model, 8, mode="shared", rng="graph")
+    assert len(graph_rng.graph.input) == 1 and Session(graph_rng).predict(xl).probs.shape == (6, 8)

@@ -2,7 +2,7 @@
 
 One store per encoding op type (:data:`STORES`, :func:`register_store`, in the style of :data:`..draws.DRAWS`
 and :data:`..layers.LAYERS`); the contract and the shared decode pieces are in :mod:`.base`. Every export mode
-that reads a posterior's moments (``noise``, ``shared``, ``analytic``; a hoisted layer's mean) asks
+that reads a posterior's moments (``noise``, ``shared``, ``analytic``) asks
 :func:`store_for` for the store of the ``weights`` choice:
 
 ``ir`` (the default)   the encoding's own store (its packed codes; :mod:`.quantized`, :mod:`.codebook`,
@@ -11,7 +11,10 @@ that reads a posterior's moments (``noise``, ``shared``, ``analytic``; a hoisted
 ``int8`` / ``int4``    any posterior re-quantized at export (:mod:`.gaussian`): per-channel integer μ, a
                        log-domain σ code.
 
-A runtime that cannot run a store's decode (:data:`edgebnn.devices.DeviceProfile.stores`) gets the float store.
+A runtime that cannot run a store's decode (``edgebnn.devices.DeviceProfile.decodes``: TensorRT) gets the float
+store. ``baked`` stores drawn members, not moments: its ``--weights int8|int4`` are the builder's formats
+(:meth:`~edgebnn.exporters._graph.Builder.weight`). ``shared`` codebook draws read the packed indices through
+:func:`.base.unpack_codes` too.
 Adding a storage encoding is one module here (a :class:`.base.Store` registered by op type) plus its test.
 """
 
