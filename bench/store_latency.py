@@ -158,12 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     protos = {name: export_onnx(ir, S, mode=mode, seed=0, **opts) for name, (ir, mode, opts) in specs.items()}
     exports: dict[str, Any] = {}
     for name, proto in protos.items():
-        ir, mode, opts = specs[name]
+        _, mode, opts = specs[name]
         size = len(proto.SerializeToString(deterministic=True))
         exports[name] = {"bytes": size, "ratio": fp32_bnn / size, "inputs": len(proto.graph.input),
                          "self_contained": len(proto.graph.input) == 1, "mode": mode, "options": opts,
                          **quality(proto, x, y)}
-    for name, row in exports.items():
+    for row in exports.values():
         ref = exports[float_of[row["mode"]]]
         row["vs_float"] = {k: row[k] - ref[k] for k in ("accuracy", "nll", "ece")}
     within = [n for n, r in exports.items() if r["self_contained"] and n.startswith("lowered")
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     for batch in (1, 32):
         xb = x[:batch]
         sessions = {n: Session(protos[n], seed=0, threads=THREADS) for pair in twins for n in pair}
-        med = time_interleaved({n: (lambda s=s: s.predict(xb)) for n, s in sessions.items()}, args.seconds)
+        med = time_interleaved({n: (lambda s=s, xb=xb: s.predict(xb)) for n, s in sessions.items()}, args.seconds)
         latency[f"batch{batch}"] = {c: {"compact_ms": med[c] * 1e3, "fp32_ms": med[t] * 1e3, "ratio": med[c] / med[t]}
                                     for c, t in twins}
     folded = {n: {"nodes": len(protos[n].graph.node), "after_ort": optimized_nodes(protos[n])}

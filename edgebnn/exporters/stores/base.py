@@ -171,7 +171,7 @@ def reshape_to(b: Builder, flat: str, shape: tuple[int, ...], name: str) -> str:
 def scaled(b: Builder, codes: str, scale: float, shape: tuple[int, ...], name: str) -> str:
     """``codes · scale`` (float32 codes, :func:`unpack_codes`) shaped ``shape``: exactly numpy's
     ``q.astype(float32) * float32(scale)``."""
-    flat = b.add("Mul", [codes, b.f32(name + ".scale", np.float32(scale))], name + "/flat")
+    flat = b.add("Mul", [codes, b.f32(name + ".scale", np.array(scale, np.float32))], name + "/flat")
     return reshape_to(b, flat, shape, name)
 
 
