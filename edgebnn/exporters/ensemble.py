@@ -10,7 +10,8 @@ The exporters are strategies over two registries, so a new layer kind or encodin
 - layer kinds (:mod:`.layers`, by op type: Gemm, Conv of any rank) state how their op is emitted over the
   sample axis (one grouped Conv / batched MatMul for S weights) and plainly (on moments);
 - encodings (:mod:`edgebnn.ir.encodings`) state their mean, draws, ``moments()``, ``noise_needs()`` and the
-  integer grid their mean / draws lie on; :mod:`.draws` holds the in-graph draw of each (by op type).
+  integer grid their mean / draws lie on; :mod:`.draws` holds the in-graph draw of each (by op type), and
+  :mod:`.stores` how each encoding's codes are written into the graph and decoded there (by op type).
 
 The strategies (:mod:`.rewrite` copies the deterministic nodes, folds the samples and hands them each sampled
 layer):

@@ -1,7 +1,14 @@
-"""``noise`` mode: the graph takes standard-normal noise as inputs; the host fills them (cheap, seedable).
+"""``noise`` mode: the graph draws with standard-normal noise: inputs the host fills (cheap, seedable), or random
+ops inside the graph.
 
-No random ops in the graph (TensorRT ignores their seeds, DLA cannot run them, and onnxruntime's
-RandomNormal dominated a 16-sample LeNet's time, docs/design.md). Variants:
+``rng="host"`` (the library default, and TensorRT's): no random ops in the graph (TensorRT ignores their seeds,
+DLA cannot run them, and onnxruntime's RandomNormal dominated a 16-sample LeNet's time, docs/design.md);
+:class:`edgebnn.runtime.Session` fills the noise inputs. ``rng="graph"``: each noise input becomes a seeded
+``RandomNormal`` / ``RandomUniform`` ([S, *dims], per sample) or ``RandomNormalLike`` (per row: shaped like the
+layer's mean pre-activation, [B·S, *dims]), so the data is the graph's only input; every call draws afresh.
+
+μ and σ (and a codebook's indices) are written by the stores of the ``weights`` choice (:mod:`.stores`: the IR's
+own packed codes by default) and decoded once per call, shared by the S samples. Variants:
 
 ``local`` (local reparameterization, Kingma et al. 2015): a Gaussian layer's pre-activation given its input
 is Gaussian, so each of the B·S rows draws it directly::
