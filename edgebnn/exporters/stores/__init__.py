@@ -29,10 +29,10 @@ import onnx
 from edgebnn.exporters import STORE_CHOICES
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store, finish_stores
+from edgebnn.ir.encodings import Encoding
 
 __all__ = ["STORES", "STORE_CHOICES", "Store", "compact_names", "decode", "finish_stores", "register_store",
            "store_for", "store_metadata"]
-from edgebnn.ir.encodings import Encoding
 
 STORES: dict[str, Store] = {}
 
