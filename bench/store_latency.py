@@ -18,8 +18,8 @@ Reported (one JSON line on stdout, schema ``edgebnn.bench.store_latency/1``; a t
 - ``latency``: every compact noise / analytic export against its twin with fp32 moments (same lowered IR, same
   graph otherwise), batch 1 and 32, onnxruntime CPU (``--threads``, default 2 intra-op threads, no spinning,
   Session.predict: host noise generation included for ``rng=host``), timed in one run with each compact call
-  alternating with its twin's (:func:`time_pairs`); ``ratio`` = the median of compact / twin over the alternations (goal <= 1.1),
-  with its quartiles. ``folded``: each compact graph as onnxruntime runs it (after its
+  alternating with its twin's (:func:`time_pairs`); ``ratio`` = the median of compact / twin over the
+  alternations (goal <= 1.1), with its quartiles. ``folded``: each compact graph as onnxruntime runs it (after its
   optimizations: constant folding evaluates the stores' decode at session creation) against its twin's: node
   counts, the same ops, the same initializer shapes and values (analytic: ``s² + μ²`` rounds in float32 in the
   graph, float64 then float32 in the fp32 twin, so values may differ in the last bit). Same ops on tensors of the
