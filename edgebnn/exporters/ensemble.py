@@ -161,7 +161,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
     b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
-    if weights == "int4" and profile is not None and not profile.on_tensorrt:
+    if weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt:
         # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
         b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"
     rewrite = baked_layers(model, samples, seed, weights)
