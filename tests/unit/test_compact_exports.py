@@ -126,3 +126,21 @@ def test_shared_codebook_draws_read_the_packed_indices():
     assert "CodebookWeight" in (read_metadata(compact, "s.onnx").stores or {})
     graph_rng = export_onnx(model, 8, mode="shared", rng="graph")
     assert len(graph_rng.graph.input) == 1 and Session(graph_rng).predict(xl).probs.shape == (6, 8)
+
+
+def test_one_device_table_answers_formats_decodes_and_random_ops():
+    """edgebnn.devices is the table: forms.DEVICE_FORMATS is a view of it (they disagreed about int4 on Orin)."""
+    from edgebnn.devices import export_device
+    from edgebnn.exporters.forms import DEVICE_FORMATS
+
+    for name, (runtime, formats) in DEVICE_FORMATS.items():
+        profile = export_device(name)
+        assert (runtime, formats) == (profile.runtime, profile.weight_formats)
+        assert profile.decodes == profile.random_ops == (not profile.on_tensorrt)
+    assert "int4" not in DEVICE_FORMATS["jetson-agx-orin"][1]  # TensorRT 10.3 does not parse int4 DequantizeLinear
+    assert export_device("arm64").name == "cpu"
+    model = lower(synthetic_cnn(), "fixed", seed=0).model
+    with pytest.raises(InvalidOptionError, match="--weights int4: jetson-orin-nx"):
+        export_onnx(model, 4, weights="int4", device="jetson-orin-nx")
+    with pytest.raises(InvalidOptionError, match="--device tpu"):
+        export_onnx(model, 4, mode="noise", device="tpu")
