@@ -47,7 +47,7 @@ from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import dropout_draw
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
-from edgebnn.exporters.stores import compact_names
+from edgebnn.exporters.stores import compact_names, finish_stores, store_metadata
 from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
@@ -96,10 +96,11 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     profile = export_device(device) if device is not None else None
     rng = _check_rng(rng, mode, profile)
     if mode == "baked":
+        stores = weights if profile is None or profile.decodes else "fp32"  # hoisted means: the IR's codes
         weights = "fp32" if weights == "ir" else weights  # the members are draws: fp32 unless asked otherwise
         choice = choose_form(device, weights, form)
         _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist, choice, progress, profile)
+        out = _baked(model, samples, seed, weights, hoist, choice, progress, profile, stores)
     else:
         if weights in WEIGHT_FORMATS:
             choose_form(device, weights, form)  # refuses a format the device does not run
@@ -156,16 +157,18 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
 
 def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | float, choice: FormChoice,
            progress: Callable[[int, int], None] | None = None, profile: DeviceProfile | None = None,
-           ) -> onnx.ModelProto:
+           stores: str = "fp32") -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
     b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
+    b.store_choice = "ir" if stores == "ir" else "fp32"  # hoisted fp32 means (--hoist): the IR's own codes
     if weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt:
         # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
         b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"
     rewrite = baked_layers(model, samples, seed, weights)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress)
+    finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
     if b.int4_layout == "channels" and choice.form == "qdq":
         out = compact_names(out)  # the compact storage form: short value names (the graph is what is left)
@@ -174,7 +177,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
         compact = (f"--form qdq: the {weights} weights stored as {weights} ({choice.form} keeps "
                    f"{'some' if choice.form == 'integer' else 'all'} of them as fp32 constants, for speed)")
     set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers,
-                 form=choice.form, form_reason=choice.reason, compact=compact,
+                 form=choice.form, form_reason=choice.reason, compact=compact, **store_metadata(b),
                  **({"integer_min_bytes": choice.integer_min_bytes} if choice.form == "integer" else {}))
     return out
 

@@ -144,3 +144,14 @@ def test_one_device_table_answers_formats_decodes_and_random_ops():
         export_onnx(model, 4, weights="int4", device="jetson-orin-nx")
     with pytest.raises(InvalidOptionError, match="--device tpu"):
         export_onnx(model, 4, mode="noise", device="tpu")
+
+
+def test_hoisted_means_of_a_baked_export_are_the_irs_codes():
+    """--hoist: a quiet layer runs once with its mean, decoded from the IR's codes (fp32 with --weights fp32)."""
+    model = lower(synthetic_linear(n_in=256, classes=32), "fixed", seed=0).model
+    xl = np.random.default_rng(0).normal(size=(3, 256)).astype(np.float32)
+    compact, fp32 = (export_onnx(model, 4, seed=2, hoist=10.0, weights=w) for w in ("ir", "fp32"))
+    assert read_metadata(compact, "h.onnx").layers == {"sampled": [], "hoisted": ["fc"]}
+    assert "FixedPointWeight" in (read_metadata(compact, "h.onnx").stores or {})
+    np.testing.assert_array_equal(Session(compact).predict(xl).probs, Session(fp32).predict(xl).probs)
+    assert compact.ByteSize() < fp32.ByteSize() / 3

@@ -35,6 +35,9 @@ __all__ = ["STORES", "STORE_CHOICES", "Store", "compact_names", "decode", "finis
            "store_for", "store_metadata"]
 
 STORES: dict[str, Store] = {}
+# tensors of fewer numbers stay fp32: their decode's nodes outweigh 4 bytes a number (on the bayesian-torch digits
+# CNN's noise export: 16 kept the fewest bytes of 8, 16, 32, 64)
+SMALL = 16
 
 
 def register_store(op_type: str) -> Callable[[type[Store]], type[Store]]:
@@ -64,6 +67,10 @@ def decode(b: Builder, enc: Encoding, what: str, name: str) -> str:
     """Emit ``enc``'s ``what`` (``mean``, ``stddev`` or ``variance``) as the fp32 value ``name``, written by the
     store of the builder's ``store_choice`` (the float store where it does not run on ``b.store_runtimes``)."""
     store = store_for(enc, b.store_choice, b.store_runtimes)
+    if enc.size < SMALL:  # a few numbers: fp32 constants are smaller than their decode's nodes
+        from edgebnn.exporters.stores.float_ import FLOAT
+
+        store = FLOAT
     b.min_opset = max(b.min_opset, store.opset)
     b.stored[name] = store.op_type
     out: str = getattr(store, what)(b, enc, name)
