@@ -198,7 +198,9 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
     std = b.add("Sqrt", [b.add("Max", [v, b.f32(P + "var_floor", VAR_FLOOR)], P + "v_floor")], P + "logit_std")
     # logits_q = m + s ⊙ z_q for every point q, as one MatMul: [m, s] [B, 2K] @ [[I ... I], [diag z_1 ... diag z_Q]]
     ms = b.add("Concat", [logits, std], P + "m_s", axis=-1)
-    lq = b.add("MatMul", [ms, b.f32(P + "quadrature", quadrature_matrix(samples, classes))], P + "logits_q")
+    quadrature = (b.f32(P + "quadrature", quadrature_matrix(samples, classes)) if weights == "fp32"
+                  else _quadrature_in_graph(b, samples, classes))
+    lq = b.add("MatMul", [ms, quadrature], P + "logits_q")
     b.predictive_head(lq, samples, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K] reshape
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
@@ -292,6 +294,20 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
                else b.add("Reshape", [s2_b, b.i64(p + "s2_b_shape", *shape)], p + "s2_b"))
         v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")
     var[out] = v
+
+
+def _quadrature_in_graph(b: Builder, samples: int, classes: int) -> str:
+    """:func:`quadrature_matrix` built in the graph from its Q·K points (the matrix is 2Q·K² numbers, mostly the
+    identity's zeros): ``[Tile(I, Q); Reshape(Unsqueeze(I, 1) · Unsqueeze(zᵀ, 2))]``, the same float32 products,
+    folded at session creation like the stores' decodes."""
+    p = P + "quad/"
+    eye = b.f32(p + "eye", np.eye(classes, dtype=np.float32))
+    top = b.add("Tile", [eye, b.i64(p + "reps", 1, samples)], p + "top")
+    z_t = b.f32(p + "z_t", np.ascontiguousarray(quadrature_points(samples, classes).T))  # [K, Q]
+    diag = b.add("Mul", [b.add("Unsqueeze", [eye, b.i64(p + "ax1", 1)], p + "eye3"),
+                         b.add("Unsqueeze", [z_t, b.i64(p + "ax2", 2)], p + "z3")], p + "diag")  # [K, Q, K]
+    bottom = b.add("Reshape", [diag, b.i64(p + "shape", classes, samples * classes)], p + "bottom")
+    return b.add("Concat", [top, bottom], p + "matrix", axis=0)
 
 
 def _relu_then_max_pool(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:

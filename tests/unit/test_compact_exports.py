@@ -155,3 +155,26 @@ def test_hoisted_means_of_a_baked_export_are_the_irs_codes():
     assert "FixedPointWeight" in (read_metadata(compact, "h.onnx").stores or {})
     np.testing.assert_array_equal(Session(compact).predict(xl).probs, Session(fp32).predict(xl).probs)
     assert compact.ByteSize() < fp32.ByteSize() / 3
+
+
+def test_the_analytic_quadrature_is_built_in_the_graph_exactly():
+    """The [2K, Q·K] quadrature matrix (mostly the identity's zeros) comes from its Q·K points in the graph: the
+    same float32 values, signs of zero included."""
+    from onnx import TensorProto, helper
+
+    from edgebnn.exporters._graph import Builder
+    from edgebnn.exporters.analytic import _quadrature_in_graph, quadrature_matrix
+
+    for q, k in ((16, 10), (8, 3)):  # Sobol points come in powers of 2
+        b = Builder()
+        out = _quadrature_in_graph(b, q, k)
+        graph = helper.make_graph(b.nodes, "q", [], [helper.make_tensor_value_info(out, TensorProto.FLOAT,
+                                                                                    [2 * k, q * k])], b.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+        onnx.checker.check_model(model, full_check=True)
+        got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {})[0]
+        want = quadrature_matrix(q, k)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        if k == 10:  # 12.8 KB of fp32 matrix against the identity, the points and a few shapes
+            assert sum(t.ByteSize() for t in b.inits) < want.nbytes / 8
