@@ -178,3 +178,17 @@ def test_the_analytic_quadrature_is_built_in_the_graph_exactly():
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
         if k == 10:  # 12.8 KB of fp32 matrix against the identity, the points and a few shapes
             assert sum(t.ByteSize() for t in b.inits) < want.nbytes / 8
+
+
+@pytest.mark.parametrize("scheme", ["fixed", "binary", "codebook"])
+def test_the_torch_runner_runs_the_decodes(scheme, x):
+    """``profile --runtime torch`` interprets exported graphs op by op: the decode ops (integer Div/Mod, Range,
+    Split, ScatterElements, Tile) compute what onnxruntime computes."""
+    pytest.importorskip("torch")
+    from edgebnn.targets.runners import OrtRunner, TorchRunner
+
+    model = lower(synthetic_cnn(), scheme, seed=0).model
+    for proto in (export_onnx(model, 4, mode="analytic"), export_onnx(model, 4, hoist=10.0)):
+        want, got = OrtRunner(proto, threads=1).run(x), TorchRunner(proto).run(x)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, atol=1e-5)  # float32 round-off of the same ops
