@@ -6,7 +6,15 @@ check the real machine themselves. It lives outside ``edgebnn.targets`` so that 
 builder checks DLA cores and the TensorRT generation) can read it without importing a target.
 
 Known profiles: ``cpu``, ``rtx``, ``jetson-orin-nano``, ``jetson-orin-nx``, ``jetson-agx-orin``; the
-alias ``jetson`` names ``jetson-orin-nano``.
+alias ``jetson`` names ``jetson-orin-nano``; for exports, ``arm64`` names ``cpu`` (onnxruntime's CPU provider on an
+ARM host: :func:`export_device`).
+
+It is the one table the exporters read for "what does device X run" (:func:`export_device`): the exported weight
+formats (``weight_formats``: TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear, so Orin
+takes fp32 and int8), whether the runtime runs a store's in-graph decode of packed codes
+(``decodes``: onnxruntime folds it at session creation; TensorRT gets the float store) and whether it runs
+random ops (``random_ops``: TensorRT ignores their seeds and DLA does not run them, so ``noise`` keeps its
+host-filled noise inputs there).
 """
 
 from __future__ import annotations
@@ -34,6 +42,10 @@ class DeviceProfile:
         power_meters: Meter names tried in this order when none is given (see ``edgebnn.targets.power``).
         tensorrt: TensorRT generation expected on the target (None: no TensorRT).
         description: One line for humans.
+        runtime: The runtime exported graphs run on (``onnxruntime CPU``, ``TensorRT 10.3``, ...).
+        weight_formats: ``--weights`` formats the exported graph may use on this device.
+        decodes: Whether the runtime runs the stores' in-graph decode of packed codes (:mod:`edgebnn.exporters.stores`).
+        random_ops: Whether the runtime runs seeded RandomNormal/RandomUniform(Like) (``noise --rng graph``).
     """
 
     name: str
@@ -44,11 +56,22 @@ class DeviceProfile:
     power_meters: tuple[str, ...]
     tensorrt: str | None
     description: str
+    runtime: str = "onnxruntime CPU"
+    weight_formats: tuple[str, ...] = ("fp32", "int8", "int4")
+    decodes: bool = True
+    random_ops: bool = True
+
+    @property
+    def on_tensorrt(self) -> bool:
+        """Exported graphs run on TensorRT (explicit Q/DQ weights, no random ops)."""
+        return self.tensorrt is not None
 
 
 _JETSON_METERS = ("ina3221", "tegrastats", "jtop")
 # Orin is an Ampere GPU (SM 8.7): no FP8/FP4; INT4 is weight-only and not verified on a board yet.
 _ORIN_PRECISIONS = ("fp32", "fp16", "int8", "int4")
+# TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear an int4 export writes
+_ORIN_WEIGHTS = ("fp32", "int8")
 
 DEVICES: dict[str, DeviceProfile] = {
     profile.name: profile
@@ -74,6 +97,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=("nvml",),
             tensorrt="11",
             description="desktop/laptop NVIDIA RTX GPU with TensorRT 11",
+            runtime="TensorRT", decodes=False, random_ops=False,
         ),
         DeviceProfile(
             name="jetson-orin-nano",
@@ -84,6 +108,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=_JETSON_METERS,
             tensorrt="10.3",
             description="Jetson Orin Nano 8GB, JetPack 6 (TensorRT 10.3), no DLA",
+            runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
         ),
         DeviceProfile(
             name="jetson-orin-nx",
@@ -94,6 +119,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=_JETSON_METERS,
             tensorrt="10.3",
             description="Jetson Orin NX 16GB, JetPack 6 (TensorRT 10.3), 2 DLA cores (the 8GB module has 1)",
+            runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
         ),
         DeviceProfile(
             name="jetson-agx-orin",
@@ -104,11 +130,14 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=_JETSON_METERS,
             tensorrt="10.3",
             description="Jetson AGX Orin 64GB, JetPack 6 (TensorRT 10.3), 2 DLA cores",
+            runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
         ),
     )
 }
 
 ALIASES: dict[str, str] = {"jetson": "jetson-orin-nano"}
+# export-only names (``edgebnn export --device``): onnxruntime's CPU provider on an ARM host exports as ``cpu``
+EXPORT_ALIASES: dict[str, str] = {"arm64": "cpu"}
 
 
 def device_names() -> list[str]:
@@ -133,3 +162,20 @@ def get_device(name: str) -> DeviceProfile:
     if key not in DEVICES:
         raise InvalidOptionError(f"unknown device {name!r}; known devices: {', '.join(device_names())}")
     return DEVICES[key]
+
+
+def export_device_names() -> list[str]:
+    """Every name ``edgebnn export --device`` accepts: the profiles, their aliases and :data:`EXPORT_ALIASES`."""
+    return [*device_names(), *EXPORT_ALIASES]
+
+
+def export_device(name: str) -> DeviceProfile:
+    """The profile an export for ``name`` targets (:func:`get_device`, plus the export-only aliases).
+
+    Raises:
+        InvalidOptionError: The name is unknown; the message lists the accepted names.
+    """
+    key = name.strip().lower()
+    if key not in EXPORT_ALIASES and ALIASES.get(key, key) not in DEVICES:
+        raise InvalidOptionError(f"--device {name}: choose one of {', '.join(export_device_names())}")
+    return get_device(EXPORT_ALIASES.get(key, key))

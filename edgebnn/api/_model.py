@@ -122,8 +122,9 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
 
 
 def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = None, mode: str = "baked",
-           weights: str = "fp32", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
-           form: str = "auto", device: str | None = None, progress: Progress | None = None) -> Path:
+           weights: str = "ir", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
+           form: str = "auto", device: str | None = None, progress: Progress | None = None,
+           rng: str = "host") -> Path:
     """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
 
     Args:
@@ -132,7 +133,9 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = 
         samples: Ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports).
         mode: ``baked`` (S samples stored as constants; TensorRT/DLA-safe), ``noise`` (host-drawn noise
             inputs, filled by :class:`Session`), ``shared`` (codebook models) or ``analytic``.
-        weights: Baked mode: ``fp32``, ``int8`` or ``int4`` member weights.
+        weights: ``ir`` (default: noise/shared/analytic store μ, σ as the IR's own packed codes, decoded in the
+            graph; baked members fp32), ``fp32``, ``int8`` or ``int4`` (baked: member weights; the other modes:
+            μ and σ re-quantized at export).
         seed: Seed of the baked samples.
         noise: Noise mode variant: ``auto``, ``local``, ``weight`` or ``mixed``.
         hoist: ``off``, ``auto`` or a σ threshold below which layers run once (see ``edgebnn export --help``).
@@ -141,6 +144,8 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = 
         device: Where the graph runs (``cpu``, ``arm64``, ``rtx``, ``jetson*``): picks the form, refuses a weight
             format the device cannot run.
         progress: Called as ``progress(done, total)`` while the graph is built.
+        rng: Noise/shared mode: ``host`` (noise inputs :class:`Session` fills: reproducible), ``graph`` (seeded
+            random ops inside: the data is the only input) or ``auto`` (graph where ``device`` runs random ops).
 
     Returns:
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.
@@ -151,4 +156,4 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = 
     ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
     samples = samples if samples is not None else default_samples(ir_model, 16)
     return save_onnx(export_onnx(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights,
-                                 hoist=hoist, form=form, device=device, progress=progress), path)
+                                 hoist=hoist, form=form, device=device, progress=progress, rng=rng), path)

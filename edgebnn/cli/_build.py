@@ -24,7 +24,7 @@ from edgebnn.cli._common import (
     write_json,
 )
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
+from edgebnn.exporters import MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
 from edgebnn.tables import (
     fmt_bytes,
     print_closest,
@@ -215,11 +215,16 @@ def _describe_onnx(path: str) -> dict[str, Any]:
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), "
                                       "weight for Conv + local for Gemm (auto; exact and small), or local for Gemm "
                                       "+ baked members for Conv (mixed; exact, fastest on onnxruntime CPU).")
-@click.option("--weights", "weight_format", type=click.Choice(WEIGHT_FORMATS), default="fp32",
+@click.option("--weights", "weight_format", type=click.Choice(STORE_CHOICES), default="ir",
               show_default=True,
-              help="baked mode: store each member's weights as fp32, int8 + DequantizeLinear (symmetric, per "
-                   "output channel: TensorRT's explicit-quantization rules), or int4 for Gemm weights (block-wise, "
-                   "weight-only, opset 21: RTX/newer TensorRT; Conv stays int8).")
+              help="ir: noise/shared/analytic store μ and σ as the IR's own packed codes, decoded in the graph once "
+                   "per call (baked: fp32 members). fp32, int8, int4: baked stores each member's weights so (int8 "
+                   "+ DequantizeLinear per output channel; int4 per output channel on onnxruntime devices, "
+                   "block-wise on Gemm weights for TensorRT, opset 21); the other modes re-quantize μ and σ.")
+@click.option("--rng", type=click.Choice(RNG_CHOICES), default="auto", show_default=True,
+              help="noise/shared mode: graph draws the noise inside the graph (seeded RandomNormal(Like): one graph "
+                   "input, any onnxruntime); host takes it as graph inputs that edgebnn.runtime.Session fills "
+                   "(reproducible); auto: graph unless the device is TensorRT.")
 @click.option("--hoist", default="off", show_default=True,
               help="Run layers whose posterior noise is below a threshold once, before the sample axis starts: "
                    "off, auto (σ below the layer's quantization step), or a σ value. Faster, but hoisted layers "
@@ -243,9 +248,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
               help="Output .onnx (target onnx) or engine path (target tensorrt).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False),
               help="Write the export report as JSON: the export metadata and the deployed bytes (key deployed).")
-def export(file: str, target: str, samples: int | None, mode: str, noise_variant: str, weight_format: str, hoist: str,
-           form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int, dla_core: int | None,
-           timing_cache: str | None, max_batch: int, output: str, json_out: str | None) -> None:
+def export(file: str, target: str, samples: int | None, mode: str, noise_variant: str, weight_format: str, rng: str,
+           hoist: str, form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int,
+           dla_core: int | None, timing_cache: str | None, max_batch: int, output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
@@ -260,14 +265,22 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
     with _progress_bar(f"exporting the {mode} ensemble, S={samples}: layers") as progress:
         proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
                             hoist=_parse_hoist(hoist), form=form,
-                            device=device or ("cpu" if target == "onnx" else "rtx"), progress=progress)
+                            device=device or ("cpu" if target == "onnx" else "rtx"), progress=progress, rng=rng)
     meta = read_metadata(proto, output)
     layers = meta.layers
     if layers:
         console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
                       f"hoisted (run once): {', '.join(layers['hoisted']) or 'none'}", highlight=False)
-    if weight_format != "fp32" and meta.form:
+    if weight_format not in ("fp32", "ir") and meta.form:
         console.print(f"weight form: {meta.form} ({meta.form_reason})", highlight=False)
+    if meta.compact:
+        console.print(f"compact alternative: {meta.compact}", highlight=False)
+    if meta.stores:
+        stores = ", ".join(f"{k} ({v})" for k, v in meta.stores.items())
+        console.print(f"moments stored as: {stores}, decoded in the graph", highlight=False)
+    if mode in ("noise", "shared"):
+        console.print("noise: " + ("drawn in the graph (one input)" if meta.rng == "graph"
+                                   else "graph inputs the host fills (edgebnn.runtime.Session)"), highlight=False)
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")

@@ -34,6 +34,17 @@ class Builder:
         self.inputs: list[onnx.ValueInfoProto] = []
         self._names: set[str] = set()
         self.int4_used = False  # int4 DequantizeLinear needs opset 21
+        self.store_choice = "fp32"  # how posterior moments are stored (exporters.stores.STORE_CHOICES)
+        self.store_runtimes: tuple[str, ...] | None = None  # runtimes the stores' decodes must run on (None: any)
+        self.stored: dict[str, str] = {}  # decoded tensor -> the store that wrote it (the export metadata)
+        self.min_opset = 0  # the ai.onnx opset the emitted ops need (stores' decodes)
+        self.code_pool: Any = None  # the stores' pooled code streams (exporters.stores.base.CodePool)
+        # int4 layout: "blocks" (INT4_BLOCK inputs per scale, Gemm weights only: TensorRT's weight-only int4) or
+        # "channels" (onnxruntime / portable: every weight int4, one scale per output channel shared by the S
+        # members; member biases int8), with ``samples`` S
+        self.int4_layout = "blocks"
+        self.samples = 1
+        self.bias_format = "fp32"  # constant (member) biases: fp32, or int8 in the "channels" int4 layout
         self.adopt(inits)
 
     def adopt(self, inits: Iterable[onnx.TensorProto]) -> None:
@@ -73,8 +84,12 @@ class Builder:
         if dtype not in ("int8", "int4"):
             raise ValueError(dtype)
         value = np.asarray(value, np.float32)
+        if self.int4_layout == "channels" and self.form == "qdq" and dtype == "int8" and value.ndim > 1:
+            dtype = "int4"  # the layer kinds' int8 for int4 is TensorRT's rule (int4 on GEMMs only)
         exact = grid is not None and grid.bits <= (8 if dtype == "int8" else 4)
         step = grid.step if exact and grid else None
+        if self.int4_layout == "channels" and self.form == "qdq" and dtype == "int4":
+            return self.per_channel(name, value, step, 4)
         if dtype == "int4":
             q4, scale4 = int4_parts(value, step)
             if self.form != "qdq":
@@ -89,12 +104,50 @@ class Builder:
 
     def _int4(self, name: str, q: np.ndarray, scale: np.ndarray, block: int = INT4_BLOCK) -> str:
         """Block-wise int4 (opset 21 DequantizeLinear, weight-only) of :func:`int4_parts`' values."""
-        tensor = helper.make_tensor(name + ".q", TensorProto.INT4, q.shape, q.reshape(-1).tolist())
-        self._names.add(tensor.name)
-        self.inits.append(tensor)
         scale_name = self.const(name + ".scale", scale)
+        return self.add("DequantizeLinear", [self._int4_tensor(name + ".q", q), scale_name], name, axis=q.ndim - 2,
+                        block_size=block)
+
+    def _int4_tensor(self, name: str, q: np.ndarray) -> str:
+        """An INT4 initializer holding ``q`` (int values in [-8, 7]) as packed raw bytes: two per byte, the first in
+        the low nibble (ONNX's INT4 layout; ``make_tensor`` on a list would write one int32 varint per value)."""
+        from edgebnn.ir.encodings.packing import pack_int
+
+        tensor = helper.make_tensor(name, TensorProto.INT4, q.shape, pack_int(q.reshape(-1), 4).tobytes(), raw=True)
+        self._names.add(name)
+        self.inits.append(tensor)
         self.int4_used = True
-        return self.add("DequantizeLinear", [tensor.name, scale_name], name, axis=q.ndim - 2, block_size=block)
+        return name
+
+    def per_channel(self, name: str, value: np.ndarray, step: float | None, bits: int) -> str:
+        """int4 / int8 with one scale per output channel shared by the S members (per-axis DequantizeLinear).
+
+        Grouping (any grouping decodes exactly what was quantized; this one keeps the scales few): [S, in, out]
+        (batched Gemm) per output, axis 2; [S·O, ...] (batched Conv, wide Gemm, member biases) viewed as
+        [S, O, rest], per O; otherwise [O, rest], per row. Scale ``max|channel| / (2^(bits-1) - 1)``, or ``step``
+        on a grid that fits.
+        """
+        s = self.samples
+        if value.ndim == 3:
+            view, axis = value, 2
+        elif s > 1 and len(value) % s == 0:
+            view, axis = value.reshape(s, len(value) // s, -1), 1
+        else:
+            view, axis = value.reshape(len(value), -1), 0
+        top = (1 << (bits - 1)) - 1
+        moved = np.moveaxis(view, axis, 0).reshape(view.shape[axis], -1)
+        amax = np.abs(moved).max(axis=1)
+        scale = (np.full(len(amax), step) if step is not None else np.where(amax > 0, amax / top, 1.0)
+                 ).astype(np.float32)
+        shape = [1] * view.ndim
+        shape[axis] = -1
+        q = np.clip(np.rint(view / scale.reshape(shape)), -top, top).astype(np.int8)
+        codes = self._int4_tensor(name + ".q", q) if bits == 4 else self.const(name + ".q", q)
+        out = name if view.shape == value.shape else name + ".dq"
+        y = self.add("DequantizeLinear", [codes, self.const(name + ".scale", scale)], out, axis=axis)
+        if out == name:
+            return name
+        return self.add("Reshape", [y, self.i64(name + ".shape", *value.shape)], name)
 
     def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
         self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
@@ -143,7 +196,8 @@ class Builder:
         used = {x for node in self.nodes for x in node.input}  # skeleton parameters a rewrite replaced
         inits = [t for t in self.inits if t.name in used]
         graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, inits)
-        opsets = [helper.make_opsetid(o.domain, max(o.version, 21) if self.int4_used and o.domain in ("", "ai.onnx")
+        least = max(21 if self.int4_used else 0, self.min_opset)
+        opsets = [helper.make_opsetid(o.domain, max(o.version, least) if o.domain in ("", "ai.onnx")
                                       else o.version) for o in base.opset_import]
         if any(n.domain == CONTRIB for n in self.nodes) and all(o.domain != CONTRIB for o in opsets):
             opsets.append(helper.make_opsetid(CONTRIB, 1))  # MatMulNBits (the int4 integer form)

@@ -45,6 +45,8 @@ from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata, static_shapes
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
+from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
+from edgebnn.exporters.stores.float_ import FLOAT
 from edgebnn.ir import BNNModel
 
 SHAPE_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
@@ -65,13 +67,16 @@ def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:
 
 
 def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
-                    ) -> onnx.ModelProto:
+                    weights: str = "fp32", runtimes: tuple[str, ...] | None = None) -> onnx.ModelProto:
+    """The analytic graph; ``weights``: how the moments are stored (:data:`.stores.STORE_CHOICES`, decoded once in
+    the graph; the float store where a decode does not run on ``runtimes``)."""
     refuse_recurrent(model, "analytic")
     encoded = {w.name: w for w in model.encoded_weights()}
     base = model.float_model()
     shapes = static_shapes(base)
     fixed = {t.name: numpy_helper.to_array(t) for t in base.graph.initializer if t.name not in encoded}
     b = Builder([t for t in base.graph.initializer if t.name not in encoded])
+    b.store_choice, b.store_runtimes = weights, runtimes
     var: dict[str, str | None] = {model.manifest.input_name: None}  # data values -> variance value (None = 0)
 
     def where(node: onnx.NodeProto) -> str:
@@ -83,6 +88,15 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
         if name in fixed:
             return fixed[name], np.zeros_like(fixed[name])
         raise UnsupportedLayerError(f"{model.where}: weight {name!r} is not a constant; analytic mode needs one")
+
+    def stored(name: str, p: str) -> tuple[Operand, Operand]:
+        """The mean and variance operands of a weight: decoded by its store, or numpy (float store, fixed)."""
+        if name in encoded:
+            enc = encoded[name].encoding
+            if store_for(enc, weights, runtimes) is not FLOAT:
+                return decode(b, enc, "mean", p + "_mu"), decode(b, enc, "variance", p + "_s2")
+            b.stored[name] = FLOAT.op_type
+        return moments(name)
 
     pool_of = _relu_then_max_pool(base.graph)
     skip: set[str] = set()
@@ -100,7 +114,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
         op = node.op_type
         kind = layer_kind(node)
         if kind is not None:
-            _layer_moments(b, node, kind, var, moments, encoded, where(node), p)
+            _layer_moments(b, node, kind, var, moments, stored, encoded, where(node), p)
         elif op == "Relu":
             x, vx = node.input[0], var[node.input[0]]
             if vx is None:
@@ -186,63 +200,116 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
     std = b.add("Sqrt", [b.add("Max", [v, b.f32(P + "var_floor", VAR_FLOOR)], P + "v_floor")], P + "logit_std")
     # logits_q = m + s ⊙ z_q for every point q, as one MatMul: [m, s] [B, 2K] @ [[I ... I], [diag z_1 ... diag z_Q]]
     ms = b.add("Concat", [logits, std], P + "m_s", axis=-1)
-    lq = b.add("MatMul", [ms, b.f32(P + "quadrature", quadrature_matrix(samples, classes))], P + "logits_q")
+    quadrature = (b.f32(P + "quadrature", quadrature_matrix(samples, classes)) if weights == "fp32"
+                  else _quadrature_in_graph(b, samples, classes))
+    lq = b.add("MatMul", [ms, quadrature], P + "logits_q")
     b.predictive_head(lq, samples, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K] reshape
+    finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
-    set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0)
-    return out
+    set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0,
+                 **store_metadata(b))
+    return out if weights == "fp32" else compact_names(out)
+
+
+Operand = np.ndarray | str  # a constant not emitted yet (float store, fixed weights) or a decoded graph value
 
 
 def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[str, str | None],
-                   moments: Callable[[str], tuple[np.ndarray, np.ndarray]], encoded: Collection[str], where: str,
+                   moments: Callable[[str], tuple[np.ndarray, np.ndarray]],
+                   stored: Callable[[str, str], tuple[Operand, Operand]], encoded: Collection[str], where: str,
                    p: str) -> None:
-    """m' = op(m, mu) + b_mu,  v' = op(m², s²) + op(v, s² + mu²) + s_b² (writes the mean, records the variance)."""
+    """m' = op(m, mu) + b_mu,  v' = op(m², s²) + op(v, s² + mu²) + s_b² (writes the mean, records the variance).
+
+    ``moments`` gives the numpy moments (which terms exist), ``stored`` the operands the graph reads: the same
+    numpy arrays (float store: written as fp32 constants here), or the values a store decodes in the graph, in
+    which case the concatenations and ``s² + mu²`` are ops on those values (folded at session creation)."""
     x, out = node.input[0], node.output[0]
     if node.input[1] in var:
         raise UnsupportedLayerError(f"{where}: weights computed from the input are not supported")
     kind.attrs(node, where)
-    mu_w, s2_w = moments(node.input[1])
+    mu_np, s2_np = moments(node.input[1])
+    mu_w, s2_w = stored(node.input[1], p + "w")
     bias = bias_name(node)
-    mu_b, s2_b = moments(bias) if bias else (None, None)
+    s2_b_np = moments(bias)[1] if bias else None
+    mu_b, s2_b = stored(bias, p + "b") if bias else (None, None)
     vx = var[x]
-    has_b = s2_b is not None and s2_b.any()
-    if vx is None and s2_w.any() and node.op_type == "Conv" and _concatenable(node):
+    has_b = s2_b_np is not None and s2_b_np.any()
+
+    def const(v: Operand, name: str) -> str:
+        return b.f32(name, v) if isinstance(v, np.ndarray) else v
+
+    def cat(vs: list[Operand], axis: int, name: str) -> Operand:
+        if all(isinstance(v, np.ndarray) for v in vs):
+            return np.concatenate(vs, axis=axis)  # type: ignore[arg-type]
+        return b.add("Concat", [const(v, f"{name}_{i}") for i, v in enumerate(vs)], name, axis=axis)
+
+    def zeros(shape: tuple[int, ...], name: str, like: list[Operand]) -> Operand:
+        if all(isinstance(v, np.ndarray) for v in like):
+            return np.zeros(shape, np.float32)
+        return b.add("ConstantOfShape", [b.i64(name + "_shape", *shape)], name,
+                     value=onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0]))
+
+    if vx is None and s2_np.any() and node.op_type == "Conv" and _concatenable(node):
         # deterministic input: mean and variance as one Conv on [x, x²] with block weights [[mu, 0], [0, s²]]
         both = b.add("Concat", [x, b.add("Mul", [x, x], p + "m2")], p + "x_m2", axis=1)
-        c, zero_w, zero_b = len(mu_w), np.zeros_like(mu_w), np.zeros(len(mu_w))
-        w = np.concatenate([np.concatenate([mu_w, zero_w], 1), np.concatenate([zero_w, s2_w], 1)])
-        bias_mv = np.concatenate([zero_b if mu_b is None else mu_b, s2_b if has_b and s2_b is not None else zero_b])
-        mv = kind.plain(b, node, [both, b.f32(p + "w_block", w), b.f32(p + "b_block", bias_mv)], p + "m_v")
+        c = len(mu_np)
+        zero_w = zeros(mu_np.shape, p + "zero_w", [mu_w, s2_w])
+        w = cat([cat([mu_w, zero_w], 1, p + "w_top"), cat([zero_w, s2_w], 1, p + "w_bottom")], 0, p + "w_block")
+        zero_b = zeros((c,), p + "zero_b", [v for v in (mu_b, s2_b, mu_w) if v is not None])
+        mean_b = zero_b if mu_b is None else mu_b
+        bias_mv = cat([mean_b, s2_b if has_b and s2_b is not None else zero_b], 0, p + "b_block")
+        mv = kind.plain(b, node, [both, const(w, p + "w_block"), const(bias_mv, p + "b_block")], p + "m_v")
         axis1 = b.i64(p + "axis1", 1)  # two Slices, not a Split: the torch runner has no Split
         b.add("Slice", [mv, b.i64(p + "zero", 0), b.i64(p + "c", c), axis1], out)
         var[out] = b.add("Slice", [mv, p + "c", b.i64(p + "c2", 2 * c), axis1], p + "v")
         return
-    mean_in = [x, b.f32(p + "mu_w", mu_w) if node.input[1] in encoded else node.input[1]]
+    mean_in = [x, const(mu_w, p + "mu_w") if node.input[1] in encoded else node.input[1]]
     if bias:
-        mean_in.append(b.f32(p + "mu_b", mu_b) if bias in encoded and mu_b is not None else bias)
+        mean_in.append(const(mu_b, p + "mu_b") if bias in encoded and mu_b is not None else bias)
     kind.plain(b, node, mean_in, out)
-    operands = []  # (input, weight) pairs of the variance: op(m², s²) and op(v, s² + mu²)
-    if s2_w.any():
+    operands: list[tuple[str, Operand]] = []  # (input, weight) pairs of the variance: op(m², s²), op(v, s² + mu²)
+    if s2_np.any():
         operands.append((b.add("Mul", [x, x], p + "m2"), s2_w))
     if vx:
-        operands.append((vx, s2_w + mu_w.astype(np.float64) ** 2))
+        if isinstance(mu_w, np.ndarray) and isinstance(s2_w, np.ndarray):
+            operands.append((vx, s2_w + mu_w.astype(np.float64) ** 2))
+        else:
+            mu_v = const(mu_w, p + "mu_w")
+            operands.append((vx, b.add("Add", [const(s2_w, p + "s2_w"), b.add("Mul", [mu_v, mu_v], p + "mu2")],
+                                           p + "s2_mu2")))
     v: str | None = None
     if operands and _concatenable(node):
         # one op for both terms: inputs side by side on the reduction axis (channels / features), weights too
         axis = 0 if node.op_type == "Gemm" and not attrs_of(node).get("transB", 0) else 1
         both = (b.add("Concat", [operands[0][0], operands[1][0]], p + "m2_v", axis=1) if len(operands) == 2
                 else operands[0][0])
-        w2 = np.concatenate([wi for _, wi in operands], axis=axis)
-        bias_in = [b.f32(p + "s2_b", s2_b)] if has_b and s2_b is not None else []
-        v = kind.plain(b, node, [both, b.f32(p + "s2_w_s2_mu2", w2), *bias_in], p + "v")
+        w2 = cat([wi for _, wi in operands], axis, p + "s2_w_s2_mu2")
+        bias_in = [const(s2_b, p + "s2_b")] if has_b and s2_b is not None else []
+        v = kind.plain(b, node, [both, const(w2, p + "s2_w_s2_mu2"), *bias_in], p + "v")
         has_b = False
     else:
-        v = _sum(b, [kind.plain(b, node, [xi, b.f32(f"{p}w2_{i}", wi)], f"{p}v_{i}")
+        v = _sum(b, [kind.plain(b, node, [xi, const(wi, f"{p}w2_{i}")], f"{p}v_{i}")
                      for i, (xi, wi) in enumerate(operands)], p)
     if has_b and s2_b is not None:
-        s2b = b.f32(p + "s2_b", s2_b.reshape(kind.bias_shape(mu_w.shape)))
+        shape = kind.bias_shape(mu_np.shape)
+        s2b = (b.f32(p + "s2_b", s2_b.reshape(shape)) if isinstance(s2_b, np.ndarray)
+               else b.add("Reshape", [s2_b, b.i64(p + "s2_b_shape", *shape)], p + "s2_b"))
         v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")
     var[out] = v
+
+
+def _quadrature_in_graph(b: Builder, samples: int, classes: int) -> str:
+    """:func:`quadrature_matrix` built in the graph from its Q·K points (the matrix is 2Q·K² numbers, mostly the
+    identity's zeros): ``[Tile(I, Q); Reshape(Unsqueeze(I, 1) · Unsqueeze(zᵀ, 2))]``, the same float32 products,
+    folded at session creation like the stores' decodes."""
+    p = P + "quad/"
+    eye = b.f32(p + "eye", np.eye(classes, dtype=np.float32))
+    top = b.add("Tile", [eye, b.i64(p + "reps", 1, samples)], p + "top")
+    z_t = b.f32(p + "z_t", np.ascontiguousarray(quadrature_points(samples, classes).T))  # [K, Q]
+    diag = b.add("Mul", [b.add("Unsqueeze", [eye, b.i64(p + "ax1", 1)], p + "eye3"),
+                         b.add("Unsqueeze", [z_t, b.i64(p + "ax2", 2)], p + "z3")], p + "diag")  # [K, Q, K]
+    bottom = b.add("Reshape", [diag, b.i64(p + "shape", classes, samples * classes)], p + "bottom")
+    return b.add("Concat", [top, bottom], p + "matrix", axis=0)
 
 
 def _relu_then_max_pool(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:

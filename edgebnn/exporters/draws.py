@@ -6,7 +6,7 @@ encoding's ``sample`` does in numpy:
 
 ``GAUSSIAN`` encodings (the default emitter)::
 
-    W_s = mu + sigma ⊙ ε_s,   ε: [S, *shape]
+    W_s = mu + sigma ⊙ ε_s,   ε: [S, *shape]      (mu, sigma decoded once from the encoding's store, :mod:`.stores`)
 
 ``CodebookWeight`` with ``sampling="independent"`` (each weight reads its entry, then draws on its own)::
 
@@ -40,6 +40,8 @@ import numpy as np
 import onnx
 
 from edgebnn.exporters._graph import Builder
+from edgebnn.exporters.stores import decode
+from edgebnn.exporters.stores.base import unpack_codes
 from edgebnn.ir.encodings import (
     CodebookWeight,
     DenseGaussianWeight,
@@ -72,7 +74,7 @@ def draw_emitter(enc: Encoding) -> DrawEmitter | None:
 
 def gaussian_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """W_s = mu + sigma ⊙ ε_s; named ``<tag>mu``, ``<tag>sigma``, ... and ``W_s`` (``b_s`` for a bias)."""
-    mu, sigma = b.f32(p + tag + "mu", enc.mean()), b.f32(p + tag + "sigma", enc.stddev())
+    mu, sigma = decode(b, enc, "mean", p + tag + "mu"), decode(b, enc, "stddev", p + tag + "sigma")
     return b.add("Add", [mu, b.add("Mul", [sigma, eps[""]], p + tag + "scaled")], p + (tag + "s" if tag else "W_s"))
 
 
@@ -82,8 +84,12 @@ def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, st
     sample shared by its weights (2DGBNN)."""
     assert isinstance(enc, CodebookWeight)
     p += tag
-    idx = b.add("Cast", [b.const(p + "indices", enc.indices.astype(np.uint8 if enc.k <= 256 else np.uint16))],
-                p + "idx", to=onnx.TensorProto.INT64)
+    if b.store_choice == "ir" and enc.bits:  # the IR's packed B-bit indices, unpacked in the graph (int32)
+        idx = unpack_codes(b, enc.packed, enc.bits, enc.size, p + "idx")
+        b.stored[p + "idx"] = enc.op_type
+    else:
+        idx = b.add("Cast", [b.const(p + "indices", enc.indices.astype(np.uint8 if enc.k <= 256 else np.uint16))],
+                    p + "idx", to=onnx.TensorProto.INT64)
     if enc.sampling == "independent":
         return _independent_draw(b, enc, p, idx, eps[""])
     c = b.add("Add", [b.f32(p + "cb_mean", enc.codebook[:, 0]),

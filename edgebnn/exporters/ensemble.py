@@ -10,7 +10,8 @@ The exporters are strategies over two registries, so a new layer kind or encodin
 - layer kinds (:mod:`.layers`, by op type: Gemm, Conv of any rank) state how their op is emitted over the
   sample axis (one grouped Conv / batched MatMul for S weights) and plainly (on moments);
 - encodings (:mod:`edgebnn.ir.encodings`) state their mean, draws, ``moments()``, ``noise_needs()`` and the
-  integer grid their mean / draws lie on; :mod:`.draws` holds the in-graph draw of each (by op type).
+  integer grid their mean / draws lie on; :mod:`.draws` holds the in-graph draw of each (by op type), and
+  :mod:`.stores` how each encoding's codes are written into the graph and decoded there (by op type).
 
 The strategies (:mod:`.rewrite` copies the deterministic nodes, folds the samples and hands them each sampled
 layer):
@@ -39,20 +40,24 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgebnn._io import atomic_write_bytes
+from edgebnn.devices import DeviceProfile, export_device
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
+from edgebnn.exporters import MODES, RNG_CHOICES, STORE_CHOICES, WEIGHT_FORMATS, check_samples
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import draw_emitter, dropout_draw
 from edgebnn.exporters.families import check_family
 from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
+from edgebnn.exporters.stores import compact_names, finish_stores, store_metadata
+from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
-                noise: str = "auto", weights: str = "fp32", hoist: str | float = "off", form: str = "auto",
-                device: str | None = None, progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
+                noise: str = "auto", weights: str = "ir", hoist: str | float = "off", form: str = "auto",
+                device: str | None = None, progress: Callable[[int, int], None] | None = None,
+                rng: str = "host") -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -62,11 +67,14 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         seed: seed of the baked samples (baked mode, and the baked layers of ``noise="mixed"``).
         noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations), ``weight`` (per weight) or
             ``mixed`` (local on Gemm, baked members on Conv: :mod:`.noise`).
-        weights: ``fp32``, ``int8`` (baked mode: each member's weights, and each hoisted layer's mean, as int8 +
-            DequantizeLinear; weights on an encoding's integer grid of at most 8 bits are stored exactly) or
-            ``int4`` (Gemm weights block-wise int4 where TensorRT allows it — reduction axis blocked, even output
-            dim —, the rest int8; exact on grids of at most 4 bits; the graph moves to opset 21, which TensorRT
-            10.3 on Jetson does not parse: for RTX / newer TensorRT).
+        weights: ``ir`` (the default: noise/shared/analytic store μ and σ in the IR's own encoding, its packed codes
+            decoded in the graph once per call, :mod:`.stores`; baked stores its fp32 draws), ``fp32``, ``int8``
+            (noise/shared/analytic: μ per-channel int8 and σ an 8-bit log code, decoded in the graph; baked mode:
+            each member's weights, and each hoisted layer's mean, as int8 + DequantizeLinear; weights on an
+            encoding's integer grid of at most 8 bits are stored exactly) or ``int4`` (noise/shared/analytic: as
+            int8 at 4 bits; baked: int4 weights, per output channel in the portable form, block-wise where
+            TensorRT takes them — Gemm weights, reduction axis blocked, even output dim —; exact on grids of at
+            most 4 bits; the graph moves to opset 21, which TensorRT 10.3 on Jetson does not parse).
         hoist: ``off`` (default: every layer samples), ``auto`` (layers whose σ is below their quantization
             step run once, before the sample axis), or a σ threshold. Off by default because it trades
             epistemic signal for speed: on the digits CNN lowered with ``fixed``, ``auto`` hoisted 3 of 4 layers
@@ -79,32 +87,59 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         device: where the graph runs (:data:`.forms.DEVICE_FORMATS`: ``cpu``, ``arm64``, ``rtx``, ``jetson*``);
             refuses a weight format the device cannot run.
         progress: called as ``progress(done, total)`` while the graph is built (a progress bar).
+        rng: noise/shared: ``host`` (standard noise as graph inputs that ``Session`` fills: reproducible),
+            ``graph`` (seeded RandomNormal/RandomUniform(Like) inside: the data is the only input; refused for
+            devices without random ops, TensorRT), or ``auto`` (``graph`` where the device runs random ops).
     """
     check_samples(samples)
-    if weights not in WEIGHT_FORMATS:
-        raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(WEIGHT_FORMATS)}")
-    if weights != "fp32" and mode != "baked":
-        raise InvalidOptionError(f"--weights {weights}: quantized weights are exported in baked mode only")
-    choice = choose_form(device, weights, form)
+    if weights not in STORE_CHOICES:
+        raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(STORE_CHOICES)}")
+    profile = export_device(device) if device is not None else None
+    rng = _check_rng(rng, mode, profile)
     check_family(model, mode, samples, noise)
     if mode == "baked":
+        stores = weights if profile is None or profile.decodes else "fp32"  # hoisted means: the IR's codes
+        weights = "fp32" if weights == "ir" else weights  # the members are draws: fp32 unless asked otherwise
+        choice = choose_form(device, weights, form)
         _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist, choice, progress)
-    elif mode in ("noise", "shared"):
-        from edgebnn.exporters.noise import export_noise
-
-        out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist, seed=seed,
-                           progress=progress)
-    elif mode == "analytic":
-        from edgebnn.exporters.analytic import export_analytic
-        from edgebnn.exporters.glm import export_glm, uses_glm
-
-        # a last-layer posterior: the exact GLM logit variance and the probit link (glm.py)
-        out = (export_glm if uses_glm(model) else export_analytic)(model, samples, progress=progress)
+        out = _baked(model, samples, seed, weights, hoist, choice, progress, profile, stores)
     else:
-        raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
+        if weights in WEIGHT_FORMATS:
+            choose_form(device, weights, form)  # refuses a format the device does not run
+        runtimes = None if profile is None else (TRT,) if profile.on_tensorrt else (ORT,)
+        if mode in ("noise", "shared"):
+            from edgebnn.exporters.noise import export_noise
+
+            out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist,
+                               seed=seed, progress=progress, weights=weights, rng=rng, runtimes=runtimes)
+        elif mode == "analytic":
+            from edgebnn.exporters.analytic import export_analytic
+            from edgebnn.exporters.glm import export_glm, uses_glm
+
+            if uses_glm(model):  # a last-layer posterior: the exact GLM logit variance and the probit link (glm.py)
+                out = export_glm(model, samples, progress=progress)
+            else:
+                out = export_analytic(model, samples, progress=progress, weights=weights, runtimes=runtimes)
+        else:
+            raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
     return out
+
+
+def _check_rng(rng: str, mode: str, profile: DeviceProfile | None) -> str:
+    """``host`` or ``graph`` for a noise/shared export (``auto``: graph where the device runs random ops)."""
+    if rng not in RNG_CHOICES:
+        raise InvalidOptionError(f"--rng {rng}: choose one of {', '.join(RNG_CHOICES)}")
+    runs_random = profile is None or profile.random_ops
+    if rng == "auto":
+        return "graph" if runs_random and mode in ("noise", "shared") else "host"
+    if rng == "graph" and not runs_random:
+        assert profile is not None
+        raise InvalidOptionError(f"--rng graph: {profile.name} ({profile.runtime}) ignores random ops' seeds and DLA "
+                                 "does not run them; use --rng host (noise inputs the host fills)")
+    if rng == "graph" and mode not in ("noise", "shared"):
+        raise InvalidOptionError(f"--rng graph: only --mode noise and shared draw at run time (got --mode {mode})")
+    return rng
 
 
 MAX_GRAPH_BYTES = 2**31 - 2**26  # protobuf refuses messages of 2 GiB; keep room for the graph around them
@@ -127,16 +162,28 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
 
 
 def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | float, choice: FormChoice,
-           progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
+           progress: Callable[[int, int], None] | None = None, profile: DeviceProfile | None = None,
+           stores: str = "fp32") -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
     b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
+    b.store_choice = "ir" if stores == "ir" else "fp32"  # hoisted fp32 means (--hoist): the IR's own codes
+    if weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt:
+        # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
+        b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"
     rewrite = baked_layers(model, samples, seed, weights)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress)
+    finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
+    if b.int4_layout == "channels" and choice.form == "qdq":
+        out = compact_names(out)  # the compact storage form: short value names (the graph is what is left)
+    compact = None
+    if weights != "fp32" and choice.form in ("folded", "integer"):
+        compact = (f"--form qdq: the {weights} weights stored as {weights} ({choice.form} keeps "
+                   f"{'some' if choice.form == 'integer' else 'all'} of them as fp32 constants, for speed)")
     set_metadata(out, model, mode="baked", samples=samples, seed=seed, weights=weights, layers=layers,
-                 form=choice.form, form_reason=choice.reason,
+                 form=choice.form, form_reason=choice.reason, compact=compact, **store_metadata(b),
                  **({"integer_min_bytes": choice.integer_min_bytes} if choice.form == "integer" else {}))
     return out
 

@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edgebnn.devices import export_device, export_device_names
 from edgebnn.errors import InvalidOptionError
 
 FORMS = ("auto", "qdq", "folded", "integer")
@@ -52,16 +53,10 @@ class FormChoice:
     reason: str
     integer_min_bytes: int = 0
 
-# device -> (runtime, weight formats it runs). onnxruntime CPU runs every format (int4 through folding);
-# TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear.
+# device -> (runtime, weight formats it runs): a view of the one device table, edgebnn.devices (its
+# ``runtime`` and ``weight_formats``: TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear)
 DEVICE_FORMATS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "cpu": ("onnxruntime CPU", ("fp32", "int8", "int4")),
-    "arm64": ("onnxruntime CPU", ("fp32", "int8", "int4")),
-    "rtx": ("TensorRT", ("fp32", "int8", "int4")),
-    "jetson": ("TensorRT 10.3", ("fp32", "int8")),
-    "jetson-orin-nano": ("TensorRT 10.3", ("fp32", "int8")),
-    "jetson-orin-nx": ("TensorRT 10.3", ("fp32", "int8")),
-    "jetson-agx-orin": ("TensorRT 10.3", ("fp32", "int8")),
+    name: (export_device(name).runtime, export_device(name).weight_formats) for name in export_device_names()
 }
 
 _REASONS = {

@@ -156,6 +156,13 @@ def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | 
     return b.weight(name, v, dtype, grid) if isinstance(v, np.ndarray) else v
 
 
+def _bias(b: Builder, v: Operand, name: str) -> str:
+    """A member bias: a constant in the builder's ``bias_format`` (fp32; int8 in the "channels" int4 layout)."""
+    if not isinstance(v, np.ndarray) or b.bias_format == "fp32":
+        return _const(b, v, name)
+    return b.per_channel(name, np.asarray(v, np.float32), None, 8)
+
+
 def integer_kernel(b: Builder, v: Operand, dtype: str) -> bool:
     """Whether this weight runs in an integer kernel: an int8 / int4 constant in the ``integer`` form, larger (as
     fp32) than the builder's ``integer_min_bytes``."""
@@ -243,7 +250,7 @@ class Gemm(LayerKind):
         else:
             y = b.add("MatMul", [xt, _const(b, w, p + "W", fmt, grid)], p + "xw")
         if bias is not None:
-            y = b.add("Add", [y, _const(b, unsqueeze(b, bias, 1, p + "axis1", p + "b3"), p + "b")], p + "y")
+            y = b.add("Add", [y, _bias(b, unsqueeze(b, bias, 1, p + "axis1", p + "b3"), p + "b")], p + "y")
         y = b.add("Transpose", [y], p + "y_t", perm=[1, 0, 2])  # [B, S, out]
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
 
@@ -271,7 +278,7 @@ class Gemm(LayerKind):
               attrs: dict[str, Any], w: Operand, bias: Operand | None, fmt: str, grid: Grid | None) -> None:
         """[B, in] -> [B, S·out] in one Gemm with the members side by side (W_s as [S·out, in]; int4: a MatMul
         on [in, S·out], its blocks along the reduction axis)."""
-        b_wide = None if bias is None else _const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b_wide"), p + "b")
+        b_wide = None if bias is None else _bias(b, reshape(b, bias, (-1,), p + "b_shape", p + "b_wide"), p + "b")
         if fmt == "int4":
             if attrs.get("transB", 0):
                 w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
@@ -341,7 +348,7 @@ class Conv(LayerKind):
         w = reshape(b, w, (samples * wshape[0], *wshape[1:]), p + "w_shape", p + "W")  # ConvTranspose: [S·C, O/g, ..]
         # no ConvInteger in the integer form: onnxruntime 1.32's ConvInteger ran LeNet-5's grouped conv 4.6x slower
         # than the fp32 Conv (docs/speed.md); the builder folds the int8 weight to fp32 there
-        b_flat = None if bias is None else _const(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b")
+        b_flat = None if bias is None else _bias(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b")
         y = b.add(self.op_type, [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid),
                            *([b_flat] if b_flat else [])], p + "y", group=group, **attrs)
         _wide_out(b, p, y, [o, *out_spatial], node.output[0])
@@ -356,7 +363,7 @@ class Conv(LayerKind):
         folded = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
         b.nodes.append(onnx.helper.make_node("Split", [folded, b.i64(p + "split", *[c] * samples)], xs, axis=1))
         ys = [b.add(self.op_type, [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid),
-                             *([_const(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
+                             *([_bias(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
                     f"{p}y{s}", group=group, **attrs) for s in range(samples)]
         _wide_out(b, p, b.add("Concat", ys, p + "y", axis=1), [o, *out_spatial], out)
 
@@ -483,7 +490,7 @@ class BatchNormalization(LayerKind):
         y = b.add("Mul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)], p + "xw")
         if bias is not None:
             bias = reshape(b, bias, (samples, c, *ones), p + "b_shape", p + "b")
-            y = b.add("Add", [y, _const(b, bias, p + "b")], p + "y")
+            y = b.add("Add", [y, _bias(b, bias, p + "b")], p + "y")
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, c, *spatial)], node.output[0])
 
 

@@ -11,6 +11,10 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     edgebnn_version, mode, samples, seed (None unless baked), scheme, source_library, input_name,
     input_shape ([batch, ...]), num_classes, outputs (graph outputs the predictive is read from)
     weights         baked: fp32 | int8 | int4
+    stores          noise/shared/analytic with compact moments: {store: tensors it decodes in the graph}
+                    (:mod:`edgebnn.exporters.stores`: an encoding's op type, int8, int4 or float)
+    rng             noise/shared: host (noise graph inputs) | graph (seeded random ops inside the graph)
+    compact         baked with folded weights: the compact alternative (the export command's options)
     layers          baked/noise: {"sampled": [layer], "hoisted": [layer]}
     noise           noise/shared: the noise variant
     noise_inputs    noise/shared: [{"name", "shape" ([-1 | S, dims...]), "per" (row | sample), "dist"}]
@@ -70,6 +74,9 @@ class ExportMetadata:
     quadrature_seed: int | None = None
     precision: str | None = None
     calibration: Mapping[str, Any] | None = None
+    stores: Mapping[str, int] | None = None
+    rng: str | None = None
+    compact: str | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -264,6 +271,9 @@ _CHECKS: dict[str, Any] = {
     "quadrature_seed": lambda v: _is_int(v) and v >= 0,
     "precision": _is_text,
     "calibration": lambda v: isinstance(v, dict) and _is_text(v.get("method")),
+    "stores": lambda v: isinstance(v, dict) and all(_is_text(k) and _is_int(x) and x > 0 for k, x in v.items()),
+    "rng": lambda v: v in ("host", "graph"),
+    "compact": _is_text,
 }
 _DESCRIBE = {
     "samples": "a positive integer", "seed": "null or a non-negative integer",
@@ -272,7 +282,7 @@ _DESCRIBE = {
     "noise_inputs": 'a list of {"name", "shape", "per": row|sample, "dist": normal|uniform} objects',
     "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer",
     "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
-    "calibration": "an object with a method",
+    "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 

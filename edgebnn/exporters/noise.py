@@ -1,7 +1,14 @@
-"""``noise`` mode: the graph takes standard-normal noise as inputs; the host fills them (cheap, seedable).
+"""``noise`` mode: the graph draws with standard-normal noise: inputs the host fills (cheap, seedable), or random
+ops inside the graph.
 
-No random ops in the graph (TensorRT ignores their seeds, DLA cannot run them, and onnxruntime's
-RandomNormal dominated a 16-sample LeNet's time, docs/design.md). Variants:
+``rng="host"`` (the library default, and TensorRT's): no random ops in the graph (TensorRT ignores their seeds,
+DLA cannot run them, and onnxruntime's RandomNormal dominated a 16-sample LeNet's time, docs/design.md);
+:class:`edgebnn.runtime.Session` fills the noise inputs. ``rng="graph"``: each noise input becomes a seeded
+``RandomNormal`` / ``RandomUniform`` ([S, *dims], per sample) or ``RandomNormalLike`` (per row: shaped like the
+layer's mean pre-activation, [B·S, *dims]), so the data is the graph's only input; every call draws afresh.
+
+μ and σ (and a codebook's indices) are written by the stores of the ``weights`` choice (:mod:`.stores`: the IR's
+own packed codes by default) and decoded once per call, shared by the S samples. Variants:
 
 ``local`` (local reparameterization, Kingma et al. 2015): a Gaussian layer's pre-activation given its input
 is Gaussian, so each of the B·S rows draws it directly::
@@ -52,26 +59,47 @@ from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.draws import draw_emitter
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
+from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import DropoutMask, Encoding
 
 ROWS = "batch_x_samples"
+RNGS = ("host", "graph")  # where a noise graph's standard noise is drawn
 
 
 def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
-                 seed: int = 0, progress: Callable[[int, int], None] | None = None) -> onnx.ModelProto:
-    """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``)."""
+                 seed: int = 0, progress: Callable[[int, int], None] | None = None, weights: str = "fp32",
+                 rng: str = "host", runtimes: tuple[str, ...] | None = None) -> onnx.ModelProto:
+    """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``; with ``rng="graph"`` also the
+    first seed of the in-graph random ops).
+
+    ``weights``: how μ and σ are stored (:data:`.stores.STORE_CHOICES`; decoded once per call, shared by the S
+    samples); ``runtimes``: where the decodes must run (the float store elsewhere). ``rng``: ``host`` (noise
+    graph inputs) or ``graph`` (drawn inside, one graph input: the data)."""
     if variant not in NOISE_VARIANTS:
         raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(NOISE_VARIANTS)}")
     encoded = {w.name: w for w in model.encoded_weights()}
     if variant != "mixed":  # mixed bakes whatever it does not run locally
         _check_drawable(model, list(encoded.values()), variant)
+    if rng not in RNGS:
+        raise InvalidOptionError(f"--rng {rng}: choose {' or '.join(RNGS)}")
     records: list[dict] = []
     b = Builder()
+    b.store_choice, b.store_runtimes = weights, runtimes
 
-    def noise_input(name: str, dims: list[int], per: str, dist: str = "normal") -> str:
+    def noise_input(name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
+        """Standard noise: a graph input the host fills, or (``rng="graph"``) a seeded random op, shaped
+        [S, *dims] per sample, or like ``like`` ([B·S, *dims]) per row."""
         if any(r["name"] == name for r in records):  # a shared input (NoiseNeed.shared): made once
-            return name
+            return P + name if rng == "graph" else name
+        if rng == "graph":
+            op = {"normal": "RandomNormal", "uniform": "RandomUniform"}[dist]
+            attrs = {"seed": float(seed + len(records)), "dtype": onnx.TensorProto.FLOAT}
+            records.append({"name": name})
+            if per == "row":
+                assert like is not None
+                return b.add(op + "Like", [like], P + name, **attrs)
+            return b.add(op, [], P + name, shape=[samples, *dims], **attrs)
         records.append({"name": name, "shape": [-1 if per == "row" else samples, *dims], "per": per, "dist": dist})
         return b.input(name, [ROWS if per == "row" else samples, *dims])
 
@@ -89,19 +117,17 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         p = f"{P}{w.name}/"
         bias = bias_name(node)
         bias_w = encoded.get(bias) if bias else None
-        mu_w, var_w = w.encoding.moments()
         x = node.input[0]
-        mean_in = [x, b.f32(p + "mu", mu_w)]
-        var_in = [b.add("Mul", [x, x], p + "x2"), b.f32(p + "sigma2", var_w)]
+        mean_in = [x, decode(b, w.encoding, "mean", p + "mu")]
+        var_in = [b.add("Mul", [x, x], p + "x2"), decode(b, w.encoding, "variance", p + "sigma2")]
         if bias_w is not None:
-            mu_b, var_b = bias_w.encoding.moments()
-            mean_in.append(b.f32(p + "b_mu", mu_b))
-            var_in.append(b.f32(p + "b_sigma2", var_b))
+            mean_in.append(decode(b, bias_w.encoding, "mean", p + "b_mu"))
+            var_in.append(decode(b, bias_w.encoding, "variance", p + "b_sigma2"))
         elif bias:
             mean_in.append(bias)
         dims = kind.out_dims(node, w.encoding.shape, shapes, f"layer {w.layer!r}")
         mean, var = kind.plain(b, node, mean_in, p + "mean"), kind.plain(b, node, var_in, p + "var")
-        eps = noise_input(f"noise/{w.name}", dims, "row")
+        eps = noise_input(f"noise/{w.name}", dims, "row", like=mean)
         std = b.add("Sqrt", [var], p + "std")
         b.add("Add", [mean, b.add("Mul", [std, eps], p + "scaled")], node.output[0])
 
@@ -147,10 +173,14 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights,
                                           progress=progress)
     mode = "shared" if variant == "shared" else "noise"
+    finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
-    set_metadata(out, model, mode=mode, samples=samples, seed=seed if variant == "mixed" else None, noise=variant,
-                 noise_inputs=records, layers=layers)
-    return out
+    in_graph = rng == "graph"
+    set_metadata(out, model, mode=mode, samples=samples,
+                 seed=seed if variant == "mixed" or in_graph else None, noise=variant,
+                 noise_inputs=[] if in_graph else records, layers=layers, rng=rng if in_graph else None,
+                 **store_metadata(b))
+    return out if weights == "fp32" else compact_names(out)
 
 
 def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str) -> None:

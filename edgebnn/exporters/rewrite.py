@@ -17,6 +17,7 @@ from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
 from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind, sink_wide_outputs
 from edgebnn.exporters.recurrent import MOVES_BATCH, batch_axes, fold_on_axis
+from edgebnn.exporters.stores import decode
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import draw_weight
 
@@ -206,11 +207,15 @@ def _fold_point(nodes: list[onnx.NodeProto], in_name: str, sampled_at: set[int])
 
 
 def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, weights: str) -> None:
-    """A quiet weight's mean as a constant: a layer's weight takes ``weights`` (its kind's rule), a bias fp32."""
+    """A quiet weight's mean as a constant: a layer's weight takes ``weights`` (its kind's rule), a bias fp32; fp32
+    means (biases included) are written by the builder's store (the IR's codes by default, decoded in the graph)."""
     user = next((n for n in nodes if len(n.input) > 1 and n.input[1] == w.name), None)
     kind = layer_kind(user) if user is not None else None
     if user is None or kind is None:
-        b.f32(w.name, w.encoding.mean())
+        if b.store_choice != "fp32":
+            decode(b, w.encoding, "mean", w.name)
+        else:
+            b.f32(w.name, w.encoding.mean())
         return
     fmt = kind.weight_format(user, w.encoding.shape, weights, False)
     if kind.has_integer_plain and integer_kernel(b, w.encoding.mean(), fmt):
@@ -220,6 +225,9 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
         at = nodes.index(user)
         nodes[at:at + 1] = b.nodes[first:]
         del b.nodes[first:]
+        return
+    if fmt == "fp32" and b.store_choice != "fp32":  # the IR's codes, decoded in the graph (exporters.stores)
+        decode(b, w.encoding, "mean", w.name)
         return
     b.weight(w.name, w.encoding.mean(), fmt, w.encoding.mean_grid())
 

@@ -180,6 +180,50 @@ def _cast(t: Any, a: dict[str, Any], where: str, x: Any) -> Any:
     return x.to(dtype)
 
 
+def _div(t: Any, a: dict[str, Any], where: str, x: Any, y: Any) -> Any:
+    """ONNX Div: integer operands divide with truncation (torch's ``/`` would give floats)."""
+    y = y.to(x.device) if y.device != x.device else y
+    if x.is_floating_point() or y.is_floating_point():
+        return t.div(x, y)
+    return t.div(x, y, rounding_mode="trunc")
+
+
+def _mod(t: Any, a: dict[str, Any], where: str, x: Any, y: Any) -> Any:
+    """ONNX Mod: the divisor's sign (``fmod=0``, Python's %) or the dividend's (``fmod=1``)."""
+    y = y.to(x.device) if y.device != x.device else y
+    return t.fmod(x, y) if a.get("fmod", 0) else t.remainder(x, y)
+
+
+def _range(t: Any, a: dict[str, Any], where: str, start: Any, limit: Any, delta: Any) -> Any:
+    return t.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype)
+
+
+def _split(t: Any, a: dict[str, Any], where: str, x: Any, split: Any = None) -> Any:
+    axis = a.get("axis", 0)
+    sizes = _ints(split) if split is not None else list(a["split"]) if "split" in a else None
+    parts = t.chunk(x, a["_outputs"], dim=axis) if sizes is None else t.split(x, sizes, dim=axis)
+    return parts if a["_outputs"] > 1 else parts[0]
+
+
+def _scatter_elements(t: Any, a: dict[str, Any], where: str, x: Any, idx: Any, updates: Any) -> Any:
+    if a.get("reduction", b"none") not in (b"none", "none"):
+        raise UnsupportedLayerError(f"{where}: ScatterElements with a reduction is not supported by the torch runner")
+    return x.scatter(a.get("axis", 0), idx.long().to(x.device), updates.to(x.device))
+
+
+def _constant_of_shape(t: Any, a: dict[str, Any], where: str, shape: Any) -> Any:
+    value = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
+    out = t.full(_ints(shape), value.reshape(-1)[0].item(), dtype=t.from_numpy(value).dtype)
+    return out.to(a["_device"]) if out.is_floating_point() else out
+
+
+def _random_uniform(t: Any, a: dict[str, Any], where: str, like: Any = None) -> Any:
+    shape = list(like.shape) if like is not None else list(a["shape"])
+    device = like.device if like is not None else a["_device"]
+    low, high = a.get("low", 0.0), a.get("high", 1.0)
+    return t.rand(shape, device=device) * (high - low) + low
+
+
 def _binary(fn: str) -> Callable[..., Any]:
     return lambda t, a, where, x, y: getattr(t, fn)(x, y.to(x.device) if y.device != x.device else y)
 
@@ -196,7 +240,7 @@ def _variadic(fn: str) -> Callable[..., Any]:
 
 TORCH_OPS: dict[str, Callable[..., Any]] = {
     # elementwise                                          # y = f(x) as in the ONNX operator spec
-    "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _binary("div"),
+    "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _div, "Mod": _mod,
     "Pow": _binary("pow"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
     "Sum": _variadic("add"),
     "Neg": lambda t, a, w, x: -x, "Abs": lambda t, a, w, x: x.abs(), "Exp": lambda t, a, w, x: x.exp(),
@@ -222,6 +266,10 @@ TORCH_OPS: dict[str, Callable[..., Any]] = {
     "Transpose": lambda t, a, w, x: x.permute(a["perm"]) if "perm" in a else x.permute(*reversed(range(x.dim()))),
     # sampling: a fresh draw on every call, on the device of the graph
     "RandomNormal": _random_normal, "RandomNormalLike": _random_normal,
+    "RandomUniform": _random_uniform, "RandomUniformLike": _random_uniform,
+    # the stores' decode of packed codes (edgebnn.exporters.stores) and the analytic quadrature
+    "Range": _range, "Split": _split, "ScatterElements": _scatter_elements, "ConstantOfShape": _constant_of_shape,
+    "Tile": lambda t, a, w, x, reps: x.repeat(_ints(reps)),
 }
 """ONNX op -> ``fn(torch, attrs, where, *inputs)``; the torch runner's whole instruction set."""
 

@@ -133,9 +133,14 @@ def test_int8_weights_follow_tensorrt_rules_and_stay_within_a_rounding_step(cnn_
     assert w8 * 4 == w32  # the sampled weights take a quarter of the bytes
 
 
-def test_int8_needs_baked(cnn_ir):
-    with pytest.raises(InvalidOptionError, match="baked mode only"):
-        export_onnx(cnn_ir, 4, mode="noise", weights="int8")
+def test_int8_moments_export_in_noise_and_analytic_too(cnn_ir):
+    """No longer baked-only: μ and σ are stored as int8 codes and decoded in the graph (tests/unit/stores/)."""
+    from edgebnn.exporters.metadata import read_metadata
+
+    big = sum(w.encoding.size >= 16 for w in cnn_ir.encoded_weights())  # fewer numbers stay fp32 (stores.SMALL)
+    for mode in ("noise", "analytic"):
+        proto = export_onnx(cnn_ir, 4, mode=mode, weights="int8")
+        assert read_metadata(proto, "x.onnx").stores["int8"] == 2 * big  # μ and σ of every weight
 
 
 def _quiet_conv(model):
