@@ -342,15 +342,18 @@ def _flow(graph: onnx.GraphProto, tensors: dict[str, tuple[TensorProto, int]], c
     """(values decoded from codes by decode ops, values an integer op computed on codes), in graph order."""
     decoded = {name for name, c in classes.items() if c == "codes"}
     products: set[str] = set()
+    constant = set(tensors)  # values computed from constants alone (the index arithmetic of a bit unpack)
     for n in graph.node:
         ins = [x for x in n.input if x]
+        if n.op_type not in ("RandomNormal", "RandomUniform") and all(x in constant for x in ins):
+            constant.update(n.output)
         computes_on_codes = n.op_type in INTEGER_PRODUCT_OPS and any(x in decoded for x in ins)
         scales_a_product = n.op_type in ("Cast", "Mul", "Div", "Reshape") and any(x in products for x in ins) and all(
             x in products or x in tensors for x in ins)
         if computes_on_codes or scales_a_product:
             products.update(n.output)
         elif n.op_type in DECODE_OPS and any(x in decoded for x in ins) and all(
-                x in decoded or x in tensors for x in ins):
+                x in decoded or x in constant for x in ins):
             decoded.update(n.output)
     return decoded, products
 

@@ -19,6 +19,7 @@ from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters.ensemble import export_onnx, save_onnx
 from edgebnn.exporters.metadata import read_metadata
 from edgebnn.exporters.sizes import CATEGORIES, classify, deployed_bytes
+from edgebnn.ir.encodings.packing import bits_for
 from edgebnn.passes import float_bnn_bytes, lower
 
 S = 4
@@ -118,8 +119,9 @@ def test_shared_codebook_indices_are_codes_and_the_codebook_a_table():
     indices = [n for n, c in classes.items() if c == "codes" and dtypes[n] == onnx.TensorProto.UINT8]
     assert indices, classes
     codebook = next(w for w in model.encoded_weights() if w.encoding.op_type == "CodebookWeight")
-    # One uint8 index per inlier weight: the codes hold at least that many bytes.
-    assert size.codes >= codebook.encoding.size - 64 and size.tables > 0
+    # One index per inlier weight, packed at ceil(log2 K) bits (the codebook store): the codes hold at least that.
+    enc = codebook.encoding
+    assert size.codes >= enc.indices.size * bits_for(enc.k) // 8 and size.tables > 0
     assert sum(size.breakdown.values()) == size.file_bytes
 
 
