@@ -26,9 +26,9 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
 
 The head turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte Carlo quadrature
-(S scrambled-Sobol standard-normal points moment-matched to mean 0 and covariance I, baked as constants): logits_q = m + √v ⊙ z_q (one MatMul of
-[m, √v] by :func:`quadrature_matrix`), then the same head as the sampling modes, so ``mutual_info`` is the
-logit-level epistemic spread. No random ops.
+(S scrambled-Sobol standard-normal points moment-matched to mean 0 and covariance I, baked as constants):
+logits_q = m + √v ⊙ z_q (one MatMul of [m, √v] by :func:`quadrature_matrix`), then the same head as the
+sampling modes, so ``mutual_info`` is the logit-level epistemic spread. No random ops.
 """
 
 from __future__ import annotations
