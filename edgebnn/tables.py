@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -219,32 +220,61 @@ def print_deployed(console: Console, deployed: dict[str, Any], *, title: str = "
     console.print(f"graph inputs: {inputs}", highlight=False, markup=False)
 
 
+def _artifact_table(console: Console, title: str, columns: tuple[str, ...], names: list[str],
+                    rows: list[list[str]]) -> tuple[Table, _Footnotes]:
+    """A table whose first column names the artifacts, each on one line.
+
+    A name never wraps (a file name split over two lines cannot be copied): when the names do not fit the
+    console's width beside the other columns, the cells show ``[n]`` and the names follow the table as footnotes.
+    Headers wrap at spaces when the table would not fit otherwise; cells never do.
+    """
+    notes = _Footnotes()
+    keyed = False
+    for keyed in (False, True):
+        first = [notes.ref(n) for n in names] if keyed else [escape(n) for n in names]
+        cells = [first, *zip(*rows, strict=True)]
+        # every cell on one line, headers whole (natural) or wrapped at spaces (narrowest); 3 per column for the
+        # padding and the rule, 1 for the closing border
+        natural = [max(cell_len(col), *map(cell_len, c)) for col, c in zip(columns, cells, strict=True)]
+        narrowest = [max(*map(cell_len, col.split()), *map(cell_len, c)) for col, c in zip(columns, cells,
+                                                                                              strict=True)]
+        frame = 3 * len(columns) + 1
+        if sum(narrowest) + frame <= console.width:
+            break
+    fixed = sum(natural) + frame > console.width and sum(narrowest) + frame <= console.width
+    table = Table(title=title, title_justify="left")
+    for col, width in zip(columns, narrowest, strict=True):
+        table.add_column(col, justify="left" if col in ("artifact", "runtime") else "right", no_wrap=col == columns[0],
+                         width=width if fixed else None)
+    for row in zip(first, *zip(*rows, strict=True), strict=True):
+        table.add_row(*row)
+    return table, notes
+
+
 def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
     """Accuracy/NLL/ECE/Brier rows (one per artifact), and the OOD detection metrics when present."""
     first = reports[0]
     title = f"{first['data']}/{first['split']}" if first.get("split") else str(first["data"])
-    table = Table(title=f"{title} (n={first['n']})", title_justify="left")
-    for col in ("artifact", "runtime", "accuracy", "nll", "ece", "brier", "S"):
-        table.add_column(col, justify="left" if col in ("artifact", "runtime") else "right",
-                         overflow="fold" if col == "artifact" else "ellipsis")
-    for r in reports:
-        metrics = [f"{r[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")]
-        table.add_row(Path(r["artifact"]).name, r["runtime"], *metrics, str(r["samples"]))
+    names = [Path(r["artifact"]).name for r in reports]
+    rows = [[r["runtime"], *(f"{r[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")), str(r["samples"])]
+            for r in reports]
+    table, notes = _artifact_table(console, f"{title} (n={first['n']})",
+                                   ("artifact", "runtime", "accuracy", "nll", "ece", "brier", "S"), names, rows)
     console.print(table)
+    notes.print(console)
     oods = [r for r in reports if r.get("ood")]
     if not oods:
         return
     ood = oods[0]["ood"]
-    table = Table(title=f"OOD: {ood['data']} (n={ood['n']}) vs {title}", title_justify="left")
-    for col in ("artifact", "AUROC MI", "AUROC entropy", "AUPR MI", "FPR@95TPR", "MI in", "MI OOD"):
-        table.add_column(col, justify="left" if col == "artifact" else "right",
-                         overflow="fold" if col == "artifact" else "ellipsis")
-    for r in oods:
-        o = r["ood"]
-        table.add_row(Path(r["artifact"]).name, *(f"{o[k]:.4f}" for k in (
-            "auroc_mutual_info", "auroc_entropy", "aupr_mutual_info", "fpr_at_95_tpr", "mean_mutual_info_in",
-            "mean_mutual_info_ood")))
+    rows = [[f"{r['ood'][k]:.4f}" for k in ("auroc_mutual_info", "auroc_entropy", "aupr_mutual_info",
+                                             "fpr_at_95_tpr", "mean_mutual_info_in", "mean_mutual_info_ood")]
+            for r in oods]
+    table, notes = _artifact_table(
+        console, f"OOD: {ood['data']} (n={ood['n']}) vs {title}",
+        ("artifact", "AUROC MI", "AUROC entropy", "AUPR MI", "FPR@95TPR", "MI in", "MI OOD"),
+        [Path(r["artifact"]).name for r in oods], rows)
     console.print(table)
+    notes.print(console)
 
 
 _EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True))

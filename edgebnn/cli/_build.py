@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 @main.command()
 @click.option("--model", "model_spec", required=True, metavar="PKG.MOD:FACTORY",
-              help="Factory that builds the (untrained) torch model, e.g. edgebnn.models:digits_cnn.")
+              help="Factory that builds the (untrained) torch model, e.g. edgebnn.models:digits_cnn "
+                   "(modules in the working directory are found, as with python -m).")
 @click.option("--weights", type=click.Path(dir_okay=False), required=True,
               help="Trained weights: .safetensors, or .pt/.pth state_dict (loaded with weights_only=True).")
 @click.option("--input-shape", required=True, metavar="B,C,H,W", help="Input shape with batch, e.g. 1,1,8,8.")

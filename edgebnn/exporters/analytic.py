@@ -26,9 +26,9 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
 
 The head turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte Carlo quadrature
-(S scrambled-Sobol standard-normal points, baked as constants): logits_q = m + √v ⊙ z_q (one MatMul of
-[m, √v] by :func:`quadrature_matrix`), then the same head as the sampling modes, so ``mutual_info`` is the
-logit-level epistemic spread. No random ops.
+(S scrambled-Sobol standard-normal points moment-matched to mean 0 and covariance I, baked as constants):
+logits_q = m + √v ⊙ z_q (one MatMul of [m, √v] by :func:`quadrature_matrix`), then the same head as the
+sampling modes, so ``mutual_info`` is the logit-level epistemic spread. No random ops.
 """
 
 from __future__ import annotations
@@ -54,9 +54,27 @@ VAR_FLOOR = 1e-12  # keeps √v finite where a unit has no variance
 
 
 def quadrature_points(samples: int, classes: int, seed: int = 0) -> np.ndarray:
-    """[samples, classes] standard-normal points from a scrambled Sobol sequence (fixed for a seed)."""
+    """[samples, classes] standard-normal points: a scrambled Sobol sequence (fixed for a seed), moment-matched.
+
+    The points are centred and whitened so that their mean is exactly 0 and their second moment exactly the
+    identity (ZCA: Z ← (Z − z̄) C^(-1/2), C = (Z − z̄)ᵀ(Z − z̄)/Q, the symmetric whitening that moves the points
+    least; with Q ≤ K points C is singular, so each column is scaled to unit second moment instead). The
+    mutual information is a small difference of two entropies whose leading term is quadratic in the logit
+    deviations, ½ Σ_k v_k p_k(1 − p_k): matched points integrate that term exactly, so only the higher-order
+    terms carry quadrature error. Raw Sobol points at Q = 16 misstated the MI of a digits CNN by 11% (median
+    over inputs), which cost up to 0.016 MI-AUROC against Q = 1024; matched, 7% and at most 0.008
+    (docs/uncertainty.md, "analytic mode").
+    """
     u = qmc.Sobol(d=classes, scramble=True, seed=seed).random(samples)
-    return norm.ppf(np.clip(u, 1e-6, 1 - 1e-6)).astype(np.float32)
+    z = norm.ppf(np.clip(u, 1e-6, 1 - 1e-6))
+    if samples < 2:
+        return z.astype(np.float32)
+    z = z - z.mean(axis=0)
+    if samples > classes:
+        w, u_ = np.linalg.eigh(z.T @ z / samples)
+        if w.min() > 1e-9 * w.max():
+            return (z @ (u_ / np.sqrt(w)) @ u_.T).astype(np.float32)
+    return (z / np.sqrt(np.maximum((z * z).mean(axis=0), 1e-12))).astype(np.float32)
 
 
 def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:

@@ -76,6 +76,7 @@ from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import CodebookWeight
 from edgebnn.ir.encodings.codebook import SAMPLINGS
 from edgebnn.passes.base import (
+    DEFAULT_NOISE_FRACTION,
     LayerOutcome,
     QuantConfig,
     check_float,
@@ -85,7 +86,7 @@ from edgebnn.passes.base import (
     posterior,
     sum_sq_diff,
 )
-from edgebnn.passes.fixed import UNCERTAINTY_NOISE_FRACTION, MatrixPass
+from edgebnn.passes.fixed import MatrixPass
 
 MAX_CLUSTERS = 4096
 AUTO_MAX_BITS = 8
@@ -114,10 +115,10 @@ class CodebookConfig(QuantConfig):
         steps: Mini-batch EM steps.
         sampling: ``independent`` (each weight draws from its entry on its own) or ``shared`` (2DGBNN: one
             draw per entry per sample; for posteriors trained for it).
-        noise_fraction: f of the variance rule (default :data:`~edgebnn.passes.fixed.UNCERTAINTY_NOISE_FRACTION`).
+        noise_fraction: f of the variance rule (default :data:`~edgebnn.passes.base.DEFAULT_NOISE_FRACTION`).
     """
 
-    noise_fraction: float = UNCERTAINTY_NOISE_FRACTION
+    noise_fraction: float = DEFAULT_NOISE_FRACTION
     clusters: int | None = None
     outlier_threshold: float = 0.2
     max_outlier_fraction: float = 0.02

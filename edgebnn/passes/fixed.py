@@ -37,6 +37,7 @@ from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import FixedPointWeight, SigmaCode
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.passes.base import (
+    DEFAULT_NOISE_FRACTION,
     LayerOutcome,
     LayerPass,
     QuantConfig,
@@ -48,13 +49,6 @@ from edgebnn.passes.base import (
 
 _FIT_SAMPLE = 32768
 _STEPS_TRIED = 32
-# The variance rule's default f for fixed, codebook and mcq (QuantConfig's 0.25 stays for the others' fallbacks).
-# At 0.25 the quantisation error moved the predictive measurably: fixed's and codebook's error is an offset of
-# the mean that every draw shares (digits CNN, fixed: dECE +0.008, noise-blob MI-AUROC -0.021, mean MI 0.048
-# vs 0.041); mcq's is drawn afresh per member but adds up to a quarter of each weight's variance (bayesian-torch
-# digits CNN: flipped-digit MI-AUROC -0.021). At 0.1 every mode of all three stays inside the uncertainty
-# budget on both models (docs/uncertainty.md, bench/uncertainty_fidelity.py).
-UNCERTAINTY_NOISE_FRACTION = 0.1
 
 
 @dataclass(frozen=True)
@@ -62,13 +56,13 @@ class FixedConfig(QuantConfig):
     """Settings of ``fixed`` (see :class:`~edgebnn.passes.base.QuantConfig`).
 
     Attributes:
-        noise_fraction: f of the variance rule (default :data:`UNCERTAINTY_NOISE_FRACTION`: the rounding error
-            is a fixed offset of the mean, which every draw shares).
+        noise_fraction: f of the variance rule (default :data:`~edgebnn.passes.base.DEFAULT_NOISE_FRACTION`: the
+            rounding error is a fixed offset of the mean, which every draw shares).
         clip: Choose each width's step by least squared error, clipping the tails (True), or span the
             full range max|μ| so nothing clips (False, the paper's plain grid).
     """
 
-    noise_fraction: float = UNCERTAINTY_NOISE_FRACTION
+    noise_fraction: float = DEFAULT_NOISE_FRACTION
     clip: bool = True
 
     def __post_init__(self) -> None:

@@ -41,6 +41,7 @@ from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import IntCountWeight, SigmaCode
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.passes.base import (
+    DEFAULT_NOISE_FRACTION,
     LayerOutcome,
     LayerPass,
     QuantConfig,
@@ -50,7 +51,7 @@ from edgebnn.passes.base import (
     posterior,
     sum_sq_diff,
 )
-from edgebnn.passes.fixed import UNCERTAINTY_NOISE_FRACTION, hw_dtype
+from edgebnn.passes.fixed import hw_dtype
 
 MAX_SAMPLES_PER_WEIGHT = 1e6
 _CHUNK = 1 << 20
@@ -65,10 +66,10 @@ class McqConfig(QuantConfig):
             ``bits`` must be None).
         sort: Sort |μ| ascending before building the CDF (the paper's option; O(n log n)).
         noise_fraction: f of the variance rule (default
-            :data:`~edgebnn.passes.fixed.UNCERTAINTY_NOISE_FRACTION`, docs/uncertainty.md).
+            :data:`~edgebnn.passes.base.DEFAULT_NOISE_FRACTION`, docs/uncertainty.md).
     """
 
-    noise_fraction: float = UNCERTAINTY_NOISE_FRACTION
+    noise_fraction: float = DEFAULT_NOISE_FRACTION
     samples_per_weight: float | None = None
     sort: bool = False
 

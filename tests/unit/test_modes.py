@@ -87,6 +87,33 @@ def test_quadrature_points_are_standard_normal():
     np.testing.assert_array_equal(z, quadrature_points(1024, 3))
 
 
+@pytest.mark.parametrize(("q", "k"), [(16, 10), (64, 10), (8, 10)])
+def test_quadrature_points_match_the_first_two_moments(q, k):
+    """Mean 0 and second moment I exactly (per column when Q <= K): the MI's quadratic term integrates exactly."""
+    z = quadrature_points(q, k).astype(np.float64)
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-6)  # float32 round-off
+    second = z.T @ z / q
+    np.testing.assert_allclose(np.diag(second), 1.0, atol=1e-5)
+    if q > k:
+        np.testing.assert_allclose(second, np.eye(k), atol=1e-5)
+
+
+def test_sixteen_point_mutual_information_is_close_to_the_integral():
+    """The analytic head's MI at the default S = 16 on 200 random Gaussian logit rows (K = 10, variances
+    0.01-2): median relative error against 20 000 Monte Carlo draws. Raw Sobol points: 0.11; matched: 0.07;
+    the reference's own error is about 1% (20 000 draws), so 0.09 separates the two."""
+    rng = np.random.default_rng(0)
+    m = rng.normal(0, 3, (200, 10))
+    v = np.exp(rng.uniform(np.log(0.01), np.log(2.0), (200, 10)))
+
+    def mi(z):
+        return predictive_from_logits(m[None] + np.sqrt(v)[None] * z[:, None, :]).mutual_info.astype(np.float64)
+
+    ref = mi(rng.standard_normal((20_000, 10)))
+    got = mi(quadrature_points(16, 10).astype(np.float64))
+    assert np.median(np.abs(got - ref) / ref) < 0.09
+
+
 @pytest.mark.parametrize("mode", ["baked", "noise", "analytic"])
 def test_session_refuses_bad_inputs(mode, x):
     sess = Session(export_onnx(synthetic_cnn(), 4, mode=mode))

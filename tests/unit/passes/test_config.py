@@ -160,3 +160,17 @@ def test_malformed_sets_are_one_line(assignment, needle) -> None:
     with pytest.raises(InvalidOptionError) as e:
         merge_sets(LowerConfig(scheme="fixed"), [assignment])
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_one_default_noise_fraction_for_every_scheme() -> None:
+    """The variance rule has one default f (docs/uncertainty.md: 0.1), whichever scheme (or fallback) applies it."""
+    import dataclasses
+
+    from edgebnn.passes import PASSES
+    from edgebnn.passes.base import DEFAULT_NOISE_FRACTION
+
+    defaults = {name: f.default for name, p in PASSES.items() for f in dataclasses.fields(p.config_type)
+                if f.name == "noise_fraction"}
+    assert {"fixed", "codebook", "mcq", "ternary", "binary"} <= set(defaults)
+    assert DEFAULT_NOISE_FRACTION == 0.1
+    assert defaults == dict.fromkeys(defaults, DEFAULT_NOISE_FRACTION)
