@@ -187,10 +187,17 @@ def _nbits_op(b: Builder, x: str, w: np.ndarray, grid: Grid | None, p: str, out:
 def _integer_op(b: Builder, op: str, x: str, q: np.ndarray, scale: np.ndarray, p: str, out: str,
                 **attrs: Any) -> str:
     """``op`` (MatMulInteger) on the activation ``x``, quantized per call, and the int8 weight
-    ``q``, dequantized by one multiply: ``float(acc) · (s_x · scale)`` (``scale`` broadcasts on the output)."""
+    ``q``, dequantized by one multiply: ``float(acc) · (s_x · scale)`` (``scale`` broadcasts on the output).
+
+    The weight is stored as uint8 ``q + 128`` with zero point 128 (u8 x u8), not as s8: onnxruntime's u8 x s8
+    kernel on x86 CPUs without VNNI (AVX2 only) multiplies with ``vpmaddubsw``, whose int16 pair sums saturate
+    (255 · 127 · 2 > 32767), which moved a digits CNN's probabilities by up to 0.15; its u8 x u8 kernel widens
+    to int16 first and is exact everywhere (tests/unit/test_speed.py fails on an AVX2 machine with s8)."""
     xq, xs, xz = p + "xq", p + "x_scale", p + "x_zero"
     b.nodes.append(onnx.helper.make_node("DynamicQuantizeLinear", [x], [xq, xs, xz]))
-    acc = b.add(op, [xq, b.const(p + "Wq", np.ascontiguousarray(q)), xz], p + "acc", **attrs)
+    wq = (np.asarray(q, np.int16) + 128).astype(np.uint8)
+    acc = b.add(op, [xq, b.const(p + "Wq", np.ascontiguousarray(wq)), xz, b.const(p + "w_zero", np.uint8(128))],
+                p + "acc", **attrs)
     scales = b.add("Mul", [xs, b.f32(p + "w_scale", scale)], p + "scale")
     return b.add("Mul", [b.add("Cast", [acc], p + "acc_f", to=onnx.TensorProto.FLOAT), scales], out)
 

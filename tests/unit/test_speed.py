@@ -322,7 +322,9 @@ def test_a_calibrated_qdq_artifact_folds_its_weights_and_keeps_its_predictive():
     dq = [n for n in folded.graph.node if n.op_type == "DequantizeLinear"]
     assert dq and not [n for n in dq if all(i in consts for i in n.input if i)]  # only activation DQs remain
     assert len(dq) < len([n for n in calibrated.graph.node if n.op_type == "DequantizeLinear"])
-    for got, want in zip(_run(folded, x[:5]), _run(calibrated, x[:5]), strict=True):
+    # unoptimized: onnxruntime would fuse the unfolded graph's Q/DQ pairs into integer kernels whose requantization
+    # rounds differently by CPU (1e-4 here on an AVX2-only machine); folding must not change what the graph computes
+    for got, want in zip(_run(folded, x[:5], optimize=False), _run(calibrated, x[:5], optimize=False), strict=True):
         np.testing.assert_allclose(got, want, atol=ROUNDOFF)
 
 
