@@ -178,14 +178,10 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
 
     logits = base.graph.output[0].name
     classes = model.manifest.num_classes
-    v = var.get(logits)
-    if v is None:
-        v = b.add("Mul", [logits, b.f32(P + "zero_v", 0.0)], P + "logit_var")
-    std = b.add("Sqrt", [b.add("Max", [v, b.f32(P + "var_floor", VAR_FLOOR)], P + "v_floor")], P + "logit_std")
-    # logits_q = m + s ⊙ z_q for every point q, as one MatMul: [m, s] [B, 2K] @ [[I ... I], [diag z_1 ... diag z_Q]]
-    ms = b.add("Concat", [logits, std], P + "m_s", axis=-1)
-    lq = b.add("MatMul", [ms, b.f32(P + "quadrature", quadrature_matrix(samples, classes))], P + "logits_q")
-    b.predictive_head(lq, samples, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K] reshape
+    # the task's head (.heads) on the output's moments; classification and segmentation integrate the softmax at
+    # the quadrature points
+    b.analytic_head(logits, var.get(logits), samples, classes, model.manifest.task_spec(model.where),
+                    quadrature_points)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0)
     return out

@@ -16,6 +16,8 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     noise_inputs    noise/shared: [{"name", "shape" ([-1 | S, dims...]), "per" (row | sample), "dist"}]
     quadrature, quadrature_seed   analytic: the logit quadrature
     precision, calibration        INT8 calibration (``calibrate``): "int8" and its settings
+    task, task_options            a regression or segmentation graph (:class:`edgebnn.metrics.Task`; absent:
+                                  classification), whose outputs are the task's
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.exporters.forms import FORMS
 from edgebnn.ir import MANIFEST_KEY, BNNModel
+from edgebnn.metrics import CLASSIFICATION, Task
 
 EXPORT_KEY = "edgebnn.export"
 BASELINE_MODES = ("float_deterministic", "float_bnn")  # one-pass float baselines, not ensembles
@@ -66,6 +69,8 @@ class ExportMetadata:
     quadrature_seed: int | None = None
     precision: str | None = None
     calibration: Mapping[str, Any] | None = None
+    task: str | None = None
+    task_options: Mapping[str, Any] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -73,9 +78,16 @@ class ExportMetadata:
         m = model.manifest
         if extra.get("noise_inputs") is not None:
             extra["noise_inputs"] = tuple(extra["noise_inputs"])
+        task = m.task_spec(model.where)
+        if task.name != CLASSIFICATION:
+            extra.update(task=task.name, task_options=task.options())
         return cls(mode=mode, samples=samples, seed=seed, scheme=m.scheme, source_library=m.source_library,
                    input_name=m.input_name, input_shape=tuple(m.input_shape), num_classes=m.num_classes,
-                   outputs=("probs",) if mode in BASELINE_MODES else OUTPUTS, **extra)
+                   outputs=("probs",) if mode in BASELINE_MODES else task.outputs, **extra)
+
+    def task_spec(self, where: str = "<model>") -> Task:
+        """The task of the graph (:class:`edgebnn.metrics.Task`; classification when none is recorded)."""
+        return Task.parse(self.task, self.task_options, where)
 
     @property
     def is_baseline(self) -> bool:
@@ -191,7 +203,7 @@ def _check_graph(proto: onnx.ModelProto, meta: ExportMetadata, bad: str) -> None
     outputs = {o.name for o in proto.graph.output}
     if not set(meta.outputs) <= outputs:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} are not all graph outputs ({sorted(outputs)})")
-    want = ("probs",) if meta.is_baseline else OUTPUTS
+    want = ("probs",) if meta.is_baseline else meta.task_spec(bad).outputs
     if tuple(meta.outputs) != want:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} of a {meta.mode} graph must be {list(want)}")
 
@@ -253,6 +265,8 @@ _CHECKS: dict[str, Any] = {
     "quadrature_seed": lambda v: _is_int(v) and v >= 0,
     "precision": _is_text,
     "calibration": lambda v: isinstance(v, dict) and _is_text(v.get("method")),
+    "task": _is_text,
+    "task_options": lambda v: isinstance(v, dict),
 }
 _DESCRIBE = {
     "samples": "a positive integer", "seed": "null or a non-negative integer",
