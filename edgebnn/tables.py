@@ -179,13 +179,22 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
     first = reports[0]
     title = f"{first['data']}/{first['split']}" if first.get("split") else str(first["data"])
     table = Table(title=f"{title} (n={first['n']})", title_justify="left")
-    for col in ("artifact", "runtime", "accuracy", "nll", "ece", "brier", "S"):
+    keys = TASK_COLUMNS[first.get("task", "classification")]
+    for col in ("artifact", "runtime", *keys, "S"):
         table.add_column(col, justify="left" if col in ("artifact", "runtime") else "right",
                          overflow="fold" if col == "artifact" else "ellipsis")
     for r in reports:
-        metrics = [f"{r[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")]
+        metrics = [f"{r[k]:.4f}" for k in keys]
         table.add_row(Path(r["artifact"]).name, r["runtime"], *metrics, str(r["samples"]))
     console.print(table)
+    for r in reports:
+        if r.get("task") == "regression":
+            cover = " · ".join(f"{k}%: {v:.3f}" for k, v in r["coverage"].items())
+            console.print(f"{Path(r['artifact']).name}: coverage {cover} · variance {r['variance']:.4g} = "
+                          f"aleatoric {r['aleatoric']:.4g} + epistemic {r['epistemic']:.4g}", highlight=False)
+        elif r.get("task") == "segmentation":
+            ious = " ".join("-" if v is None else f"{v:.3f}" for v in r["iou"])
+            console.print(f"{Path(r['artifact']).name}: IoU per class {ious}", highlight=False)
     oods = [r for r in reports if r.get("ood")]
     if not oods:
         return
@@ -202,7 +211,13 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
     console.print(table)
 
 
-_EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True))
+_EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True),
+              ("rmse", "RMSE", True), ("mae", "MAE", True), ("calibration_error", "calibration error", True),
+              ("pixel_accuracy", "pixel accuracy", False), ("mean_iou", "mean IoU", False))
+# eval's metric columns per task (edgebnn.metrics.Task; reports without "task" are classification)
+TASK_COLUMNS = {"classification": ("accuracy", "nll", "ece", "brier"),
+                "regression": ("nll", "rmse", "mae", "calibration_error"),
+                "segmentation": ("pixel_accuracy", "mean_iou", "nll", "ece")}
 
 
 def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any] | None = None, *,
@@ -225,7 +240,7 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
     for col in ("metric", "float BNN", lowered, "change", *(("budget",) if limits else ())):
         table.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
     before, after = ev["float_bnn"], ev["lowered"]
-    rows = [(key, label, before[key], after[key]) for key, label, _ in _EVAL_ROWS]
+    rows = [(key, label, before[key], after[key]) for key, label, _ in _EVAL_ROWS if key in before and key in after]
     if "ood" in before and "ood" in after:
         rows.append(("auroc", "MI-AUROC (OOD)", before["ood"]["auroc_mutual_info"],
                      after["ood"]["auroc_mutual_info"]))

@@ -74,10 +74,19 @@ if TYPE_CHECKING:
 @click.option("--mc-dropout", is_flag=True,
               help="MC dropout: keep the model's nn.Dropout/Dropout1d/2d/3d on at prediction as the posterior "
                    "(a plain torch model with dropout needs no Bayesian layer).")
+@click.option("--task", type=click.Choice(["classification", "regression", "segmentation", "dense"]), default=None,
+              help="What the output is. Default: [B, K>=3] logits are classification, [B, C, H, W] / [B, C, L] "
+                   "segmentation; a 1- or 2-wide output must say (regression: means, or means and log-variances).")
+@click.option("--noise-var", type=float, default=None,
+              help="--task regression with a mean-only head: the observation noise variance (aleatoric).")
+@click.option("--regression-head", type=click.Choice(["mean", "mean_logvar"]), default=None,
+              help="--task regression: mean ([B, D]) or mean_logvar ([B, 2D] or a (mean, log-variance) tuple); "
+                   "default mean_logvar for a tuple or an even width without --noise-var, else mean.")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          verbose: bool, mc_dropout: bool) -> None:
+          verbose: bool, mc_dropout: bool, task: str | None, noise_var: float | None,
+          regression_head: str | None) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -99,7 +108,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
         with _progress_bar(what) as progress:
             model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
                                               evaluate=eval_data, ood_data=ood_data, budget=budget,
-                                              progress=progress, mc_dropout=mc_dropout)
+                                              progress=progress, mc_dropout=mc_dropout, task=task,
+                                              noise_var=noise_var, regression_head=regression_head)
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise
