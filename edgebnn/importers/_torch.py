@@ -329,12 +329,17 @@ def _task_of(out: Any, batch: int, task: str | None, noise_var: float | None, re
     if task is None:
         if out.ndim >= 3:
             task = SEGMENTATION
-        elif width <= 2:
+        elif width == 1:
             raise UnsupportedLayerError(
-                f"{where}: forward returns a {width}-wide output {shown}: state what it is: task='regression' "
-                "(--task regression: means, or means and log-variances) or task='classification' "
-                + ("(a 2-class softmax)" if width == 2 else
-                   "(a sigmoid classifier: return torch.cat([torch.zeros_like(z), z], 1))")
+                f"{where}: forward returns one output per example; state what it is: task='regression' (--task "
+                "regression) for a mean, or for a sigmoid (binary) classifier return "
+                "torch.cat([torch.zeros_like(z), z], 1) (its softmax is [1 - sigmoid(z), sigmoid(z)])"
+            )
+        elif width == 2:
+            raise UnsupportedLayerError(
+                f"{where}: forward returns 2 outputs per example {shown}; state what they are: "
+                "task='classification' (--task classification: 2-class logits) or task='regression' (--task "
+                "regression: a mean and a log-variance, or 2 means with --noise-var)"
             )
         else:
             task = CLASSIFICATION

@@ -64,15 +64,14 @@ class Reference:
             out.append(np.concatenate(chunks))
         return np.stack(out)
 
+    def predict(self, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
+        """The task's predictive of ``samples`` posterior draws (:func:`edgebnn.metrics.predictive_from_samples`)."""
+        return predictive_from_samples(self.task, self.logits(x, samples, seed))
+
 
 def sample_logits(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
     """Per-sample logits ``[S, N, K]``."""
     return Reference(model).logits(x, samples, seed, batch_size)
-
-
-    def predict(self, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
-        """The task's predictive of ``samples`` posterior draws (:func:`edgebnn.metrics.predictive_from_samples`)."""
-        return predictive_from_samples(self.task, self.logits(x, samples, seed))
 
 
 def predict(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
