@@ -346,7 +346,8 @@ class Dataset:
         if self.targets.kind == "float":
             finite = np.isfinite(y.reshape(len(y), -1)).all(axis=1)
             if not finite.all():
-                raise InvalidOptionError(f"{shard.y_where}: NaN or infinite target at row {start + int(finite.argmin())}")
+                row = start + int(finite.argmin())
+                raise InvalidOptionError(f"{shard.y_where}: NaN or infinite target at row {row}")
             return
         k = self.num_classes
         bad = (y < 0) | (y >= k) if k is not None else y < 0

@@ -1,8 +1,10 @@
 """Objectives, budgets, the Pareto front and the choice of ``best``.
 
 A trial result (:func:`edgebnn.search.trial.run_trial`) has ``metrics`` (``accuracy``, ``nll``, ``ece``,
-``brier`` and, with OOD data, ``auroc``), ``bytes`` (the lowered model's stored weights, the figure
-``compression_ratio`` divides), ``artifact_bytes`` (the exported ONNX), ``latency_ms`` and ``energy_mj``.
+``brier``; a regression model's ``nll``, ``rmse``, ``mae``, ``calibration_error``; a segmentation model's
+``nll``, ``ece``, ``mean_iou``, ``pixel_accuracy``; and, with OOD data, ``auroc``), ``bytes`` (the lowered
+model's stored weights, the figure ``compression_ratio`` divides), ``artifact_bytes`` (the exported ONNX),
+``latency_ms`` and ``energy_mj``.
 
 A budget bounds metrics relative to the float BNN measured once per search: ``nll=+0.05,ece=+0.01`` keeps
 trials whose NLL is at most 0.05 and ECE at most 0.01 above the float BNN's; ``accuracy=-0.01`` keeps those
@@ -54,7 +56,15 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("ece", ("metrics", "ece")),
     Objective("brier", ("metrics", "brier")),
     Objective("auroc", ("metrics", "auroc"), maximize=True),
+    # regression and segmentation models report these instead of accuracy/ECE/Brier (edgebnn.metrics)
+    Objective("rmse", ("metrics", "rmse")),
+    Objective("mae", ("metrics", "mae")),
+    Objective("calibration_error", ("metrics", "calibration_error")),
+    Objective("mean_iou", ("metrics", "mean_iou"), maximize=True),
+    Objective("pixel_accuracy", ("metrics", "pixel_accuracy"), maximize=True),
 )}
+# the scalar metrics a trial keeps from its evaluation report (those its model's task reports)
+TRIAL_METRICS = ("accuracy", "nll", "ece", "brier", "rmse", "mae", "calibration_error", "mean_iou", "pixel_accuracy")
 DEFAULT_OBJECTIVES = ("bytes", "nll", "ece")
 
 

@@ -240,7 +240,7 @@ def test_two_wide_head_without_task_is_refused() -> None:
 
 
 def test_regression_options_are_checked() -> None:
-    with pytest.raises(InvalidOptionError, match="--noise-var -1.0"):
+    with pytest.raises(InvalidOptionError, match=r"--noise-var -1\.0"):
         from_torch(MeanOnly(), (1, 3), task="regression", noise_var=-1.0)
     with pytest.raises(InvalidOptionError, match="apply to --task regression only"):
         from_torch(SegNet(), (1, 1, 6, 6), noise_var=0.1)
