@@ -350,8 +350,8 @@ class Dataset:
                 raise InvalidOptionError(f"{shard.y_where}: NaN or infinite target at row {row}")
             return
         k = self.num_classes
-        bad = (y < 0) | (y >= k) if k is not None else y < 0
-        bad = bad.reshape(len(y), -1).any(axis=1)
+        outside = np.asarray((y < 0) | (y >= k) if k is not None else y < 0)
+        bad = outside.reshape(len(y), -1).any(axis=1)
         if bad.any():
             i = int(bad.argmax())
             classes = f"the model's {k} classes (0..{k - 1})" if k is not None else "class indices (>= 0)"

@@ -91,7 +91,8 @@ class Task:
                                       and np.isfinite(noise) and noise >= 0)):
                 raise InvalidArtifactError(f"{where}: regression task options {opts!r} are not "
                                            "{head: mean|mean_logvar, dims: int > 0, noise_var: null or >= 0}")
-            return cls(REGRESSION, head, int(dims), None if noise is None else float(noise))
+            assert isinstance(dims, int)
+            return cls(REGRESSION, head, dims, None if noise is None else float(noise))
         if name == SEGMENTATION:
             shape = opts.get("shape")
             if not (isinstance(shape, list) and len(shape) >= 2 and all(_positive_int(d) for d in shape)):
@@ -172,7 +173,7 @@ def predictive_from_samples(task: Task, outputs: np.ndarray) -> AnyPredictive:
         mi = np.maximum(entropy - (-(p * logp).sum(2).mean(0)), 0.0)
         return Predictive(probs.astype(np.float32), entropy.astype(np.float32), mi.astype(np.float32))
     out = outputs.astype(np.float64)
-    d = task.dims
+    d = task.dims or 1
     mu = out[..., :d]
     if task.head == "mean_logvar":
         aleatoric = np.exp(out[..., d:2 * d]).mean(0)

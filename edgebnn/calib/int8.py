@@ -227,10 +227,11 @@ def _check_calibratable(meta: ExportMetadata, where: str) -> None:
 
 
 def _evaluate(proto: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, float], Any]:
-    from edgebnn.metrics import classification_report
+    from edgebnn.metrics import Predictive, classification_report
     from edgebnn.runtime import Session
 
     pred = Session(proto, threads=0).predict(x)
+    assert isinstance(pred, Predictive)  # _check_calibratable: classification exports only
     return classification_report(pred.probs, y), pred
 
 
