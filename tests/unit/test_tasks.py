@@ -344,3 +344,60 @@ def test_one_dimensional_dense_output() -> None:
         pred = Session(export_onnx(ir, 8, mode=mode)).predict(x)
         assert pred.probs.shape == (3, 4, 10) and pred.mutual_info.shape == (3, 10), mode
         np.testing.assert_allclose(pred.probs.sum(1), 1.0, atol=1e-5)
+
+
+_CLI_MODULE = '''
+from torch import nn
+from bayesian_torch.layers import LinearReparameterization
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = LinearReparameterization(3, 8, posterior_rho_init=-1.5)
+        self.fc2 = LinearReparameterization(8, 2, posterior_rho_init=-1.5)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x, return_kl=False).relu(), return_kl=False)
+
+
+def factory():
+    return Head()
+'''
+
+
+def test_cli_regression_lower_export_eval(tmp_path, monkeypatch) -> None:
+    """The CLI: a 2-wide head without --task is one line, exit 2, nothing written; with --task regression it
+    lowers, exports and evaluates on float targets."""
+    import importlib
+
+    from click.testing import CliRunner
+
+    from edgebnn.cli import main
+
+    (tmp_path / "edgebnn_task_head.py").write_text(_CLI_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _seed(8)
+    weights = tmp_path / "w.pt"
+    torch.save(importlib.import_module("edgebnn_task_head").factory().state_dict(), weights)
+    ebnn, onnx_path, report = tmp_path / "reg.ebnn", tmp_path / "reg.onnx", tmp_path / "eval.json"
+    lower = ["lower", "--model", "edgebnn_task_head:factory", "--weights", str(weights), "--input-shape", "1,3",
+             "-o", str(ebnn)]
+
+    def run(*args: str):
+        return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+    r = run(*lower)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
+    assert "task='regression'" in r.output and "task='classification'" in r.output and not ebnn.exists()
+
+    assert run(*lower, "--task", "regression", "--scheme", "fixed").exit_code == 0
+    assert run("export", str(ebnn), "--target", "onnx", "--samples", "8", "-o", str(onnx_path)).exit_code == 0
+    x = _inputs(32)
+    np.savez(tmp_path / "reg.npz", x=x, y=x[:, 0] * 0.3)  # (N,) float targets for D = 1
+    r = run("eval", str(onnx_path), "--data", str(tmp_path / "reg.npz"), "--json", str(report))
+    assert r.exit_code == 0, r.output
+    got = json.loads(report.read_text())
+    assert got["task"] == "regression" and {"nll", "rmse", "mae", "coverage", "calibration_error"} <= set(got)
+    assert "rmse" in r.output and "coverage" in r.output
