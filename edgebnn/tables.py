@@ -45,8 +45,12 @@ def _header(console: Console, rows: list[tuple[str, str]]) -> None:
 
 def _model_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     shape = manifest.get("input_shape") or []
-    return [("source", f"{manifest.get('source_library', '?')} · input {tuple(shape)} · "
-                       f"{manifest.get('num_classes', '?')} classes")]
+    task, options = manifest.get("task", "classification"), manifest.get("task_options") or {}
+    what = (f"{manifest.get('num_classes', '?')} classes" if task == "classification" else
+            f"regression of {options.get('dims', '?')} value(s), {options.get('head', '?')} head"
+            + (f", noise variance {options['noise_var']:g}" if options.get("noise_var") is not None else "")
+            if task == "regression" else f"{task} {tuple(options.get('shape') or ())}")
+    return [("source", f"{manifest.get('source_library', '?')} · input {tuple(shape)} · {what}")]
 
 
 class _Footnotes:
