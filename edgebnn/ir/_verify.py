@@ -161,6 +161,9 @@ def _check_shapes(model: BNNModel, encoded: list[_Weight]) -> None:
             f"{where}: graph output {graph.output[0].name!r} has shape {out[1:]}, the manifest's task says "
             f"{list(task.shape)}"
         )
+    if task.dims is not None and task.width() != classes:
+        raise InvalidArtifactError(f"{where}: a {task.head} regression head of {task.dims} value(s) is "
+                                   f"{task.width()} wide, the manifest says num_classes {classes}")
     if task.shape is not None and out and out[1] is not None and out[1] != classes:
         raise InvalidArtifactError(
             f"{where}: graph output {graph.output[0].name!r} has {out[1]} classes, the manifest says {classes}"

@@ -25,6 +25,7 @@ from edgebnn.search.objectives import (
     TRIAL_METRICS,
     Objective,
     choose_best,
+    for_task,
     parse_budget,
     parse_objectives,
 )
@@ -124,6 +125,9 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
     dataset_for(model, settings.data, split=data_split(settings.data))
     if settings.ood_data is not None:
         dataset_for(model, settings.ood_data, labels=False, option="--ood-data")
+    objectives = for_task(model.manifest.task_spec(model.where).name, objectives, budget,
+                          defaulted=tuple(settings.objectives) == DEFAULT_OBJECTIVES,
+                          ood=settings.ood_data is not None)
     return objectives, budget
 
 

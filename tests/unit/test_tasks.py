@@ -401,3 +401,16 @@ def test_cli_regression_lower_export_eval(tmp_path, monkeypatch) -> None:
     got = json.loads(report.read_text())
     assert got["task"] == "regression" and {"nll", "rmse", "mae", "coverage", "calibration_error"} <= set(got)
     assert "rmse" in r.output and "coverage" in r.output
+
+
+def test_search_objectives_follow_the_task() -> None:
+    from edgebnn.search.objectives import DEFAULT_OBJECTIVES, for_task, parse_objectives
+
+    default = parse_objectives(DEFAULT_OBJECTIVES)
+    assert [o.name for o in for_task("regression", default, {}, defaulted=True)] == ["bytes", "nll", "rmse"]
+    assert [o.name for o in for_task("segmentation", default, {}, defaulted=True)] == ["bytes", "nll", "mean_iou"]
+    assert for_task("classification", default, {}, defaulted=True) == default
+    with pytest.raises(InvalidOptionError, match=r"^--objectives ece: a regression model reports nll, rmse"):
+        for_task("regression", default, {}, defaulted=False)
+    with pytest.raises(InvalidOptionError, match=r"^--budget accuracy: a segmentation model reports"):
+        for_task("segmentation", default, {"accuracy": -0.01}, defaulted=True)
