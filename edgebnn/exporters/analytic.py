@@ -170,7 +170,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
             var[out] = None if vx is None else _reduce_max_variance(b, node, vx, p)
         elif op == "LogSoftmax" and out == base.graph.output[0].name:
             b.nodes.append(node)  # the head: the predictive's softmax of log-softmaxed logits is that of the logits
-            _check_last_axis(node, shapes, where(node))
+            _check_last_axis(node, shapes, where(node), model.manifest.task_spec(model.where).shape is not None)
             var[out] = var[node.input[0]]
         else:
             raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}; "
@@ -284,17 +284,20 @@ def _reduce_max_variance(b: Builder, node: onnx.NodeProto, v: str, p: str) -> st
     return b.add("ReduceMax", [v_at, *node.input[1:]], p + "v", **attrs)
 
 
-def _check_last_axis(node: onnx.NodeProto, shapes: dict[str, list[int]], where: str) -> None:
-    """A LogSoftmax head passes the logits' moments through only when it normalises over the classes.
+def _check_last_axis(node: onnx.NodeProto, shapes: dict[str, list[int]], where: str, dense: bool = False) -> None:
+    """A LogSoftmax head passes the logits' moments through only when it normalises over the classes (the last
+    axis; axis 1 of per-pixel logits).
 
     softmax(log_softmax(z)) = softmax(z) for every draw z, so the quadrature head on the logits' (m, v) gives the
     predictive of the log-probabilities; (m, v) are not the log-probabilities' own moments (that would be
     wrong anywhere but before the head)."""
     axis = int(attrs_of(node).get("axis", -1))
     rank = len(shapes.get(node.input[0], [0, 0]))
-    if axis not in (-1, rank - 1):
-        raise UnsupportedLayerError(f"{where}: analytic mode takes a LogSoftmax head over the last axis only "
-                                    f"(got axis {axis}); use --mode baked or noise")
+    classes = (1, 1 - rank) if dense else (-1, rank - 1)
+    if axis not in classes:
+        raise UnsupportedLayerError(f"{where}: analytic mode takes a LogSoftmax head over the "
+                                    f"{'class axis (1)' if dense else 'last axis'} only (got axis {axis}); "
+                                    "use --mode baked or noise")
 
 
 def _sum(b: Builder, terms: list[str], p: str) -> str | None:

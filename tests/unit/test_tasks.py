@@ -414,3 +414,27 @@ def test_search_objectives_follow_the_task() -> None:
         for_task("regression", default, {}, defaulted=False)
     with pytest.raises(InvalidOptionError, match=r"^--budget accuracy: a segmentation model reports"):
         for_task("segmentation", default, {"accuracy": -0.01}, defaulted=True)
+
+
+def test_analytic_takes_a_per_pixel_log_softmax_head() -> None:
+    """log_softmax over the class axis (1) of per-pixel logits: softmax(log_softmax(z)) = softmax(z) at every
+    quadrature point, so the predictive equals that of the plain logits (to float32 round-off)."""
+
+    class Seg(nn.Module):
+        def __init__(self, log: bool) -> None:
+            super().__init__()
+            self.c = Conv2dReparameterization(1, 3, 3, padding=1, posterior_rho_init=RHO)
+            self.log = log
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            z = self.c(x, return_kl=False)
+            return torch.log_softmax(z, 1) if self.log else z
+
+    _seed(9)
+    plain = Seg(False)
+    logged = Seg(True)
+    logged.load_state_dict(plain.state_dict())
+    x = np.random.default_rng(7).random((2, 1, 5, 5), dtype=np.float32)
+    p = [Session(export_onnx(from_torch(m, (1, 1, 5, 5)), 16, mode="analytic")).predict(x) for m in (plain, logged)]
+    np.testing.assert_allclose(p[0].probs, p[1].probs, atol=1e-5)
+    np.testing.assert_allclose(p[0].mutual_info, p[1].mutual_info, atol=1e-5)
