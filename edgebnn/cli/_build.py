@@ -68,7 +68,8 @@ if TYPE_CHECKING:
               help="With --eval: out-of-distribution inputs (x only); adds the mutual-information AUROC.")
 @click.option("--budget", "budget_text", default=None, metavar="METRIC=CHANGE,...",
               help="Uncertainty budget, e.g. nll=+0.02,ece=+0.01,auroc=-0.01 (metrics: nll, ece, brier, accuracy, "
-                   "auroc; regression: rmse, mae, calibration_error; segmentation: mean_iou, pixel_accuracy): choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
+                   "auroc; regression: rmse, mae, calibration_error; segmentation: mean_iou, pixel_accuracy): "
+                   "choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
                    "posterior-variance rule down. Exit 2, nothing written, when no configuration keeps it.")
 @click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
 @click.option("--mc-dropout", is_flag=True,
