@@ -438,3 +438,19 @@ def test_analytic_takes_a_per_pixel_log_softmax_head() -> None:
     p = [Session(export_onnx(from_torch(m, (1, 1, 5, 5)), 16, mode="analytic")).predict(x) for m in (plain, logged)]
     np.testing.assert_allclose(p[0].probs, p[1].probs, atol=1e-5)
     np.testing.assert_allclose(p[0].mutual_info, p[1].mutual_info, atol=1e-5)
+
+
+def test_compare_regression_export_with_its_ir(tmp_path, mean_only) -> None:
+    """compare on a regression model compares predictive means against the members' spread of means."""
+    from edgebnn import save
+    from edgebnn.compare import compare_artifacts
+    from edgebnn.exporters.ensemble import save_onnx
+
+    ir, x, _ = mean_only
+    save(ir, tmp_path / "m.ebnn")
+    save_onnx(export_onnx(ir, 16, mode="baked", seed=1), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=x, y=x[:, :2] * 0.5)
+    report = compare_artifacts(str(tmp_path / "m.onnx"), str(tmp_path / "m.ebnn"), str(tmp_path / "d.npz"),
+                               null_runs=19)
+    assert report["task"] == "regression" and report["same_distribution"]
+    assert {"nll", "rmse"} <= set(report["a"]) and {"nll", "rmse"} <= set(report["b"])
