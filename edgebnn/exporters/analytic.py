@@ -25,10 +25,11 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     Add (independent operands):            m' = m₁ + m₂, v' = v₁ + v₂
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
 
-The head turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte Carlo quadrature
-(S scrambled-Sobol standard-normal points, baked as constants): logits_q = m + √v ⊙ z_q (one MatMul of
-[m, √v] by :func:`quadrature_matrix`), then the same head as the sampling modes, so ``mutual_info`` is the
-logit-level epistemic spread. No random ops.
+The head (the task's, :mod:`.heads`) turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte
+Carlo quadrature (S scrambled-Sobol standard-normal points, :func:`quadrature_points`, baked as constants):
+logits_q = m + √v ⊙ z_q (a classifier's as one MatMul of [m, √v]), then the same head as the sampling modes, so
+``mutual_info`` is the logit-level epistemic spread; a regression head reads mean and variance off (m, v). No
+random ops.
 """
 
 from __future__ import annotations
@@ -54,13 +55,6 @@ def quadrature_points(samples: int, classes: int, seed: int = 0) -> np.ndarray:
     """[samples, classes] standard-normal points from a scrambled Sobol sequence (fixed for a seed)."""
     u = qmc.Sobol(d=classes, scramble=True, seed=seed).random(samples)
     return norm.ppf(np.clip(u, 1e-6, 1 - 1e-6)).astype(np.float32)
-
-
-def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:
-    """[2K, Q·K]: [m, s] @ it = (m + s ⊙ z_q for q in 1..Q) on the points of :func:`quadrature_points`."""
-    z = quadrature_points(samples, classes, seed)
-    eye = np.eye(classes, dtype=np.float32)
-    return np.concatenate([np.tile(eye, (1, samples)), (eye[:, None, :] * z.T[:, :, None]).reshape(classes, -1)])
 
 
 def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
