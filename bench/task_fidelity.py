@@ -18,12 +18,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
-import test_tasks as T  # noqa: E402  (the tests' models and torch sampler)
+import test_tasks as T
 
-from edgebnn import from_torch  # noqa: E402
-from edgebnn.exporters.ensemble import export_onnx  # noqa: E402
-from edgebnn.metrics import predictive_from_samples  # noqa: E402
-from edgebnn.runtime import Session  # noqa: E402
+from edgebnn import from_torch
+from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.metrics import predictive_from_samples
+from edgebnn.runtime import Session
 
 S, BLOCKS = T.S, T.BLOCKS
 
