@@ -11,8 +11,10 @@ AUROC against OOD data) are higher-is-better: ``auroc=-0.01`` allows it to fall 
 a sign is an allowance in the metric's worse direction (``auroc=0.01`` is ``auroc=-0.01``); a sign against it
 demands an improvement (``nll=-0.01``: the lowered model must be 0.01 better).
 
-Metric dicts are the ones :func:`edgebnn.api.lowering_quality` reports: ``accuracy``, ``nll``, ``ece``,
-``brier``, and ``ood.auroc_mutual_info`` when OOD data was given.
+Metric dicts are the ones :func:`edgebnn.api.lowering_quality` reports, which follow the model's task
+(:mod:`edgebnn.metrics`): ``accuracy``, ``nll``, ``ece``, ``brier`` (classification); ``nll``, ``rmse``, ``mae``,
+``calibration_error`` (regression); ``nll``, ``ece``, ``mean_iou``, ``pixel_accuracy`` (segmentation); and
+``ood.auroc_mutual_info`` when OOD data was given. A metric the task does not report is refused when measured.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from typing import Any
 
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 
-LOWER_IS_BETTER = ("nll", "ece", "brier")
-HIGHER_IS_BETTER = ("accuracy", "auroc")
+LOWER_IS_BETTER = ("nll", "ece", "brier", "rmse", "mae", "calibration_error")
+HIGHER_IS_BETTER = ("accuracy", "auroc", "mean_iou", "pixel_accuracy")
 METRICS = (*LOWER_IS_BETTER, *HIGHER_IS_BETTER)
-ALIASES = {"acc": "accuracy", "auroc_mi": "auroc", "mi_auroc": "auroc"}
-LABELS = {"nll": "NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy", "auroc": "MI-AUROC"}
+ALIASES = {"acc": "accuracy", "auroc_mi": "auroc", "mi_auroc": "auroc", "miou": "mean_iou", "iou": "mean_iou"}
+LABELS = {"nll": "NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy", "auroc": "MI-AUROC",
+          "rmse": "RMSE", "mae": "MAE", "calibration_error": "calibration error", "mean_iou": "mean IoU",
+          "pixel_accuracy": "pixel accuracy"}
 _SCALE_FLOOR = 1e-3  # a limit of 0 still has a scale to normalise deltas by
 
 
@@ -133,7 +137,9 @@ class Budget:
         for name in self.limits:
             before, after = metric_value(float_metrics, name), metric_value(lowered_metrics, name)
             if before is None or after is None:
-                raise InvalidOptionError(f"budget {name}: not measured (auroc needs OOD data: --ood-data)")
+                raise InvalidOptionError(f"budget {name}: not measured (auroc needs OOD data: --ood-data)"
+                                         if name == "auroc" else f"budget {name}: this model's task does not "
+                                         f"report it (reported: {', '.join(k for k in METRICS if k in float_metrics)})")
             out[name] = after - before
         return out
 

@@ -9,6 +9,9 @@ examples. The test therefore calibrates itself by simulation (a parametric boots
                                           deterministic (analytic) artifact
     T = mean_ik d_ik² / v_ik             (a mean squared z-score; E[T] ≈ 1 under the null)
 
+The compared quantity follows the task (:class:`edgebnn.metrics.Task`): mean probabilities (classification;
+per pixel for segmentation) or the predictive mean (regression, members' means μ_s in v).
+
 Under the null (both artifacts sample the IR's posterior) T's distribution is simulated from R pairs of
 independent S_A- and S_B-member reference ensembles (a deterministic side is replaced by a 256-member
 ensemble). p = (1 + #{T_null ≥ T}) / (R + 1); the verdict is "different" when p ≤ alpha.
@@ -22,7 +25,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.metrics import classification_report, log_softmax, predictive_from_logits
+from edgebnn.metrics import (
+    REGRESSION,
+    SEGMENTATION,
+    AnyPredictive,
+    Predictive,
+    Task,
+    log_softmax,
+    metric_sums,
+    predictive_from_samples,
+)
 
 if TYPE_CHECKING:
     from edgebnn.data import DataSource
@@ -43,16 +55,37 @@ def _open(path: str, seed: int) -> Any:
     return load_ir(path)
 
 
-def _side(side: Any, x: np.ndarray, samples: int, seed: int) -> tuple[np.ndarray, int | None, Any]:
-    """(mean probs, S or None for a deterministic artifact, the IR if ``side`` is one)."""
+def _side(side: Any, x: np.ndarray, samples: int, seed: int) -> tuple[AnyPredictive, int | None, Any]:
+    """(predictive, S or None for a deterministic artifact, the IR if ``side`` is one)."""
     from edgebnn.runtime import Session
 
     if isinstance(side, Session):
         s = None if side.mode == "analytic" else side.samples
-        return side.predict(x).probs, s, None
+        return side.predict(x), s, None
     from edgebnn.runtime.reference import predict
 
-    return predict(side, x, samples, seed).probs, samples, side
+    return predict(side, x, samples, seed), samples, side
+
+
+def _point(pred: AnyPredictive) -> np.ndarray:
+    """The compared quantity per example, flattened: mean probabilities, or the regression mean."""
+    values = pred.probs if isinstance(pred, Predictive) else pred.mean
+    return values.reshape(len(values), -1)
+
+
+def _members(task: Task, outputs: np.ndarray) -> np.ndarray:
+    """Each member's own value of the compared quantity, ``[S, N, -1]`` (from ``[S, N, ...]`` outputs)."""
+    if task.name == REGRESSION:
+        values = outputs[..., : task.dims]
+    else:
+        values = np.exp(log_softmax(outputs.astype(np.float64), axis=2 if task.name == SEGMENTATION else -1))
+    return values.reshape(len(values), values.shape[1], -1)
+
+
+def _report(task: Task, classes: int, pred: AnyPredictive, y: np.ndarray) -> dict[str, Any]:
+    sums = metric_sums(task, classes)
+    sums.add_predictive(pred, y)
+    return dict(sums.report())
 
 
 def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str | None = None, ir: str | None = None,
@@ -74,16 +107,18 @@ def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str
     dataset = dataset_for(side_a, data, split=split)
     x, y = dataset.arrays()
     assert y is not None  # labels=True
-    pa, sa, ir_a = _side(side_a, x, samples, seed)
-    pb, sb, ir_b = _side(side_b, x, samples, seed + 1)
+    pred_a, sa, ir_a = _side(side_a, x, samples, seed)
+    pred_b, sb, ir_b = _side(side_b, x, samples, seed + 1)
+    pa, pb = _point(pred_a), _point(pred_b)
     model = load_ir(ir) if ir else (ir_a or ir_b)
     if model is None:
         raise InvalidOptionError("both artifacts are exports: pass --ir MODEL.ebnn, the IR they came from")
-    if pa.shape != pb.shape:
+    if pa.shape != pb.shape or type(pred_a) is not type(pred_b):
         raise InvalidOptionError(f"{a} and {b} give predictions of different shapes {pa.shape} vs {pb.shape}")
 
     ref = Reference(model)
-    member_p = np.exp(log_softmax(ref.logits(x, REF_MEMBERS, seed=seed + 2).astype(np.float64)))
+    task, classes = ref.task, model.manifest.num_classes
+    member_p = _members(task, ref.logits(x, REF_MEMBERS, seed=seed + 2))
     scale = sum(1.0 / s for s in (sa, sb) if s)
     if scale == 0:
         raise InvalidOptionError("both artifacts are deterministic (analytic): compare them with an .ebnn or export")
@@ -96,14 +131,14 @@ def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str
     null = []
     for r in range(null_runs):
         base = seed + 1000 + 2 * r  # null draws: streams disjoint from the artifacts' own (seed, seed + 1)
-        draws = [predictive_from_logits(ref.logits(x, s or DETERMINISTIC_STANDIN, seed=base + i)).probs
+        draws = [_point(predictive_from_samples(task, ref.logits(x, s or DETERMINISTIC_STANDIN, seed=base + i)))
                  for i, s in enumerate((sa, sb))]
         null.append(statistic(*draws))
     null_arr = np.array(null)
     p_value = (1 + int((null_arr >= observed).sum())) / (null_runs + 1)
     return {
-        "a": {"artifact": a, "samples": sa, **classification_report(pa, y)},
-        "b": {"artifact": b, "samples": sb, **classification_report(pb, y)},
+        "a": {"artifact": a, "samples": sa, **_report(task, classes, pred_a, y)},
+        "b": {"artifact": b, "samples": sb, **_report(task, classes, pred_b, y)},
         "statistic": observed,
         "null_mean": float(null_arr.mean()),
         "null_p99": float(np.percentile(null_arr, 99)),
@@ -111,7 +146,8 @@ def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str
         "p_value": p_value,
         "alpha": alpha,
         "same_distribution": p_value > alpha,
-        "max_abs_prob_diff": float(np.abs(pa - pb).max()),
+        "max_abs_prob_diff": float(np.abs(pa - pb).max()),  # regression: of the predictive means
+        **({"task": task.name} if task.name != "classification" else {}),
         **dataset.describe(),
     }
 

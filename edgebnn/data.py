@@ -8,6 +8,9 @@ every run and machine.
 :func:`load_data`: ``digits``, an ``.npz`` with ``x`` (N, ...) float32 inputs and ``y`` (N,) integer
 labels, or a folder of ``.npy``/``.npz`` shards streamed in batches (``--data`` of ``eval``, ``compare``,
 ``calibrate`` and ``lower --eval``; ``--ood-data`` of ``eval``). Nothing is ever unpickled.
+
+Labels follow the model's task (:class:`Targets`): integer class indices ``(N,)`` (classification), float
+targets ``(N,)`` or ``(N, D)`` (regression), integer masks ``(N, *spatial)`` (segmentation).
 """
 
 from __future__ import annotations
@@ -25,6 +28,27 @@ import numpy as np
 from edgebnn.errors import InvalidOptionError
 
 SPLIT_NAMES = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What one label is: ``class`` (an integer index), ``float`` (a regression target of ``shape``, ``()`` or
+    ``(D,)``), or ``mask`` (integer class indices of ``shape``, the spatial dims)."""
+
+    kind: str = "class"
+    shape: tuple[int, ...] = ()
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether one label of ``shape`` fits (a float target of one value may drop its axis)."""
+        return shape == self.shape or (self.kind == "float" and self.shape in ((1,), ()) and shape in ((1,), ()))
+
+    def describe(self, n: int) -> str:
+        dims = ", ".join(map(str, (n, *self.shape)))
+        return {"class": f"({n},): one integer label per input", "float": f"({dims}): float targets",
+                "mask": f"({dims}): an integer class mask per input"}[self.kind]
+
+
+CLASS_LABELS = Targets()
 
 
 @dataclass(frozen=True)
@@ -272,8 +296,9 @@ class Dataset:
     """
 
     def __init__(self, name: str, shards: list[_Shard], *, input_shape: tuple[int, ...], split: str | None = None,
-                 num_classes: int | None = None) -> None:
+                 num_classes: int | None = None, targets: Targets = CLASS_LABELS) -> None:
         self.name = name
+        self.targets = targets
         self.split = split
         self._shards = shards
         self.n = sum(s.x.shape[0] for s in shards)
@@ -311,16 +336,29 @@ class Dataset:
                     raise InvalidOptionError(f"{shard.where}: NaN or infinite input at row {start + int(bad.argmax())}")
                 y = None
                 if ys is not None:
-                    y = next(ys).astype(np.int64, copy=False)
+                    y = next(ys)
+                    y = y.astype(np.float64 if self.targets.kind == "float" else np.int64, copy=False)
                     self._check_labels(shard, start, y)
                 yield np.ascontiguousarray(x, dtype=np.float32), y
                 start += len(x)
 
     def _check_labels(self, shard: _Shard, start: int, y: np.ndarray) -> None:
+        if self.targets.kind == "float":
+            finite = np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+            if not finite.all():
+                row = start + int(finite.argmin())
+                raise InvalidOptionError(f"{shard.y_where}: NaN or infinite target at row {row}")
+            return
         k = self.num_classes
-        bad = (y < 0) | (y >= k) if k is not None else y < 0
+        outside = np.asarray((y < 0) | (y >= k) if k is not None else y < 0)
+        bad = outside.reshape(len(y), -1).any(axis=1)
         if bad.any():
             i = int(bad.argmax())
+            classes = f"the model's {k} classes (0..{k - 1})" if k is not None else "class indices (>= 0)"
+            if self.targets.kind == "mask":
+                row = y[i].reshape(-1)
+                wrong = int(row[(row < 0) | (row >= (k if k is not None else row.max() + 1))][0])
+                raise InvalidOptionError(f"{shard.y_where}: mask label {wrong} at row {start + i} is outside {classes}")
             classes = f"the model's {k} classes (0..{k - 1})" if k is not None else "class indices (>= 0)"
             raise InvalidOptionError(f"{shard.y_where}: label {int(y[i])} at row {start + i} is outside {classes}")
 
@@ -341,7 +379,8 @@ DataSource = str | os.PathLike[str] | np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 def load_data(source: DataSource, *, split: str | None = None, input_shape: Sequence[int] | None = None,
-              num_classes: int | None = None, labels: bool = True, option: str = "--data") -> Dataset:
+              num_classes: int | None = None, labels: bool = True, option: str = "--data",
+              targets: Targets = CLASS_LABELS) -> Dataset:
     """Open a data set for a model: ``digits``, an ``.npz``, a folder of shards, or numpy arrays.
 
     Formats (``x``: inputs ``(N, *input_shape)``, floating point, preprocessed as the model expects;
@@ -365,6 +404,8 @@ def load_data(source: DataSource, *, split: str | None = None, input_shape: Sequ
         num_classes: The model's class count; labels outside it are refused as they are read.
         labels: Whether labels are needed (False: inputs only, e.g. OOD or calibration data).
         option: The option named in messages (``--data``, ``--ood-data``, ``--eval``).
+        targets: What one label is (:class:`Targets`: class indices by default; float regression targets or
+            integer masks for those tasks).
 
     Returns:
         The :class:`Dataset`.
@@ -397,10 +438,12 @@ def load_data(source: DataSource, *, split: str | None = None, input_shape: Sequ
             shards = [_Shard(dataclasses.replace(s.x, shape=(1, *want)), None, s.where, "")
                       if isinstance(s.x, _Member) and s.x.shape == want else s for s in shards]
         name = str(source)
-    return Dataset(name, shards, input_shape=_check_shards(shards, want), split=split, num_classes=num_classes)
+    return Dataset(name, shards, input_shape=_check_shards(shards, want, targets), split=split,
+                   num_classes=num_classes, targets=targets)
 
 
-def _check_shards(shards: list[_Shard], want: tuple[int, ...] | None) -> tuple[int, ...]:
+def _check_shards(shards: list[_Shard], want: tuple[int, ...] | None, targets: Targets = CLASS_LABELS,
+                  ) -> tuple[int, ...]:
     """Check dtypes and shapes of every shard (headers only); return the shape of one input."""
     item = want
     for s in shards:
@@ -414,10 +457,15 @@ def _check_shards(shards: list[_Shard], want: tuple[int, ...] | None) -> tuple[i
         if shape[1:] != item:
             raise InvalidOptionError(f"{s.where}: shape {shape}, the model takes (N, {', '.join(map(str, item))})")
         if s.y is not None:
-            if s.y.dtype.kind not in "iu":
-                raise InvalidOptionError(f"{s.y_where}: dtype {s.y.dtype}; labels must be integer class indices")
-            if tuple(s.y.shape) != (shape[0],):
-                raise InvalidOptionError(f"{s.y_where}: shape {tuple(s.y.shape)}, expected ({shape[0]},): one integer "
-                                         "label per input")
+            if targets.kind == "float" and s.y.dtype.kind not in "iuf":
+                raise InvalidOptionError(f"{s.y_where}: dtype {s.y.dtype}; regression targets must be numbers")
+            if targets.kind != "float" and s.y.dtype.kind not in "iu":
+                what = "an integer mask per input" if targets.kind == "mask" else "integer class indices"
+                hint = ("; a float target is a regression: import the model with task='regression'"
+                        if s.y.dtype.kind == "f" and targets.kind == "class" else "")
+                raise InvalidOptionError(f"{s.y_where}: dtype {s.y.dtype}; labels must be {what}{hint}")
+            if s.y.shape[:1] != (shape[0],) or not targets.accepts(tuple(s.y.shape[1:])):
+                raise InvalidOptionError(f"{s.y_where}: shape {tuple(s.y.shape)}, expected "
+                                         f"{targets.describe(shape[0])}")
     assert item is not None
     return item

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -173,3 +174,84 @@ def plot_evaluation(
     hist.set_title("epistemic uncertainty", fontsize=9)
     hist.legend(fontsize=7)
     return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))
+
+
+def plot_regression(coverage: dict[str, list[float]], in_epistemic: np.ndarray, ood_epistemic: np.ndarray | None,
+                    out_png: str | os.PathLike[str], *, title: str = "") -> Path:
+    """Interval coverage (observed vs nominal, :meth:`edgebnn.metrics.RegressionSums.reliability`) beside the
+    histogram of the mean epistemic variance per input (in-distribution vs OOD)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    cov, hist = fig.subplots(1, 2)
+    cov.plot([0, 1], [0, 1], "--", color="0.5", lw=0.8, label="perfect calibration")
+    cov.plot(coverage["nominal"], coverage["coverage"], "o-", ms=3, color="tab:red", label="observed")
+    cov.set_xlim(0, 1)
+    cov.set_ylim(0, 1)
+    cov.set_xlabel("nominal coverage of the central interval")
+    cov.set_ylabel("observed coverage")
+    cov.set_title("interval calibration", fontsize=9)
+    cov.legend(fontsize=7, loc="upper left")
+    _epistemic_hist(hist, in_epistemic, ood_epistemic, "mean epistemic variance")
+    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))
+
+
+def plot_segmentation(image: np.ndarray, mask: np.ndarray | None, predicted: np.ndarray, mutual_info: np.ndarray,
+                      reliability: dict[str, list[float]], out_png: str | os.PathLike[str], *,
+                      title: str = "") -> Path:
+    """One input (its first channel, or its mean over channels), its label mask, the predicted mask and the
+    mutual-information map, and the per-pixel reliability diagram. 1-D (``[C, L]``) outputs are drawn as rows."""
+    from matplotlib.figure import Figure
+
+    def as_image(a: np.ndarray) -> np.ndarray:
+        a = np.asarray(a, np.float64)
+        return a[None, :] if a.ndim == 1 else a
+
+    picture = image.mean(0) if image.ndim >= 2 else image  # [C, H, W] -> [H, W]; [C, L] -> [L]
+    fig = Figure(figsize=(15, 3.4), layout="constrained")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    axes = fig.subplots(1, 5)
+    classes = max(int(predicted.max()), int(mask.max()) if mask is not None else 0) + 1
+    panels = [(picture, "input", "gray", None), (mask, "label mask", "tab20", (0, max(classes - 1, 1))),
+              (predicted, "predicted mask", "tab20", (0, max(classes - 1, 1))),
+              (mutual_info, "mutual information (nats)", "magma", None)]
+    for ax, (data, name, cmap, lim) in zip(axes[:4], panels, strict=True):
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if data is None:
+            ax.text(0.5, 0.5, "no labels", ha="center", va="center")
+            continue
+        shown = ax.imshow(as_image(data), cmap=cmap, interpolation="nearest",
+                          **({"vmin": lim[0], "vmax": lim[1]} if lim else {}))
+        if name.startswith("mutual"):
+            fig.colorbar(shown, ax=ax, shrink=0.8)
+    rel = axes[4]
+    count = np.asarray(reliability["count"])
+    bins = len(count)
+    edges = np.linspace(0, 1, bins + 1)
+    used = count > 0
+    rel.bar(((edges[:-1] + edges[1:]) / 2)[used], np.asarray(reliability["accuracy"])[used], width=1 / bins,
+            edgecolor="k", lw=0.4)
+    rel.plot([0, 1], [0, 1], "--", color="0.5", lw=0.8)
+    rel.set_xlim(0, 1)
+    rel.set_ylim(0, 1)
+    rel.set_xlabel("per-pixel confidence")
+    rel.set_ylabel("pixel accuracy")
+    rel.set_title(f"reliability ({bins} bins)", fontsize=9)
+    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))
+
+
+def _epistemic_hist(hist: Any, inside: np.ndarray, ood: np.ndarray | None, label: str) -> None:
+    top = max(float(inside.max(initial=0.0)), float(ood.max(initial=0.0)) if ood is not None else 0.0)
+    edges = np.linspace(0, max(top, 1e-6), 41)
+    hist.hist(inside, bins=edges, alpha=0.6, density=True, label=f"in-distribution (n={len(inside)})")
+    if ood is not None:
+        hist.hist(ood, bins=edges, alpha=0.6, density=True, label=f"out-of-distribution (n={len(ood)})")
+    hist.set_xlabel(label)
+    hist.set_ylabel("density")
+    hist.set_title("epistemic uncertainty", fontsize=9)
+    hist.legend(fontsize=7)

@@ -46,8 +46,12 @@ def _header(console: Console, rows: list[tuple[str, str]]) -> None:
 
 def _model_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     shape = manifest.get("input_shape") or []
-    return [("source", f"{manifest.get('source_library', '?')} · input {tuple(shape)} · "
-                       f"{manifest.get('num_classes', '?')} classes")]
+    task, options = manifest.get("task", "classification"), manifest.get("task_options") or {}
+    what = (f"{manifest.get('num_classes', '?')} classes" if task == "classification" else
+            f"regression of {options.get('dims', '?')} value(s), {options.get('head', '?')} head"
+            + (f", noise variance {options['noise_var']:g}" if options.get("noise_var") is not None else "")
+            if task == "regression" else f"{task} {tuple(options.get('shape') or ())}")
+    return [("source", f"{manifest.get('source_library', '?')} · input {tuple(shape)} · {what}")]
 
 
 class _Footnotes:
@@ -256,12 +260,20 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
     first = reports[0]
     title = f"{first['data']}/{first['split']}" if first.get("split") else str(first["data"])
     names = [Path(r["artifact"]).name for r in reports]
-    rows = [[r["runtime"], *(f"{r[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")), str(r["samples"])]
-            for r in reports]
-    table, notes = _artifact_table(console, f"{title} (n={first['n']})",
-                                   ("artifact", "runtime", "accuracy", "nll", "ece", "brier", "S"), names, rows)
+    keys = TASK_COLUMNS[first.get("task", "classification")]
+    rows = [[r["runtime"], *(f"{r[k]:.4f}" for k in keys), str(r["samples"])] for r in reports]
+    table, notes = _artifact_table(console, f"{title} (n={first['n']})", ("artifact", "runtime", *keys, "S"),
+                                   names, rows)
     console.print(table)
     notes.print(console)
+    for r in reports:
+        if r.get("task") == "regression":
+            cover = " · ".join(f"{k}%: {v:.3f}" for k, v in r["coverage"].items())
+            console.print(f"{Path(r['artifact']).name}: coverage {cover} · variance {r['variance']:.4g} = "
+                          f"aleatoric {r['aleatoric']:.4g} + epistemic {r['epistemic']:.4g}", highlight=False)
+        elif r.get("task") == "segmentation":
+            ious = " ".join("-" if v is None else f"{v:.3f}" for v in r["iou"])
+            console.print(f"{Path(r['artifact']).name}: IoU per class {ious}", highlight=False)
     oods = [r for r in reports if r.get("ood")]
     if not oods:
         return
@@ -277,7 +289,13 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
     notes.print(console)
 
 
-_EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True))
+_EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True),
+              ("rmse", "RMSE", True), ("mae", "MAE", True), ("calibration_error", "calibration error", True),
+              ("pixel_accuracy", "pixel accuracy", False), ("mean_iou", "mean IoU", False))
+# eval's metric columns per task (edgebnn.metrics.Task; reports without "task" are classification)
+TASK_COLUMNS = {"classification": ("accuracy", "nll", "ece", "brier"),
+                "regression": ("nll", "rmse", "mae", "calibration_error"),
+                "segmentation": ("pixel_accuracy", "mean_iou", "nll", "ece")}
 
 
 def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any] | None = None, *,
@@ -300,7 +318,7 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
     for col in ("metric", "float BNN", lowered, "change", *(("budget",) if limits else ())):
         table.add_column(col, justify="left" if col == "metric" else "right", overflow="fold")
     before, after = ev["float_bnn"], ev["lowered"]
-    rows = [(key, label, before[key], after[key]) for key, label, _ in _EVAL_ROWS]
+    rows = [(key, label, before[key], after[key]) for key, label, _ in _EVAL_ROWS if key in before and key in after]
     if "ood" in before and "ood" in after:
         rows.append(("auroc", "MI-AUROC (OOD)", before["ood"]["auroc_mutual_info"],
                      after["ood"]["auroc_mutual_info"]))

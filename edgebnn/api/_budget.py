@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._evaluate import Progress, _eval_data, _measure, _reference, lowering_quality
+from edgebnn.api._evaluate import Progress, _eval_data, _measure, _reference, lowering_quality, task_of
 from edgebnn.api._model import lower
 from edgebnn.errors import InvalidOptionError
 
@@ -158,7 +158,8 @@ class _BudgetSearch:
             config = dataclasses.replace(config, scheme=BUDGET_START, bits="auto",
                                          options={k: v for k, v in config.options.items() if k in takes})
         self.base = config
-        self.reference = _measure([_reference(float_ir, samples, config.seed)], dataset, ood, None)[0][0]
+        self.reference = _measure([_reference(float_ir, samples, config.seed)], dataset, ood, None,
+                                  *task_of(float_ir))[0][0]
         self.cache: dict[str, tuple[LoweredModel, dict[str, float]]] = {}
         self.evaluations = 0
         self.max_evaluations = 0
@@ -193,7 +194,8 @@ class _BudgetSearch:
         key = config.to_json()
         if key not in self.cache:
             model = lower(self.float_ir, config)
-            metrics = _measure([_reference(model, self.samples, config.seed)], self.dataset, self.ood, None)[0][0]
+            metrics = _measure([_reference(model, self.samples, config.seed)], self.dataset, self.ood, None,
+                               *task_of(model))[0][0]
             self.cache[key] = model, self.budget.deltas(self.reference, metrics)
             self.evaluations += 1
             if self.progress:

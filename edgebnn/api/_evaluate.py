@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from edgebnn.data import Dataset, DataSource
     from edgebnn.ir import BNNModel
-    from edgebnn.metrics import Predictive
+    from edgebnn.metrics import AnyPredictive, Task
     from edgebnn.runtime import Session
 
 def lowering_quality(float_ir: BNNModel, lowered: BNNModel, *, data: DataSource = "digits",
@@ -31,7 +31,7 @@ def lowering_quality(float_ir: BNNModel, lowered: BNNModel, *, data: DataSource 
     check_samples(samples)
     dataset, ood = _eval_data(float_ir, data, split, ood_data)
     before, after = _measure([_reference(float_ir, samples, seed), _reference(lowered, samples, seed)], dataset,
-                             ood, progress)[0]
+                             ood, progress, *task_of(float_ir))[0]
     out = {**dataset.describe(), "samples": samples, "seed": seed, "float_bnn": before, "lowered": after,
            "delta": _delta(before, after)}
     if ood is not None:
@@ -55,51 +55,67 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _reference(model: BNNModel, samples: int, seed: int) -> Callable[[np.ndarray], Predictive]:
-    from edgebnn.metrics import predictive_from_logits
+def _reference(model: BNNModel, samples: int, seed: int) -> Callable[[np.ndarray], AnyPredictive]:
     from edgebnn.runtime.reference import Reference
 
     ref = Reference(model)
-    return lambda x: predictive_from_logits(ref.logits(x, samples, seed))
+    return lambda x: ref.predict(x, samples, seed)
+
+
+def task_of(model: BNNModel | Session) -> tuple[Task, int]:
+    """The task of an IR or an export, and its class count (regression: the output width)."""
+    from edgebnn.ir import BNNModel
+
+    if isinstance(model, BNNModel):
+        return model.manifest.task_spec(model.where), model.manifest.num_classes
+    return model.task, model.meta.num_classes
 
 
 class _Sums:
-    """One predictor's running metrics over a stream, plus its per-input uncertainties."""
+    """One predictor's running metrics over a stream (the task's), plus its per-input uncertainties and the first
+    example (for a segmentation plot)."""
 
-    def __init__(self) -> None:
-        from edgebnn.metrics import MetricSums
+    def __init__(self, task: Task, classes: int) -> None:
+        from edgebnn.metrics import metric_sums
 
-        self.metrics = MetricSums()
-        self.entropy: list[np.ndarray] = []
-        self.mutual_info: list[np.ndarray] = []
+        self.metrics = metric_sums(task, classes)
+        self.entropy: list[np.ndarray] = []  # per input: total uncertainty (entropy; image mean; Gaussian entropy)
+        self.mutual_info: list[np.ndarray] = []  # per input: epistemic (MI; image mean MI; epistemic variance)
+        self.first: tuple[np.ndarray, np.ndarray | None, AnyPredictive] | None = None
 
-    def report(self) -> dict[str, float]:
+    def report(self) -> dict[str, Any]:
         return self.metrics.report()
 
 
-def _stream(predictors: Iterable[Callable[[np.ndarray], Predictive]], dataset: Dataset,
-            progress: Progress | None, *, labelled: bool = True) -> list[_Sums]:
+def _stream(predictors: Iterable[Callable[[np.ndarray], AnyPredictive]], dataset: Dataset,
+            progress: Progress | None, *, labelled: bool = True, task: Task | None = None,
+            classes: int = 0) -> list[_Sums]:
     """Run every predictor on every batch of ``dataset``; only metric sums and two floats per input are kept."""
     from edgebnn.data import DEFAULT_BATCH
+    from edgebnn.metrics import Task
 
     fns = list(predictors)
-    sums = [_Sums() for _ in fns]
+    sums = [_Sums(task or Task(), classes) for _ in fns]
     done = 0
     for x, y in dataset.batches(DEFAULT_BATCH):
         for fn, acc in zip(fns, sums, strict=True):
             pred = fn(x)
             if labelled and y is not None:
-                acc.metrics.add(pred.probs, y)
-            acc.entropy.append(pred.entropy)
-            acc.mutual_info.append(pred.mutual_info)
+                acc.metrics.add_predictive(pred, y)
+            total, epistemic = pred.ood_scores()
+            acc.entropy.append(total)
+            acc.mutual_info.append(epistemic)
+            if acc.first is None:
+                acc.first = (x, y, pred)
         done += len(x)
         if progress:
             progress(done, dataset.n)
     return sums
 
 
-def _measure(predictors: Sequence[Callable[[np.ndarray], Predictive]], dataset: Dataset, ood: Dataset | None,
-             progress: Progress | None) -> tuple[list[dict[str, Any]], list[_Sums], list[_Sums] | None]:
+def _measure(predictors: Sequence[Callable[[np.ndarray], AnyPredictive]], dataset: Dataset, ood: Dataset | None,
+             progress: Progress | None, task: Task | None = None, classes: int = 0,
+             ) -> tuple[list[dict[str, Any]], list[_Sums], list[_Sums] | None]:
     """Each predictor's metrics on ``dataset`` (and its ``ood`` report against the ``ood`` inputs), with the sums."""
     import numpy as np
 
@@ -108,13 +124,13 @@ def _measure(predictors: Sequence[Callable[[np.ndarray], Predictive]], dataset: 
     def step(offset: int) -> Progress | None:
         return (lambda done, _n: progress(offset + done, total)) if progress else None
 
-    sums = _stream(predictors, dataset, step(0))
+    sums = _stream(predictors, dataset, step(0), task=task, classes=classes)
     reports: list[dict[str, Any]] = [dict(s.report()) for s in sums]
     if ood is None:
         return reports, sums, None
     from edgebnn.metrics import ood_report
 
-    outs = _stream(predictors, ood, step(dataset.n), labelled=False)
+    outs = _stream(predictors, ood, step(dataset.n), labelled=False, task=task, classes=classes)
     for report, s, out in zip(reports, sums, outs, strict=True):
         in_mi, ood_mi = np.concatenate(s.mutual_info), np.concatenate(out.mutual_info)
         report["ood"] = {"data": ood.name, "n": ood.n,
@@ -126,19 +142,19 @@ def _measure(predictors: Sequence[Callable[[np.ndarray], Predictive]], dataset: 
 def dataset_for(model: BNNModel | Session, data: DataSource, *, split: str | None = None, labels: bool = True,
                 option: str = "--data") -> Dataset:
     """Open ``data`` (:func:`edgebnn.data.load_data`) for ``model``: its input shape and class count are checked."""
-    from edgebnn.data import load_data
+    from edgebnn.data import Targets, load_data
     from edgebnn.ir import BNNModel
+    from edgebnn.metrics import REGRESSION, SEGMENTATION
 
-    shape: tuple[int, ...]
-    classes: int | None
-    if isinstance(model, BNNModel):
-        shape, classes = tuple(model.manifest.input_shape[1:]), model.manifest.num_classes
-    else:
-        shape, classes = model.input_shape, model.meta.num_classes
+    shape = tuple(model.manifest.input_shape[1:]) if isinstance(model, BNNModel) else model.input_shape
+    task, classes = task_of(model)
     where = model.where
+    targets = (Targets("float", (task.dims or 1,)) if task.name == REGRESSION else
+               Targets("mask", tuple(task.shape[1:])) if task.name == SEGMENTATION and task.shape else Targets())
     # Files are checked against the model's input shape as they are opened (the message names the file).
     want = None if isinstance(data, str) and data == "digits" else shape
-    dataset = load_data(data, split=split, input_shape=want, num_classes=classes, labels=labels, option=option)
+    dataset = load_data(data, split=split, input_shape=want, num_classes=None if task.name == REGRESSION else classes,
+                        labels=labels, option=option, targets=targets)
     if tuple(dataset.input_shape) != tuple(shape):
         raise InvalidOptionError(f"{where}: takes inputs {tuple(shape)}, {dataset.name} has {dataset.input_shape}")
     return dataset
@@ -148,26 +164,33 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
                       split: str | None = None, samples: int | None = None, seed: int = 0,
                       ood_data: DataSource | None = None, plot: PathLike | None = None,
                       progress: Progress | None = None) -> dict[str, Any]:
-    """Accuracy, NLL, ECE (15 bins) and Brier of an IR (reference runtime, S samples) or an exported ensemble.
+    """The task's metrics of an IR (reference runtime, S samples) or an exported ensemble: accuracy, NLL, ECE
+    (15 bins) and Brier of a classifier; NLL, RMSE, MAE, interval coverage, calibration error and the variance
+    split of a regression; pixel accuracy, mean IoU, per-pixel NLL and ECE of a segmentation
+    (:mod:`edgebnn.metrics`).
 
     Data streams in batches, so a shard folder larger than memory is evaluated in bounded memory.
 
     Args:
         artifact: An ``.ebnn`` or exported ``.onnx`` path, an IR, or a :class:`Session`.
         data: ``digits``, a labelled ``.npz`` (``x``, ``y``), a folder of shards, or ``(x, y)`` arrays
-            (:func:`edgebnn.data.load_data`).
+            (:func:`edgebnn.data.load_data`); ``y`` as the task takes it: class indices ``(N,)``, float targets
+            ``(N,)``/``(N, D)``, or integer masks ``(N, *spatial)``.
         split: Digits split (default ``test``); digits only.
         samples: S for an IR (an export has S built in; default 16, a deep ensemble's M members: M).
         seed: Sampling seed for an IR, and of the host-drawn noise of a ``noise`` export.
         ood_data: Out-of-distribution inputs (``x`` only; any labels are ignored). Adds ``ood``:
             ``auroc_mutual_info``, ``auroc_entropy``, ``aupr_mutual_info``, ``fpr_at_95_tpr``
             (:func:`edgebnn.metrics.ood_report`), ``data``, ``n`` and the mean mutual information of each side.
-        plot: Write a PNG: reliability diagram, and the mutual-information histogram (in vs OOD).
+        plot: Write a PNG: reliability diagram (regression: interval coverage), and the epistemic histogram (in vs
+            OOD); segmentation adds the first image, its mask, the predicted mask and the MI map.
         progress: Called as ``progress(rows done, rows total)`` after each batch.
 
     Returns:
-        The ``edgebnn.eval/1`` report: ``artifact``, ``runtime``, ``data``, ``split``, ``accuracy``, ``nll``,
-        ``ece``, ``brier``, ``samples``, ``n`` (and ``ood``).
+        The ``edgebnn.eval/1`` report: ``artifact``, ``runtime``, ``data``, ``split``, the task's metrics
+        (classification: ``accuracy``, ``nll``, ``ece``, ``brier``; others add ``task``), ``samples``, ``n``
+        (and ``ood``: for segmentation on the image-mean MI and entropy, for regression on the mean epistemic
+        variance and Gaussian entropy).
 
     Raises:
         InvalidOptionError: Bad data (named by file and key), inputs of another shape than the model's.
@@ -187,7 +210,7 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
     else:
         model, name = load_ir(artifact), str(artifact)
     if isinstance(model, Session):
-        predict: Callable[[np.ndarray], Predictive] = model.predict
+        predict: Callable[[np.ndarray], AnyPredictive] = model.predict
         samples, runtime = model.samples, f"onnxruntime ({model.mode})"
     else:
         from edgebnn.exporters.families import default_samples
@@ -197,18 +220,36 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
         predict, runtime = _reference(model, samples, seed), "reference"
     dataset = dataset_for(model, data, split=split)
     ood = None if ood_data is None else dataset_for(model, ood_data, split=None, labels=False, option="--ood-data")
-    reports, sums, outs = _measure([predict], dataset, ood, progress)
+    task, classes = task_of(model)
+    reports, sums, outs = _measure([predict], dataset, ood, progress, task, classes)
     report: dict[str, Any] = {"artifact": name, "runtime": runtime, **dataset.describe(), **reports[0],
                               "samples": samples}
     report["n"] = dataset.n
+    if task.name != "classification":
+        report["task"] = task.name
     in_mi = np.concatenate(sums[0].mutual_info)
     ood_mi = None if outs is None else np.concatenate(outs[0].mutual_info)
     if plot:
-        from edgebnn.plots import plot_evaluation
-
-        plot_evaluation(sums[0].metrics.reliability(), in_mi, ood_mi, plot,
-                        title=f"{Path(name).name} on {dataset.name}" + (f" vs {ood.name}" if ood else ""))
+        _plot(task, sums[0], in_mi, ood_mi, plot,
+              title=f"{Path(name).name} on {dataset.name}" + (f" vs {ood.name}" if ood else ""))
     return report
+
+
+def _plot(task: Task, sums: _Sums, in_mi: np.ndarray, ood_mi: np.ndarray | None, path: PathLike, title: str) -> None:
+    """eval --plot, by task: the reliability diagram (classification, segmentation's pixels) or interval coverage
+    (regression) beside the epistemic histogram; segmentation adds the first image, its mask and its MI map."""
+    from edgebnn import plots
+    from edgebnn.metrics import REGRESSION, SEGMENTATION, RegressionPredictive
+
+    if task.name == SEGMENTATION and sums.first is not None:
+        x, y, pred = sums.first
+        assert not isinstance(pred, RegressionPredictive)
+        plots.plot_segmentation(x[0], None if y is None else y[0], pred.probs[0].argmax(0), pred.mutual_info[0],
+                                sums.metrics.reliability(), path, title=title)
+    elif task.name == REGRESSION:
+        plots.plot_regression(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)
+    else:
+        plots.plot_evaluation(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)
 
 
 def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, mode: str = "auto",

@@ -24,16 +24,17 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                 output_index: int = 0, evaluate: DataSource | None = None, ood_data: DataSource | None = None,
                 budget: Budget | str | None = None, samples: int = 16,
                 progress: Progress | None = None, mc_dropout: bool = False, swag: str | Path | None = None,
-                swag_scale: float = 0.5) -> tuple[BNNModel, dict[str, Any]]:
+                swag_scale: float = 0.5, task: str | None = None, noise_var: float | None = None,
+                regression_head: str | None = None) -> tuple[BNNModel, dict[str, Any]]:
     """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
 
     ``evaluate`` (``digits`` or a data file/folder, see :func:`edgebnn.data.load_data`) adds ``report["eval"]``:
     the lowered model against the float BNN it came from (:func:`lowering_quality`; ``ood_data`` adds the
     MI-AUROC). ``budget`` (a :class:`edgebnn.budget.Budget` or its text) searches per-layer settings that keep
     it on ``evaluate`` (:func:`lower_within_budget`) and adds ``report["budget"]``. ``mc_dropout``: see
-    :func:`from_torch`. A factory returning a list of models is a deep ensemble (``weights``: one file, member k's
-    keys prefixed ``k.``; ``samples`` becomes M). ``swag``: a SWAG statistics file, imported with
-    :func:`from_swag` at ``swag_scale``.
+    :func:`from_torch`, as are ``task``, ``noise_var`` and ``regression_head``. A factory returning a list of
+    models is a deep ensemble (``weights``: one file, member k's keys prefixed ``k.``; ``samples`` becomes M).
+    ``swag``: a SWAG statistics file, imported with :func:`from_swag` at ``swag_scale``.
 
     Raises:
         InvalidOptionError: A budget without ``evaluate``, an ``auroc`` budget without ``ood_data``, bad data.
@@ -53,7 +54,7 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                         name=f"{model_spec} ({weights}, {swag})")
     else:
         bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})",
-                         mc_dropout=mc_dropout)
+                         mc_dropout=mc_dropout, task=task, noise_var=noise_var, regression_head=regression_head)
     samples = default_samples(bnn, samples)  # a deep ensemble is evaluated on its M members
     if budget is not None:
         assert evaluate is not None  # _check_budget

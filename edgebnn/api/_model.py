@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from edgebnn.passes import LowerConfig
 
 def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None,
-               mc_dropout: bool = False) -> BNNModel:
+               mc_dropout: bool = False, task: str | None = None, noise_var: float | None = None,
+               regression_head: str | None = None) -> BNNModel:
     """Import a trained PyTorch BNN into the IR (needs torch).
 
     Args:
@@ -33,6 +34,13 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
             prediction, each a ``DropoutMask`` posterior on its input, and its plain Linear/Conv weights as σ = 0
             ``GaussianWeight`` (lowering schemes encode them; exports run them once). A plain torch model needs
             nothing else.
+        task: What the output is: ``classification`` ([B, K] logits), ``regression`` ([B, D] means, or
+            [B, 2D] / a tuple of means and log-variances) or ``segmentation`` (``dense``: [B, C, H, W] or
+            [B, C, L] logits). None: [B, K >= 3] is classification, a >= 3-D output segmentation; a 1- or 2-wide
+            head is refused with a hint (it could be either).
+        noise_var: Regression, mean-only head: the observation noise variance σ² (aleatoric), or None.
+        regression_head: ``mean`` or ``mean_logvar``; default ``mean_logvar`` for a (mean, log-variance) tuple
+            or an even width without ``noise_var``, else ``mean``.
 
     Returns:
         The IR, one ``GaussianWeight`` per Bayesian weight (and one ``DropoutMask`` per dropout layer with
@@ -63,7 +71,8 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
             raise InvalidOptionError(f"{where}: --mc-dropout does not apply to a deep ensemble")
         return import_ensemble(members, input_shape, output_index=output_index, where=where)
 
-    return import_model(model, tuple(input_shape), output_index=output_index, where=where, mc_dropout=mc_dropout)
+    return import_model(model, tuple(input_shape), output_index=output_index, where=where, mc_dropout=mc_dropout,
+                        task=task, noise_var=noise_var, regression_head=regression_head)
 
 
 def from_swag(model: Any, stats: Mapping[str, Any] | PathLike, input_shape: Sequence[int], *, scale: float = 0.5,

@@ -206,6 +206,9 @@ def qdq_summary(model: onnx.ModelProto) -> dict[str, Any]:
 
 def _check_calibratable(meta: ExportMetadata, where: str) -> None:
     mode = meta.mode
+    if meta.task is not None and meta.task != "classification":
+        raise InvalidOptionError(f"{where}: a {meta.task} export: INT8 calibration measures a classifier "
+                                 "(accuracy, NLL, ECE before and after); export it fp32 or --weights int8")
     if meta.calibration:
         raise InvalidOptionError(f"{where}: already INT8-calibrated ({meta.calibration['method']}); "
                                  "calibrate the float export")
@@ -224,10 +227,11 @@ def _check_calibratable(meta: ExportMetadata, where: str) -> None:
 
 
 def _evaluate(proto: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, float], Any]:
-    from edgebnn.metrics import classification_report
+    from edgebnn.metrics import Predictive, classification_report
     from edgebnn.runtime import Session
 
     pred = Session(proto, threads=0).predict(x)
+    assert isinstance(pred, Predictive)  # _check_calibratable: classification exports only
     return classification_report(pred.probs, y), pred
 
 

@@ -70,7 +70,8 @@ if TYPE_CHECKING:
               help="With --eval: out-of-distribution inputs (x only); adds the mutual-information AUROC.")
 @click.option("--budget", "budget_text", default=None, metavar="METRIC=CHANGE,...",
               help="Uncertainty budget, e.g. nll=+0.02,ece=+0.01,auroc=-0.01 (metrics: nll, ece, brier, accuracy, "
-                   "auroc): choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
+                   "auroc; regression: rmse, mae, calibration_error; segmentation: mean_iou, pixel_accuracy): "
+                   "choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
                    "posterior-variance rule down. Exit 2, nothing written, when no configuration keeps it.")
 @click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
 @click.option("--mc-dropout", is_flag=True,
@@ -82,10 +83,19 @@ if TYPE_CHECKING:
                    "parameters become SWAG's low-rank + diagonal Gaussian (export with --mode baked).")
 @click.option("--swag-scale", default=0.5, show_default=True, type=float,
               help="SWAG's scale: w = mean + sqrt(scale)·(σ⊙z1 + Dᵀz2/sqrt(K-1)).")
+@click.option("--task", type=click.Choice(["classification", "regression", "segmentation", "dense"]), default=None,
+              help="What the output is. Default: [B, K>=3] logits are classification, [B, C, H, W] / [B, C, L] "
+                   "segmentation; a 1- or 2-wide output must say (regression: means, or means and log-variances).")
+@click.option("--noise-var", type=float, default=None,
+              help="--task regression with a mean-only head: the observation noise variance (aleatoric).")
+@click.option("--regression-head", type=click.Choice(["mean", "mean_logvar"]), default=None,
+              help="--task regression: mean ([B, D]) or mean_logvar ([B, 2D] or a (mean, log-variance) tuple); "
+                   "default mean_logvar for a tuple or an even width without --noise-var, else mean.")
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          verbose: bool, mc_dropout: bool, swag_stats: str | None, swag_scale: float) -> None:
+          verbose: bool, mc_dropout: bool, swag_stats: str | None, swag_scale: float, task: str | None,
+          noise_var: float | None, regression_head: str | None) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
@@ -110,7 +120,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
             model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
                                               evaluate=eval_data, ood_data=ood_data, budget=budget,
                                               progress=progress, mc_dropout=mc_dropout, swag=swag_stats,
-                                              swag_scale=swag_scale)
+                                              swag_scale=swag_scale, task=task, noise_var=noise_var,
+                                              regression_head=regression_head)
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise

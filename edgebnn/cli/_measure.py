@@ -22,6 +22,7 @@ from edgebnn.cli._common import (
 )
 from edgebnn.exporters import MODES
 from edgebnn.tables import (
+    TASK_COLUMNS,
     print_eval,
     print_profile,
 )
@@ -46,10 +47,13 @@ if TYPE_CHECKING:
 @click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
-              help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD).")
+              help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD); segmentation: "
+                   "also an image, its mask, the predicted mask and the MI map.")
 def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: int | None, seed: int,
              json_out: str | None, plot: str | None) -> None:
-    """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx.
+    """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx; for a
+    regression model NLL, RMSE, MAE, interval coverage and the variance split, for a segmentation model pixel
+    accuracy, mean IoU and per-pixel NLL/ECE (labels: float targets, or [N, H, W] integer masks).
 
     With --ood-data, also how well the model's uncertainty tells those inputs from --data.
     """
@@ -154,11 +158,12 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
                                    alpha=alpha, seed=seed)
     where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
     table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
-    for col in ("artifact", "S", "accuracy", "nll", "ece", "brier"):
+    keys = TASK_COLUMNS[report.get("task", "classification")]
+    for col in ("artifact", "S", *keys):
         table.add_column(col, justify="left" if col == "artifact" else "right")
     for side in (report["a"], report["b"]):
         table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"),
-                      *(f"{side[k]:.4f}" for k in ("accuracy", "nll", "ece", "brier")))
+                      *(f"{side[k]:.4f}" for k in keys))
     console.print(table)
     verdict = "same predictive distribution" if report["same_distribution"] else "DIFFERENT predictive distributions"
     console.print(f"{verdict}: T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}, "

@@ -13,9 +13,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
+from edgebnn.exporters.heads import Points, head_of
 from edgebnn.exporters.metadata import ExportMetadata, write_metadata
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import Grid
+from edgebnn.metrics import Task
 
 P = "ens/"  # prefix of every value an exporter adds
 INT4_BLOCK = 32
@@ -45,6 +47,7 @@ class Builder:
         self.int4_layout = "blocks"
         self.samples = 1
         self.bias_format = "fp32"  # constant (member) biases: fp32, or int8 in the "channels" int4 layout
+        self.outputs: list[onnx.ValueInfoProto] | None = None  # the task head's graph outputs, once added
         self.adopt(inits)
 
     def adopt(self, inits: Iterable[onnx.TensorProto]) -> None:
@@ -166,33 +169,23 @@ class Builder:
         x = self.add("Expand", [x, expand], prefix + "input_s")
         return self.add("Reshape", [x, flat], dst)
 
-    def predictive_head(self, logits: str, samples: int, classes: int) -> None:
-        """logits [B·S, K] -> probs [B, K], entropy [B], mutual_info [B].
+    def predictive_head(self, logits: str, samples: int, classes: int, task: Task | None = None) -> None:
+        """The task's head (:mod:`.heads`) from the member outputs ``logits`` [B·S, ...]; classification (the
+        default): logits [B·S, K] -> probs [B, K], entropy [B], mutual_info [B]."""
+        task = task or Task()
+        head_of(task).sampled(self, logits, samples, task, classes)
+        self.outputs = head_of(task).outputs(task, classes)
 
-        probs = mean_s softmax; entropy = -Σ probs·log(max(probs, 1e-12));
-        mutual_info = max(entropy - mean_s(-Σ p_s·log_softmax_s), 0) (clamps round-off).
-        """
-        p = P + "head/"
-        ax1, axk = self.i64(p + "axis1", 1), self.i64(p + "axis_last", -1)
-        x3 = self.add("Reshape", [logits, self.i64(p + "shape", -1, samples, classes)], p + "logits3")
-        ps = self.add("Softmax", [x3], p + "p_s", axis=-1)
-        logps = self.add("LogSoftmax", [x3], p + "logp_s", axis=-1)
-        probs = self.add("ReduceMean", [ps, ax1], "probs", keepdims=0)
-        logp = self.add("Log", [self.add("Max", [probs, self.f32(p + "eps", 1e-12)], p + "probs_eps")], p + "logprobs")
-        neg_h = self.add("ReduceSum", [self.add("Mul", [probs, logp], p + "plogp"), axk], p + "neg_h", keepdims=0)
-        self.add("Neg", [neg_h], "entropy")
-        neg_hs = self.add("ReduceSum", [self.add("Mul", [ps, logps], p + "plogp_s"), axk], p + "neg_h_s", keepdims=0)
-        neg_eh = self.add("ReduceMean", [neg_hs, ax1], p + "neg_expected_h", keepdims=0)
-        mi = self.add("Neg", [self.add("Sub", [neg_h, neg_eh], p + "neg_mi")], p + "mi_raw")  # H - E[H_s]
-        self.add("Max", [mi, self.f32(p + "zero", 0.0)], "mutual_info")
+    def analytic_head(self, logits: str, var: str | None, samples: int, classes: int, task: Task,
+                      points: Points) -> None:
+        """The task's head (:mod:`.heads`) from the output's Gaussian moments (``var`` None: variance 0)."""
+        head_of(task).analytic(self, logits, var, samples, task, classes, points)
+        self.outputs = head_of(task).outputs(task, classes)
 
     def model(self, base: onnx.ModelProto, graph_inputs: list[onnx.ValueInfoProto], name: str,
               classes: int) -> onnx.ModelProto:
-        outputs = [
-            helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", classes]),
-            helper.make_tensor_value_info("entropy", TensorProto.FLOAT, ["batch"]),
-            helper.make_tensor_value_info("mutual_info", TensorProto.FLOAT, ["batch"]),
-        ]
+        """The graph: the nodes added, the head's outputs (a classifier's of ``classes`` without a head)."""
+        outputs = self.outputs if self.outputs is not None else head_of(Task()).outputs(Task(), classes)
         used = {x for node in self.nodes for x in node.input}  # skeleton parameters a rewrite replaced
         inits = [t for t in self.inits if t.name in used]
         graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, inits)

@@ -25,10 +25,12 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     Add (independent operands):            m' = m₁ + m₂, v' = v₁ + v₂
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
 
-The head turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte Carlo quadrature
-(S scrambled-Sobol standard-normal points moment-matched to mean 0 and covariance I, baked as constants):
-logits_q = m + √v ⊙ z_q (one MatMul of [m, √v] by :func:`quadrature_matrix`), then the same head as the
-sampling modes, so ``mutual_info`` is the logit-level epistemic spread. No random ops.
+The head (the task's, :mod:`.heads`) turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte
+Carlo quadrature (S scrambled-Sobol standard-normal points moment-matched to mean 0 and covariance I,
+:func:`quadrature_points`): logits_q = m + √v ⊙ z_q (a classifier's as one MatMul of [m, √v] by
+:func:`quadrature_matrix`, built in the graph for compact exports), then the same head as the sampling modes, so
+``mutual_info`` is the logit-level epistemic spread; a regression head reads mean and variance off (m, v). No
+random ops.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from scipy.stats import norm, qmc
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata, static_shapes
+from edgebnn.exporters.heads import quadrature_matrix_of
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
@@ -79,9 +82,7 @@ def quadrature_points(samples: int, classes: int, seed: int = 0) -> np.ndarray:
 
 def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:
     """[2K, Q·K]: [m, s] @ it = (m + s ⊙ z_q for q in 1..Q) on the points of :func:`quadrature_points`."""
-    z = quadrature_points(samples, classes, seed)
-    eye = np.eye(classes, dtype=np.float32)
-    return np.concatenate([np.tile(eye, (1, samples)), (eye[:, None, :] * z.T[:, :, None]).reshape(classes, -1)])
+    return quadrature_matrix_of(quadrature_points(samples, classes, seed))
 
 
 def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
@@ -204,7 +205,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
             var[out] = None if vx is None else _reduce_max_variance(b, node, vx, p)
         elif op == "LogSoftmax" and out == base.graph.output[0].name:
             b.nodes.append(node)  # the head: the predictive's softmax of log-softmaxed logits is that of the logits
-            _check_last_axis(node, shapes, where(node))
+            _check_last_axis(node, shapes, where(node), model.manifest.task_spec(model.where).shape is not None)
             var[out] = var[node.input[0]]
         else:
             raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}; "
@@ -212,16 +213,10 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
 
     logits = base.graph.output[0].name
     classes = model.manifest.num_classes
-    v = var.get(logits)
-    if v is None:
-        v = b.add("Mul", [logits, b.f32(P + "zero_v", 0.0)], P + "logit_var")
-    std = b.add("Sqrt", [b.add("Max", [v, b.f32(P + "var_floor", VAR_FLOOR)], P + "v_floor")], P + "logit_std")
-    # logits_q = m + s ⊙ z_q for every point q, as one MatMul: [m, s] [B, 2K] @ [[I ... I], [diag z_1 ... diag z_Q]]
-    ms = b.add("Concat", [logits, std], P + "m_s", axis=-1)
-    quadrature = (b.f32(P + "quadrature", quadrature_matrix(samples, classes)) if weights == "fp32"
-                  else _quadrature_in_graph(b, samples, classes))
-    lq = b.add("MatMul", [ms, quadrature], P + "logits_q")
-    b.predictive_head(lq, samples, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K] reshape
+    # the task's head (.heads) on the output's moments; classification and segmentation integrate the softmax at
+    # the quadrature points
+    b.analytic_head(logits, var.get(logits), samples, classes, model.manifest.task_spec(model.where),
+                    quadrature_points)
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0,
@@ -316,19 +311,6 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
     var[out] = v
 
 
-def _quadrature_in_graph(b: Builder, samples: int, classes: int) -> str:
-    """:func:`quadrature_matrix` built in the graph from its Q·K points (the matrix is 2Q·K² numbers, mostly the
-    identity's zeros): ``[Tile(I, Q); Reshape(Unsqueeze(I, 1) · Unsqueeze(zᵀ, 2))]``, the same float32 products,
-    folded at session creation like the stores' decodes."""
-    p = P + "quad/"
-    eye = b.f32(p + "eye", np.eye(classes, dtype=np.float32))
-    top = b.add("Tile", [eye, b.i64(p + "reps", 1, samples)], p + "top")
-    z_t = b.f32(p + "z_t", np.ascontiguousarray(quadrature_points(samples, classes).T))  # [K, Q]
-    diag = b.add("Mul", [b.add("Unsqueeze", [eye, b.i64(p + "ax1", 1)], p + "eye3"),
-                         b.add("Unsqueeze", [z_t, b.i64(p + "ax2", 2)], p + "z3")], p + "diag")  # [K, Q, K]
-    bottom = b.add("Reshape", [diag, b.i64(p + "shape", classes, samples * classes)], p + "bottom")
-    return b.add("Concat", [top, bottom], p + "matrix", axis=0)
-
 
 def _relu_then_max_pool(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     """ReLU output -> the MaxPool that is its only consumer (one output, no indices asked for)."""
@@ -375,17 +357,20 @@ def _reduce_max_variance(b: Builder, node: onnx.NodeProto, v: str, p: str) -> st
     return b.add("ReduceMax", [v_at, *node.input[1:]], p + "v", **attrs)
 
 
-def _check_last_axis(node: onnx.NodeProto, shapes: dict[str, list[int]], where: str) -> None:
-    """A LogSoftmax head passes the logits' moments through only when it normalises over the classes.
+def _check_last_axis(node: onnx.NodeProto, shapes: dict[str, list[int]], where: str, dense: bool = False) -> None:
+    """A LogSoftmax head passes the logits' moments through only when it normalises over the classes (the last
+    axis; axis 1 of per-pixel logits).
 
     softmax(log_softmax(z)) = softmax(z) for every draw z, so the quadrature head on the logits' (m, v) gives the
     predictive of the log-probabilities; (m, v) are not the log-probabilities' own moments (that would be
     wrong anywhere but before the head)."""
     axis = int(attrs_of(node).get("axis", -1))
     rank = len(shapes.get(node.input[0], [0, 0]))
-    if axis not in (-1, rank - 1):
-        raise UnsupportedLayerError(f"{where}: analytic mode takes a LogSoftmax head over the last axis only "
-                                    f"(got axis {axis}); use --mode baked or noise")
+    classes = (1, 1 - rank) if dense else (-1, rank - 1)
+    if axis not in classes:
+        raise UnsupportedLayerError(f"{where}: analytic mode takes a LogSoftmax head over the "
+                                    f"{'class axis (1)' if dense else 'last axis'} only (got axis {axis}); "
+                                    "use --mode baked or noise")
 
 
 def _sum(b: Builder, terms: list[str], p: str) -> str | None:

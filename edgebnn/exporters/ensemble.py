@@ -52,6 +52,7 @@ from edgebnn.exporters.stores import compact_names, finish_stores, store_metadat
 from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
+from edgebnn.metrics import REGRESSION
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
@@ -191,7 +192,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
 def float_deterministic(model: BNNModel) -> onnx.ModelProto:
     """Posterior-mean fp32 network with a Softmax head (output ``probs``): one pass."""
     proto = model.float_model()
-    _softmax_output(proto)
+    _softmax_output(proto, model)
     set_metadata(proto, model, mode="float_deterministic", samples=1, seed=None)
     return proto
 
@@ -231,7 +232,7 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
     rest = list(graph.node)
     del graph.node[:]
     graph.node.extend(b.nodes + rest)
-    _softmax_output(proto)
+    _softmax_output(proto, model)
     set_metadata(proto, model, mode="float_bnn", samples=1, seed=None)
     return proto
 
@@ -241,10 +242,16 @@ def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
     return atomic_write_bytes(path, proto.SerializeToString(deterministic=True))
 
 
-def _softmax_output(proto: onnx.ModelProto) -> None:
+def _softmax_output(proto: onnx.ModelProto, model: BNNModel) -> None:
+    """The one-pass output ``probs``: softmax over the classes (axis 1 of per-pixel logits); a regression
+    baseline passes its raw output through (it is timed, never read as probabilities)."""
     graph = proto.graph
     logits = graph.output[0]
-    graph.node.append(helper.make_node("Softmax", [logits.name], ["probs"], axis=-1))
+    task = model.manifest.task_spec(model.where)
+    if task.name == REGRESSION:
+        graph.node.append(helper.make_node("Identity", [logits.name], ["probs"]))
+    else:
+        graph.node.append(helper.make_node("Softmax", [logits.name], ["probs"], axis=1 if task.shape else -1))
     dims = [d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim]
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, dims or None))

@@ -22,6 +22,8 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     float_bnn_bytes, ebnn_bytes   the fp32 BNN's bytes (μ and σ of every Bayesian weight in fp32) and the
                     ``.ebnn``'s, so the file alone gives its size ratios (:mod:`edgebnn.exporters.sizes`)
     precision, calibration        INT8 calibration (``calibrate``): "int8" and its settings
+    task, task_options            a regression or segmentation graph (:class:`edgebnn.metrics.Task`; absent:
+                                  classification), whose outputs are the task's
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.exporters.forms import FORMS
 from edgebnn.ir import MANIFEST_KEY, BNNModel
+from edgebnn.metrics import CLASSIFICATION, Task
 
 EXPORT_KEY = "edgebnn.export"
 BASELINE_MODES = ("float_deterministic", "float_bnn")  # one-pass float baselines, not ensembles
@@ -77,6 +80,8 @@ class ExportMetadata:
     stores: Mapping[str, int] | None = None
     rng: str | None = None
     compact: str | None = None
+    task: str | None = None
+    task_options: Mapping[str, Any] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -89,9 +94,16 @@ class ExportMetadata:
             extra["noise_inputs"] = tuple(extra["noise_inputs"])
         extra.setdefault("float_bnn_bytes", float_bnn_bytes(model))
         extra.setdefault("ebnn_bytes", ebnn_bytes(model))
+        task = m.task_spec(model.where)
+        if task.name != CLASSIFICATION:
+            extra.update(task=task.name, task_options=task.options())
         return cls(mode=mode, samples=samples, seed=seed, scheme=m.scheme, source_library=m.source_library,
                    input_name=m.input_name, input_shape=tuple(m.input_shape), num_classes=m.num_classes,
-                   outputs=("probs",) if mode in BASELINE_MODES else OUTPUTS, **extra)
+                   outputs=("probs",) if mode in BASELINE_MODES else task.outputs, **extra)
+
+    def task_spec(self, where: str = "<model>") -> Task:
+        """The task of the graph (:class:`edgebnn.metrics.Task`; classification when none is recorded)."""
+        return Task.parse(self.task, self.task_options, where)
 
     @property
     def is_baseline(self) -> bool:
@@ -207,7 +219,7 @@ def _check_graph(proto: onnx.ModelProto, meta: ExportMetadata, bad: str) -> None
     outputs = {o.name for o in proto.graph.output}
     if not set(meta.outputs) <= outputs:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} are not all graph outputs ({sorted(outputs)})")
-    want = ("probs",) if meta.is_baseline else OUTPUTS
+    want = ("probs",) if meta.is_baseline else meta.task_spec(bad).outputs
     if tuple(meta.outputs) != want:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} of a {meta.mode} graph must be {list(want)}")
 
@@ -274,6 +286,8 @@ _CHECKS: dict[str, Any] = {
     "stores": lambda v: isinstance(v, dict) and all(_is_text(k) and _is_int(x) and x > 0 for k, x in v.items()),
     "rng": lambda v: v in ("host", "graph"),
     "compact": _is_text,
+    "task": _is_text,
+    "task_options": lambda v: isinstance(v, dict),
 }
 _DESCRIBE = {
     "samples": "a positive integer", "seed": "null or a non-negative integer",

@@ -185,7 +185,7 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
         logits = fold(logits)  # every layer was hoisted: S identical members
     _stay_sample_major(b)
     sink_wide_outputs(b, shapes, ELEMENTWISE)
-    b.predictive_head(logits, samples, model.manifest.num_classes)
+    b.predictive_head(logits, samples, model.manifest.num_classes, model.manifest.task_spec(model.where))
     sampled = {layer_of[n] for n in encoded if n not in quiet}
     return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
 

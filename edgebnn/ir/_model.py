@@ -23,6 +23,7 @@ from onnx import helper
 from edgebnn._version import __version__
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.ir.encodings import ENCODINGS, Encoding
+from edgebnn.metrics import CLASSIFICATION, Task
 
 DOMAIN = "ai.edgebnn"
 DOMAIN_VERSION = 1
@@ -48,9 +49,21 @@ class Manifest:
     lower_config: dict[str, Any] | None = None  # the edgebnn.passes.LowerConfig of the last lower(), to replay it
     format_version: int = FORMAT_VERSION
     edgebnn_version: str = __version__
+    # What the output is (edgebnn.metrics.Task): absent in files written before tasks, and for classification,
+    # so those files keep their bytes; ``num_classes`` is the output's width (regression: D or 2D) or, for
+    # segmentation, its channel count C.
+    task: str = CLASSIFICATION
+    task_options: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        raw = asdict(self)
+        if self.task == CLASSIFICATION and self.task_options is None:
+            del raw["task"], raw["task_options"]
+        return json.dumps(raw, sort_keys=True, separators=(",", ":"))
+
+    def task_spec(self, where: str = "<model>") -> Task:
+        """The task (:class:`edgebnn.metrics.Task`) this manifest records."""
+        return Task.parse(self.task, self.task_options, where)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
@@ -88,6 +101,11 @@ class Manifest:
             raise InvalidArtifactError(f"{where}: manifest passes {man.passes!r} is not a list of objects")
         if man.lower_config is not None and not isinstance(man.lower_config, dict):
             raise InvalidArtifactError(f"{where}: manifest lower_config {man.lower_config!r} is not an object")
+        if man.task_options is not None and not isinstance(man.task_options, dict):
+            raise InvalidArtifactError(f"{where}: manifest task_options {man.task_options!r} is not an object")
+        if not isinstance(man.task, str):
+            raise InvalidArtifactError(f"{where}: manifest task {man.task!r} is not a string")
+        man.task_spec(f"{where}: manifest")
         return man
 
 

@@ -17,7 +17,7 @@ from edgebnn.exporters import check_samples
 from edgebnn.exporters.families import check_family
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import draw_weight
-from edgebnn.metrics import Predictive, predictive_from_logits
+from edgebnn.metrics import AnyPredictive, predictive_from_samples
 from edgebnn.runtime._ort import ort_errors
 
 
@@ -50,11 +50,12 @@ class Reference:
 
     def __init__(self, model: BNNModel) -> None:
         self.model = model
+        self.task = model.manifest.task_spec(model.where)
         with ort_errors(model.where):
             self.session = session(model.weights_as_inputs().SerializeToString())
 
     def logits(self, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
-        """Per-sample logits ``[S, N, K]``."""
+        """Per-sample outputs ``[S, N, ...]`` (logits ``[S, N, K]`` of a classifier)."""
         x = check_input(self.model, x)
         weights = sample_weights(self.model, samples, seed)
         in_name = self.model.manifest.input_name
@@ -67,12 +68,17 @@ class Reference:
             out.append(np.concatenate(chunks))
         return np.stack(out)
 
+    def predict(self, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
+        """The task's predictive of ``samples`` posterior draws (:func:`edgebnn.metrics.predictive_from_samples`)."""
+        return predictive_from_samples(self.task, self.logits(x, samples, seed))
+
 
 def sample_logits(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
     """Per-sample logits ``[S, N, K]``."""
     return Reference(model).logits(x, samples, seed, batch_size)
 
 
-def predict(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0) -> Predictive:
-    """Mean probabilities, predictive entropy and mutual information of ``samples`` posterior draws."""
-    return predictive_from_logits(sample_logits(model, x, samples, seed))
+def predict(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
+    """The predictive of ``samples`` posterior draws: mean probabilities, predictive entropy and mutual information
+    of a classifier (per pixel for segmentation), or the regression moments."""
+    return Reference(model).predict(x, samples, seed)

@@ -6,6 +6,9 @@ the standard-normal noise inputs on the host (numpy, seedable) so callers never 
     from edgebnn.runtime import Session
     sess = Session("model.onnx", seed=0)
     pred = sess.predict(x)          # pred.probs [B, K], pred.entropy [B], pred.mutual_info [B]
+
+A regression export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean``, ``variance``, ``aleatoric``,
+``epistemic``, each [B, D]); a segmentation export per-pixel probs [B, C, *spatial] and maps [B, *spatial].
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from google.protobuf.message import DecodeError
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
-from edgebnn.metrics import Predictive
+from edgebnn.metrics import REGRESSION, AnyPredictive, Predictive, RegressionPredictive
 from edgebnn.runtime._ort import ort_errors
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -83,6 +86,7 @@ class Session:
         self.input_shape = tuple(self.meta.input_shape[1:])
         self.noise_inputs = [dict(r) for r in self.meta.noise_inputs or ()]
         self.rng = np.random.default_rng(seed)
+        self.task = self.meta.task_spec(self.where)
         self._pool = NoisePool(self.noise_inputs, self.samples, self.rng) if noise_pool and self.noise_inputs else None
 
     @property
@@ -93,8 +97,10 @@ class Session:
     def samples(self) -> int:
         return self.meta.samples
 
-    def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> Predictive:
-        """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``.
+    def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> AnyPredictive:
+        """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``: a
+        :class:`~edgebnn.metrics.Predictive` (classification, segmentation) or a
+        :class:`~edgebnn.metrics.RegressionPredictive` (regression), as the export's task says.
 
         ``noise`` overrides the host-drawn noise of a ``noise`` graph (standard normal, float32, shapes as
         in ``self.noise_inputs`` with -1 meaning B·S rows).
@@ -108,6 +114,8 @@ class Session:
         elif noise:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
         with ort_errors(self.where):
+            if self.task.name == REGRESSION:
+                return RegressionPredictive(*self._sess.run(list(self.task.outputs), feed))
             probs, entropy, mi = self._sess.run(["probs", "entropy", "mutual_info"], feed)
         return Predictive(probs, entropy, mi)
 

@@ -1,10 +1,12 @@
 """Objectives, budgets, the Pareto front and the choice of ``best``.
 
 A trial result (:func:`edgebnn.search.trial.run_trial`) has ``metrics`` (``accuracy``, ``nll``, ``ece``,
-``brier`` and, with OOD data, ``auroc``), ``bytes`` (the exported ONNX the trial would deploy, byte for byte the
-file ``edgebnn export`` writes: the figure ``compression_ratio`` divides), ``artifact_bytes`` (the same, the name
-of search/1), ``ir_bytes`` (the lowered IR's stored weights, ``lower``'s ``total_bytes``), ``deployed`` (the
-file's breakdown, :mod:`edgebnn.exporters.sizes`), ``latency_ms`` and ``energy_mj``.
+``brier``; a regression model's ``nll``, ``rmse``, ``mae``, ``calibration_error``; a segmentation model's
+``nll``, ``ece``, ``mean_iou``, ``pixel_accuracy``; and, with OOD data, ``auroc``), ``bytes`` (the exported ONNX
+the trial would deploy, byte for byte the file ``edgebnn export`` writes: the figure ``compression_ratio``
+divides), ``artifact_bytes`` (the same, the name of search/1), ``ir_bytes`` (the lowered IR's stored weights,
+``lower``'s ``total_bytes``), ``deployed`` (the file's breakdown, :mod:`edgebnn.exporters.sizes`), ``latency_ms``
+and ``energy_mj``.
 
 A budget bounds metrics relative to the float BNN measured once per search: ``nll=+0.05,ece=+0.01`` keeps
 trials whose NLL is at most 0.05 and ECE at most 0.01 above the float BNN's; ``accuracy=-0.01`` keeps those
@@ -57,7 +59,20 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
     Objective("ece", ("metrics", "ece")),
     Objective("brier", ("metrics", "brier")),
     Objective("auroc", ("metrics", "auroc"), maximize=True),
+    # regression and segmentation models report these instead of accuracy/ECE/Brier (edgebnn.metrics)
+    Objective("rmse", ("metrics", "rmse")),
+    Objective("mae", ("metrics", "mae")),
+    Objective("calibration_error", ("metrics", "calibration_error")),
+    Objective("mean_iou", ("metrics", "mean_iou"), maximize=True),
+    Objective("pixel_accuracy", ("metrics", "pixel_accuracy"), maximize=True),
 )}
+# the scalar metrics a trial keeps from its evaluation report (those its model's task reports)
+TRIAL_METRICS = ("accuracy", "nll", "ece", "brier", "rmse", "mae", "calibration_error", "mean_iou", "pixel_accuracy")
+TASK_METRICS = {"classification": ("accuracy", "nll", "ece", "brier"),
+                "regression": ("nll", "rmse", "mae", "calibration_error"),
+                "segmentation": ("pixel_accuracy", "mean_iou", "nll", "ece")}
+TASK_DEFAULT_OBJECTIVES = {"classification": ("bytes", "nll", "ece"), "regression": ("bytes", "nll", "rmse"),
+                           "segmentation": ("bytes", "nll", "mean_iou")}
 DEFAULT_OBJECTIVES = ("bytes", "nll", "ece")
 
 
@@ -78,6 +93,25 @@ def parse_objectives(text: str | Sequence[str], *, ood: bool = False) -> tuple[O
     if "auroc" in names and not ood:
         raise InvalidOptionError("--objectives auroc: needs --ood-data")
     return tuple(OBJECTIVES[n] for n in names)
+
+
+def for_task(task: str, objectives: tuple[Objective, ...], budget: Mapping[str, float], *, defaulted: bool,
+             ood: bool = False) -> tuple[Objective, ...]:
+    """The objectives of a model of ``task``: the default objectives become the task's defaults
+    (:data:`TASK_DEFAULT_OBJECTIVES`); a metric the task does not report is refused.
+
+    Raises:
+        InvalidOptionError: An objective or budget metric that a ``task`` model does not report (one line).
+    """
+    if defaulted:
+        objectives = parse_objectives(TASK_DEFAULT_OBJECTIVES[task], ood=ood)
+    reported = (*TASK_METRICS[task], "auroc")
+    for option, names in (("--objectives", [o.name for o in objectives if o.path[0] == "metrics"]),
+                          ("--budget", list(budget))):
+        wrong = [n for n in names if n not in reported]
+        if wrong:
+            raise InvalidOptionError(f"{option} {wrong[0]}: a {task} model reports {', '.join(reported)}")
+    return objectives
 
 
 def parse_budget(text: str | None, *, ood: bool = False) -> dict[str, float]:

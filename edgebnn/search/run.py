@@ -20,7 +20,15 @@ from edgebnn.budget import BudgetNotMetError
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters.forms import DEVICE_FORMATS
 from edgebnn.search.executors import LocalExecutor, RayExecutor
-from edgebnn.search.objectives import DEFAULT_OBJECTIVES, Objective, choose_best, parse_budget, parse_objectives
+from edgebnn.search.objectives import (
+    DEFAULT_OBJECTIVES,
+    TRIAL_METRICS,
+    Objective,
+    choose_best,
+    for_task,
+    parse_budget,
+    parse_objectives,
+)
 from edgebnn.search.space import SearchSpace, TrialConfig
 from edgebnn.search.study import (
     BASELINE_KEY,
@@ -123,6 +131,9 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
     dataset_for(model, settings.data, split=data_split(settings.data))
     if settings.ood_data is not None:
         dataset_for(model, settings.ood_data, labels=False, option="--ood-data")
+    objectives = for_task(model.manifest.task_spec(model.where).name, objectives, budget,
+                          defaulted=tuple(settings.objectives) == DEFAULT_OBJECTIVES,
+                          ood=settings.ood_data is not None)
     return objectives, budget
 
 
@@ -134,7 +145,7 @@ def _baseline(settings: SearchSettings) -> dict[str, Any]:
     model = load_ir(settings.model)
     ev = evaluate_artifact(model, data=settings.data, split=data_split(settings.data),
                            samples=settings.baseline_samples, seed=settings.seed, ood_data=settings.ood_data)
-    metrics = {k: ev[k] for k in ("accuracy", "nll", "ece", "brier")}
+    metrics = {k: ev[k] for k in TRIAL_METRICS if k in ev}
     if "ood" in ev:
         metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
     return {"scheme": "float", "runtime": "reference", "samples": settings.baseline_samples, "n": ev["n"],

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from edgebnn.search.objectives import TRIAL_METRICS
 from edgebnn.search.space import TrialConfig
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
     except Exception as e:  # a failed trial is recorded with its error; the search goes on
         result["error"] = _one_line(e)
         return result, None
-    metrics = {k: ev[k] for k in ("accuracy", "nll", "ece", "brier")}
+    metrics = {k: ev[k] for k in TRIAL_METRICS if k in ev}
     if "ood" in ev:
         metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
     deployed = deployed_bytes(onnx_bytes, float_bnn_bytes=int(report["float_bnn_bytes"]),
