@@ -196,8 +196,8 @@ def _integer_op(b: Builder, op: str, x: str, q: np.ndarray, scale: np.ndarray, p
     xq, xs, xz = p + "xq", p + "x_scale", p + "x_zero"
     b.nodes.append(onnx.helper.make_node("DynamicQuantizeLinear", [x], [xq, xs, xz]))
     wq = (np.asarray(q, np.int16) + 128).astype(np.uint8)
-    acc = b.add(op, [xq, b.const(p + "Wq", np.ascontiguousarray(wq)), xz, b.const(p + "w_zero", np.array(128, np.uint8))],
-                p + "acc", **attrs)
+    w_zero = b.const(p + "w_zero", np.array(128, np.uint8))
+    acc = b.add(op, [xq, b.const(p + "Wq", np.ascontiguousarray(wq)), xz, w_zero], p + "acc", **attrs)
     scales = b.add("Mul", [xs, b.f32(p + "w_scale", scale)], p + "scale")
     return b.add("Mul", [b.add("Cast", [acc], p + "acc_f", to=onnx.TensorProto.FLOAT), scales], out)
 
