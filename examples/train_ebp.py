@@ -58,7 +58,7 @@ def main() -> None:
     kappa_p = fit_temperature(net, x_tr, y_tr, sampled)  # stays in the model: the exported ensemble uses it
     ebp_p_sampled = metrics(two_class(binary_outputs(net, x_te, sampled)), y_te)
 
-    ir = import_model(net, (1, x_tr.shape[1]))
+    ir = import_model(net, (1, x_tr.shape[1]), task="classification")  # 2-class logits
     lowered = lower(ir, "binary", seed=args.seed)
     after = exported(lowered.model, x_te, y_te, seed=args.seed)
     emit({

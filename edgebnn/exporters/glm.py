@@ -78,6 +78,8 @@ def uses_glm(model: BNNModel) -> bool:
     Raises:
         InvalidOptionError: a correlated posterior on a layer that is not the last.
     """
+    if model.manifest.task_spec(model.where).name != "classification":
+        return False  # the GLM/probit head is a classifier's; other tasks integrate their own head (.heads)
     node = _last_layer(model)
     correlated = any(w.encoding.CORRELATED for w in model.iter_encoded_weights())
     if node is not None and (correlated or any(

@@ -221,7 +221,7 @@ def test_ebp_p_beats_ebp_d_and_binary_lowering_keeps_p_plus():
     acc_p, nll_p = scores(bayes_probability(net, x_te))
     assert acc_p >= acc_d and nll_p < nll_d  # EBP-P (binary weights, Bayes output) beats EBP-D
 
-    lowered = lower(import_model(net, (1, x_tr.shape[1])), "binary")
+    lowered = lower(import_model(net, (1, x_tr.shape[1]), task="classification"), "binary")  # 2-class logits
     for row, layer in zip(lowered.report["layers"], net.layers, strict=True):
         assert row["kind"] == "BinaryWeight" and row["scale"] == pytest.approx(1.0, abs=0.05)
         mu, sigma = layer.gaussian_posterior()

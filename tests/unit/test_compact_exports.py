@@ -163,11 +163,12 @@ def test_the_analytic_quadrature_is_built_in_the_graph_exactly():
     from onnx import TensorProto, helper
 
     from edgebnn.exporters._graph import Builder
-    from edgebnn.exporters.analytic import _quadrature_in_graph, quadrature_matrix
+    from edgebnn.exporters.analytic import quadrature_matrix, quadrature_points
+    from edgebnn.exporters.heads import _quadrature_in_graph
 
     for q, k in ((16, 10), (8, 3)):  # Sobol points come in powers of 2
         b = Builder()
-        out = _quadrature_in_graph(b, q, k)
+        out = _quadrature_in_graph(b, quadrature_points(q, k))
         graph = helper.make_graph(b.nodes, "q", [], [helper.make_tensor_value_info(out, TensorProto.FLOAT,
                                                                                     [2 * k, q * k])], b.inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
