@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from edgebnn._version import __version__
 from edgebnn.errors import InvalidArtifactError
@@ -309,3 +312,26 @@ def _json_type(v: object) -> str:
 def _short(v: object) -> str:
     text = json.dumps(v)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_onnx(source: onnx.ModelProto | bytes | str | os.PathLike[str]) -> tuple[onnx.ModelProto, int, str]:
+    """``(model, its serialized bytes, name for messages)`` of an ONNX file, its bytes or a proto.
+
+    Raises:
+        InvalidArtifactError: a missing or unreadable file, or bytes that are not ONNX (one line naming it).
+    """
+    if isinstance(source, onnx.ModelProto):
+        return source, source.ByteSize(), "<model>"
+    where = "<bytes>" if isinstance(source, bytes) else str(source)
+    try:
+        data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    except FileNotFoundError as e:
+        raise InvalidArtifactError(f"{where}: no such file") from e
+    except OSError as e:
+        raise InvalidArtifactError(f"{where}: cannot read ({e.strerror or e})") from e
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InvalidArtifactError(f"{where}: not an ONNX file") from e
+    return proto, len(data), where

@@ -37,14 +37,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
-from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
 from edgebnn.errors import InvalidArtifactError
+from edgebnn.exporters.metadata import load_onnx
 
 if TYPE_CHECKING:
     from edgebnn.ir import BNNModel
@@ -179,7 +178,7 @@ def deployed_bytes(source: onnx.ModelProto | bytes | str | os.PathLike[str], *, 
     Raises:
         InvalidArtifactError: The file cannot be read or is not ONNX.
     """
-    proto, total = _load(source)
+    proto, total, _ = load_onnx(source)
     meta = _metadata(proto)
     graph = proto.graph
     tensors = dict(_tensors(graph))
@@ -222,24 +221,6 @@ def export_size(model: BNNModel, **export_options: Any) -> tuple[DeployedSize, d
     what = {"mode": meta.get("mode"), "samples": samples, "weights": meta.get("weights", "fp32"),
             "form": meta.get("form"), "device": options.get("device")}
     return deployed_bytes(proto), {k: v for k, v in what.items() if v is not None}
-
-
-def _load(source: onnx.ModelProto | bytes | str | os.PathLike[str]) -> tuple[onnx.ModelProto, int]:
-    if isinstance(source, onnx.ModelProto):
-        return source, source.ByteSize()
-    where = "<bytes>" if isinstance(source, bytes) else str(source)
-    try:
-        data = source if isinstance(source, bytes) else Path(source).read_bytes()
-    except FileNotFoundError as e:
-        raise InvalidArtifactError(f"{where}: no such file") from e
-    except OSError as e:
-        raise InvalidArtifactError(f"{where}: cannot read ({e.strerror or e})") from e
-    proto = onnx.ModelProto()
-    try:
-        proto.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as e:
-        raise InvalidArtifactError(f"{where}: not an ONNX file") from e
-    return proto, len(data)
 
 
 def _metadata(proto: onnx.ModelProto) -> dict[str, Any]:

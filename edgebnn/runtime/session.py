@@ -14,16 +14,14 @@ A regression export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean`
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-from google.protobuf.message import DecodeError
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.metadata import ExportMetadata, read_metadata
+from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.metrics import REGRESSION, AnyPredictive, Predictive, RegressionPredictive
 from edgebnn.runtime._ort import ort_errors
@@ -37,21 +35,7 @@ def read_export(source: Source) -> tuple[onnx.ModelProto, ExportMetadata, str]:
     Raises:
         InvalidArtifactError: Unreadable, not ONNX, or its ``edgebnn.export`` metadata is missing or malformed.
     """
-    if isinstance(source, onnx.ModelProto):
-        proto, where = source, "<model>"
-    else:
-        where = "<bytes>" if isinstance(source, bytes) else str(source)
-        try:
-            data = source if isinstance(source, bytes) else Path(source).read_bytes()
-        except FileNotFoundError as e:
-            raise InvalidArtifactError(f"{where}: no such file") from e
-        except OSError as e:
-            raise InvalidArtifactError(f"{where}: cannot read ({e.strerror or e})") from e
-        proto = onnx.ModelProto()
-        try:
-            proto.ParseFromString(data)
-        except (DecodeError, RuntimeError, ValueError) as e:
-            raise InvalidArtifactError(f"{where}: not an ONNX file") from e
+    proto, _, where = load_onnx(source)
     return proto, read_metadata(proto, where), where
 
 
