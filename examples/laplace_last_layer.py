@@ -27,11 +27,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import edgebnn
 from edgebnn.data import digits
+from edgebnn.metrics import accuracy, nll
 
 
 def scores(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    return {"accuracy": round(float(np.mean(probs.argmax(-1) == y)), 4),
-            "nll": round(float(-np.mean(np.log(probs[np.arange(len(y)), y] + 1e-12))), 4)}
+    return {"accuracy": round(accuracy(probs, y), 4), "nll": round(nll(probs, y), 4)}
 
 
 def main() -> None:
