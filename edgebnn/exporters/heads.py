@@ -42,6 +42,8 @@ VAR_FLOOR = 1e-12  # keeps √v finite where a logit has no variance
 class GraphBuilder(Protocol):
     """What a head needs of :class:`edgebnn.exporters._graph.Builder`."""
 
+    store_choice: str  # how the moments are stored: "fp32", or a compact store (its quadrature built in the graph)
+
     def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str: ...
 
     def i64(self, name: str, *values: int) -> str: ...
@@ -92,8 +94,8 @@ def _classification_analytic(b: GraphBuilder, logits: str, v: str | None, sample
     std = b.add("Sqrt", [b.add("Max", [v, b.f32(P + "var_floor", VAR_FLOOR)], P + "v_floor")], P + "logit_std")
     ms = b.add("Concat", [logits, std], P + "m_s", axis=-1)
     z = points(samples, classes)
-    compact = getattr(b, "store_choice", "fp32") != "fp32"  # a compact export: its moments come from stores
-    matrix = _quadrature_in_graph(b, z) if compact else b.f32(P + "quadrature", quadrature_matrix_of(z))
+    matrix = (b.f32(P + "quadrature", quadrature_matrix_of(z)) if b.store_choice == "fp32"
+              else _quadrature_in_graph(b, z))  # a compact export: the matrix from its points, in the graph
     lq = b.add("MatMul", [ms, matrix], P + "logits_q")
     _classification(b, lq, samples, task, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K]
 
