@@ -1,7 +1,8 @@
 """``edgebnn demo``: the whole chain on real data, from a fresh install, in a few minutes on 2 cores.
 
 train a Bayesian CNN on sklearn digits -> save weights (safetensors) -> lower (import into the IR)
--> export the S-sample baked ONNX ensemble -> evaluate reference runtime and ONNX on the test split
+-> export the S-sample ONNX ensemble (fp32 baked; lowered: int8 baked, and its codes in a noise graph)
+-> evaluate the reference runtime and the ONNX files on the test split
 -> profile the ensemble against both float baselines with onnxruntime on the CPU.
 """
 
@@ -40,6 +41,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     onnx_path = out / f"digits_cnn_S{samples}.onnx"
     fixed_ebnn = out / "digits_cnn_fixed.ebnn"
     small_onnx = out / f"digits_cnn_fixed_S{samples}_int8.onnx"
+    compact_onnx = out / f"digits_cnn_fixed_S{samples}_noise.onnx"
 
     console.rule("1/5 train a Bayesian CNN on sklearn digits")
     torch.manual_seed(seed)
@@ -60,7 +62,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     print_lower_report(console, lower_report, str(ebnn))
     write_json(console, out / "lower.json", lower_report, schemas.LOWER)
 
-    console.rule(f"3/5 export the baked S={samples} ensemble to ONNX (fp32, and fixed-point lowered + int8)")
+    console.rule(f"3/5 export the S={samples} ensemble to ONNX (fp32 baked; fixed-point lowered: int8 baked, codes)")
     save_onnx(export_onnx(bnn, samples, seed=seed), onnx_path)
     console.print(f"wrote {onnx_path} ({fmt_bytes(onnx_path.stat().st_size)})")
     fixed = lower(bnn, "fixed", seed=seed).model
@@ -72,15 +74,22 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
                   f"posterior variance) and {small_onnx} ({fmt_bytes(small_onnx.stat().st_size)}, int8 weights; "
                   f"sampled layers: {', '.join(layers['sampled']) or 'none'}; run once, σ below their step: "
                   f"{', '.join(layers['hoisted']) or 'none'})", highlight=False)
+    # the compact artifact: the lowered codes stored as such, decoded once per call, the noise drawn in the graph
+    save_onnx(export_onnx(fixed, samples, mode="noise", rng="graph", seed=seed), compact_onnx)
+    console.print(f"wrote {compact_onnx} ({fmt_bytes(compact_onnx.stat().st_size)}, noise mode: the fixed-point "
+                  "codes as lowered, decoded in the graph; noise drawn in the graph, so it runs on the data alone)",
+                  highlight=False)
 
     console.rule("4/5 evaluate on the digits test split")
     ref = evaluate_artifact(ebnn, samples=samples, seed=seed)
     exported = evaluate_artifact(onnx_path)
     small = evaluate_artifact(small_onnx)
-    print_eval(console, [ref, exported, small])
+    compact = evaluate_artifact(compact_onnx)
+    print_eval(console, [ref, exported, small, compact])
     write_json(console, out / "eval_reference.json", ref, schemas.EVAL)
     write_json(console, out / "eval_onnx.json", exported, schemas.EVAL)
     write_json(console, out / "eval_fixed_int8.json", small, schemas.EVAL)
+    write_json(console, out / "eval_fixed_noise.json", compact, schemas.EVAL)
 
     console.rule("5/5 profile on the CPU against float baselines")
     prof = profile_artifact(ebnn, device="cpu", samples=samples, onnx_path=str(onnx_path), runs=runs)
@@ -94,6 +103,10 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
         "small_accuracy": small["accuracy"],
         "small_nll": small["nll"],
         "small_ece": small["ece"],
+        "compact_artifact_bytes": compact_onnx.stat().st_size,
+        "compact_accuracy": compact["accuracy"],
+        "compact_nll": compact["nll"],
+        "compact_ece": compact["ece"],
         "artifact_bytes": onnx_path.stat().st_size,
         "ebnn_bytes": ebnn.stat().st_size,
         "accuracy": exported["accuracy"],
@@ -115,22 +128,25 @@ def _print_summary(console: Console, s: dict[str, Any], samples: int) -> None:
 
     det, bnn, ens = s["float_deterministic_ms_p50"], s["float_bnn_ms_p50"], s["latency_ms_p50"]
     energy = s["energy_mj_per_inference"]
-    table = Table(title=f"edgebnn demo · digits test split · S={samples} baked ensemble", title_justify="left")
+    table = Table(title=f"edgebnn demo · digits test split · S={samples}", title_justify="left")
     table.add_column("")
-    table.add_column("value", justify="right")
+    for head in ("fp32 baked", "fixed int8 baked", "fixed codes, noise"):
+        table.add_column(head, justify="right")
+    for label, key, fmt in [("ONNX file", "artifact_bytes", fmt_bytes), ("accuracy", "accuracy", "{:.4f}".format),
+                            ("NLL", "nll", "{:.4f}".format), ("ECE (15 bins)", "ece", "{:.4f}".format)]:
+        table.add_row(label, *(fmt(s[f"{prefix}{key}"]) for prefix in ("", "small_", "compact_")))
+    table.add_row(".ebnn IR", fmt_bytes(s["ebnn_bytes"]), fmt_bytes(s["small_ebnn_bytes"]), "")
+    console.print(table)
+    timing = Table(title="fp32 baked ensemble · onnxruntime CPU", title_justify="left")
+    timing.add_column("")
+    timing.add_column("value", justify="right")
     for label, value in [
-        ("ONNX ensemble size: fp32 | fixed + int8", f"{fmt_bytes(s['artifact_bytes'])} | "
-                                                    f"{fmt_bytes(s['small_artifact_bytes'])}"),
-        (".ebnn IR size: float | fixed", f"{fmt_bytes(s['ebnn_bytes'])} | {fmt_bytes(s['small_ebnn_bytes'])}"),
-        ("accuracy: fp32 | fixed + int8", f"{s['accuracy']:.4f} | {s['small_accuracy']:.4f}"),
-        ("NLL", f"{s['nll']:.4f} | {s['small_nll']:.4f}"),
-        ("ECE (15 bins)", f"{s['ece']:.4f} | {s['small_ece']:.4f}"),
         ("latency p50, batch 1", f"{ens:.3f} ms"),
         ("vs float deterministic pass", f"{ens / det:.2f}x its {det:.3f} ms"),
         (f"vs float BNN, {samples} sampled passes", f"{bnn / ens:.1f}x faster than {bnn:.3f} ms"),
         ("energy per inference", "n/a" if energy is None else f"{energy:.3f} mJ"),
     ]:
-        table.add_row(label, value)
-    console.print(table)
+        timing.add_row(label, value)
+    console.print(timing)
     if energy is None:
         console.print(f"energy n/a: {s['energy_reason']}", highlight=False)
