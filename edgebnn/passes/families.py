@@ -1,4 +1,4 @@
-"""Lowering the posterior families that are not mean-field Gaussians: deep ensembles and SWAG.
+"""Lowering the posterior families that are not mean-field Gaussians: deep ensembles, SWAG and correlated Laplace.
 
 ``float`` keeps every family as imported. ``fixed`` encodes a deep ensemble's members
 (:class:`~edgebnn.ir.encodings.MemberSetWeight` [M, *shape]) on ONE per-layer grid shared by the M members:
@@ -13,9 +13,22 @@ between-member variance v̄ = mean_i Var_k[w_k,i] in place of the posterior vari
     mean_{k,i} (w_k,i − Δ q_k,i)²  <=  f · v̄ · MEMBER_FRACTION
 
 A member is a point estimate, not a distribution: its rounding error is not averaged away by the member's own
-noise as a Gaussian's is, so the budget is MEMBER_FRACTION (1/100) of ``fixed``'s. Other schemes (codebook,
-ternary, binary, mcq, prune) are refused for member sets in one line, and every scheme but ``float`` for SWAG's
-low-rank Gaussian (its deviations matrix is the posterior: no scheme here encodes it).
+noise as a Gaussian's is, so the budget is MEMBER_FRACTION (1/100) of ``fixed``'s.
+
+``fixed`` on SWAG (:class:`~edgebnn.ir.encodings.LowRankGaussianWeight` → ``LowRankFixedWeight``) and on the
+correlated Laplace blocks (``KronGaussianWeight`` → ``KronFixedWeight``, ``DenseGaussianWeight`` →
+``DenseFixedWeight``) puts the mean on ``fixed``'s grid by ``fixed``'s own variance rule, with the posterior's own
+marginal σ (the low-rank or Kronecker part included) as the noise it must stay under:
+
+    mean_i (μ_i − Δ q_i)²  <=  f · mean_i σ_i²          (f = ``noise_fraction``, DEFAULT_NOISE_FRACTION)
+
+and codes the covariance factors (:mod:`edgebnn.ir.encodings.lowrank`, :mod:`~edgebnn.ir.encodings.kron`): SWAG's
+diagonal σ and a Kronecker layer's eigenvalue scale D as log-domain :class:`~edgebnn.ir.encodings.SigmaCode` of
+``sigma_bits`` (``FAMILY_SIGMA_BITS`` at least: D and SWAG's σ are the covariance itself, not a per-weight spread
+next to a quantized mean), SWAG's deviations, the Kronecker eigenvectors and a dense factor as int8 row codes
+(:class:`~edgebnn.ir.encodings.RowCode`: half a percent of each row's largest value). ``--bits N`` forces the
+mean's width. Other schemes (codebook, ternary, binary, mcq, prune) cannot keep these posteriors (their noise is
+not per weight) and are refused in one line.
 
 Report keys besides the common ones: ``scale`` (Δ), ``members`` (M), ``variance_bits``, ``hw_dtype``.
 """
@@ -25,13 +38,28 @@ from __future__ import annotations
 import numpy as np
 
 from edgebnn.ir import EncodedWeight
-from edgebnn.ir.encodings import MemberSet, MemberSetFixedWeight
+from edgebnn.ir.encodings import (
+    DenseFixedWeight,
+    DenseGaussianWeight,
+    Encoding,
+    FixedPointWeight,
+    KronFixedWeight,
+    KronGaussianWeight,
+    LowRankFixedWeight,
+    LowRankGaussianWeight,
+    MemberSet,
+    MemberSetFixedWeight,
+    RowCode,
+    SigmaCode,
+)
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.passes.base import LayerOutcome, LayerPass, register_family_lowering, sum_sq_diff
-from edgebnn.passes.fixed import FixedConfig, best_step, hw_dtype
+from edgebnn.passes.fixed import FixedConfig, best_step, hw_dtype, lower_fixed
 
 MEMBER_FRACTION = 0.01
+FAMILY_SIGMA_BITS = 4
 _FIT_SAMPLE = 32768
+FIXED_KINDS = ("MemberSetFixedWeight", "LowRankFixedWeight", "KronFixedWeight", "DenseFixedWeight")
 
 
 def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
@@ -39,13 +67,65 @@ def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> L
     return LayerOutcome(weight.encoding)
 
 
-for _op in ("MemberSetWeight", "MemberSetFixedWeight", "LowRankGaussianWeight"):
+for _op in ("MemberSetWeight", "LowRankGaussianWeight", "KronGaussianWeight", "DenseGaussianWeight", *FIXED_KINDS):
     register_family_lowering(_op, "float")(keep)
 
 
-@register_family_lowering("MemberSetFixedWeight", "fixed")
 def already_fixed(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
     return LayerOutcome(weight.encoding, "already fixed point: kept")
+
+
+for _op in FIXED_KINDS:
+    register_family_lowering(_op, "fixed")(already_fixed)
+
+
+def _fixed_mean(pass_: LayerPass, enc: Encoding, rng: np.random.Generator) -> tuple[FixedPointWeight, LayerOutcome]:
+    """``fixed``'s grid for ``enc``'s mean, by the variance rule on its marginal σ (the σ code it fits is one
+    level, unused), and the outcome whose note and report keys the family's lowering keeps."""
+    assert isinstance(pass_.config, FixedConfig)
+    c = pass_.config
+    out = lower_fixed(enc.mean().reshape(-1), enc.stddev().reshape(-1), enc.shape, rng, bits=c.bits,
+                      noise_fraction=c.noise_fraction, sigma_bits=0, clip=c.clip)
+    assert isinstance(out.encoding, FixedPointWeight)
+    return out.encoding, out
+
+
+def _sigma_bits(pass_: LayerPass) -> int:
+    assert isinstance(pass_.config, FixedConfig)
+    return max(pass_.config.sigma_bits, FAMILY_SIGMA_BITS)
+
+
+@register_family_lowering("LowRankGaussianWeight", "fixed")
+def fixed_lowrank(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+    """SWAG: the mean on a grid, σ a log code, D an int8 code per (iterate, output channel)."""
+    enc = weight.encoding
+    assert isinstance(enc, LowRankGaussianWeight)
+    fp, mean = _fixed_mean(pass_, enc, rng)
+    rows = enc.deviations.reshape(enc.rank * (enc.shape[0] if enc.shape else 1), -1)
+    out = LowRankFixedWeight(fp.q, fp.scale, fp.bits, SigmaCode.fit(enc.sigma, _sigma_bits(pass_), rng),
+                             RowCode.fit(rows), enc.scale)
+    return LayerOutcome(out, mean.note, mean.extra)
+
+
+@register_family_lowering("KronGaussianWeight", "fixed")
+def fixed_kron(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+    """Kronecker Laplace: the mean on a grid, the eigenvectors int8 per eigenvector, D a log code."""
+    enc = weight.encoding
+    assert isinstance(enc, KronGaussianWeight)
+    fp, mean = _fixed_mean(pass_, enc, rng)
+    out = KronFixedWeight(fp.q, fp.scale, fp.bits, RowCode.fit(enc.q_out.T),
+                          RowCode.fit(enc.q_in.T), SigmaCode.fit(enc.scale, _sigma_bits(pass_), rng))
+    return LayerOutcome(out, mean.note, mean.extra)
+
+
+@register_family_lowering("DenseGaussianWeight", "fixed")
+def fixed_dense(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+    """A dense Gaussian block: the mean on a grid, the factor L int8 per column."""
+    enc = weight.encoding
+    assert isinstance(enc, DenseGaussianWeight)
+    fp, mean = _fixed_mean(pass_, enc, rng)
+    out = DenseFixedWeight(fp.q, fp.scale, fp.bits, RowCode.fit(enc.scale.T))
+    return LayerOutcome(out, mean.note, mean.extra)
 
 
 @register_family_lowering("MemberSetWeight", "fixed")
