@@ -66,3 +66,8 @@ def member_codes(b: Builder, enc: Encoding) -> None:
         return store.members(bb, enc, name, value)
 
     b.draw_codes = write
+
+
+def wrote_members(b: Builder) -> bool:
+    """Whether the builder wrote any baked members as codes (the export then takes short value names too)."""
+    return MemberSetFixedStore.op_type in b.stored.values()
