@@ -162,11 +162,12 @@ def lowrank_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str
     assert isinstance(enc, LowRankGaussianWeight)
     p += tag
     root = np.float32(np.sqrt(enc.scale))
-    c = b.f32(p + "dev_c", root / np.float32(np.sqrt(enc.rank - 1)))
+    c = b.f32(p + "dev_c", np.array(root / np.float32(np.sqrt(enc.rank - 1)), np.float32))
     dev = b.add("Mul", [factor(b, enc, "deviations", p + "dev_raw", enc.deviations), c], p + "dev")
     low = b.add("MatMul", [eps[Z2_SUFFIX], dev], p + "low_flat")
     low = b.add("Reshape", [low, b.i64(p + "low_shape", samples, *enc.shape)], p + "low")
-    sigma = b.add("Mul", [factor(b, enc, "sigma", p + "sigma_raw", enc.sigma), b.f32(p + "root", root)], p + "sigma")
+    root_c = b.f32(p + "root", np.array(root, np.float32))
+    sigma = b.add("Mul", [factor(b, enc, "sigma", p + "sigma_raw", enc.sigma), root_c], p + "sigma")
     diag = b.add("Mul", [sigma, eps[""]], p + "scaled")
     return b.add("Add", [b.add("Add", [family_mean(b, enc, p + "mu"), diag], p + "diag_s"), low],
                  p + ("s" if tag else "W_s"))

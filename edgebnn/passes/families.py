@@ -37,12 +37,12 @@ keeps the rounding error e = μ − Δq within the posterior's own noise:
 
 The covariance factors are coded too (:mod:`edgebnn.ir.encodings.lowrank`, :mod:`~edgebnn.ir.encodings.kron`):
 SWAG's diagonal σ as a log-domain :class:`~edgebnn.ir.encodings.SigmaCode` of ``max(sigma_bits,
-FAMILY_SIGMA_BITS)`` bits, a Kronecker layer's eigenvalue scale D as one of ``KRON_SCALE_BITS`` (6: at 4 it
-cost dNLL +0.008, at 6 +0.002, at 8 +0.000 for 600 more bytes on a 10 × 32 layer), SWAG's deviations, the Kronecker eigenvectors and a dense factor as
-int8 row codes (:class:`~edgebnn.ir.encodings.RowCode`: at most half a percent of each row's largest value;
-the eigenvectors' code moved dNLL by 3e-5). ``--bits N`` forces the mean's width. Other schemes (codebook,
-ternary, binary, mcq, prune) cannot keep these posteriors (their noise is not per weight) and are refused in one
-line.
+FAMILY_SIGMA_BITS)`` bits; a Kronecker layer's eigenvalue scale D as one of ``KRON_SCALE_BITS`` (6: at 4 it cost
+dNLL +0.008, at 6 +0.002, at 8 +0.000 for 600 more bytes on a 10 × 32 layer); SWAG's deviations, the Kronecker
+eigenvectors and a dense factor as int8 row codes (:class:`~edgebnn.ir.encodings.RowCode`: at most half a percent
+of each row's largest value; the eigenvectors' code moved dNLL by 3e-5). ``--bits N`` forces the mean's width.
+Other schemes (codebook, ternary, binary, mcq, prune) cannot keep these posteriors (their noise is not per weight)
+and are refused in one line.
 
 Report keys besides the common ones: ``scale`` (Δ), ``members`` (M), ``variance_bits``, ``hw_dtype``,
 ``whitened_error`` (Laplace: the achieved mean_j (L⁻¹ e)_j²).

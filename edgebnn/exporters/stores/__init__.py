@@ -135,5 +135,5 @@ def compact_names(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-from edgebnn.exporters.stores import binary, codebook, quantized  # noqa: E402,F401  (registers the stores)
-from edgebnn.exporters.stores import families, members  # noqa: E402,F401  (the posterior families' stores)
+# registers the stores (families: the lowered SWAG / Laplace kinds; members: a lowered deep ensemble's baked members)
+from edgebnn.exporters.stores import binary, codebook, families, members, quantized  # noqa: E402,F401

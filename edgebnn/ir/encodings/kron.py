@@ -35,7 +35,7 @@ Stored (Kron): ``q``, ``q_out_q`` int8 [out, out], ``q_out_scale`` [out], ``q_in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class KronGaussianWeight(Encoding):
     """N(mu, P⁻¹) with ``P`` diagonal in a Kronecker eigenbasis: ``W = mu + q_out (Z ⊙ scale) q_inᵀ``."""
 
     op_type = "KronGaussianWeight"
-    FIELDS = ("mu", "q_out", "q_in", "scale")
+    FIELDS: ClassVar[tuple[str, ...]] = ("mu", "q_out", "q_in", "scale")
     CORRELATED = True
 
     def __init__(self, mu: np.ndarray, q_out: np.ndarray, q_in: np.ndarray, scale: np.ndarray) -> None:
@@ -121,7 +121,7 @@ class DenseGaussianWeight(Encoding):
     """
 
     op_type = "DenseGaussianWeight"
-    FIELDS = ("mu", "scale")
+    FIELDS: ClassVar[tuple[str, ...]] = ("mu", "scale")
     CORRELATED = True
 
     def __init__(self, mu: np.ndarray, scale: np.ndarray) -> None:

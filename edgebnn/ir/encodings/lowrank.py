@@ -36,7 +36,7 @@ attributes ``scale``, ``step``, ``bits``, ``rank`` (K).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -57,7 +57,7 @@ class LowRankGaussianWeight(Encoding):
     """w = mean + sqrt(scale) · (σ ⊙ z₁ + Dᵀ z₂ / sqrt(K − 1)), z₂ shared by the whole network."""
 
     op_type = "LowRankGaussianWeight"
-    FIELDS = ("mean", "sigma", "deviations")
+    FIELDS: ClassVar[tuple[str, ...]] = ("mean", "sigma", "deviations")
 
     def __init__(self, mean: np.ndarray, sigma: np.ndarray, deviations: np.ndarray, scale: float) -> None:
         super().__init__(mean.shape)
