@@ -8,9 +8,9 @@ Read from the encoding nodes' op types and attributes, nothing decoded:
   ``baked``) and ``analytic`` would propagate the members' mean and variance, a Gaussian, not the ensemble:
   both refused;
 - SWAG (``LowRankGaussianWeight``, lowered ``LowRankFixedWeight``) is exact in ``baked`` (one z₂ per sample shared by
-  every layer, as the reference code draws it) and in ``noise --noise weight`` (z₂ a graph input [S, K] every layer reads);
-  ``analytic`` and the other noise variants run on per-weight moments, dropping the low-rank correlation
-  between layers: refused.
+  every layer, as the reference code draws it) and in ``noise --noise weight`` (z₂ a graph input [S, K] every
+  layer reads); ``analytic`` and the other noise variants run on per-weight moments, dropping the low-rank
+  correlation between layers: refused.
 """
 
 from __future__ import annotations
