@@ -12,7 +12,9 @@ Models (digits, every seed fixed; training is full-batch and takes seconds):
 
 Each IR is lowered with ``fixed`` (defaults: the variance rule at f = DEFAULT_NOISE_FRACTION) and exported with the
 IR's own stores (``--weights ir``: the lowered codes decoded in the graph). "float" is the same export of the
-unlowered IR. dNLL / dacc: the lowered export against the float export on the digits test split (360 images),
+unlowered IR. Then ``--weights int8|int4`` on the unlowered IRs (re-quantized at export: the baked members per output
+channel, SWAG's and Kron's means per channel with their factors fp32) against their ``--weights fp32`` export.
+dNLL / dacc: the lowered export against the float export on the digits test split (360 images),
 both run by ``Session(seed=0)``: the same host noise for both, so the difference is the lowering's alone.
 
 One JSON line on stdout (schema ``edgebnn.bench.family_stores/1``), a table on stderr. Run from the repo root:
@@ -119,6 +121,23 @@ def row(family: str, ir: Any, samples: int, mode: str, xt: np.ndarray, yt: np.nd
     return out
 
 
+def requant_row(family: str, ir: Any, samples: int, mode: str, weights: str, xt: np.ndarray, yt: np.ndarray,
+                **opts: Any) -> dict[str, Any]:
+    """``--weights int8|int4`` on the unlowered IR against its ``--weights fp32`` export (same mode, same noise)."""
+    out: dict[str, Any] = {"family": family, "mode": mode, "samples": samples, "weights": weights, **opts,
+                           "fp32_bnn_bytes": float_bnn_bytes(ir), "ir_bytes": ebnn_bytes(ir)}
+    preds = {}
+    for name, w in (("float", "fp32"), ("lowered", weights)):
+        proto = export_onnx(ir, samples, mode=mode, weights=w, **opts)
+        out[f"{name}_onnx_bytes"] = deployed_bytes(proto).file_bytes
+        preds[name] = Session(proto, seed=0).predict(xt).probs
+    out["lowered_bytes"] = out["ir_bytes"]
+    out["x_smaller_fp32_bnn"] = out["fp32_bnn_bytes"] / out["lowered_onnx_bytes"]
+    out["dnll"] = nll(preds["lowered"], yt) - nll(preds["float"], yt)
+    out["dacc"] = accuracy(preds["lowered"], yt) - accuracy(preds["float"], yt)
+    return out
+
+
 def main() -> None:
     torch.set_num_threads(1)
     data = digits(0)
@@ -130,15 +149,20 @@ def main() -> None:
     kron = kron_ir(nets[0], x, y)
     rows += [row("Laplace last-layer Kron", kron, SAMPLES, "noise", xt, yt),
              row("Laplace last-layer Kron", kron, SAMPLES, "analytic", xt, yt)]
+    swag = swag_ir(x, y)
+    for weights in ("int8", "int4"):  # re-quantized at export (no lowering): baked members / noise means
+        rows += [requant_row("deep ensemble (M=3)", ens, 3, "baked", weights, xt, yt),
+                 requant_row(f"SWAG (K={K})", swag, SAMPLES, "noise", weights, xt, yt, noise="weight"),
+                 requant_row("Laplace last-layer Kron", kron, SAMPLES, "noise", weights, xt, yt)]
     print(json.dumps({"schema": "edgebnn.bench.family_stores/1", "rows": rows}))
-    head = ("family", "mode", "fp32 BNN", "IR float", "lowered", "ONNX float", "ONNX lowered", "x fp32", "dNLL",
-            "dacc")
+    head = ("family", "mode", "weights", "fp32 BNN", "IR float", "lowered", "ONNX float", "ONNX lowered", "x fp32",
+            "dNLL", "dacc")
     print(" | ".join(head), file=sys.stderr)
     for r in rows:
-        print(" | ".join(str(v) for v in (
-            r["family"], r["mode"], r["fp32_bnn_bytes"], r["ir_bytes"], r["lowered_bytes"], r["float_onnx_bytes"],
-            r["lowered_onnx_bytes"], f"{r['x_smaller_fp32_bnn']:.2f}", f"{r['dnll']:+.4f}", f"{r['dacc']:+.4f}")),
-            file=sys.stderr)
+        cells = (r["family"], r["mode"], r.get("weights", "ir (fixed)"), r["fp32_bnn_bytes"], r["ir_bytes"],
+                 r["lowered_bytes"], r["float_onnx_bytes"], r["lowered_onnx_bytes"], f"{r['x_smaller_fp32_bnn']:.2f}",
+                 f"{r['dnll']:+.4f}", f"{r['dacc']:+.4f}")
+        print(" | ".join(str(v) for v in cells), file=sys.stderr)
 
 
 if __name__ == "__main__":

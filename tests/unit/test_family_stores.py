@@ -136,6 +136,10 @@ def test_swag_lowered_with_fixed_stays_within_the_variance_rule(swag_ir, data):
     size = deployed_bytes(coded)
     assert size.file_bytes < deployed_bytes(floats).file_bytes / 2.5  # measured 2.8x
     assert size.codes > 10 * size.float_weights
+    # --weights int8 on the float posterior: the same codes fitted at export (measured dNLL +0.0000, 2.6x)
+    int8, fp32 = (export_onnx(swag_ir, S, mode="noise", noise="weight", weights=w) for w in ("int8", "fp32"))
+    assert abs(nll(_probs(int8, xt), yt) - nll(_probs(fp32, xt), yt)) <= DNLL
+    assert deployed_bytes(int8).file_bytes < deployed_bytes(fp32).file_bytes / 2.5
     with pytest.raises(InvalidOptionError, match="analytic") as e:  # the family's refusals hold for the lowered kind
         export_onnx(low, S, mode="analytic")
     assert "\n" not in str(e.value)

@@ -116,15 +116,29 @@ def test_family_codes_are_smaller_than_the_floats(make, dims):
     assert split.codes > split.float_weights
 
 
-def test_fp32_and_int8_choices_write_the_factors_as_floats():
-    """--weights fp32 writes everything as fp32; int8 re-quantizes the mean only (module docstring of the store)."""
-    enc = kron()
-    for choice in ("fp32", "int8"):
+def test_fp32_writes_the_factors_as_floats_and_int8_codes_them():
+    """--weights fp32: every factor an fp32 constant; int8 / int4: the factors' codes fitted at export (RowCode
+    eigenvectors, a SigmaCode of D), decoded exactly to those codes' values, on a float posterior too."""
+    from edgebnn.ir.encodings import KronGaussianWeight
+
+    fixed = kron()
+    enc = KronGaussianWeight(fixed.mean(), fixed.q_out, fixed.q_in, fixed.scale)
+    b = Builder()
+    b.store_choice = "fp32"
+    out = factor(b, enc, "q_in_t", "w/q_in_t", np.ascontiguousarray(enc.q_in.T))
+    np.testing.assert_array_equal(_run(b, [out], [enc.q_in.T.shape])[0], enc.q_in.T)
+    assert b.stored == {"w/q_in_t": "float"}
+    for choice in ("int8", "int4"):
         b = Builder()
         b.store_choice = choice
-        out = factor(b, enc, "q_in_t", "w/q_in_t", np.ascontiguousarray(enc.q_in.T))
-        np.testing.assert_array_equal(_run(b, [out], [enc.q_in.T.shape])[0], enc.q_in.T)
-        assert b.stored == {"w/q_in_t": "float"}
+        outs = [factor(b, enc, "q_in_t", "w/q_in_t", np.ascontiguousarray(enc.q_in.T)),
+                factor(b, enc, "scale", "w/scale", enc.scale)]
+        got = _run(b, outs, [enc.q_in.shape, enc.scale.shape])
+        np.testing.assert_array_equal(got[0], RowCode.fit(enc.q_in.T).decode())
+        d_bits = max(int(choice[3:]), 6)  # a Kronecker D takes at least 6 bits (stores.families)
+        np.testing.assert_array_equal(got[1].reshape(-1), SigmaCode.fit(enc.scale, d_bits,
+                                                                        np.random.default_rng(0)).decode())
+        assert set(b.stored.values()) == {choice}
 
 
 def test_member_codes_decode_to_the_members():
