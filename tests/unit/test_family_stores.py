@@ -131,6 +131,7 @@ def test_swag_lowered_with_fixed_stays_within_the_variance_rule(swag_ir, data):
     low = _lowered(swag_ir)
     assert {w.encoding.op_type for w in low.encoded_weights()} == {"LowRankFixedWeight"}
     assert ebnn_bytes(low) < ebnn_bytes(swag_ir) / 3  # the deviations are most of it: 8 bits for 32
+    assert float_bnn_bytes(low) == float_bnn_bytes(swag_ir)  # the fp32 reference is the same before and after
     coded, floats = (export_onnx(m, S, mode="noise", noise="weight") for m in (low, swag_ir))
     assert abs(nll(_probs(coded, xt), yt) - nll(_probs(floats, xt), yt)) <= DNLL
     size = deployed_bytes(coded)

@@ -152,3 +152,23 @@ def test_member_codes_decode_to_the_members():
     np.testing.assert_array_equal(_run(b, [out], [value.shape])[0], value)
     assert store.members(Builder(), enc, "W", value + np.float32(1e-3)) is None  # off the grid: the builder's fp32
     assert store.nbytes(enc) < 3 * OUT * REST  # 5 bits a member weight, not 32
+
+
+@pytest.mark.parametrize("make", [lowrank, kron, dense])
+def test_lowered_family_fields_round_trip_and_hostile_ones_are_refused(make):
+    from edgebnn.errors import InvalidArtifactError
+
+    enc = make()
+    cls = type(enc)
+    again = cls.from_fields(enc.fields(), enc.attributes(), enc.shape, "w")
+    np.testing.assert_array_equal(again.mean(), enc.mean())
+    np.testing.assert_array_equal(again.stddev(), enc.stddev())
+    codes = next(name for name, a in enc.fields().items() if a.dtype == np.int8)
+    bad = {**enc.fields(), codes: np.full_like(enc.fields()[codes], -128)}  # outside the symmetric ±127
+    with pytest.raises(InvalidArtifactError, match="-128"):
+        cls.from_fields(bad, enc.attributes(), enc.shape, "w")
+    short = {**enc.fields(), "q": enc.fields()["q"][:-1]}
+    with pytest.raises(InvalidArtifactError, match="packed uint8 bytes"):
+        cls.from_fields(short, enc.attributes(), enc.shape, "w")
+    with pytest.raises(InvalidArtifactError, match="'step'"):
+        cls.from_fields(enc.fields(), {**enc.attributes(), "step": -1.0}, enc.shape, "w")
