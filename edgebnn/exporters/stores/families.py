@@ -23,6 +23,10 @@ int8 row codes. Measured on digits (``bench/family_stores.py``, against the same
 same noise): SWAG K = 5 int8 2.6x smaller than the fp32 BNN, dNLL +0.0000; int4 3.0x, +0.0055 (accuracy -0.3
 pt); Kronecker last layer int8 dNLL +0.0006, int4 +0.0030 (-0.8 pt: the mean at 4 bits, where the lowering's
 whitened rule asks for 6). Re-quantizing the mean alone (the factors fp32) paid nothing there: SWAG 1.05x.
+
+Kept fp32, and why: the GLM predictive of a Kronecker / dense last layer (``analytic``, :mod:`..glm`) reads Q_i, D²
+and Q_o² computed in float64 and rounded once; squaring decoded codes in the graph rounds in float32, so that decode
+would not be exact (the GLM graph is the same bytes lowered or not).
 """
 
 from __future__ import annotations
