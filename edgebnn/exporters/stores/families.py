@@ -51,7 +51,7 @@ from edgebnn.ir.encodings import (
     RowCode,
     SigmaCode,
 )
-from edgebnn.ir.encodings.kron import FixedMean
+from edgebnn.ir.encodings.lowrank import FixedMean
 
 
 class FactorStore(Store):
