@@ -6,7 +6,7 @@ deterministic ops run once on B·S rows and a sampled layer is one batched op.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,9 @@ class Builder:
         self.stored: dict[str, str] = {}  # decoded tensor -> the store that wrote it (the export metadata)
         self.min_opset = 0  # the ai.onnx opset the emitted ops need (stores' decodes)
         self.code_pool: Any = None  # the stores' pooled code streams (exporters.stores.base.CodePool)
+        # baked: writes an fp32 member tensor on an integer grid as its store's codes, or returns None (set per layer
+        # by exporters.stores.members.member_codes; None: fp32 constants)
+        self.draw_codes: Callable[[Builder, str, np.ndarray, Grid], str | None] | None = None
         # int4 layout: "blocks" (INT4_BLOCK inputs per scale, Gemm weights only: TensorRT's weight-only int4) or
         # "channels" (onnxruntime / portable: every weight int4, one scale per output channel shared by the S
         # members; member biases int8), with ``samples`` S
@@ -83,6 +86,10 @@ class Builder:
         onnxruntime does not constant-fold a DequantizeLinear on a constant, it runs it on every inference.
         """
         if dtype == "fp32":
+            if grid is not None and self.draw_codes is not None:
+                coded = self.draw_codes(self, name, np.asarray(value, np.float32), grid)
+                if coded is not None:
+                    return coded
             return self.f32(name, value)
         if dtype not in ("int8", "int4"):
             raise ValueError(dtype)

@@ -21,14 +21,17 @@ encoding's ``sample`` does in numpy:
 
     M_s = [u_s >= p] / (1 - p),   u: uniform [S, *mask shape]
 
-``LowRankGaussianWeight`` (SWAG; z₂ one input [S, K] shared by every layer)::
+``LowRankGaussianWeight`` (SWAG; z₂ one input [S, K] shared by every layer; and its lowered ``LowRankFixedWeight``)::
 
     W_s = mean + (sqrt(scale) σ) ⊙ ε_s + reshape(z₂_s @ (sqrt(scale / (K − 1)) D))
 
-``KronGaussianWeight`` / ``DenseGaussianWeight`` (Kronecker-factored / full-covariance Laplace)::
+``KronGaussianWeight`` / ``DenseGaussianWeight`` (Kronecker-factored / full-covariance Laplace; and their lowered
+``KronFixedWeight`` / ``DenseFixedWeight``)::
 
     W_s = M + Q_out (Z_s ⊙ D) Q_inᵀ,  Z: [S, out, rest];     W_s = M + reshape(L z_s),  z: [S, r]
 
+The families' mean and covariance factors come from their store (:func:`.stores.families.factor`: the lowered
+encodings' codes decoded in the graph, fp32 constants otherwise).
 Adding an encoding that draws differently is one emitter registered in :data:`DRAWS` by op type.
 """
 
@@ -42,6 +45,8 @@ import onnx
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores import decode
 from edgebnn.exporters.stores.base import unpack_codes
+from edgebnn.exporters.stores.families import factor
+from edgebnn.exporters.stores.families import mean as family_mean
 from edgebnn.ir.encodings import (
     CodebookWeight,
     DenseGaussianWeight,
@@ -150,38 +155,47 @@ def _scatter(b: Builder, flat: str, index: np.ndarray, values: str, samples: int
 
 
 @register_draw("LowRankGaussianWeight")
+@register_draw("LowRankFixedWeight")
 def lowrank_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """SWAG's draw exactly as ``LowRankGaussianWeight.sample_joint``, the low-rank term one MatMul of the shared
-    z₂ [S, K] by the scaled deviations [K, n]."""
+    z₂ [S, K] by the scaled deviations [K, n]; mean, σ and D from the encoding's store (:mod:`.stores.families`)."""
     assert isinstance(enc, LowRankGaussianWeight)
     p += tag
     root = np.float32(np.sqrt(enc.scale))
-    dev = enc.deviations * (root / np.float32(np.sqrt(enc.rank - 1)))
-    low = b.add("MatMul", [eps[Z2_SUFFIX], b.f32(p + "dev", dev)], p + "low_flat")
+    c = b.f32(p + "dev_c", np.array(root / np.float32(np.sqrt(enc.rank - 1)), np.float32))
+    dev = b.add("Mul", [factor(b, enc, "deviations", p + "dev_raw", enc.deviations), c], p + "dev")
+    low = b.add("MatMul", [eps[Z2_SUFFIX], dev], p + "low_flat")
     low = b.add("Reshape", [low, b.i64(p + "low_shape", samples, *enc.shape)], p + "low")
-    diag = b.add("Mul", [b.f32(p + "sigma", enc.sigma * root), eps[""]], p + "scaled")
-    return b.add("Add", [b.add("Add", [b.f32(p + "mu", enc.mu), diag], p + "diag_s"), low],
+    root_c = b.f32(p + "root", np.array(root, np.float32))
+    sigma = b.add("Mul", [factor(b, enc, "sigma", p + "sigma_raw", enc.sigma), root_c], p + "sigma")
+    diag = b.add("Mul", [sigma, eps[""]], p + "scaled")
+    return b.add("Add", [b.add("Add", [family_mean(b, enc, p + "mu"), diag], p + "diag_s"), low],
                  p + ("s" if tag else "W_s"))
 
 
 @register_draw("KronGaussianWeight")
+@register_draw("KronFixedWeight")
 def kron_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """W_s = M + Q_out (Z_s ⊙ D) Q_inᵀ, exactly as ``KronGaussianWeight.sample``: two MatMuls broadcast over the
-    sample axis of the host noise Z [S, out, rest]."""
+    sample axis of the host noise Z [S, out, rest]; M, Q_out, D and Q_inᵀ from the encoding's store."""
     assert isinstance(enc, KronGaussianWeight)
-    scaled = b.add("Mul", [eps[""], b.f32(p + tag + "kron_scale", enc.scale)], p + tag + "kron_zd")
-    left = b.add("MatMul", [b.f32(p + tag + "q_out", enc.q_out), scaled], p + tag + "kron_left")
-    full = b.add("MatMul", [left, b.f32(p + tag + "q_in_t", np.ascontiguousarray(enc.q_in.T))], p + tag + "kron_dw")
-    dw = b.add("Reshape", [full, b.i64(p + tag + "kron_shape", samples, *enc.shape)], p + tag + "kron_dw_w")
-    return b.add("Add", [b.f32(p + tag + "mu", enc.mean()), dw], p + (tag + "s" if tag else "W_s"))
+    p += tag
+    scaled = b.add("Mul", [eps[""], factor(b, enc, "scale", p + "kron_scale", enc.scale)], p + "kron_zd")
+    left = b.add("MatMul", [factor(b, enc, "q_out", p + "q_out", enc.q_out), scaled], p + "kron_left")
+    q_in_t = factor(b, enc, "q_in_t", p + "q_in_t", np.ascontiguousarray(enc.q_in.T))
+    full = b.add("MatMul", [left, q_in_t], p + "kron_dw")
+    dw = b.add("Reshape", [full, b.i64(p + "kron_shape", samples, *enc.shape)], p + "kron_dw_w")
+    return b.add("Add", [family_mean(b, enc, p + "mu"), dw], p + ("s" if tag else "W_s"))
 
 
 @register_draw("DenseGaussianWeight")
+@register_draw("DenseFixedWeight")
 def dense_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """W_s = M + reshape(L z_s), exactly as ``DenseGaussianWeight.sample``: one MatMul of the host noise z [S, r]
-    with Lᵀ [r, numel]."""
+    with Lᵀ [r, numel]; M and Lᵀ from the encoding's store."""
     assert isinstance(enc, DenseGaussianWeight)
-    flat = b.add("MatMul", [eps[""], b.f32(p + tag + "scale_t", np.ascontiguousarray(enc.scale.T))],
-                 p + tag + "dense_dw")
-    dw = b.add("Reshape", [flat, b.i64(p + tag + "dense_shape", samples, *enc.shape)], p + tag + "dense_dw_w")
-    return b.add("Add", [b.f32(p + tag + "mu", enc.mean()), dw], p + (tag + "s" if tag else "W_s"))
+    p += tag
+    flat = b.add("MatMul", [eps[""], factor(b, enc, "scale_t", p + "scale_t", np.ascontiguousarray(enc.scale.T))],
+                 p + "dense_dw")
+    dw = b.add("Reshape", [flat, b.i64(p + "dense_shape", samples, *enc.shape)], p + "dense_dw_w")
+    return b.add("Add", [family_mean(b, enc, p + "mu"), dw], p + ("s" if tag else "W_s"))

@@ -50,6 +50,7 @@ from edgebnn.exporters.forms import FormChoice, choose_form
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, finish_stores, store_metadata
 from edgebnn.exporters.stores.base import ORT, TRT
+from edgebnn.exporters.stores.members import wrote_members
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
 from edgebnn.metrics import REGRESSION
@@ -177,7 +178,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress)
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
-    if b.int4_layout == "channels" and choice.form == "qdq":
+    if (b.int4_layout == "channels" and choice.form == "qdq") or wrote_members(b):
         out = compact_names(out)  # the compact storage form: short value names (the graph is what is left)
     compact = None
     if weights != "fp32" and choice.form in ("folded", "integer"):

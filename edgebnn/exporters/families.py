@@ -7,10 +7,10 @@ Read from the encoding nodes' op types and attributes, nothing decoded:
   unequally, so it is refused; ``noise``/``shared`` have no noise to take (the members are constants: use
   ``baked``) and ``analytic`` would propagate the members' mean and variance, a Gaussian, not the ensemble:
   both refused;
-- SWAG (``LowRankGaussianWeight``) is exact in ``baked`` (one z₂ per sample shared by every layer, as the
-  reference code draws it) and in ``noise --noise weight`` (z₂ a graph input [S, K] every layer reads);
-  ``analytic`` and the other noise variants run on per-weight moments, dropping the low-rank correlation
-  between layers: refused.
+- SWAG (``LowRankGaussianWeight``, lowered ``LowRankFixedWeight``) is exact in ``baked`` (one z₂ per sample shared by
+  every layer, as the reference code draws it) and in ``noise --noise weight`` (z₂ a graph input [S, K] every
+  layer reads); ``analytic`` and the other noise variants run on per-weight moments, dropping the low-rank
+  correlation between layers: refused.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import DOMAIN, BNNModel
 
 MEMBER_SETS = frozenset({"MemberSetWeight", "MemberSetFixedWeight"})
-LOW_RANK = frozenset({"LowRankGaussianWeight"})
+LOW_RANK = frozenset({"LowRankGaussianWeight", "LowRankFixedWeight"})
 
 
 def ensemble_members(model: BNNModel) -> int | None:

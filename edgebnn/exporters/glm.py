@@ -154,6 +154,7 @@ def _moment_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
 
 
 @register_weight_variance("KronGaussianWeight")
+@register_weight_variance("KronFixedWeight")
 def _kron_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
     """var_k = Σ_p Q_o[k, p]² Σ_q D[p, q]² (Q_iᵀ φ)_q²."""
     assert isinstance(enc, KronGaussianWeight)
@@ -166,6 +167,7 @@ def _kron_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
 
 
 @register_weight_variance("DenseGaussianWeight")
+@register_weight_variance("DenseFixedWeight")
 def _dense_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
     """var_k = Σ_r (Σ_i L[k·n + i, r] φ_i)²."""
     assert isinstance(enc, DenseGaussianWeight)

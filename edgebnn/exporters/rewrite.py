@@ -18,6 +18,7 @@ from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
 from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind, sink_wide_outputs
 from edgebnn.exporters.recurrent import MOVES_BATCH, batch_axes, fold_on_axis
 from edgebnn.exporters.stores import decode
+from edgebnn.exporters.stores.members import member_codes
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import draw_weight
 
@@ -79,8 +80,11 @@ def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32"
                 shapes: dict[str, list[int]], shared: bool) -> None:
         shape = w.encoding.shape
         bias = bias_samples(b, node, kind.out_dim(node, shape))
+        if weights == "fp32":  # members on a grid: the store's codes where it has them (a lowered deep ensemble)
+            member_codes(b, w.encoding)
         kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias, shapes, f"layer {w.layer!r}", weights,
                      w.encoding.sample_grid(), shared)
+        b.draw_codes = None
 
     return rewrite
 

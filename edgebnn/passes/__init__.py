@@ -75,6 +75,9 @@ def float_bnn_bytes(model: BNNModel) -> int:
     total = sum(next((4 * a.i for a in n.attribute if a.name == "members"), 8)
                 * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
     total += sum(4 * math.prod(dims.get(n.input[2], [])) for n in nodes if n.op_type == "LowRankGaussianWeight")
+    total += sum(4 * next(a.i for a in n.attribute if a.name == "rank")  # lowered SWAG: K from its attribute
+                 * math.prod(next(a.ints for a in n.attribute if a.name == "shape"))
+                 for n in nodes if n.op_type == "LowRankFixedWeight")
     encoding_inputs = {i for n in nodes for i in n.input}
     for t in model.proto.graph.initializer:
         if t.name in encoding_inputs:

@@ -212,10 +212,10 @@ def test_lowering_schemes_on_laplace_irs(kron_ll, diag_all, digits_torch):
     assert {r["kind"] for r in diag.report["layers"]} == {"FixedPointWeight"}  # diag: every scheme applies
     kron = _ir(kron_ll)
     assert lower(kron, "float").model.encoded_weight("3.weight").encoding.op_type == "KronGaussianWeight"
-    fixed = lower(kron, "fixed", seed=0)  # kept as it is (exact, fp32), with the reason in the report
-    assert [r["skipped"] for r in fixed.report["layers"]] == [
-        "already a KronGaussianWeight; fixed lowers GaussianWeight posteriors only",
-        "already a DenseGaussianWeight; fixed lowers GaussianWeight posteriors only"]
+    fixed = lower(kron, "fixed", seed=0)  # the mean on a grid, the factors coded (edgebnn.passes.families)
+    assert [r["kind"] for r in fixed.report["layers"]] == ["KronFixedWeight", "DenseFixedWeight"]
+    with pytest.raises(InvalidOptionError, match="codebook cannot lower"):
+        lower(kron, "codebook", seed=0)
     assert Session(export_onnx(fixed.model, 8, mode="noise")).predict(x).probs.shape == (20, 10)
 
 

@@ -195,8 +195,8 @@ def test_bad_swag_inputs_are_one_line(swag, swag_ir):
         with pytest.raises(EdgeBNNError, match="low-rank") as e:
             export_onnx(ir, 8, mode=mode, noise=noise)
         assert "\n" not in str(e.value)
-    with pytest.raises(EdgeBNNError, match="fixed cannot lower"):
-        edgebnn.lower(ir, "fixed")
+    with pytest.raises(EdgeBNNError, match="codebook cannot lower"):
+        edgebnn.lower(ir, "codebook")
 
 
 def test_cli_swag(swag, tmp_path, monkeypatch):

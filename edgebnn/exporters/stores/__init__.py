@@ -111,13 +111,18 @@ def compact_names(proto: onnx.ModelProto) -> onnx.ModelProto:
     del graph.initializer[:]
     graph.initializer.extend(unique)
     names: dict[str, str] = {}
+    taken: set[str] = set()
 
     def short(name: str) -> str:
         name = alias.get(name, name)
         if not name or name in keep:
             return name
-        if name not in names:
-            names[name] = np.base_repr(len(names), 36).lower()
+        if name not in names:  # the next counter that is no kept name (a graph input called "x")
+            count = len(names)
+            while (short_name := np.base_repr(count, 36).lower()) in keep or short_name in taken:
+                count += 1
+            names[name] = short_name
+            taken.add(short_name)
         return names[name]
 
     for t in graph.initializer:
@@ -130,4 +135,5 @@ def compact_names(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-from edgebnn.exporters.stores import binary, codebook, quantized  # noqa: E402,F401  (registers the stores)
+# registers the stores (families: the lowered SWAG / Laplace kinds; members: a lowered deep ensemble's baked members)
+from edgebnn.exporters.stores import binary, codebook, families, members, quantized  # noqa: E402,F401

@@ -10,9 +10,10 @@ from edgebnn.ir.encodings.fixedpoint import FixedPointWeight
 from edgebnn.ir.encodings.gaussian import GaussianWeight
 from edgebnn.ir.encodings.intcount import IntCountWeight
 from edgebnn.ir.encodings.joint import JointGroup, draw_weight
-from edgebnn.ir.encodings.kron import DenseGaussianWeight, KronGaussianWeight
-from edgebnn.ir.encodings.lowrank import LowRankGaussianWeight
+from edgebnn.ir.encodings.kron import DenseFixedWeight, DenseGaussianWeight, KronFixedWeight, KronGaussianWeight
+from edgebnn.ir.encodings.lowrank import LowRankFixedWeight, LowRankGaussianWeight
 from edgebnn.ir.encodings.members import MemberSet, MemberSetFixedWeight, MemberSetWeight
+from edgebnn.ir.encodings.rowcode import RowCode
 from edgebnn.ir.encodings.sigmacode import SigmaCode
 from edgebnn.ir.encodings.ternary import TernaryWeight
 
@@ -21,6 +22,7 @@ __all__ = [
     "MASK_SUFFIX",
     "BinaryWeight",
     "CodebookWeight",
+    "DenseFixedWeight",
     "DenseGaussianWeight",
     "DropoutMask",
     "Encoding",
@@ -29,12 +31,15 @@ __all__ = [
     "Grid",
     "IntCountWeight",
     "JointGroup",
+    "KronFixedWeight",
     "KronGaussianWeight",
+    "LowRankFixedWeight",
     "LowRankGaussianWeight",
     "MemberSet",
     "MemberSetFixedWeight",
     "MemberSetWeight",
     "NoiseNeed",
+    "RowCode",
     "SigmaCode",
     "TernaryWeight",
     "draw_weight",

@@ -20,19 +20,33 @@ In a ``noise --noise weight`` export the draw runs in the graph from inputs ``no
 Moments per weight: mean ``mean``, variance ``scale · (σ² + Σ_k D_k² / (K − 1))``.
 
 Stored: ``mean`` and ``sigma`` float32 [*shape], ``deviations`` float32 [K, n]; attribute ``scale`` (> 0).
+
+``LowRankFixedWeight`` (SWAG lowered with ``fixed``, :mod:`edgebnn.passes.families`) is the same posterior with
+its three parts coded, everything above (draws, moments, the joint z₂) computed from the decoded values:
+
+    mean   = Δ · q                    q packed at B bits, attributes ``step`` (Δ) and ``bits`` (B)
+    σ      = levels[codes]            a :class:`~edgebnn.ir.encodings.SigmaCode` (log domain)
+    D      = float32(d_q) · d_scale   a :class:`~edgebnn.ir.encodings.rowcode.RowCode`: D viewed as [K·out, rest],
+                                      one scale per (iterate k, output channel)
+
+Stored: ``q``, ``sigma_levels``, ``sigma_codes``, ``dev_q`` int8 [K·out, rest], ``dev_scale`` float32 [K·out];
+attributes ``scale``, ``step``, ``bits``, ``rank`` (K).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.ir.encodings.base import Encoding, NoiseNeed, check_finite, check_shape, register_encoding
-from edgebnn.ir.encodings.fixedpoint import attr_number
+from edgebnn.ir.encodings.base import Encoding, Grid, NoiseNeed, check_finite, check_shape, register_encoding
+from edgebnn.ir.encodings.fixedpoint import attr_int, attr_number
 from edgebnn.ir.encodings.joint import JointGroup
+from edgebnn.ir.encodings.packing import MAX_BITS, pack_int, packed_nbytes, unpack_int
+from edgebnn.ir.encodings.rowcode import RowCode
+from edgebnn.ir.encodings.sigmacode import SigmaCode
 
 MAX_RANK = 4096
 Z2_SUFFIX = ".swag_z2"  # the shared noise input ``noise/swag_z2`` [S, K] of a ``noise`` export
@@ -43,7 +57,7 @@ class LowRankGaussianWeight(Encoding):
     """w = mean + sqrt(scale) · (σ ⊙ z₁ + Dᵀ z₂ / sqrt(K − 1)), z₂ shared by the whole network."""
 
     op_type = "LowRankGaussianWeight"
-    FIELDS = ("mean", "sigma", "deviations")
+    FIELDS: ClassVar[tuple[str, ...]] = ("mean", "sigma", "deviations")
 
     def __init__(self, mean: np.ndarray, sigma: np.ndarray, deviations: np.ndarray, scale: float) -> None:
         super().__init__(mean.shape)
@@ -118,3 +132,96 @@ class LowRankGaussianWeight(Encoding):
     def noise_needs(self) -> tuple[NoiseNeed, ...]:
         """z₁ per weight, and z₂ [K] as one input shared by every layer (``noise/swag_z2``)."""
         return (NoiseNeed("", self.shape), NoiseNeed(Z2_SUFFIX, (self.rank,), shared=True))
+
+
+def dev_rows(shape: tuple[int, ...], rank: int) -> tuple[int, int]:
+    """The 2-D view of SWAG's deviations that :class:`LowRankFixedWeight` codes: ``[K · out, rest]``."""
+    n = int(np.prod(shape, dtype=np.int64))
+    out = int(shape[0]) if shape else 1
+    return rank * out, n // out
+
+
+def fixed_mean(packed: np.ndarray, bits: int, step: float, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """The int16 codes of a fixed-point mean stored packed at ``bits`` bits, validated (size, range)."""
+    n = int(np.prod(shape, dtype=np.int64))
+    want = packed_nbytes(n, bits)
+    if packed.dtype != np.uint8 or packed.ndim != 1 or packed.size != want:
+        raise InvalidArtifactError(f"{where}: q must be {want} packed uint8 bytes ({n} values at {bits} bits), "
+                                   f"got {packed.dtype} {packed.shape}")
+    if not step > 0:
+        raise InvalidArtifactError(f"{where}: attribute 'step' must be > 0, got {step}")
+    q = unpack_int(packed, bits, n)
+    limit = (1 << (bits - 1)) - 1
+    if n and int(np.abs(q.astype(np.int32)).max()) > limit:
+        raise InvalidArtifactError(f"{where}: q holds a value outside ±{limit}, too wide for {bits} bits")
+    return q.reshape(shape)
+
+
+class FixedMean:
+    """A fixed-point mean ``Δ · q`` (q packed at B bits) shared by the lowered correlated families."""
+
+    q: np.ndarray
+    packed: np.ndarray
+    quant_step: float
+    bits: int
+
+    def _set_mean(self, q: np.ndarray, step: float, bits: int, packed: np.ndarray | None) -> np.ndarray:
+        self.q = np.asarray(q, np.int16)
+        self.quant_step = float(np.float32(step))  # ONNX float attributes are float32
+        self.bits = int(bits)
+        self.packed = pack_int(self.q, self.bits) if packed is None else packed
+        return self.q.astype(np.float32) * np.float32(self.quant_step)
+
+    @staticmethod
+    def _read_mean(fields: Mapping[str, np.ndarray], attrs: Mapping[str, Any], shape: tuple[int, ...],
+                   where: str) -> tuple[np.ndarray, float, int]:
+        bits = attr_int(attrs, "bits", 2, MAX_BITS, where)
+        step = attr_number(attrs, "step", where)
+        return fixed_mean(fields["q"], bits, step, shape, where), step, bits
+
+    def step(self) -> float:
+        return self.quant_step
+
+    def mean_grid(self) -> Grid:
+        """``mean() = q · step`` exactly (float32 product)."""
+        return Grid(self.quant_step, self.bits)
+
+    def mean_attributes(self) -> dict[str, Any]:
+        return {"step": self.quant_step, "bits": self.bits}
+
+
+@register_encoding
+class LowRankFixedWeight(FixedMean, LowRankGaussianWeight):
+    """SWAG with its mean on a fixed-point grid, σ a log-domain code and D an int8 row code (module docstring)."""
+
+    op_type = "LowRankFixedWeight"
+    FIELDS = ("q", "sigma_levels", "sigma_codes", "dev_q", "dev_scale")
+
+    def __init__(self, q: np.ndarray, step: float, bits: int, sigma: SigmaCode, dev: RowCode, scale: float,
+                 packed: np.ndarray | None = None) -> None:
+        mean = self._set_mean(q, step, bits, packed)
+        self.sigma_code = sigma
+        self.dev_code = dev
+        rank = dev.q.shape[0] // (int(q.shape[0]) if q.ndim else 1)
+        super().__init__(mean, sigma.decode().reshape(self.q.shape), dev.decode().reshape(rank, -1), scale)
+
+    @classmethod
+    def from_fields(
+        cls, fields: Mapping[str, np.ndarray], attrs: Mapping[str, Any], shape: tuple[int, ...], where: str
+    ) -> LowRankFixedWeight:
+        scale = attr_number(attrs, "scale", where)
+        if not scale > 0:
+            raise InvalidArtifactError(f"{where}: attribute 'scale' must be > 0, got {scale}")
+        rank = attr_int(attrs, "rank", 2, MAX_RANK, where)
+        q, step, bits = cls._read_mean(fields, attrs, shape, where)
+        n = int(np.prod(shape, dtype=np.int64))
+        sigma = SigmaCode.from_arrays(fields["sigma_levels"], fields["sigma_codes"], n, "sigma", where)
+        dev = RowCode.from_arrays(fields["dev_q"], fields["dev_scale"], dev_rows(shape, rank), "deviations", where)
+        return cls(q, step, bits, sigma, dev, scale, packed=fields["q"])
+
+    def fields(self) -> dict[str, np.ndarray]:
+        return {"q": self.packed, "sigma_levels": self.sigma_code.levels, "sigma_codes": self.sigma_code.codes,
+                "dev_q": self.dev_code.q, "dev_scale": self.dev_code.scale}
+
+    def attributes(self) -> dict[str, Any]:
+        return {"scale": self.scale, **self.mean_attributes(), "rank": self.rank}
