@@ -264,8 +264,13 @@ def level_table(model: nn.Module) -> dict[str, dict[str, float]]:
     }
 
 
+def learned_levels(model: nn.Module) -> dict[str, float]:
+    """``{weight name: a}``: the level each VNQ layer learned, keyed like the IR's weights (``conv1.weight``)."""
+    return {f"{path}.weight": float(m.level.detach()) for path, m in vnq_layers(model)}
+
+
 def lower_to_ternary(model: nn.Module, bnn: BNNModel, *, seed: int = 0) -> tuple[BNNModel, dict[str, Any]]:
-    """Lower the IR of a VNQ-trained model with ``ternary`` (prune log α >= 2, nearest level).
+    """Lower the IR of a VNQ-trained model with ``ternary``: prune log α >= 2, round to the learned ±a or 0.
 
     Args:
         model: A model trained with :func:`train_vnq`.
@@ -273,10 +278,8 @@ def lower_to_ternary(model: nn.Module, bnn: BNNModel, *, seed: int = 0) -> tuple
         seed: Seed of the lowering.
 
     Returns:
-        The lowered IR and the lowering report, with ``learned_levels`` (``{weight name: a}``) added next to
-        the pass's own per-layer ``level`` (Lloyd's fit: the pass takes no level option).
+        The lowered IR and the lowering report (each ternary row's ``level`` is the learned one,
+        ``level_from`` ``"levels"``).
     """
-    result = lower(bnn, "ternary", seed=seed)
-    report = dict(result.report)
-    report["learned_levels"] = {f"{p}.weight": float(m.level.detach()) for p, m in vnq_layers(model)}
-    return result.model, report
+    result = lower(bnn, "ternary", seed=seed, levels=learned_levels(model))
+    return result.model, result.report

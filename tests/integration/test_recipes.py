@@ -102,7 +102,9 @@ def test_vnq_training_clips_and_lowers_to_ternary(small_digits):
     for row in report["layers"]:
         if row["kind"] == "TernaryWeight":  # the pass prunes exactly the weights VNQ marks (log α >= 2)
             assert row["pruned"] == pytest.approx(prunable[row["layer"]]["prunable"], abs=1e-6)
-    assert set(report["learned_levels"]) == {"fc1.weight", "fc2.weight"}
+            # rounded to the level VNQ learned (Sec. 3.2), stored as float32, not re-fitted
+            assert row["level_from"] == "levels"
+            assert row["level"] == np.float32(prunable[row["layer"]]["level"])
 
 
 def test_vnq_sampled_ensemble_is_within_two_test_images_of_the_posterior_mean():
