@@ -46,6 +46,7 @@ from edgebnn.passes.fixed import MatrixPass
 
 _FIT_SAMPLE = 65536
 _LLOYD_ITERS = 30
+_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,9 @@ class TernaryConfig(QuantConfig):
     Attributes:
         prune_log_alpha: Prune weights with log(σ²/μ²) at or above this (VNQ: 2).
         levels: ``{weight name: a}``, the level to round to (VNQ's learned levels,
-            ``edgebnn.train.vnq.learned_levels``); a weight it does not name gets Lloyd's fit.
+            ``edgebnn.train.vnq.learned_levels``); a weight it does not name gets Lloyd's fit, a bias's entry
+            is unused (biases go to ``fixed``). Data like ``gradients``: not stored in the lowering config,
+            so ``edgebnn lower --config`` replays such a lowering with Lloyd's levels.
     """
 
     prune_log_alpha: float = 2.0
@@ -72,7 +75,7 @@ class TernaryConfig(QuantConfig):
             raise InvalidOptionError("levels must map weight names to positive levels a")
         for name, a in self.levels.items():
             ok = isinstance(a, (int, float, np.floating)) and not isinstance(a, bool) and math.isfinite(a)
-            if not ok or a <= 0 or not np.float32(a) > 0:
+            if not ok or not _F32_TINY <= a <= _F32_MAX:  # stored as a float32: no under/overflow
                 raise InvalidOptionError(f"levels[{name!r}]={a!r}: must be a finite positive number")
 
 

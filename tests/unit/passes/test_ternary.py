@@ -97,6 +97,7 @@ def test_given_levels_replace_lloyds_fit(mlp) -> None:
                                                 ({"levels": {"W1": 0.0}}, r"levels\['W1'\]=0.0"),
                                                 ({"levels": {"W1": float("inf")}}, r"levels\['W1'\]=inf"),
                                                 ({"levels": {"W1": True}}, r"levels\['W1'\]=True"),
+                                                ({"levels": {"W1": 1e39}}, r"levels\['W1'\]=1e\+39"),
                                                 ({"levels": [0.3]}, "levels must map"),
                                                 ({"levels": {"fc9": 0.3}}, r"levels names unknown weights \['fc9'\]")])
 def test_bad_options(mlp, options, match) -> None:
