@@ -4,10 +4,12 @@ Variational Network Quantization, post-training step (no fine-tuning):
 
 1. prune: log α_i = log σ_i² - log μ_i² >= 2 (``prune_log_alpha``), i.e. σ_i² >= e² μ_i²: 0 lies well inside
    the weight's posterior; a pruned weight becomes an exact, deterministic zero (its σ is coded as 0);
-2. the level ``a`` minimises the squared error of the remaining means against their nearest level:
+2. the level ``a``: the one given in ``levels`` (``{weight name: a}``, data like ``gradients``: VNQ learns ``a``
+   in training and its KL pulls the kept means to ±a, so the paper rounds to the learned level; Sec. 3.2),
+   else the one that minimises the squared error of the remaining means against their nearest level:
    Lloyd's fixed point a = mean{|μ_i| : |μ_i| > a/2} (1-D k-means with the centre 0 held fixed, started at
-   mean|μ|, run on a seeded subsample of at most 65 536 weights); VNQ learns ``a`` in training, a
-   post-hoc model has to fit it;
+   mean|μ|, run on a seeded subsample of at most 65 536 weights), for a post-hoc model (or a weight
+   ``levels`` does not name);
 3. every remaining weight goes to argmin_k (c_k - μ_i)², c = (-a, 0, a): ±a when |μ_i| > a/2, else 0 (a weight
    rounded to 0 keeps its σ, only pruned ones are deterministic).
 
@@ -16,17 +18,21 @@ with ``fixed`` instead — one level per layer is far too coarse for them — an
 Degenerate layers: when every weight is pruned (e.g. all-zero μ) the level is set to 1 (unused) and the
 note says so.
 
-Report keys besides the common ones: ``level`` (a), ``pruned`` (fraction pruned by log α).
+Report keys besides the common ones: ``level`` (a), ``level_from`` (``"levels"``: given, or ``"lloyd"``: fitted),
+``pruned`` (fraction pruned by log α).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
-from edgebnn.ir import EncodedWeight
+from edgebnn.errors import InvalidOptionError
+from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import SigmaCode, TernaryWeight
 from edgebnn.passes.base import (
     LayerOutcome,
@@ -40,6 +46,7 @@ from edgebnn.passes.fixed import MatrixPass
 
 _FIT_SAMPLE = 65536
 _LLOYD_ITERS = 30
+_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -48,15 +55,28 @@ class TernaryConfig(QuantConfig):
 
     Attributes:
         prune_log_alpha: Prune weights with log(σ²/μ²) at or above this (VNQ: 2).
+        levels: ``{weight name: a}``, the level to round to (VNQ's learned levels,
+            ``edgebnn.train.vnq.learned_levels``); a weight it does not name gets Lloyd's fit, a bias's entry
+            is unused (biases go to ``fixed``). Data like ``gradients``: not stored in the lowering config,
+            so ``edgebnn lower --config`` replays such a lowering with Lloyd's levels.
     """
 
     prune_log_alpha: float = 2.0
+    levels: Mapping[str, float] | None = field(default=None, compare=False)
 
     BITS_RANGE: ClassVar[tuple[int, int]] = (2, 2)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_float(self.prune_log_alpha, "prune_log_alpha", -50.0, 50.0)
+        if self.levels is None:
+            return
+        if not isinstance(self.levels, Mapping):
+            raise InvalidOptionError("levels must map weight names to positive levels a")
+        for name, a in self.levels.items():
+            ok = isinstance(a, (int, float, np.floating)) and not isinstance(a, bool) and math.isfinite(a)
+            if not ok or not _F32_TINY <= a <= _F32_MAX:  # stored as a float32: no under/overflow
+                raise InvalidOptionError(f"levels[{name!r}]={a!r}: must be a finite positive number")
 
 
 def ternary_level(magnitudes: np.ndarray, rng: np.random.Generator) -> float:
@@ -74,13 +94,18 @@ def ternary_level(magnitudes: np.ndarray, rng: np.random.Generator) -> float:
 
 
 def lower_ternary(
-    mu: np.ndarray, sigma: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator, config: TernaryConfig
+    mu: np.ndarray, sigma: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator, config: TernaryConfig,
+    level: float | None = None,
 ) -> LayerOutcome:
-    """Encode one Gaussian weight (flat ``mu``, ``sigma``) as a :class:`TernaryWeight`."""
+    """Encode one Gaussian weight (flat ``mu``, ``sigma``) as a :class:`TernaryWeight`.
+
+    ``level`` is the given ``a`` (None: Lloyd's fit on the kept means).
+    """
     threshold = np.float32(np.exp(config.prune_log_alpha))
     pruned = np.square(sigma) >= threshold * np.square(mu)
-    kept = np.abs(mu[~pruned])
-    level = ternary_level(kept, rng)
+    level_from = "lloyd" if level is None else "levels"
+    if level is None:
+        level = ternary_level(np.abs(mu[~pruned]), rng)
     note = degenerate_note(mu, sigma)
     if level == 0:
         level = 1.0
@@ -91,7 +116,8 @@ def lower_ternary(
     codes[big] = np.where(mu[big] > 0, 1, -1)
     sigma_kept = np.where(pruned, np.float32(0), sigma)
     enc = TernaryWeight(codes.reshape(shape), level, 2, SigmaCode.fit(sigma_kept, config.sigma_bits, rng))
-    return LayerOutcome(enc, note, {"level": enc.scale, "pruned": float(np.count_nonzero(pruned) / mu.size)})
+    pruned_fraction = float(np.count_nonzero(pruned) / mu.size)
+    return LayerOutcome(enc, note, {"level": enc.scale, "level_from": level_from, "pruned": pruned_fraction})
 
 
 class TernaryPass(MatrixPass):
@@ -103,6 +129,15 @@ class TernaryPass(MatrixPass):
     TRAINED_BY = ("edgebnn-vnq", "edgebnn.train.vnq")
     ENCODING = "TernaryWeight"
 
+    def run(self, model: BNNModel, seed: int) -> tuple[list[dict[str, Any]], bool]:
+        names = set(model.encoded_weight_names())
+        unknown = sorted(set(self.config.levels or {}) - names)
+        if unknown:
+            raise InvalidOptionError(f"levels names unknown weights {unknown}; weights are {sorted(names)}")
+        return super().run(model, seed)
+
     def lower_matrix(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
         mu, sigma = posterior(weight)
-        return lower_ternary(mu, sigma, weight.encoding.shape, rng, self.config)
+        given = (self.config.levels or {}).get(weight.name)
+        level = None if given is None else float(given)
+        return lower_ternary(mu, sigma, weight.encoding.shape, rng, self.config, level)

@@ -1,4 +1,4 @@
-"""``ternary``: VNQ pruning at log α >= 2, Lloyd level, nearest-level codes, σ kept, bad input."""
+"""``ternary``: VNQ pruning at log α >= 2, Lloyd or given level, nearest-level codes, σ kept, bad input."""
 
 from __future__ import annotations
 
@@ -74,7 +74,32 @@ def test_samples_round_trip_determinism_and_onnxruntime(mlp, sample_check, round
     assert np.all(np.abs(run_float(result.model, x) - run_float(mlp, x)) <= bound * (1 + 1e-4) + 1e-5)
 
 
-@pytest.mark.parametrize(("options", "match"), [({"bits": 3}, "bits=3"), ({"prune_log_alpha": float("nan")}, "prune")])
+def test_given_levels_replace_lloyds_fit(mlp) -> None:
+    """A level in ``levels`` is used as given (VNQ's learned a); a weight it does not name keeps Lloyd's fit."""
+    lloyd = {r["name"]: r["level"] for r in lower(mlp, "ternary").report["layers"] if r["kind"] == "TernaryWeight"}
+    given = 0.7 * lloyd["W1"]  # far enough from the fit that the codes change
+    result = lower(mlp, "ternary", levels={"W1": given})
+    rows = {r["name"]: r for r in result.report["layers"]}
+    assert rows["W1"]["level_from"] == "levels" and rows["W2"]["level_from"] == "lloyd"
+    assert rows["W2"]["level"] == lloyd["W2"]
+    enc = {w.name: w.encoding for w in result.model.encoded_weights()}["W1"]
+    assert enc.scale == np.float32(given)
+    mu, sigma = _post(mlp)["W1"]
+    pruned = sigma**2 >= np.exp(2.0) * mu**2
+    codes = np.where(pruned, 0, np.where(np.abs(mu) > np.float32(given / 2), np.sign(mu), 0))
+    np.testing.assert_array_equal(enc.mean(), (codes * np.float32(given)).astype(np.float32))
+    fitted = {w.name: w.encoding for w in lower(mlp, "ternary").model.encoded_weights()}["W1"]
+    assert np.count_nonzero(enc.mean()) > np.count_nonzero(fitted.mean())  # a lower level keeps more weights
+    assert "levels" not in result.report["config"]["options"]  # data, like gradients: not in the stored config
+
+
+@pytest.mark.parametrize(("options", "match"), [({"bits": 3}, "bits=3"), ({"prune_log_alpha": float("nan")}, "prune"),
+                                                ({"levels": {"W1": 0.0}}, r"levels\['W1'\]=0.0"),
+                                                ({"levels": {"W1": float("inf")}}, r"levels\['W1'\]=inf"),
+                                                ({"levels": {"W1": True}}, r"levels\['W1'\]=True"),
+                                                ({"levels": {"W1": 1e39}}, r"levels\['W1'\]=1e\+39"),
+                                                ({"levels": [0.3]}, "levels must map"),
+                                                ({"levels": {"fc9": 0.3}}, r"levels names unknown weights \['fc9'\]")])
 def test_bad_options(mlp, options, match) -> None:
     with pytest.raises(InvalidOptionError, match=match):
         lower(mlp, "ternary", **options)
