@@ -174,14 +174,28 @@ def test_member_count_attribute_is_checked():
         verify(BNNModel(proto, ir.manifest, "hostile.ebnn"))
 
 
-def test_budget_search_refuses_family_irs():
-    """--budget searches Gaussian schemes (codebook, prune, σ codes): refused up front for a family, in one line."""
+def test_budget_search_moves_a_family_only_among_its_registered_schemes():
+    """--budget on a family: member-set layers start at fixed and move among fixed widths and float (their registered
+    lowerings; no codebook, prune or σ code), judged at S = M; SWAG's low-rank layers, which only float lowers, stay
+    float with a warning. The data are the float model's own predictions, so the float BNN keeps any budget."""
     from edgebnn.api import lower_within_budget
     from edgebnn.passes import LowerConfig
+    from edgebnn.runtime.reference import Reference
 
-    for ir, family in ((_members_ir(), "deep ensemble"), (_lowrank_ir(), "SWAG posterior")):
-        with pytest.raises(InvalidOptionError, match=f"a {family} lowers with fixed"):
-            lower_within_budget(ir, LowerConfig(scheme="float"), "nll=+0.02", data="digits")
+    x = np.random.default_rng(5).standard_normal((64, 6)).astype(np.float32)
+    for ir, schemes in ((_members_ir(), {"fixed", "float"}), (_lowrank_ir(), {"float"})):
+        y = Reference(ir).predict(x, 3, 0).probs.argmax(1)
+        low = lower_within_budget(ir, LowerConfig(scheme="float"), "nll=+0.5", data=(x, y))
+        budget = low.lowering_report["budget"]
+        assert budget["met"] and budget["measured_on"]["samples"] == (3 if schemes != {"float"} else 16)
+        assert {row["scheme"] for row in budget["layers"]} <= schemes, budget["layers"]
+        tried = {s["to"][0] for s in budget["steps"]}
+        assert tried <= schemes, budget["steps"]
+        if schemes == {"float"}:
+            assert all("no scheme but float lowers it" in w for w in budget["warnings"]) and budget["warnings"]
+        else:
+            assert low.manifest.scheme == "fixed" and all(r["kind"] == "MemberSetFixedWeight"
+                                                          for r in low.lowering_report["layers"])
 
 
 def test_hoisting_never_replaces_members_by_their_mean():
