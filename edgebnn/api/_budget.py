@@ -119,7 +119,9 @@ def budget_sizes(lowered: LoweredModel) -> dict[str, Any]:
     out: dict[str, Any] = {"ir_bytes": int(report["total_bytes"]), "ebnn_bytes": int(report["ebnn_bytes"]),
                            "float_bnn_bytes": int(report["float_bnn_bytes"]), "deployed": None, "export": None}
     try:
-        size, what = export_size(lowered, samples=default_samples(lowered, int(DEFAULT_EXPORT["samples"])))
+        fallback = DEFAULT_EXPORT["samples"]
+        assert isinstance(fallback, int)
+        size, what = export_size(lowered, samples=default_samples(lowered, fallback))
     except EdgeBNNError as e:
         out["deployed_error"] = str(e)
         return out

@@ -212,10 +212,43 @@ def test_hoisting_never_replaces_members_by_their_mean():
                                atol=ROUNDOFF)
 
 
-def test_search_refuses_family_irs(tmp_path):
+def test_search_space_of_a_family_is_what_varies_for_it(tmp_path):
+    """A deep ensemble is searched at S = M, baked, without σ codes, over its registered schemes; SWAG over S and
+    its exact modes (baked, noise); an explicitly given axis that cannot be exact for the family is one line."""
+    import dataclasses
+
     from edgebnn.ir import save
     from edgebnn.search.run import SearchSettings, validate
+    from edgebnn.search.space import SearchSpace
 
     path = save(_members_ir(), tmp_path / "ens.ebnn")
-    with pytest.raises(InvalidOptionError, match="a deep ensemble: search explores"):
-        validate(SearchSettings(model=str(path), data="digits"))
+    settings = SearchSettings(model=str(path), data=str(_npz(tmp_path)))
+    space = validate(settings)[2]
+    assert (space.schemes, space.samples, space.modes, space.family) == (("fixed", "float"), (3,), ("baked",),
+                                                                         "deep ensemble")
+    swag = validate(dataclasses.replace(settings, model=str(save(_lowrank_ir(), tmp_path / "swag.ebnn"))))[2]
+    assert (swag.schemes, swag.samples, swag.modes) == (("float",), SearchSpace().samples, ("baked", "noise"))
+    from edgebnn.search.space import TrialConfig
+    from edgebnn.search.trial import TrialJob, run_trial
+
+    for mode in ("baked", "noise"):  # SWAG's noise trial exports with per-weight noise (the exact variant)
+        job = TrialJob(0, TrialConfig("float", "auto", None, 4, mode, "fp32", "off"), str(tmp_path / "swag.ebnn"),
+                       settings.data, None, 0, "cpu", runs=0)
+        assert run_trial(job)["state"] == "complete", run_trial(job)["error"]
+    for axis, value, message in (("schemes", ("fixed", "codebook"), "--schemes codebook: a deep ensemble lowers with "
+                                                                    "fixed or float only"),
+                                 ("samples", (3, 8), "--samples 3,8: a deep ensemble of 3 members exports exactly "
+                                                     "with S = 3 only"),
+                                 ("modes", ("baked", "noise"), "--modes noise: not exact for a deep ensemble"),
+                                 ("sigma_bits", (1,), "--sigma-bits: a deep ensemble's members have no σ")):
+        bad = dataclasses.replace(settings, space=dataclasses.replace(SearchSpace(), **{axis: value}))
+        with pytest.raises(InvalidOptionError, match=message):
+            validate(bad)
+
+
+def _npz(tmp_path) -> object:
+    """Labelled inputs [N, 6] for the hand-built MLPs (4 classes)."""
+    rng = np.random.default_rng(4)
+    path = tmp_path / "val.npz"
+    np.savez(path, x=rng.standard_normal((32, 6)).astype(np.float32), y=rng.integers(0, 4, 32))
+    return path
