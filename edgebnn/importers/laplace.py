@@ -117,7 +117,8 @@ def _subclasses(cls: type) -> list[type]:
     out: list[type] = []
     stack = [cls]
     while stack:
-        for sub in stack.pop().__subclasses__():
+        subs: list[type] = stack.pop().__subclasses__()
+        for sub in subs:
             out.append(sub)
             stack.append(sub)
     return out
