@@ -207,13 +207,18 @@ def test_laplace_from_the_cli_is_the_python_apis_posterior(trained, laplace_stat
 
 def test_laplace_states_edgebnn_cannot_import_are_one_line(trained, laplace_states, tmp_path, factories):
     root, _ = trained
+    full = torch.load(root / "la_all_diag.pt", weights_only=True)
+    torch.save({**full, "cls_name": "FullLaplace"}, tmp_path / "full.pt")  # a structure edgebnn does not import
+    torch.save([1, 2], tmp_path / "list.pt")
     other = tmp_path / "other_factories.py"
     other.write_text("from torch import nn\n\ndef wide():\n"
                      "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 24), nn.ReLU(), nn.Linear(24, 10))\n")
     cases = [((MAP, root / "la_regression.pt"), "likelihood 'regression'; edgebnn imports classification"),
              ((MAP, root / "la_pickled.pt"), "refused: the checkpoint holds pickled objects"),
              ((MAP, root / MAP), "not a laplace-torch state_dict"),
-             ((ENS, root / "la_all_diag.pt"), "does not match the model")]
+             ((ENS, root / "la_all_diag.pt"), "does not match the model"),
+             ((MAP, tmp_path / "full.pt"), "a FullLaplace: edgebnn imports DiagLaplace"),
+             ((MAP, tmp_path / "list.pt"), "not a laplace-torch state_dict")]
     for (weights, state), needle in cases:
         r = _lower(root, "mlp", weights, tmp_path / "bad.ebnn", "--laplace", state)
         assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
