@@ -3,9 +3,10 @@
 Every candidate is judged by the predictive the model exports: the reference runtime draws what ``baked`` stores
 (:func:`edgebnn.ir.encodings.draw_weight`), S ``samples`` with the config's seed, against the float BNN's. A
 posterior family's layers (a deep ensemble's member sets, SWAG's low-rank Gaussians, ...) move only among the
-schemes :mod:`edgebnn.passes` registers for their encodings (``FAMILY_LOWERINGS``: today ``fixed`` and ``float``
-for member sets, ``float`` for SWAG), so a deep ensemble is searched over the bits of its one per-layer grid, with
-float as each layer's fallback, and judged at S = M (each member once: the exact ensemble).
+schemes :mod:`edgebnn.passes` registers for their encodings (``FAMILY_LOWERINGS``: ``fixed`` and ``float`` for member
+sets, SWAG and Kronecker/dense Laplace factors), with no σ-code move (a family's lowering codes its covariance
+itself), so a deep ensemble is searched over the bits of its one per-layer grid, with float as each layer's
+fallback, and judged at S = M (each member once: the exact ensemble).
 """
 
 from __future__ import annotations
@@ -200,10 +201,6 @@ class _BudgetSearch:
         order = (config.scheme, "fixed", "float")
         counts = Counter(starts.values())
         scheme = min(counts, key=lambda s: (-counts[s], order.index(s))) if counts else config.scheme
-        for layer, start in starts.items():
-            if start == "float" and start != config.scheme:
-                self.warnings.append(f"layer {layer!r} ({', '.join(sorted(self.kinds[layer]))}): no scheme but "
-                                     "float lowers it; kept float")
         def options(of: str) -> dict[str, Any]:
             return dict(_setting(of, "auto", dict(config.options))[2])
 
@@ -413,8 +410,8 @@ def _setting(scheme: str, bits: int | str, options: dict[str, Any]) -> _Setting:
 
 def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset()) -> list[tuple[str, _Setting]]:
     """One layer's smaller settings: a bit less, a σ code a bit smaller, fixed -> codebook, X -> prune+X (those
-    the layer's encodings take: a member set has no σ to code, and only its registered schemes)."""
-    from edgebnn.exporters.families import MEMBER_SETS
+    the layer's encodings take: a family's lowering codes its covariance itself, and only its registered schemes)."""
+    from edgebnn.passes.base import FAMILY_LOWERINGS
     from edgebnn.passes.config import PASSES, parse_scheme
 
     scheme, forced, options = setting
@@ -422,7 +419,7 @@ def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset(
     last = names[-1]
     moves = [(f"{bits - 1} bits", _setting(scheme, bits - 1, opts))]
     sigma_bits = opts.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", 0))
-    if sigma_bits and not kinds & MEMBER_SETS:
+    if sigma_bits and not kinds & FAMILY_LOWERINGS.keys():
         moves.append((f"{sigma_bits - 1}-bit σ code", _setting(scheme, forced, opts | {"sigma_bits": sigma_bits - 1})))
     if last == "fixed":
         moves.append(("codebook", _setting(scheme.replace("fixed", "codebook"), bits, opts)))

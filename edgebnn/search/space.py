@@ -17,11 +17,12 @@ distribution per parameter name. Parameters that are
 always drawn are evolved by NSGA-II; the conditional ones are drawn by its seeded random sampler.
 
 A posterior family's IR (:func:`family_space`) is searched over what varies for it: the schemes
-:mod:`edgebnn.passes` registers for its encodings (a deep ensemble: ``fixed`` and ``float``; SWAG: ``float``, and
-whatever is registered later), the bits of those, and the modes and S that export it exactly
+:mod:`edgebnn.passes` registers for its encodings (deep ensembles, SWAG and Kronecker/dense Laplace: ``fixed`` and
+``float``, and whatever is registered later), the bits of those, and the modes and S that export it exactly
 (:func:`edgebnn.exporters.families.check_family`): a deep ensemble is ``baked`` at S = M with the device's weight
-formats and no σ code (its members have none); SWAG takes S from the space, ``baked`` and ``noise`` (drawn per
-weight: :func:`exact_noise`). An axis given explicitly with choices that cannot be exact for the family is
+formats and no σ code (its members have none; a Laplace layer's factors have their own codes either); SWAG takes S
+from the space, ``baked`` and ``noise`` (drawn per weight: :func:`exact_noise`), and the σ bits its lowering uses
+(at least ``FAMILY_SIGMA_BITS``). An axis given explicitly with choices that cannot be exact for the family is
 refused in one line; a defaulted one is narrowed to the family's.
 """
 
@@ -50,8 +51,9 @@ DEFAULT_SIGMA_BITS = (2, 1, 0)
 DEFAULT_SAMPLES = (4, 8, 16, 32)
 DEFAULT_HOIST = ("off", "auto")
 HOIST_CHOICES = ("off", "auto")
-NO_SIGMA_CODE = frozenset({"deep ensemble"})
-"""Families whose encodings have no σ to code (a member is a point): their trials draw no ``sigma_bits``."""
+NO_SIGMA_CODE = frozenset({"deep ensemble", "Laplace posterior"})
+"""Families whose lowering reads no ``sigma_bits`` (a member is a point; a Kronecker/dense factor has its own code):
+their trials draw none."""
 
 _NOT_NOISE = {"codebook", "binary"}  # encodings --mode noise cannot draw (it draws Gaussian weights)
 
@@ -214,8 +216,9 @@ def exact_noise(model: BNNModel, mode: str, samples: int) -> str | None:
 
 
 def family_space(space: SearchSpace, model: BNNModel) -> SearchSpace:
-    """``space`` narrowed to what varies for ``model``'s posterior family (the module docstring); ``space`` itself
-    for a mean-field IR.
+    """``space`` narrowed to what varies for ``model``'s posterior family (the module docstring): every encoding
+    :mod:`edgebnn.passes` registers family lowerings for (deep ensemble, SWAG, Kronecker/dense Laplace) limits the
+    schemes to those registered for it; ``space`` itself for a mean-field IR.
 
     Raises:
         InvalidOptionError: An axis given explicitly (not its default) whose choices cannot be exact for the
@@ -225,10 +228,10 @@ def family_space(space: SearchSpace, model: BNNModel) -> SearchSpace:
     from edgebnn.ir import DOMAIN
     from edgebnn.passes.base import FAMILY_LOWERINGS
 
-    family = family_of(model)
-    if family is None:
-        return space
     kinds = {n.op_type for n in model.proto.graph.node if n.domain == DOMAIN and n.op_type in FAMILY_LOWERINGS}
+    if not kinds:
+        return space
+    family = family_of(model) or "Laplace posterior"  # Kronecker / dense factors: the other registered families
     registered = set.intersection(*(set(FAMILY_LOWERINGS[k]) for k in kinds))
 
     def takes(scheme: str) -> bool:
@@ -247,8 +250,13 @@ def family_space(space: SearchSpace, model: BNNModel) -> SearchSpace:
             raise InvalidOptionError(f"--samples {','.join(map(str, samples))}: a deep ensemble of {members} members "
                                      f"exports exactly with S = {members} only; drop --samples")
         samples = (members,)
-        if space.sigma_bits != DEFAULT_SIGMA_BITS:
-            raise InvalidOptionError("--sigma-bits: a deep ensemble's members have no σ to code; drop --sigma-bits")
+    sigma_bits = space.sigma_bits
+    if family in NO_SIGMA_CODE and sigma_bits != DEFAULT_SIGMA_BITS:
+        raise InvalidOptionError(f"--sigma-bits: a {family}'s lowering codes no σ with them; drop --sigma-bits")
+    if family not in NO_SIGMA_CODE:  # SWAG: its σ code takes at least FAMILY_SIGMA_BITS, whatever is asked
+        from edgebnn.passes.families import FAMILY_SIGMA_BITS
+
+        sigma_bits = tuple(sorted({max(b, FAMILY_SIGMA_BITS) for b in sigma_bits}))
     def exact(mode: str) -> bool:  # exact at every S, and some scheme's encodings export in it
         return (all(exact_noise(model, mode, s) is not None for s in samples)
                 and any(mode in modes_for(s) for s in schemes))
@@ -262,4 +270,5 @@ def family_space(space: SearchSpace, model: BNNModel) -> SearchSpace:
     if not schemes or not modes:
         raise InvalidOptionError(f"{model.where}: a {family}: no scheme or mode of the search space lowers and "
                                  "exports it exactly")
-    return dataclasses.replace(space, schemes=schemes, samples=samples, modes=modes, family=family)
+    return dataclasses.replace(space, schemes=schemes, samples=samples, modes=modes, sigma_bits=sigma_bits,
+                               family=family)
