@@ -124,7 +124,9 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
         raise InvalidOptionError(f"--weights {','.join(bad)}: {device} ({DEVICE_FORMATS[device][0]}) takes "
                                  f"{' or '.join(formats)}; search with --weights {','.join(formats)}")
     model = load_ir(settings.model)
-    space = family_space(settings.space, model)  # a family: what varies for it; an axis meaningless for it refused
+    # a family: what varies for it (weights left at the device's formats gain its own codes); an axis meaningless
+    # for it refused
+    space = family_space(settings.space, model, default_weights=formats)
     dataset_for(model, settings.data, split=data_split(settings.data))
     if settings.ood_data is not None:
         dataset_for(model, settings.ood_data, labels=False, option="--ood-data")

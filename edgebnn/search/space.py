@@ -20,10 +20,11 @@ A posterior family's IR (:func:`family_space`) is searched over what varies for 
 :mod:`edgebnn.passes` registers for its encodings (deep ensembles, SWAG and Kronecker/dense Laplace: ``fixed`` and
 ``float``, and whatever is registered later), the bits of those, and the modes and S that export it exactly
 (:func:`edgebnn.exporters.families.check_family`): a deep ensemble is ``baked`` at S = M with the device's weight
-formats and no σ code (its members have none; a Laplace layer's factors have their own codes either); SWAG takes S
-from the space, ``baked`` and ``noise`` (drawn per weight: :func:`exact_noise`), and the σ bits its lowering uses
-(at least ``FAMILY_SIGMA_BITS``). An axis given explicitly with choices that cannot be exact for the family is
-refused in one line; a defaulted one is narrowed to the family's.
+formats and ``ir`` (the IR's own codes: a lowered ensemble's member-code store), and no σ code (a member has none, a
+Laplace layer's factors have their own codes); SWAG takes S from the space, ``baked`` and ``noise`` (drawn per
+weight: :func:`exact_noise`), and the σ bits its lowering uses (at least ``FAMILY_SIGMA_BITS``). An axis given
+explicitly with choices that cannot be exact for the family is refused in one line; a defaulted one is narrowed to
+the family's.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
+from edgebnn.exporters import MODES, STORE_CHOICES, WEIGHT_FORMATS, check_samples
 from edgebnn.passes.base import MAX_SIGMA_BITS
 from edgebnn.passes.config import config_fields, parse_scheme, pass_configs
 
@@ -96,7 +97,8 @@ class TrialConfig:
         sigma_bits: Bits of the σ code (0: one σ per layer); None for a scheme without one.
         samples: Ensemble size S.
         mode: Export mode.
-        weights: Member weight format (``fp32`` outside ``baked`` mode).
+        weights: Member weight format (``fp32`` outside ``baked`` mode); ``ir`` (a family's space only): the
+            IR's own codes, which a lowered deep ensemble's baked members keep (its member-code store).
         hoist: ``off`` or ``auto``.
 
     A ``noise``-mode trial of a family exact only with per-weight noise (SWAG) exports with ``--noise weight``
@@ -168,7 +170,8 @@ class SearchSpace:
                                          f"{', '.join(self.bits)}")
         for s in self.samples:
             check_samples(s)
-        for axis, allowed in (("modes", MODES), ("weights", WEIGHT_FORMATS), ("hoist", HOIST_CHOICES)):
+        weights = STORE_CHOICES if self.family is not None else WEIGHT_FORMATS  # ir: family_space adds it
+        for axis, allowed in (("modes", MODES), ("weights", weights), ("hoist", HOIST_CHOICES)):
             bad = sorted(set(getattr(self, axis)) - set(allowed))
             if bad:
                 raise InvalidOptionError(f"search space: unknown {axis} {bad}; choose among {', '.join(allowed)}")
@@ -215,10 +218,12 @@ def exact_noise(model: BNNModel, mode: str, samples: int) -> str | None:
     return None
 
 
-def family_space(space: SearchSpace, model: BNNModel) -> SearchSpace:
+def family_space(space: SearchSpace, model: BNNModel, default_weights: Sequence[str] = WEIGHT_FORMATS) -> SearchSpace:
     """``space`` narrowed to what varies for ``model``'s posterior family (the module docstring): every encoding
     :mod:`edgebnn.passes` registers family lowerings for (deep ensemble, SWAG, Kronecker/dense Laplace) limits the
-    schemes to those registered for it; ``space`` itself for a mean-field IR.
+    schemes to those registered for it; ``space`` itself for a mean-field IR. Weights left at ``default_weights``
+    (the device's formats) gain ``ir``: the IR's own codes, the member-code store of a lowered ensemble's baked
+    members (on a TensorRT device the export decodes them to fp32).
 
     Raises:
         InvalidOptionError: An axis given explicitly (not its default) whose choices cannot be exact for the
@@ -270,5 +275,8 @@ def family_space(space: SearchSpace, model: BNNModel) -> SearchSpace:
     if not schemes or not modes:
         raise InvalidOptionError(f"{model.where}: a {family}: no scheme or mode of the search space lowers and "
                                  "exports it exactly")
+    weights = space.weights
+    if "baked" in modes and tuple(weights) == tuple(default_weights) and "ir" not in weights:
+        weights = ("ir", *weights)
     return dataclasses.replace(space, schemes=schemes, samples=samples, modes=modes, sigma_bits=sigma_bits,
-                               family=family)
+                               weights=weights, family=family)

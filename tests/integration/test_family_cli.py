@@ -144,12 +144,13 @@ def test_search_on_a_deep_ensemble_varies_what_varies_for_it(trained, tmp_path):
     assert body["schema"] == "edgebnn.search/2" and body["edgebnn_version"]
     space = body["settings"]["space"]
     assert (space["family"], space["samples"], space["modes"]) == ("deep ensemble", [M], ["baked"])
+    assert space["weights"] == ["ir", "fp32", "int8", "int4"]  # the device's formats and the member-code store
     assert body["baseline"]["samples"] == M and len(body["trials"]) == 4
     for t in body["trials"]:
         c = t["config"]
         assert t["state"] == "complete", t["error"]
         assert (c["samples"], c["mode"], c["sigma_bits"]) == (M, "baked", None) and c["scheme"] in ("fixed", "float")
-        assert c["weights"] in ("fp32", "int8", "int4") and t["bytes"] > 0 and t["latency_ms"] > 0
+        assert c["weights"] in space["weights"] and t["bytes"] > 0 and t["latency_ms"] > 0
     chosen = body["best"]
     ev = _eval(best)  # the best artifact is the trial's: same graph, same metrics
     for k in ("accuracy", "nll", "ece", "brier"):

@@ -223,6 +223,9 @@ def test_search_space_of_a_family_is_what_varies_for_it(tmp_path):
     space = validate(settings)[2]
     assert (space.schemes, space.samples, space.modes, space.family) == (("fixed", "float"), (3,), ("baked",),
                                                                          "deep ensemble")
+    assert space.weights == ("ir", "fp32", "int8", "int4")  # the member-code store besides the device's formats
+    given = dataclasses.replace(settings, space=SearchSpace(weights=("int8",)))
+    assert validate(given)[2].weights == ("int8",)  # given explicitly: kept as given
     swag = validate(dataclasses.replace(settings, model=str(save(_lowrank_ir(), tmp_path / "swag.ebnn"))))[2]
     assert (swag.schemes, swag.samples, swag.modes) == (("fixed", "float"), SearchSpace().samples, ("baked", "noise"))
     assert swag.sigma_bits == (4,)  # its σ code takes at least FAMILY_SIGMA_BITS: the defaults 2, 1, 0 are all 4
