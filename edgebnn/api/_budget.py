@@ -201,6 +201,7 @@ class _BudgetSearch:
         order = (config.scheme, "fixed", "float")
         counts = Counter(starts.values())
         scheme = min(counts, key=lambda s: (-counts[s], order.index(s))) if counts else config.scheme
+
         def options(of: str) -> dict[str, Any]:
             return dict(_setting(of, "auto", dict(config.options))[2])
 
