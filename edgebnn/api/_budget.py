@@ -1,4 +1,13 @@
-"""``lower --budget``: the greedy per-layer search for the smallest lowering within an uncertainty budget."""
+"""``lower --budget``: the greedy per-layer search for the smallest lowering within an uncertainty budget.
+
+Every candidate is judged by the predictive the model exports: the reference runtime draws what ``baked`` stores
+(:func:`edgebnn.ir.encodings.draw_weight`), S ``samples`` with the config's seed, against the float BNN's. A
+posterior family's layers (a deep ensemble's member sets, SWAG's low-rank Gaussians, ...) move only among the
+schemes :mod:`edgebnn.passes` registers for their encodings (``FAMILY_LOWERINGS``: ``fixed`` and ``float`` for member
+sets, SWAG and Kronecker/dense Laplace factors), with no σ-code move (a family's lowering codes its covariance
+itself), so a deep ensemble is searched over the bits of its one per-layer grid, with float as each layer's
+fallback, and judged at S = M (each member once: the exact ensemble).
+"""
 
 from __future__ import annotations
 
@@ -40,17 +49,19 @@ def _check_budget(budget: Budget | str, evaluate: DataSource | None, ood_data: D
 
 def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
                         data: DataSource = "digits", split: str | None = None, ood_data: DataSource | None = None,
-                        samples: int = 16, max_rows: int = BUDGET_ROWS, max_steps: int = BUDGET_STEPS,
+                        samples: int | None = None, max_rows: int = BUDGET_ROWS, max_steps: int = BUDGET_STEPS,
                         progress: Progress | None = None) -> LoweredModel:
     """Lower with the fewest bytes per layer that keep an uncertainty budget on validation data.
 
     Starts from ``config`` (``float``: :data:`BUDGET_START`) with each layer at the posterior-variance rule's
     bits, then greedily takes the per-layer change (one bit less, a σ code one bit smaller, ``fixed`` -> ``codebook``,
     ``X`` -> ``prune+X``) that costs the least budget per byte saved and still keeps the budget, measuring
-    each candidate with the reference runtime (S ``samples``, the config's seed) on the first ``max_rows``
-    rows of ``data``, until no change fits or after ``max_steps`` changes. When the start already breaks the
-    budget, layers first get more bits, the variance rule's ``fixed``, or float, best improvement per byte
-    first. The chosen per-layer settings are overrides in the returned model's config, which its manifest
+    each candidate with the reference runtime (S ``samples``, the config's seed; default 16, a deep ensemble's
+    M) on the first ``max_rows`` rows of ``data``, until no change fits or after ``max_steps`` changes. When the
+    start already breaks the budget, layers first get more bits, the variance rule's ``fixed``, or float, best
+    improvement per byte first. A posterior family's layer takes only the schemes registered for its encoding
+    (module docstring); without a scheme it starts at the first of :data:`BUDGET_START`, ``fixed``, ``float``
+    that it takes. The chosen per-layer settings are overrides in the returned model's config, which its manifest
     stores (``edgebnn lower --config model.ebnn`` replays it).
 
     Returns:
@@ -63,14 +74,11 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
             and figures.
         InvalidOptionError: A malformed budget, an ``auroc`` budget without ``ood_data``, bad data.
     """
-    from edgebnn.exporters.families import family_of
+    from edgebnn.exporters.families import default_samples
     from edgebnn.runtime.reference import check_samples
 
+    samples = default_samples(float_ir, 16) if samples is None else samples
     check_samples(samples)
-    family = family_of(float_ir)
-    if family is not None:  # its moves (codebook, prune, σ codes) are Gaussian schemes
-        raise InvalidOptionError(f"--budget: a {family} lowers with fixed (or float) only, which --budget does not "
-                                 "search; use --scheme fixed --bits N with --eval to compare widths")
     budget = _check_budget(budget, data, ood_data)
     dataset, ood = _eval_data(float_ir, data, split, ood_data)
     full_n = dataset.n
@@ -102,16 +110,19 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
 def budget_sizes(lowered: LoweredModel) -> dict[str, Any]:
     """Both sizes of the chosen lowering: the IR's (what the budget search minimizes: ``total_bytes``, and the
     ``.ebnn`` file) and the deployed ONNX of the default export for the device
-    (:data:`edgebnn.exporters.sizes.DEFAULT_EXPORT`), with what was exported; ``deployed`` is null with
-    ``deployed_error`` when that export is refused."""
+    (:data:`edgebnn.exporters.sizes.DEFAULT_EXPORT`; a deep ensemble's S = M), with what was exported; ``deployed`` is
+    null with ``deployed_error`` when that export is refused."""
     from edgebnn.errors import EdgeBNNError
-    from edgebnn.exporters.sizes import export_size
+    from edgebnn.exporters.families import default_samples
+    from edgebnn.exporters.sizes import DEFAULT_EXPORT, export_size
 
     report = lowered.lowering_report
     out: dict[str, Any] = {"ir_bytes": int(report["total_bytes"]), "ebnn_bytes": int(report["ebnn_bytes"]),
                            "float_bnn_bytes": int(report["float_bnn_bytes"]), "deployed": None, "export": None}
     try:
-        size, what = export_size(lowered)
+        fallback = DEFAULT_EXPORT["samples"]
+        assert isinstance(fallback, int)
+        size, what = export_size(lowered, samples=default_samples(lowered, fallback))
     except EdgeBNNError as e:
         out["deployed_error"] = str(e)
         return out
@@ -153,10 +164,13 @@ class _BudgetSearch:
 
         self.float_ir, self.budget, self.dataset, self.ood = float_ir, budget, dataset, ood
         self.samples, self.progress = samples, progress
+        self.warnings: list[str] = []
+        self.layers, self.kinds = _layers_of(float_ir)
         if config.scheme == "float":  # no scheme given: the variance rule's bits after pruning (bench/budget.py)
             takes = config_fields("prune")[0] | config_fields("fixed")[0]
             config = dataclasses.replace(config, scheme=BUDGET_START, bits="auto",
                                          options={k: v for k, v in config.options.items() if k in takes})
+            config = self.family_starts(config)
         self.base = config
         self.reference = _measure([_reference(float_ir, samples, config.seed)], dataset, ood, None,
                                   *task_of(float_ir))[0][0]
@@ -164,17 +178,37 @@ class _BudgetSearch:
         self.evaluations = 0
         self.max_evaluations = 0
         self.steps: list[dict[str, Any]] = []
-        self.warnings: list[str] = []
         plans = {w: p for p in config.plan(float_ir) for w in p.weights}
-        self.layers: dict[str, list[str]] = {}
-        for row in lower(float_ir, config).lowering_report["layers"]:
-            self.layers.setdefault(row.get("layer") or row["name"], []).append(row["name"])
         self.start: dict[str, _Setting] = {
             layer: (plans[names[0]].scheme, plans[names[0]].bits, tuple(sorted(plans[names[0]].options.items())))
             for layer, names in self.layers.items()}
         self.current = dict(self.start)
         self.reasons: dict[str, list[str]] = {}
         self.blocked: dict[tuple[str, str], str] = {}
+
+    def family_starts(self, config: LowerConfig) -> LowerConfig:
+        """``config`` starting each layer at the first of :data:`BUDGET_START`, ``fixed`` and ``float`` that its
+        encodings take (a posterior family's layer takes its registered schemes only; see the module docstring):
+        the most common start is the config's scheme, the others are per-layer overrides."""
+        import dataclasses
+        import glob
+        from collections import Counter
+
+        from edgebnn.passes import LayerOverride
+
+        starts = {layer: next(s for s in (config.scheme, "fixed", "float") if _accepts(kinds, s))
+                  for layer, kinds in self.kinds.items()}
+        order = (config.scheme, "fixed", "float")
+        counts = Counter(starts.values())
+        scheme = min(counts, key=lambda s: (-counts[s], order.index(s))) if counts else config.scheme
+
+        def options(of: str) -> dict[str, Any]:
+            return dict(_setting(of, "auto", dict(config.options))[2])
+
+        overrides = [LayerOverride(pattern=glob.escape(layer), scheme=start, options=options(start))
+                     for layer, start in starts.items() if start != scheme]
+        return dataclasses.replace(config, scheme=scheme, options=options(scheme),
+                                   overrides=(*config.overrides, *overrides))
 
     # -- measuring ------------------------------------------------------------------------------------
     def config(self, settings: dict[str, _Setting]) -> LowerConfig:
@@ -241,7 +275,7 @@ class _BudgetSearch:
             excess = self.budget.excess(deltas)
             best: tuple[float, str, str, _Setting] | None = None
             for layer in self.layers:
-                for label, setting in _moves_up(self.current[layer], self.bits_of(model, layer)):
+                for label, setting in _moves_up(self.current[layer], self.bits_of(model, layer), self.kinds[layer]):
                     trial_model, trial = self.evaluate({**self.current, layer: setting})
                     gain = excess - self.budget.excess(trial)
                     per_byte = gain / max(self.size(trial_model) - self.size(model), 1)
@@ -264,7 +298,7 @@ class _BudgetSearch:
             usage = self.budget.usage(deltas)
             best: tuple[float, str, str, _Setting, dict[str, float], int] | None = None
             for layer in self.layers:
-                for label, setting in _moves_down(self.current[layer], self.bits_of(model, layer)):
+                for label, setting in _moves_down(self.current[layer], self.bits_of(model, layer), self.kinds[layer]):
                     if (layer, label) in self.blocked:
                         continue
                     trial_model, trial = self.evaluate({**self.current, layer: setting})
@@ -318,7 +352,8 @@ class _BudgetSearch:
         rows = []
         for layer, names in self.layers.items():
             scheme, bits, options = self.current[layer]
-            now = {label for label, _ in _moves_down(self.current[layer], self.bits_of(model, layer))}
+            moves = _moves_down(self.current[layer], self.bits_of(model, layer), self.kinds[layer])
+            now = {label for label, _ in moves}
             refused = [why for (where, label), why in self.blocked.items() if where == layer and label in now]
             reasons = self.reasons[layer] + ([f"kept: {'; '.join(refused)}"] if refused else [])
             rows.append({"layer": layer, "scheme": scheme, "bits": self.bits_of(model, layer), "forced_bits": bits,
@@ -328,10 +363,37 @@ class _BudgetSearch:
         return rows
 
 
-def _valid(setting: _Setting) -> bool:
+def _layers_of(model: BNNModel) -> tuple[dict[str, list[str]], dict[str, frozenset[str]]]:
+    """Each layer's encoded weights and their encodings' op types, read from the nodes (nothing decoded)."""
+    from edgebnn.ir import DOMAIN
+
+    names: dict[str, list[str]] = {}
+    kinds: dict[str, set[str]] = {}
+    for node in model.proto.graph.node:
+        if node.domain == DOMAIN and node.output:
+            attr = next((a for a in node.attribute if a.name == "layer"), None)
+            layer = (attr.s.decode("utf-8", "replace") if attr is not None else "") or node.output[0]
+            names.setdefault(layer, []).append(node.output[0])
+            kinds.setdefault(layer, set()).add(node.op_type)
+    return names, {layer: frozenset(k) for layer, k in kinds.items()}
+
+
+def _accepts(kinds: frozenset[str], scheme: str) -> bool:
+    """Whether every pass of ``scheme`` lowers every posterior-family encoding among ``kinds`` (the lowerings
+    :mod:`edgebnn.passes` registers; a Gaussian layer takes every scheme)."""
+    from edgebnn.passes.base import FAMILY_LOWERINGS
+    from edgebnn.passes.config import parse_scheme
+
+    return all(name in FAMILY_LOWERINGS[kind] for kind in kinds if kind in FAMILY_LOWERINGS
+               for name in parse_scheme(scheme))
+
+
+def _valid(setting: _Setting, kinds: frozenset[str] = frozenset()) -> bool:
     from edgebnn.errors import EdgeBNNError
     from edgebnn.passes.config import pass_configs
 
+    if not _accepts(kinds, setting[0]):
+        return False
     try:
         pass_configs(setting[0], setting[1], dict(setting[2]), {})
     except EdgeBNNError:
@@ -347,8 +409,10 @@ def _setting(scheme: str, bits: int | str, options: dict[str, Any]) -> _Setting:
     return scheme, bits, tuple(sorted((k, v) for k, v in options.items() if k in takes))
 
 
-def _moves_down(setting: _Setting, bits: int) -> list[tuple[str, _Setting]]:
-    """One layer's smaller settings: a bit less, a σ code a bit smaller, fixed -> codebook, X -> prune+X."""
+def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset()) -> list[tuple[str, _Setting]]:
+    """One layer's smaller settings: a bit less, a σ code a bit smaller, fixed -> codebook, X -> prune+X (those
+    the layer's encodings take: a family's lowering codes its covariance itself, and only its registered schemes)."""
+    from edgebnn.passes.base import FAMILY_LOWERINGS
     from edgebnn.passes.config import PASSES, parse_scheme
 
     scheme, forced, options = setting
@@ -356,16 +420,16 @@ def _moves_down(setting: _Setting, bits: int) -> list[tuple[str, _Setting]]:
     last = names[-1]
     moves = [(f"{bits - 1} bits", _setting(scheme, bits - 1, opts))]
     sigma_bits = opts.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", 0))
-    if sigma_bits:
+    if sigma_bits and not kinds & FAMILY_LOWERINGS.keys():
         moves.append((f"{sigma_bits - 1}-bit σ code", _setting(scheme, forced, opts | {"sigma_bits": sigma_bits - 1})))
     if last == "fixed":
         moves.append(("codebook", _setting(scheme.replace("fixed", "codebook"), bits, opts)))
     if "prune" not in names and last not in ("float", "binary"):
         moves.append((f"prune+{scheme}", _setting(f"prune+{scheme}", forced, opts)))
-    return [(label, s) for label, s in moves if s != setting and _valid(s)]
+    return [(label, s) for label, s in moves if s != setting and _valid(s, kinds)]
 
 
-def _moves_up(setting: _Setting, bits: int) -> list[tuple[str, _Setting]]:
+def _moves_up(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset()) -> list[tuple[str, _Setting]]:
     """One layer's larger settings: a bit more (up to 8), the variance rule's fixed, float."""
     from edgebnn.passes.config import parse_scheme
 
@@ -378,4 +442,4 @@ def _moves_up(setting: _Setting, bits: int) -> list[tuple[str, _Setting]]:
         moves.append(("fixed (variance rule)", _setting("fixed", "auto", dict(options))))
     if last != "float":
         moves.append(("float", ("float", "auto", ())))
-    return [(label, s) for label, s in moves if s != setting and _valid(s)]
+    return [(label, s) for label, s in moves if s != setting and _valid(s, kinds)]

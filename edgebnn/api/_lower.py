@@ -24,8 +24,9 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                 output_index: int = 0, evaluate: DataSource | None = None, ood_data: DataSource | None = None,
                 budget: Budget | str | None = None, samples: int = 16,
                 progress: Progress | None = None, mc_dropout: bool = False, swag: str | Path | None = None,
-                swag_scale: float = 0.5, task: str | None = None, noise_var: float | None = None,
-                regression_head: str | None = None) -> tuple[BNNModel, dict[str, Any]]:
+                swag_scale: float = 0.5, laplace: str | Path | None = None, task: str | None = None,
+                noise_var: float | None = None, regression_head: str | None = None,
+                ) -> tuple[BNNModel, dict[str, Any]]:
     """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
 
     ``evaluate`` (``digits`` or a data file/folder, see :func:`edgebnn.data.load_data`) adds ``report["eval"]``:
@@ -34,7 +35,10 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     it on ``evaluate`` (:func:`lower_within_budget`) and adds ``report["budget"]``. ``mc_dropout``: see
     :func:`from_torch`, as are ``task``, ``noise_var`` and ``regression_head``. A factory returning a list of
     models is a deep ensemble (``weights``: one file, member k's keys prefixed ``k.``; ``samples`` becomes M).
-    ``swag``: a SWAG statistics file, imported with :func:`from_swag` at ``swag_scale``.
+    ``swag``: a SWAG statistics file, imported with :func:`from_swag` at ``swag_scale``. ``laplace``: what
+    ``torch.save(la.state_dict(), PATH)`` wrote for a fitted laplace-torch posterior of this network, rebuilt on it
+    (:func:`edgebnn.importers.laplace.load_laplace`, loaded with ``weights_only=True``) and imported as
+    ``from_torch(la)`` is.
 
     Raises:
         InvalidOptionError: A budget without ``evaluate``, an ``auroc`` budget without ``ood_data``, bad data.
@@ -47,7 +51,18 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     from edgebnn.exporters.families import default_samples
 
     model = load_weights(load_factory(model_spec), weights)
-    if swag is not None:
+    if laplace is not None:
+        from edgebnn.importers.laplace import load_laplace
+
+        extra = [o for o, on in (("--swag", swag is not None), ("--mc-dropout", mc_dropout),
+                                 ("--task", task not in (None, "classification"))) if on]
+        if extra:
+            raise InvalidOptionError(f"--laplace: the posterior is the Laplace state (a classifier's); drop "
+                                     f"{', '.join(extra)}")
+        where = f"{model_spec} ({weights})"
+        la = load_laplace(model, str(laplace), tuple(input_shape), where=where)
+        bnn = from_torch(la, input_shape, name=f"{model_spec} ({weights}, {laplace})")
+    elif swag is not None:
         if mc_dropout:
             raise InvalidOptionError("--swag: SWAG's posterior is its statistics; drop --mc-dropout")
         bnn = from_swag(model, swag, input_shape, scale=swag_scale, output_index=output_index,

@@ -83,6 +83,10 @@ if TYPE_CHECKING:
                    "parameters become SWAG's low-rank + diagonal Gaussian (export with --mode baked).")
 @click.option("--swag-scale", default=0.5, show_default=True, type=float,
               help="SWAG's scale: w = mean + sqrt(scale)·(σ⊙z1 + Dᵀz2/sqrt(K-1)).")
+@click.option("--laplace", "laplace_state", default=None, type=click.Path(dir_okay=False), metavar="STATE",
+              help="Laplace: torch.save(la.state_dict(), STATE) of a fitted laplace-torch classification posterior of "
+                   "this network (Diag/Kron on all weights, Diag/Kron/Full on the last layer; loaded with "
+                   "weights_only=True): its saved class is rebuilt on the model and imported exactly.")
 @click.option("--task", type=click.Choice(["classification", "regression", "segmentation", "dense"]), default=None,
               help="What the output is. Default: [B, K>=3] logits are classification, [B, C, H, W] / [B, C, L] "
                    "segmentation; a 1- or 2-wide output must say (regression: means, or means and log-variances).")
@@ -94,14 +98,15 @@ if TYPE_CHECKING:
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          verbose: bool, mc_dropout: bool, swag_stats: str | None, swag_scale: float, task: str | None,
+          verbose: bool, mc_dropout: bool, swag_stats: str | None, swag_scale: float, laplace_state: str | None,
+          task: str | None,
           noise_var: float | None, regression_head: str | None) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
 
     Understands edgebnn, bayesian-torch (reparameterization and flipout, dnn_to_bnn or hand-written),
     torchbnn and blitz layers; plain Linear/Conv2d/BatchNorm layers are carried through unchanged. A factory
     returning a list of models is a deep ensemble (--weights: one file, member k's keys prefixed "k."); --swag
-    imports SWAG statistics for the model.
+    imports SWAG statistics for the model, --laplace a laplace-torch posterior's saved state.
     """
     from edgebnn import ir
     from edgebnn.budget import Budget, BudgetNotMetError
@@ -120,8 +125,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
             model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,
                                               evaluate=eval_data, ood_data=ood_data, budget=budget,
                                               progress=progress, mc_dropout=mc_dropout, swag=swag_stats,
-                                              swag_scale=swag_scale, task=task, noise_var=noise_var,
-                                              regression_head=regression_head)
+                                              swag_scale=swag_scale, laplace=laplace_state, task=task,
+                                              noise_var=noise_var, regression_head=regression_head)
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise

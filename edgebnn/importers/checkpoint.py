@@ -100,6 +100,26 @@ def read_state_dict(path: str | Path) -> dict[str, Any]:
             return dict(load_file(str(p)))
         except (SafetensorError, OSError, ValueError) as e:
             raise InvalidWeightsError(f"{p}: not a valid safetensors file ({_first_line(e)})") from e
+    obj = read_torch_file(p)
+    for key in _NESTED_KEYS:
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise InvalidWeightsError(f"{p}: expected a state_dict of tensors, got {type(obj).__name__}")
+    return obj
+
+
+def read_torch_file(path: str | Path) -> Any:
+    """What ``torch.save`` wrote to ``path`` (tensors, and the containers, numbers and strings of the weights-only
+    unpickler), loaded with ``torch.load(weights_only=True)``: never executing pickled code."""
+    import torch
+
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidWeightsError(f"{p}: no such file")
+    if p.stat().st_size == 0:
+        raise InvalidWeightsError(f"{p}: file is empty")
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error below is the one line
             warnings.simplefilter("ignore")
@@ -113,12 +133,6 @@ def read_state_dict(path: str | Path) -> dict[str, Any]:
         if "weights only load failed" in str(e).lower():
             raise InvalidWeightsError(f"{p}: not a checkpoint of plain tensors (weights_only load refused it)") from e
         raise InvalidWeightsError(f"{p}: not a readable torch checkpoint ({_first_line(e)})") from e
-    for key in _NESTED_KEYS:
-        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise InvalidWeightsError(f"{p}: expected a state_dict of tensors, got {type(obj).__name__}")
     return obj
 
 

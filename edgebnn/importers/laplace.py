@@ -17,6 +17,14 @@ encoding with its own exact draw (the IR never holds a mean-field stand-in for a
 
 Anything else (regression, ``FullLaplace`` / low-rank on all weights, functional Laplace, an unfitted object,
 parameters of a layer other than Linear/Conv) is refused in one line.
+
+From a file (``edgebnn lower --laplace STATE``, :func:`load_laplace`): what ``torch.save(la.state_dict(), STATE)``
+writes (laplace-torch 0.3: ``mean``, ``H``, the prior, ``n_data``, ``likelihood``, ``cls_name``, and for a last-layer
+posterior ``data``, the first batch, that finds the last layer) holds tensors, lists, numbers and strings only, so
+it loads with ``torch.load(weights_only=True)``. Its ``cls_name`` names the structure; that class of the installed
+laplace-torch is built on the MAP network (``--model``/``--weights``) and ``la.load_state_dict`` fills it, so the
+posterior is exactly the saved one. The state does not record a ``KronLaplace``'s ``damping`` (laplace-torch
+restores it as the default, False): a posterior fitted with ``damping=True`` is imported through the Python API.
 """
 
 from __future__ import annotations
@@ -39,6 +47,81 @@ def is_laplace(obj: object) -> bool:
     """Whether ``obj`` is a laplace-torch posterior (without importing laplace-torch if the caller has not)."""
     base = loaded("laplace.baselaplace")
     return base is not None and isinstance(obj, base.BaseLaplace)
+
+
+_FILE_KEYS = ("mean", "H", "prior_precision", "n_data", "likelihood", "cls_name")
+_IMPORTED = frozenset({"DiagLaplace", "KronLaplace", "DiagLLLaplace", "KronLLLaplace", "FullLLLaplace"})
+
+
+def load_laplace(model: Any, state_path: str, input_shape: tuple[int, ...], *, where: str) -> Any:
+    """The fitted laplace-torch posterior saved as ``torch.save(la.state_dict(), state_path)``, rebuilt on
+    ``model`` (the MAP network, weights loaded) as the class its ``cls_name`` names (module docstring).
+
+    Raises:
+        InvalidWeightsError: Not such a file, a key missing, or a state that does not fit ``model``.
+        UnsupportedLayerError: A structure edgebnn does not import, or a likelihood other than classification.
+        MissingDependencyError: laplace-torch is not installed.
+    """
+    import contextlib
+    import io
+    import warnings
+
+    from edgebnn.errors import MissingDependencyError
+    from edgebnn.importers._torch import _torch
+    from edgebnn.importers.checkpoint import read_torch_file
+
+    torch = _torch()
+    state = read_torch_file(state_path)
+    if not isinstance(state, dict) or not all(k in state for k in _FILE_KEYS):
+        missing = [k for k in _FILE_KEYS if not isinstance(state, dict) or k not in state]
+        raise InvalidWeightsError(f"{state_path}: not a laplace-torch state_dict (no {', '.join(missing)}); save it "
+                                  "with torch.save(la.state_dict(), PATH) after la.fit(...)")
+    kind = str(state["cls_name"])
+    if kind not in _IMPORTED:
+        raise UnsupportedLayerError(f"{state_path}: a {kind}: edgebnn imports {SUPPORTED}")
+    if str(state["likelihood"]) not in ("classification", "Likelihood.CLASSIFICATION"):
+        raise UnsupportedLayerError(f"{state_path}: a {kind} with likelihood {str(state['likelihood'])!r}; edgebnn "
+                                    "imports classification posteriors")
+    try:
+        import laplace
+    except ImportError as e:
+        raise MissingDependencyError(f"--laplace {state_path}: needs laplace-torch (pip install laplace-torch)") from e
+    cls = next(c for c in _subclasses(laplace.baselaplace.BaseLaplace) if c.__name__ == kind)
+    last_layer = issubclass(cls, laplace.lllaplace.LLLaplace)
+    options: dict[str, Any] = {"last_layer_name": state.get("_last_layer_name")} if last_layer else {}
+    if last_layer and state.get("data") is None and options["last_layer_name"] is None:
+        state = {**state, "data": (torch.zeros(input_shape),)}  # a probe input finds the last layer
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")  # a differing temperature etc. is loaded from the state anyway
+            la = cls(model, "classification", **options)
+            la.load_state_dict(state)
+            la.posterior_precision  # noqa: B018  (the precision of H and the prior: shapes checked here)
+    except Exception as e:  # laplace-torch's ValueError, or torch's shape errors: the state does not fit the model
+        text = str(e).strip().splitlines()
+        raise InvalidWeightsError(f"{state_path}: does not fit {where}: {text[0][:200] if text else type(e).__name__}"
+                                  ) from e
+    n = int(la.n_params)
+    h = state["H"]
+    want = {"Diag": (n,), "Full": (n, n)}.get(kind.removesuffix("Laplace").removesuffix("LL"))
+    shape = tuple(getattr(h, "shape", ()))
+    if int(la.mean.numel()) != n or (want is not None and shape != want):
+        h_shape = "" if want is None else f" and H {shape}"
+        raise InvalidWeightsError(f"{state_path}: does not fit {where}: mean has {int(la.mean.numel())} entries"
+                                  f"{h_shape}; the {kind} of this model has {n} parameters")
+    return la
+
+
+def _subclasses(cls: type) -> list[type]:
+    """Every subclass of ``cls``, however deep."""
+    out: list[type] = []
+    stack = [cls]
+    while stack:
+        subs: list[type] = stack.pop().__subclasses__()
+        for sub in subs:
+            out.append(sub)
+            stack.append(sub)
+    return out
 
 
 @dataclass

@@ -29,7 +29,7 @@ from edgebnn.search.objectives import (
     parse_budget,
     parse_objectives,
 )
-from edgebnn.search.space import SearchSpace, TrialConfig
+from edgebnn.search.space import SearchSpace, TrialConfig, exact_noise, family_space
 from edgebnn.search.study import (
     BASELINE_KEY,
     CONFIG_KEY,
@@ -98,14 +98,14 @@ def device_formats(device: str) -> tuple[str, ...]:
     return DEVICE_FORMATS[get_target(device).name][1]
 
 
-def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str, float]]:
-    """Check every input before anything is written: model, data, device, objectives, budget, counts.
+def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str, float], SearchSpace]:
+    """Check every input before anything is written: model, data, device, objectives, budget, counts; returns the
+    objectives, the budget and the space searched (a posterior family's: :func:`edgebnn.search.space.family_space`).
 
     Raises:
         InvalidOptionError, InvalidArtifactError: One line naming the option or file at fault.
     """
     from edgebnn.api import dataset_for, load_ir
-    from edgebnn.exporters.families import family_of
 
     if settings.trials < 1:
         raise InvalidOptionError(f"--trials {settings.trials}: must be at least 1")
@@ -124,31 +124,33 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
         raise InvalidOptionError(f"--weights {','.join(bad)}: {device} ({DEVICE_FORMATS[device][0]}) takes "
                                  f"{' or '.join(formats)}; search with --weights {','.join(formats)}")
     model = load_ir(settings.model)
-    family = family_of(model)
-    if family is not None:  # its schemes (fixed, float) and S (M for an ensemble) leave nothing to search
-        raise InvalidOptionError(f"{settings.model}: a {family}: search explores Gaussian schemes, S and modes; "
-                                 "lower it with --scheme fixed and export it with edgebnn export")
+    # a family: what varies for it (weights left at the device's formats gain its own codes); an axis meaningless
+    # for it refused
+    space = family_space(settings.space, model, default_weights=formats)
     dataset_for(model, settings.data, split=data_split(settings.data))
     if settings.ood_data is not None:
         dataset_for(model, settings.ood_data, labels=False, option="--ood-data")
     objectives = for_task(model.manifest.task_spec(model.where).name, objectives, budget,
                           defaulted=tuple(settings.objectives) == DEFAULT_OBJECTIVES,
                           ood=settings.ood_data is not None)
-    return objectives, budget
+    return objectives, budget, space
 
 
 def _baseline(settings: SearchSettings) -> dict[str, Any]:
-    """The float BNN on the search data (reference runtime, ``baseline_samples``, the search seed)."""
+    """The float BNN on the search data (reference runtime, ``baseline_samples`` (a deep ensemble: its M), the
+    search seed)."""
     from edgebnn.api import evaluate_artifact, load_ir
+    from edgebnn.exporters.families import default_samples
     from edgebnn.passes import float_bnn_bytes
 
     model = load_ir(settings.model)
+    samples = default_samples(model, settings.baseline_samples)
     ev = evaluate_artifact(model, data=settings.data, split=data_split(settings.data),
-                           samples=settings.baseline_samples, seed=settings.seed, ood_data=settings.ood_data)
+                           samples=samples, seed=settings.seed, ood_data=settings.ood_data)
     metrics = {k: ev[k] for k in TRIAL_METRICS if k in ev}
     if "ood" in ev:
         metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
-    return {"scheme": "float", "runtime": "reference", "samples": settings.baseline_samples, "n": ev["n"],
+    return {"scheme": "float", "runtime": "reference", "samples": samples, "n": ev["n"],
             "bytes": float_bnn_bytes(model), "metrics": metrics}
 
 
@@ -175,7 +177,10 @@ def run_search(settings: SearchSettings, study_path: str | Path, executor: Local
     Raises:
         InvalidOptionError, InvalidArtifactError: Bad inputs (checked before the study file is touched).
     """
-    objectives, budget = validate(settings)
+    import dataclasses
+
+    objectives, budget, space = validate(settings)
+    settings = dataclasses.replace(settings, space=space)
     import_optuna()  # a missing optuna is reported before a Ray cluster is joined
     with executor:  # started (a Ray cluster joined) before the study file is touched
         # The workers import and open the inputs while this process measures the baseline.
@@ -286,4 +291,5 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
     seed = report["settings"]["seed"]
     lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value, **c.options)
     return export(lowered, path, samples=c.samples, mode=c.mode, weights=c.weights, seed=seed, hoist=c.hoist,
-                  device=get_target(report["settings"]["device"]).name)
+                  device=get_target(report["settings"]["device"]).name,
+                  noise=exact_noise(lowered, c.mode, c.samples) or "auto")

@@ -15,21 +15,34 @@ the weight format only in
 (``mode[baked,noise,analytic]``, ``bits[auto,3]``; ``bits`` when every width is accepted), because Optuna keeps one
 distribution per parameter name. Parameters that are
 always drawn are evolved by NSGA-II; the conditional ones are drawn by its seeded random sampler.
+
+A posterior family's IR (:func:`family_space`) is searched over what varies for it: the schemes
+:mod:`edgebnn.passes` registers for its encodings (deep ensembles, SWAG and Kronecker/dense Laplace: ``fixed`` and
+``float``, and whatever is registered later), the bits of those, and the modes and S that export it exactly
+(:func:`edgebnn.exporters.families.check_family`): a deep ensemble is ``baked`` at S = M with the device's weight
+formats and ``ir`` (the IR's own codes: a lowered ensemble's member-code store), and no σ code (a member has none, a
+Laplace layer's factors have their own codes); SWAG takes S from the space, ``baked`` and ``noise`` (drawn per
+weight: :func:`exact_noise`), and the σ bits its lowering uses (at least ``FAMILY_SIGMA_BITS``). An axis given
+explicitly with choices that cannot be exact for the family is refused in one line; a defaulted one is narrowed to
+the family's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import MODES, WEIGHT_FORMATS, check_samples
+from edgebnn.exporters import MODES, STORE_CHOICES, WEIGHT_FORMATS, check_samples
 from edgebnn.passes.base import MAX_SIGMA_BITS
 from edgebnn.passes.config import config_fields, parse_scheme, pass_configs
 
 if TYPE_CHECKING:
     import optuna
+
+    from edgebnn.ir import BNNModel
 
 DEFAULT_SCHEMES = ("mcq", "fixed", "codebook", "ternary", "binary", "prune+fixed")
 DEFAULT_BITS = ("auto", "3", "4", "6")
@@ -39,6 +52,9 @@ DEFAULT_SIGMA_BITS = (2, 1, 0)
 DEFAULT_SAMPLES = (4, 8, 16, 32)
 DEFAULT_HOIST = ("off", "auto")
 HOIST_CHOICES = ("off", "auto")
+NO_SIGMA_CODE = frozenset({"deep ensemble", "Laplace posterior"})
+"""Families whose lowering reads no ``sigma_bits`` (a member is a point; a Kronecker/dense factor has its own code):
+their trials draw none."""
 
 _NOT_NOISE = {"codebook", "binary"}  # encodings --mode noise cannot draw (it draws Gaussian weights)
 
@@ -81,8 +97,12 @@ class TrialConfig:
         sigma_bits: Bits of the σ code (0: one σ per layer); None for a scheme without one.
         samples: Ensemble size S.
         mode: Export mode.
-        weights: Member weight format (``fp32`` outside ``baked`` mode).
+        weights: Member weight format (``fp32`` outside ``baked`` mode); ``ir`` (a family's space only): the
+            IR's own codes, which a lowered deep ensemble's baked members keep (its member-code store).
         hoist: ``off`` or ``auto``.
+
+    A ``noise``-mode trial of a family exact only with per-weight noise (SWAG) exports with ``--noise weight``
+    (:func:`exact_noise`); the config does not name it, it follows from the model.
     """
 
     scheme: str
@@ -119,7 +139,8 @@ class TrialConfig:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The choices of each axis (defaults: :data:`DEFAULT_SCHEMES`, ...)."""
+    """The choices of each axis (defaults: :data:`DEFAULT_SCHEMES`, ...); ``family`` names the posterior family
+    :func:`family_space` narrowed it for (None: a mean-field IR's space)."""
 
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
     bits: tuple[str, ...] = DEFAULT_BITS
@@ -128,6 +149,7 @@ class SearchSpace:
     modes: tuple[str, ...] = MODES
     weights: tuple[str, ...] = WEIGHT_FORMATS
     hoist: tuple[str, ...] = DEFAULT_HOIST
+    family: str | None = None
 
     def __post_init__(self) -> None:
         for axis in ("schemes", "bits", "sigma_bits", "samples", "modes", "weights", "hoist"):
@@ -148,14 +170,17 @@ class SearchSpace:
                                          f"{', '.join(self.bits)}")
         for s in self.samples:
             check_samples(s)
-        for axis, allowed in (("modes", MODES), ("weights", WEIGHT_FORMATS), ("hoist", HOIST_CHOICES)):
+        weights = STORE_CHOICES if self.family is not None else WEIGHT_FORMATS  # ir: family_space adds it
+        for axis, allowed in (("modes", MODES), ("weights", weights), ("hoist", HOIST_CHOICES)):
             bad = sorted(set(getattr(self, axis)) - set(allowed))
             if bad:
                 raise InvalidOptionError(f"search space: unknown {axis} {bad}; choose among {', '.join(allowed)}")
 
-    def to_dict(self) -> dict[str, list[Any]]:
-        """The space as JSON (stored in the study, so a resume with another space is refused)."""
-        return {k: list(v) for k, v in asdict(self).items()}
+    def to_dict(self) -> dict[str, Any]:
+        """The space as JSON (stored in the study, so a resume with another space is refused); ``family`` only
+        when there is one."""
+        out: dict[str, Any] = {k: list(v) for k, v in asdict(self).items() if k != "family"}
+        return out if self.family is None else {**out, "family": self.family}
 
     def suggest(self, trial: optuna.Trial) -> TrialConfig:
         """Draw one config through Optuna's define-by-run API (see the module docstring)."""
@@ -163,7 +188,8 @@ class SearchSpace:
         widths = bits_for(scheme, self.bits)
         bits = widths[0] if len(widths) == 1 else trial.suggest_categorical(
             "bits" if widths == self.bits else f"bits[{','.join(widths)}]", widths)
-        sigma_bits = trial.suggest_categorical("sigma_bits", self.sigma_bits) if has_sigma_code(scheme) else None
+        sigma_code = has_sigma_code(scheme) and self.family not in NO_SIGMA_CODE
+        sigma_bits = trial.suggest_categorical("sigma_bits", self.sigma_bits) if sigma_code else None
         samples = trial.suggest_categorical("samples", self.samples)
         modes = modes_for(scheme, self.modes)
         mode = modes[0] if len(modes) == 1 else trial.suggest_categorical(f"mode[{','.join(modes)}]", modes)
@@ -175,3 +201,82 @@ class SearchSpace:
         hoist = trial.suggest_categorical("hoist", self.hoist)
         return TrialConfig(str(scheme), str(bits), None if sigma_bits is None else int(sigma_bits), int(samples),
                            str(mode), str(weights), str(hoist))
+
+
+def exact_noise(model: BNNModel, mode: str, samples: int) -> str | None:
+    """The ``--noise`` variant with which ``model`` exports exactly in ``mode`` at S ``samples`` (``auto``, or
+    ``weight`` for a family whose layers must be drawn per weight, SWAG), None when no variant is exact
+    (:func:`edgebnn.exporters.families.check_family`)."""
+    from edgebnn.exporters.families import check_family
+
+    for noise in ("auto", "weight"):
+        try:
+            check_family(model, mode, samples, noise)
+        except InvalidOptionError:
+            continue
+        return noise
+    return None
+
+
+def family_space(space: SearchSpace, model: BNNModel, default_weights: Sequence[str] = WEIGHT_FORMATS) -> SearchSpace:
+    """``space`` narrowed to what varies for ``model``'s posterior family (the module docstring): every encoding
+    :mod:`edgebnn.passes` registers family lowerings for (deep ensemble, SWAG, Kronecker/dense Laplace) limits the
+    schemes to those registered for it; ``space`` itself for a mean-field IR. Weights left at ``default_weights``
+    (the device's formats) gain ``ir``: the IR's own codes, the member-code store of a lowered ensemble's baked
+    members (on a TensorRT device the export decodes them to fp32).
+
+    Raises:
+        InvalidOptionError: An axis given explicitly (not its default) whose choices cannot be exact for the
+            family: one line naming the option and what the family takes.
+    """
+    from edgebnn.exporters.families import ensemble_members, family_of
+    from edgebnn.ir import DOMAIN
+    from edgebnn.passes.base import FAMILY_LOWERINGS
+
+    kinds = {n.op_type for n in model.proto.graph.node if n.domain == DOMAIN and n.op_type in FAMILY_LOWERINGS}
+    if not kinds:
+        return space
+    family = family_of(model) or "Laplace posterior"  # Kronecker / dense factors: the other registered families
+    registered = set.intersection(*(set(FAMILY_LOWERINGS[k]) for k in kinds))
+
+    def takes(scheme: str) -> bool:
+        return all(name in registered for name in parse_scheme(scheme))
+
+    given = space.schemes != DEFAULT_SCHEMES
+    schemes = tuple(s for s in (space.schemes if given else (*DEFAULT_SCHEMES, "float")) if takes(s))
+    if given and schemes != space.schemes:
+        bad = [s for s in space.schemes if s not in schemes]
+        raise InvalidOptionError(f"--schemes {','.join(bad)}: a {family} lowers with {' or '.join(sorted(registered))} "
+                                 "only")
+    members = ensemble_members(model)
+    samples = space.samples
+    if members is not None:
+        if samples not in (DEFAULT_SAMPLES, (members,)):
+            raise InvalidOptionError(f"--samples {','.join(map(str, samples))}: a deep ensemble of {members} members "
+                                     f"exports exactly with S = {members} only; drop --samples")
+        samples = (members,)
+    sigma_bits = space.sigma_bits
+    if family in NO_SIGMA_CODE and sigma_bits != DEFAULT_SIGMA_BITS:
+        raise InvalidOptionError(f"--sigma-bits: a {family}'s lowering codes no σ with them; drop --sigma-bits")
+    if family not in NO_SIGMA_CODE:  # SWAG: its σ code takes at least FAMILY_SIGMA_BITS, whatever is asked
+        from edgebnn.passes.families import FAMILY_SIGMA_BITS
+
+        sigma_bits = tuple(sorted({max(b, FAMILY_SIGMA_BITS) for b in sigma_bits}))
+    def exact(mode: str) -> bool:  # exact at every S, and some scheme's encodings export in it
+        return (all(exact_noise(model, mode, s) is not None for s in samples)
+                and any(mode in modes_for(s) for s in schemes))
+
+    modes = tuple(m for m in space.modes if exact(m))
+    if space.modes != MODES and modes != space.modes:
+        bad = [m for m in space.modes if m not in modes]
+        exact_modes = [m for m in MODES if exact(m)]
+        raise InvalidOptionError(f"--modes {','.join(bad)}: not exact for a {family}; it exports exactly in "
+                                 f"{' or '.join(exact_modes)}")
+    if not schemes or not modes:
+        raise InvalidOptionError(f"{model.where}: a {family}: no scheme or mode of the search space lowers and "
+                                 "exports it exactly")
+    weights = space.weights
+    if "baked" in modes and tuple(weights) == tuple(default_weights) and "ir" not in weights:
+        weights = ("ir", *weights)
+    return dataclasses.replace(space, schemes=schemes, samples=samples, modes=modes, sigma_bits=sigma_bits,
+                               weights=weights, family=family)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgebnn.search.objectives import TRIAL_METRICS
-from edgebnn.search.space import TrialConfig
+from edgebnn.search.space import TrialConfig, exact_noise
 
 if TYPE_CHECKING:
     from edgebnn.data import Dataset
@@ -132,7 +132,8 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
         lowered = lower(model, c.scheme, seed=job.seed, bits=c.bits_value, **c.options)
         report = lowered.lowering_report
         proto = export_onnx(lowered, c.samples, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist,
-                            device=job.device)  # the graph form export writes for the device
+                            device=job.device,  # the graph form export writes for the device
+                            noise=exact_noise(lowered, c.mode, c.samples) or "auto")  # SWAG: drawn per weight
         onnx_bytes = proto.SerializeToString(deterministic=True)  # the bytes `export` writes
         ev = evaluate_artifact(Session(onnx_bytes, seed=job.seed, threads=job.threads), data=dataset, seed=job.seed,
                                ood_data=ood)

@@ -174,14 +174,25 @@ def test_member_count_attribute_is_checked():
         verify(BNNModel(proto, ir.manifest, "hostile.ebnn"))
 
 
-def test_budget_search_refuses_family_irs():
-    """--budget searches Gaussian schemes (codebook, prune, σ codes): refused up front for a family, in one line."""
+def test_budget_search_moves_a_family_only_among_its_registered_schemes():
+    """--budget on a family: its layers start at their fixed lowering and move among fixed widths and float (their
+    registered lowerings; no codebook, prune or σ-code move), a deep ensemble judged at S = M. The data are the float
+    model's own predictions, so the float BNN keeps any budget."""
     from edgebnn.api import lower_within_budget
     from edgebnn.passes import LowerConfig
+    from edgebnn.runtime.reference import Reference
 
-    for ir, family in ((_members_ir(), "deep ensemble"), (_lowrank_ir(), "SWAG posterior")):
-        with pytest.raises(InvalidOptionError, match=f"a {family} lowers with fixed"):
-            lower_within_budget(ir, LowerConfig(scheme="float"), "nll=+0.02", data="digits")
+    x = np.random.default_rng(5).standard_normal((64, 6)).astype(np.float32)
+    for ir, samples, kind in ((_members_ir(), 3, "MemberSetFixedWeight"), (_lowrank_ir(), 16, "LowRankFixedWeight")):
+        y = Reference(ir).predict(x, 3, 0).probs.argmax(1)
+        low = lower_within_budget(ir, LowerConfig(scheme="float"), "nll=+0.5", data=(x, y))
+        budget = low.lowering_report["budget"]
+        assert budget["met"] and budget["measured_on"]["samples"] == samples
+        assert budget["start"]["scheme"] == "fixed" and not budget["start"]["overrides"]
+        assert {row["scheme"] for row in budget["layers"]} <= {"fixed", "float"}, budget["layers"]
+        assert all(s["change"].endswith(" bits") or s["change"] == "float" for s in budget["steps"]), budget["steps"]
+        assert budget["steps"] and not any("σ" in row["reason"] for row in budget["layers"])
+        assert {r["kind"] for r in low.lowering_report["layers"]} <= {kind, ir.encoded_weights()[0].encoding.op_type}
 
 
 def test_hoisting_never_replaces_members_by_their_mean():
@@ -198,10 +209,49 @@ def test_hoisting_never_replaces_members_by_their_mean():
                                atol=ROUNDOFF)
 
 
-def test_search_refuses_family_irs(tmp_path):
+def test_search_space_of_a_family_is_what_varies_for_it(tmp_path):
+    """A deep ensemble is searched at S = M, baked, without σ codes, over its registered schemes; SWAG over S and
+    its exact modes (baked, noise); an explicitly given axis that cannot be exact for the family is one line."""
+    import dataclasses
+
     from edgebnn.ir import save
     from edgebnn.search.run import SearchSettings, validate
+    from edgebnn.search.space import SearchSpace
 
     path = save(_members_ir(), tmp_path / "ens.ebnn")
-    with pytest.raises(InvalidOptionError, match="a deep ensemble: search explores"):
-        validate(SearchSettings(model=str(path), data="digits"))
+    settings = SearchSettings(model=str(path), data=str(_npz(tmp_path)))
+    space = validate(settings)[2]
+    assert (space.schemes, space.samples, space.modes, space.family) == (("fixed", "float"), (3,), ("baked",),
+                                                                         "deep ensemble")
+    assert space.weights == ("ir", "fp32", "int8", "int4")  # the member-code store besides the device's formats
+    given = dataclasses.replace(settings, space=SearchSpace(weights=("int8",)))
+    assert validate(given)[2].weights == ("int8",)  # given explicitly: kept as given
+    swag = validate(dataclasses.replace(settings, model=str(save(_lowrank_ir(), tmp_path / "swag.ebnn"))))[2]
+    assert (swag.schemes, swag.samples, swag.modes) == (("fixed", "float"), SearchSpace().samples, ("baked", "noise"))
+    assert swag.sigma_bits == (4,)  # its σ code takes at least FAMILY_SIGMA_BITS: the defaults 2, 1, 0 are all 4
+    from edgebnn.search.space import TrialConfig
+    from edgebnn.search.trial import TrialJob, run_trial
+
+    for scheme, sigma_bits in (("float", None), ("fixed", 4)):
+        for mode in ("baked", "noise"):  # SWAG's noise trial exports with per-weight noise (the exact variant)
+            job = TrialJob(0, TrialConfig(scheme, "auto", sigma_bits, 4, mode, "fp32", "off"),
+                           str(tmp_path / "swag.ebnn"), settings.data, None, 0, "cpu", runs=0)
+            result = run_trial(job)
+            assert result["state"] == "complete", result["error"]
+    for axis, value, message in (("schemes", ("fixed", "codebook"), "--schemes codebook: a deep ensemble lowers with "
+                                                                    "fixed or float only"),
+                                 ("samples", (3, 8), "--samples 3,8: a deep ensemble of 3 members exports exactly "
+                                                     "with S = 3 only"),
+                                 ("modes", ("baked", "noise"), "--modes noise: not exact for a deep ensemble"),
+                                 ("sigma_bits", (1,), "--sigma-bits: a deep ensemble's lowering codes no σ")):
+        bad = dataclasses.replace(settings, space=dataclasses.replace(SearchSpace(), **{axis: value}))
+        with pytest.raises(InvalidOptionError, match=message):
+            validate(bad)
+
+
+def _npz(tmp_path) -> object:
+    """Labelled inputs [N, 6] for the hand-built MLPs (4 classes)."""
+    rng = np.random.default_rng(4)
+    path = tmp_path / "val.npz"
+    np.savez(path, x=rng.standard_normal((32, 6)).astype(np.float32), y=rng.integers(0, 4, 32))
+    return path
