@@ -23,8 +23,10 @@ writes (laplace-torch 0.3: ``mean``, ``H``, the prior, ``n_data``, ``likelihood`
 posterior ``data``, the first batch, that finds the last layer) holds tensors, lists, numbers and strings only, so
 it loads with ``torch.load(weights_only=True)``. Its ``cls_name`` names the structure; that class of the installed
 laplace-torch is built on the MAP network (``--model``/``--weights``) and ``la.load_state_dict`` fills it, so the
-posterior is exactly the saved one. The state does not record a ``KronLaplace``'s ``damping`` (laplace-torch
-restores it as the default, False): a posterior fitted with ``damping=True`` is imported through the Python API.
+posterior is exactly the saved one. The state does not record a ``KronLaplace``'s ``damping``; it needs not:
+laplace-torch 0.3's ``posterior_precision`` (the sum of a ``KronDecomposed`` and the prior) drops the flag, so
+its own samples and GLM variance ignore damping, and edgebnn, which reads ``posterior_precision``, does the same
+(tests/integration/test_family_cli.py).
 """
 
 from __future__ import annotations

@@ -240,3 +240,25 @@ def test_laplace_states_edgebnn_cannot_import_are_one_line(trained, laplace_stat
     r = _lower(root, "mlp", MAP, tmp_path / "bad.ebnn", "--laplace", root / "la_all_diag.pt", "--mc-dropout")
     assert r.exit_code == 2 and "drop --mc-dropout" in r.output, r.output
     assert not (tmp_path / "bad.ebnn").exists()
+
+
+def test_a_damped_kron_state_imports_the_posterior_laplace_torch_samples(trained, tmp_path, digits_data):
+    """laplace-torch 0.3's state does not record KronLaplace(damping=True), and its posterior precision (a sum of
+    KronDecomposed) drops the flag, so its own samples ignore damping: the state is the posterior it samples."""
+    laplace = pytest.importorskip("laplace")
+    from edgebnn.exporters.ensemble import export_onnx
+
+    root, members = trained
+    x, y = torch.from_numpy(digits_data.x_train[:400]), torch.from_numpy(digits_data.y_train[:400])
+    la = laplace.Laplace(members[0], "classification", subset_of_weights="all", hessian_structure="kron",
+                         prior_precision=1.0, damping=True)
+    la.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=512))
+    assert la.H.damping and not la.posterior_precision.damping  # the library's own drop of the flag
+    state, out, onnx = tmp_path / "damped.pt", tmp_path / "la.ebnn", tmp_path / "la.onnx"
+    torch.save(la.state_dict(), state)
+    r = _lower(root, "mlp", MAP, out, "--laplace", state)
+    assert r.exit_code == 0, r.output
+    assert _invoke("export", out, "-S", 16, "-o", onnx).exit_code == 0
+    xs = digits_data.x_test[:50]
+    api = edgebnn.Session(export_onnx(edgebnn.from_torch(la, (1, 1, 8, 8)), 16)).predict(xs).probs
+    np.testing.assert_allclose(edgebnn.Session(str(onnx)).predict(xs).probs, api, atol=ROUNDOFF)
