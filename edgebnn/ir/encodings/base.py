@@ -162,6 +162,12 @@ class Encoding(ABC):
         """The integer grid every draw of ``sample`` lies on exactly, if any."""
         return None
 
+    def select(self, axis: int, index: np.ndarray) -> Encoding | None:
+        """The weight restricted to the slices ``index`` (sorted, unique) along ``axis``, its codes kept exactly
+        (every kept weight has the same mean, spread and draw law), or ``None``: this kind cannot be sliced
+        exactly (the ``shrink`` pass then leaves its layer alone)."""
+        return None
+
     def joint_group(self) -> JointGroup | None:
         """The group this weight is drawn jointly with (:mod:`.joint`), or None: drawn on its own."""
         return None
