@@ -31,20 +31,21 @@ TOL = 1e-5  # float32 sums over at most a few hundred terms of order 1, reordere
 
 
 def _zeroed_mlp(build_mlp, bias_of_dead_row: float = -0.5, deterministic_last: bool = False) -> tuple[BNNModel, dict]:
-    """16-32-24-10 MLP: W2's columns 3 and 5 are zero (fc1 units 3, 5 unused: rule a); W2's row 7 is zero and b2[7]
-    is ``bias_of_dead_row`` (fc2 unit 7 is relu(b) at fc3: rule b, or rule c when ``deterministic_last``)."""
+    """16-32-24-10 MLP: W2's columns 3 and 5 are zero (fc1 units 3, 5 unused: rule a); W2's rows 7 and 11 are zero
+    and b2 there is ``bias_of_dead_row`` (fc2 units 7, 11 are relu(b) at fc3: rule b, or rule c when
+    ``deterministic_last``). Two units each: an even width stays even (shrink.EVEN_WIDTH)."""
     base = build_mlp((16, 32, 24, 10), seed=1)
     post = {w.name: (w.encoding.mean().copy(), w.encoding.stddev().copy()) for w in base.encoded_weights()}
     mu2, sd2 = post["W2"]
     mu2[:, [3, 5]] = sd2[:, [3, 5]] = 0
-    mu2[7] = sd2[7] = 0
+    mu2[[7, 11]] = sd2[[7, 11]] = 0
     sigma = {"W2": sd2}
     if deterministic_last:
         sigma["W3"] = np.zeros_like(post["W3"][1])
     model = build_mlp((16, 32, 24, 10), seed=1, mu={"W2": mu2}, sigma=sigma)
-    _set_initializer(model, "b2", lambda b: _put(b, 7, bias_of_dead_row))
+    _set_initializer(model, "b2", lambda b: _put(_put(b, 7, bias_of_dead_row), 11, bias_of_dead_row))
     _input_renamed(model)
-    keep1, keep2 = np.setdiff1d(np.arange(32), [3, 5]), np.setdiff1d(np.arange(24), [7])
+    keep1, keep2 = np.setdiff1d(np.arange(32), [3, 5]), np.setdiff1d(np.arange(24), [7, 11])
     # weight name -> [(axis, kept indices)]
     slices = {"W1": [(0, keep1)], "b1": [(0, keep1)], "W2": [(0, keep2), (1, keep1)], "W3": [(1, keep2)]}
     return model, slices
@@ -133,10 +134,10 @@ def test_mlp_dead_units_leave_every_encoding_exactly(scheme, make_mlp) -> None:
     result = ShrinkPass()(zeroed, seed=SEED)
     shrunk = result.model
     assert result.modified and shrunk.manifest.passes[-1]["name"] == "shrink"
-    assert _shapes(shrunk) == {"W1": (30, 16), "b1": (30,), "W2": (23, 30), "W3": (10, 23)}
-    assert numpy_helper.to_array(next(t for t in shrunk.proto.graph.initializer if t.name == "b2")).shape == (23,)
+    assert _shapes(shrunk) == {"W1": (30, 16), "b1": (30,), "W2": (22, 30), "W3": (10, 22)}
+    assert numpy_helper.to_array(next(t for t in shrunk.proto.graph.initializer if t.name == "b2")).shape == (22,)
     edges = {(e["producer"], e["consumer"]): e for e in result.report["edges"]}
-    assert edges["fc1", "fc2"]["zero_columns"] == 2 and edges["fc2", "fc3"]["constant_zero"] == 1
+    assert edges["fc1", "fc2"]["zero_columns"] == 2 and edges["fc2", "fc3"]["constant_zero"] == 2
     x = np.random.default_rng(1).normal(size=(12, 16)).astype(np.float32)
     _check_same_posterior(zeroed, shrunk, slices, x)
     if scheme in ("float", "fixed"):
@@ -144,8 +145,8 @@ def test_mlp_dead_units_leave_every_encoding_exactly(scheme, make_mlp) -> None:
     # lower() ends with the same pass: shapes and units in its report
     report = lower(model, scheme, seed=SEED).report
     rows = {r["name"]: r for r in report["layers"]}
-    assert rows["W2"]["shape"] == [23, 30] and rows["W2"]["units_removed"] == {"outputs": 1, "inputs": 2}
-    assert rows["W3"]["n_weights"] == 230 and rows["b1"]["units_removed"] == {"outputs": 2, "inputs": 0}
+    assert rows["W2"]["shape"] == [22, 30] and rows["W2"]["units_removed"] == {"outputs": 2, "inputs": 2}
+    assert rows["W3"]["n_weights"] == 220 and rows["b1"]["units_removed"] == {"outputs": 2, "inputs": 0}
 
 
 def test_mlp_units_pruned_by_group_scales_leave_the_graph(make_mlp) -> None:
@@ -167,11 +168,11 @@ def test_mlp_units_pruned_by_group_scales_leave_the_graph(make_mlp) -> None:
 
 
 def test_constant_unit_folds_into_a_deterministic_bias(make_mlp) -> None:
-    # fc2 unit 7 is relu(0.7) = 0.7 everywhere; fc3 is deterministic, so 0.7 · W3[:, 7] moves into b3
+    # fc2 units 7, 11 are relu(0.7) = 0.7 everywhere; fc3 is deterministic, so 0.7 · W3[:, j] moves into b3
     model, slices = _zeroed_mlp(make_mlp, bias_of_dead_row=0.7, deterministic_last=True)
     result = ShrinkPass()(model)
-    assert _shapes(result.model)["W3"] == (10, 23)
-    assert {(e["producer"], e["folded"]) for e in result.report["edges"]} >= {("fc2", 1)}
+    assert _shapes(result.model)["W3"] == (10, 22)
+    assert {(e["producer"], e["folded"]) for e in result.report["edges"]} >= {("fc2", 2)}
     x = np.random.default_rng(3).normal(size=(12, 16)).astype(np.float32)
     _check_same_posterior(model, result.model, slices, x)
     # with a Bayesian fc3 the constant cannot fold: the unit stays
@@ -324,11 +325,11 @@ def test_an_encoding_that_cannot_be_sliced_is_left_alone(make_mlp) -> None:
     assert any("MemberSetWeight, which cannot be sliced exactly" in r for r in reasons), reasons
 
 
-def test_the_last_unit_is_kept(make_mlp) -> None:
+def test_the_last_unit_is_kept_and_an_even_width_stays_even(make_mlp) -> None:
     model = _input_renamed(make_mlp((16, 4, 10), seed=3, mu={"W2": np.zeros((10, 4), np.float32)},
                                     sigma={"W2": np.zeros((10, 4), np.float32)}))
     result = ShrinkPass()(model)
-    assert _shapes(result.model) == {"W1": (1, 16), "b1": (1,), "W2": (10, 1)}
+    assert _shapes(result.model) == {"W1": (2, 16), "b1": (2,), "W2": (10, 2)}  # 4 dead: 1 kept, 1 for evenness
     x = np.random.default_rng(7).normal(size=(5, 16)).astype(np.float32)
     probs = Session(export_onnx(result.model, 4, mode="analytic")).predict(x).probs
     np.testing.assert_allclose(probs, Session(export_onnx(model, 4, mode="analytic")).predict(x).probs, atol=TOL)
@@ -342,7 +343,7 @@ def test_shrunk_model_round_trips_and_replays(tmp_path, make_mlp) -> None:
     result = lower(model, "prune+fixed", seed=SEED)
     save(result.model, tmp_path / "m.ebnn")
     loaded = load(tmp_path / "m.ebnn")
-    assert to_bytes(loaded) == to_bytes(result.model) and _shapes(loaded)["W2"] == (23, 30)
+    assert to_bytes(loaded) == to_bytes(result.model) and _shapes(loaded)["W2"] == (22, 30)
     replay = lower(model, LowerConfig.from_dict(loaded.manifest.lower_config)).model
     assert to_bytes(replay) == to_bytes(result.model)
     assert isinstance(onnx.load_from_string(to_bytes(loaded)), onnx.ModelProto)
