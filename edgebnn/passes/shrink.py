@@ -27,11 +27,11 @@ the unit's parameters of every op between (BatchNorm scale/bias/mean/var, a per-
 mask), the Reshape target's width, and unit j's columns of C; shape annotations of the values in between are
 dropped (``value_info``). Removing P's rows can leave columns of P itself all zero, so the pass repeats until
 nothing changes. It never removes the last unit of a layer, keeps a Gemm/MatMul's width even where it was
-(:data:`EVEN_WIDTH`: one dead unit stays rather than lose the int4 weight format), and leaves alone (reported under ``skipped``
-where the layer has dead rows) anything it cannot prove exact: a unit read by two nodes or by a graph output
-(residual Add joins, Concat, shared weights), any other op between, grouped convolutions, and encodings
-whose ``select`` returns None (deep-ensemble members, SWAG's low-rank and the Kronecker/dense Laplace
-families).
+(:data:`EVEN_WIDTH`: one dead unit stays rather than lose the int4 weight format), and leaves alone (reported
+under ``skipped`` where the layer has dead rows) anything it cannot prove exact: a unit read by two nodes or by
+a graph output (residual Add joins, Concat, shared weights), any other op between, grouped convolutions, and
+encodings that do not override ``Encoding.select`` (deep-ensemble members, SWAG's low-rank and the
+Kronecker/dense Laplace families).
 
 Draws: the stream of weight i stays ``default_rng([seed, i])``, but a smaller weight consumes it in a
 smaller shape, so ``baked`` members of the shrunk model are other draws of the same posterior than the
@@ -53,7 +53,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from edgebnn.ir import DOMAIN, BNNModel, EncodedWeight, Encoding
+from edgebnn.ir import DOMAIN, ENCODINGS, BNNModel, Encoding
 from edgebnn.passes.base import Pass, PassConfig, PassResult
 
 MAX_ROUNDS = 4  # removals per node at most (each removal shrinks a layer; a bound, not a tuning knob)
@@ -71,36 +71,65 @@ class ShrinkConfig(PassConfig):
 
 
 class _Param:
-    """A tensor a layer reads: a float initializer or an encoded weight (read by exactly one node)."""
+    """A tensor a layer reads: a float initializer or an encoded weight (read by exactly one node).
 
-    def __init__(self, name: str, *, array: np.ndarray | None = None, weight: EncodedWeight | None = None) -> None:
-        self.name, self.array, self.weight = name, array, weight
-        self._moments: tuple[np.ndarray, np.ndarray] | None = None
+    An encoded weight is decoded only when asked for, one at a time, and what the planning needs of it is kept
+    as small per-axis summaries (:meth:`zero_along`, :meth:`fixed_along`), so a survey of the whole model holds
+    one layer's arrays at a time, as every pass does.
+    """
+
+    def __init__(self, model: BNNModel, name: str, *, array: np.ndarray | None = None,
+                 node: onnx.NodeProto | None = None, summaries: dict[str, dict[int, tuple[np.ndarray, ...]]]) -> None:
+        self.model, self.name, self.array, self.node = model, name, array, node
+        self._summaries = summaries
+        if node is not None:
+            self.shape = tuple(next(list(a.ints) for a in node.attribute if a.name == "shape"))
+            self.kind = node.op_type
+        else:
+            self.shape, self.kind = tuple(np.asarray(array).shape), "tensor"
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return self.weight.encoding.shape if self.weight is not None else tuple(self.array.shape)  # type: ignore[union-attr]
+    def sliceable(self) -> bool:
+        """Whether :meth:`select` keeps this kind's codes exactly (``Encoding.select`` overridden)."""
+        return self.node is None or ENCODINGS[self.kind].select is not Encoding.select
+
+    def encoding(self) -> Encoding:
+        return self.model.encoded_weight(self.name).encoding
 
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, standard deviation), float64."""
-        if self._moments is None:
-            if self.weight is not None:
-                enc = self.weight.encoding
-                self._moments = enc.mean().astype(np.float64), enc.stddev().astype(np.float64)
-            else:
-                value = np.asarray(self.array, np.float64)
-                self._moments = value, np.zeros_like(value)
-        return self._moments
+        """(mean, standard deviation), float32, decoded now (not kept)."""
+        if self.node is None:
+            value = np.asarray(self.array, np.float32)
+            return value, np.zeros_like(value)
+        enc = self.encoding()
+        return enc.mean(), enc.stddev()
 
-    def always_zero(self) -> np.ndarray:
-        """Elements that are 0 in every draw (μ = σ = 0; a float 0)."""
-        mean, sd = self.moments()
-        return (mean == 0) & (sd == 0)
+    def _summary(self, axis: int) -> tuple[np.ndarray, ...]:
+        if self.name not in self._summaries:
+            mean, sd = self.moments()
+            fixed = sd == 0
+            zero = fixed & (mean == 0)
+            del mean, sd
+            self._summaries[self.name] = {
+                a: (zero.all(axis=others), fixed.all(axis=others))
+                for a in range(zero.ndim) for others in [tuple(i for i in range(zero.ndim) if i != a)]}
+        return self._summaries[self.name][axis]
 
-    def select(self, axis: int, index: np.ndarray) -> np.ndarray | Encoding | None:
-        if self.weight is not None:
-            return self.weight.encoding.select(axis, index)
-        return np.take(self.array, index, axis)  # type: ignore[arg-type]
+    def zero_along(self, axis: int) -> np.ndarray:
+        """Per index along ``axis``: whether the whole slice is 0 in every draw (μ = σ = 0; a float 0)."""
+        return self._summary(axis)[0]
+
+    def fixed_along(self, axis: int) -> np.ndarray:
+        """Per index along ``axis``: whether the whole slice is deterministic (σ = 0: every draw is the mean)."""
+        return self._summary(axis)[1]
+
+    def select(self, axis: int, index: np.ndarray) -> np.ndarray | Encoding:
+        """The kept slices (decoded now; :attr:`sliceable` says whether an encoding can be)."""
+        if self.node is None:
+            return np.take(self.array, index, axis)  # type: ignore[arg-type]
+        new = self.encoding().select(axis, index)
+        assert new is not None, f"{self.kind} overrides select but returned None"
+        return new
 
 
 @dataclass
@@ -147,7 +176,8 @@ class _Edge:
 class _Plan:
     """What removing ``dead`` units of an edge writes."""
 
-    writes: dict[str, np.ndarray | Encoding] = field(default_factory=dict)
+    slices: list[tuple[_Param, int, np.ndarray]] = field(default_factory=list)  # (param, axis, kept), in order
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # small tensors written whole (bias, Reshape target)
     removed: int = 0
     by_rule: dict[str, int] = field(default_factory=dict)
 
@@ -292,11 +322,11 @@ _LAYERS = ("Gemm", "MatMul", "Conv")
 class _Graph:
     """Who produces and reads each value, and the layers' parameters (decoded once, cached across rounds)."""
 
-    def __init__(self, model: BNNModel, cache: dict[str, _Param]) -> None:
+    def __init__(self, model: BNNModel, cache: dict[str, dict[int, tuple[np.ndarray, ...]]]) -> None:
         g = model.proto.graph
         self.model, self.cache = model, cache
         self.inits = {t.name: t for t in g.initializer}
-        self.encoded = {n.output[0] for n in g.node if n.domain == DOMAIN and n.output}
+        self.encoded = {n.output[0]: n for n in g.node if n.domain == DOMAIN and n.output}
         self.readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
         for n in g.node:
             for i in n.input:
@@ -313,11 +343,9 @@ class _Graph:
             t = self.inits[name]
             if t.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
                 return None
-            return _Param(name, array=numpy_helper.to_array(t))
+            return _Param(self.model, name, array=numpy_helper.to_array(t), summaries={})
         if name in self.encoded:
-            if name not in self.cache:
-                self.cache[name] = _Param(name, weight=self.model.encoded_weight(name))
-            return self.cache[name]
+            return _Param(self.model, name, node=self.encoded[name], summaries=self.cache)
         return None
 
     def sole_reader(self, value: str) -> onnx.NodeProto | None:
@@ -410,22 +438,15 @@ def _plan(graph: _Graph, edge: _Edge) -> tuple[np.ndarray, _Plan] | str:
     if features % units or (edge.flatten is None and features != units):
         return f"{features} input features of {c.node.name or c.node.op_type!r} do not split into {units} units"
     span = features // units  # columns per unit: H·W after a flatten, else 1
-    w_c = c.weight
-    other = tuple(i for i in range(len(w_c.shape)) if i != c.in_axis)
-    zero_in = w_c.always_zero().all(axis=other).reshape(units, span).all(axis=1)
+    zero_in = c.weight.zero_along(c.in_axis).reshape(units, span).all(axis=1)
     # rule (b): P's row is 0 in every draw, so the unit is its deterministic bias, mapped through the ops
-    other_p = tuple(i for i in range(len(p.weight.shape)) if i != p.out_axis)
-    zero_row = p.weight.always_zero().all(axis=other_p)
-    const = np.where(zero_row, p.bias_value(), np.nan)
+    const = np.where(p.weight.zero_along(p.out_axis), p.bias_value(), np.nan)
     for node, op in edge.ops:
         graph.current = node.input[0] if node.input[0] in edge.values else node.input[1]
         const = op.constant(node, graph, const)
     fold = _foldable(c, span) if np.any(np.isfinite(const) & (const != 0) & ~zero_in) else None
-    det_cols = None
-    if fold is not None:
-        sd = w_c.moments()[1]
-        det_cols = (sd == 0).all(axis=other).reshape(units, span).all(axis=1)
-    folds = np.isfinite(const) & (const != 0) & ~zero_in & (det_cols if det_cols is not None else False)
+    fixed_in = c.weight.fixed_along(c.in_axis).reshape(units, span).all(axis=1) if fold else np.zeros(units, bool)
+    folds = np.isfinite(const) & (const != 0) & ~zero_in & fixed_in
     dead = zero_in | (const == 0) | folds
     if dead.all():
         dead[np.argmax(dead)] = False  # never the last unit
@@ -447,12 +468,10 @@ def _plan(graph: _Graph, edge: _Edge) -> tuple[np.ndarray, _Plan] | str:
         found = op.params(node, graph, p)
         assert not isinstance(found, str)
         todo += [(param, axis, keep) for param, axis in found]
-    for param, axis, index in todo:
-        new = param.select(axis, index)
-        if new is None:
-            kind = param.weight.encoding.op_type if param.weight is not None else "tensor"
-            return f"{param.name!r} is a {kind}, which cannot be sliced exactly"
-        plan.writes[param.name] = new
+    for param, _, _ in todo:
+        if not param.sliceable:
+            return f"{param.name!r} is a {param.kind}, which cannot be sliced exactly"
+    plan.slices = todo
     if folds.any() and fold is not None:
         fold(plan, const, folds, span)
     if edge.flatten is not None and edge.flatten.op_type == "Reshape":
@@ -461,14 +480,14 @@ def _plan(graph: _Graph, edge: _Edge) -> tuple[np.ndarray, _Plan] | str:
             target[1] = cols.size
         elif target[1] != -1:
             return f"the Reshape target {target.tolist()} is not [-1, {features}]"
-        plan.writes[edge.flatten.input[1]] = target
+        plan.values[edge.flatten.input[1]] = target
     return dead, plan
 
 
 def _foldable(c: _Layer, span: int) -> Callable[[_Plan, np.ndarray, np.ndarray, int], None] | None:
     """How to fold constant units into ``c``'s bias (rule (c)), or None where it cannot be exact."""
     attrs = {a.name: helper.get_attribute_value(a) for a in c.node.attribute}
-    if c.node.op_type == "MatMul" or (c.bias is not None and c.bias.weight is not None):
+    if c.node.op_type == "MatMul" or (c.bias is not None and c.bias.node is not None):
         return None
     if c.node.op_type == "Gemm" and c.beta == 0:
         return None
@@ -477,15 +496,15 @@ def _foldable(c: _Layer, span: int) -> Callable[[_Plan, np.ndarray, np.ndarray, 
     out_units = c.weight.shape[1 - c.in_axis] if not c.conv else c.weight.shape[0]
 
     def fold(plan: _Plan, const: np.ndarray, folds: np.ndarray, span_: int) -> None:
-        mean = c.weight.moments()[0]
+        mean = c.weight.moments()[0].astype(np.float64)
         moved = np.moveaxis(mean, c.in_axis, -1)  # [out, (kernel...), features]
         per_unit = moved.reshape(moved.shape[0], -1, const.size, span_).sum(axis=(1, 3))  # [out, units]
         add = per_unit[:, folds] @ const[folds] * (c.alpha / c.beta)
         if c.bias is None:
-            plan.writes[_new_bias_name(c)] = add.astype(np.float32)
+            plan.values[_new_bias_name(c)] = add.astype(np.float32)
             return
-        old = np.asarray(plan.writes.get(c.bias.name, c.bias.array), np.float64)
-        plan.writes[c.bias.name] = (old + add.reshape(old.shape) if old.size == out_units
+        old = np.asarray(c.bias.array, np.float64)
+        plan.values[c.bias.name] = (old + add.reshape(old.shape) if old.size == out_units
                                     else old + add).astype(c.bias.array.dtype)  # type: ignore[union-attr]
 
     return fold
@@ -497,16 +516,20 @@ def _new_bias_name(c: _Layer) -> str:
 
 def _apply(model: BNNModel, graph: _Graph, edge: _Edge, plan: _Plan) -> None:
     g = model.proto.graph
-    for name, new in plan.writes.items():
+    for param, axis, index in plan.slices:  # one weight decoded at a time
+        new = param.select(axis, index)
+        graph.cache.pop(param.name, None)
         if isinstance(new, Encoding):
-            weight = graph.cache.pop(name).weight
-            assert weight is not None
-            model.replace_encoding(weight, new)
-        elif name in graph.inits:
+            model.replace_encoding(model.encoded_weight(param.name), new)
+        else:
+            plan.values[param.name] = new
+        del new
+    for name, value in plan.values.items():
+        if name in graph.inits:
             t = graph.inits[name]
-            t.CopyFrom(numpy_helper.from_array(np.asarray(new, helper.tensor_dtype_to_np_dtype(t.data_type)), name))
+            t.CopyFrom(numpy_helper.from_array(np.asarray(value, helper.tensor_dtype_to_np_dtype(t.data_type)), name))
         else:  # a bias created by folding
-            g.initializer.append(numpy_helper.from_array(np.asarray(new, np.float32), name))
+            g.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
             node = edge.consumer.node
             while len(node.input) < 3:
                 node.input.append("")
@@ -557,8 +580,9 @@ def _edges(graph: _Graph) -> Iterator[_Edge | tuple[_Layer, str]]:
 
 
 def _layer_name(layer: _Layer) -> str:
-    weight = layer.weight.weight
-    return weight.layer if weight is not None and weight.layer else (layer.node.name or layer.node.output[0])
+    node = layer.weight.node
+    attr = next((a.s.decode("utf-8", "replace") for a in node.attribute if a.name == "layer"), "") if node else ""
+    return attr or layer.node.name or layer.node.output[0]
 
 
 def _survey(model: BNNModel) -> tuple[bool, list[dict[str, str]]]:
@@ -575,8 +599,7 @@ def _survey(model: BNNModel) -> tuple[bool, list[dict[str, str]]]:
                 removable = removable or planned[1].removed > 0
             continue
         layer, reason = edge
-        other = tuple(i for i in range(len(layer.weight.shape)) if i != layer.out_axis)
-        if layer.weight.always_zero().all(axis=other).any():
+        if layer.weight.zero_along(layer.out_axis).any():
             skipped.append({"layer": _layer_name(layer), "reason": reason})
     return removable, skipped
 
@@ -588,7 +611,7 @@ def _shapes(model: BNNModel) -> dict[str, list[int]]:
 
 def _shrink(model: BNNModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Remove units edge by edge until none can be; (rows of the changed encoded weights, removals per edge)."""
-    cache: dict[str, _Param] = {}
+    cache: dict[str, dict[int, tuple[np.ndarray, ...]]] = {}
     before = _shapes(model)
     removed: dict[str, dict[str, int]] = defaultdict(lambda: {"outputs": 0, "inputs": 0})
     edges: list[dict[str, Any]] = []
@@ -605,9 +628,9 @@ def _shrink(model: BNNModel) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
             span = c.weight.shape[c.in_axis] // p.units
             edges.append({"producer": _layer_name(p), "consumer": _layer_name(c), "units": p.units,
                           "removed": plan.removed, **plan.by_rule})
-            for name in plan.writes:  # the producer's weight and bias, the per-unit parameters between
-                if name != c.weight.name and name in graph.encoded:
-                    removed[name]["outputs"] += plan.removed
+            for param, _, _ in plan.slices:  # the producer's weight and bias, the per-unit parameters between
+                if param.name != c.weight.name and param.node is not None:
+                    removed[param.name]["outputs"] += plan.removed
             removed[c.weight.name]["inputs"] += plan.removed * span
             _apply(model, graph, edge, plan)
             break  # the graph changed: enumerate the edges again
