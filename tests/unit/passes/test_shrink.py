@@ -196,7 +196,8 @@ def _cnn(flatten: str, seed: int = 0) -> BNNModel:
         mu = rng.normal(0, 1 / np.sqrt(np.prod(shape[1:])), shape).astype(np.float32)
         return GaussianWeight(mu, (0.2 * np.abs(mu) + 0.01).astype(np.float32))
 
-    graph = helper.make_graph([], "cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+    graph = helper.make_graph([], "cnn",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])])
     enc = [make_encoding_node(graph, "c1.w", "c1", gauss(8, 1, 3, 3)),
            make_encoding_node(graph, "c2.w", "c2", gauss(6, 8, 3, 3)),
@@ -298,7 +299,7 @@ def test_a_residual_join_is_left_untouched() -> None:
     enc = [make_encoding_node(graph, n, n[:3], GaussianWeight(m.astype(np.float32), (0.1 * (m != 0)).astype(
         np.float32))) for n, m in (("fc1.w", mu1), ("fc2.w", mu2), ("fc3.w", mu3))]
     graph.initializer.append(numpy_helper.from_array(_put(np.zeros(16, np.float32), 4, -1.0), "fc1.b"))
-    graph.node.extend(enc + [
+    graph.node.extend([*enc,
         helper.make_node("Gemm", ["x", "fc1.w", "fc1.b"], ["h1"], transB=1), helper.make_node("Relu", ["h1"], ["r1"]),
         helper.make_node("Gemm", ["r1", "fc2.w"], ["h2"], transB=1), helper.make_node("Add", ["h2", "r1"], ["s"]),
         helper.make_node("Relu", ["s"], ["r2"]), helper.make_node("Gemm", ["r2", "fc3.w"], ["logits"], transB=1)])
