@@ -12,7 +12,8 @@ instead (conv 8 -> fc 128->32 -> fc 32->10 on 360 rows, 25 epochs, warm-up 5, σ
 (``edgebnn.exporters.sizes.deployed_bytes``) of every export mode x weights format (S = ``--samples``, seed 0;
 int8/int4 baked in the ``qdq`` form, codes in the file); the test-split accuracy / NLL of the analytic export
 and the largest |Δ probability| between the two analytic exports (exact up to float32 rounding), and the
-baked export's accuracy / NLL (its members are other draws of the same posterior after shrinking). Prints one
+baked export's accuracy / NLL at seed 0 (its members are other draws of the same posterior after shrinking), and
+at seeds 1 and 2 for the spread between draws. Prints one
 JSON object. Run from the repository root:
 
     PYTHONPATH=$PWD .venv/bin/python bench/shrink_bc.py [--small] [--epochs N] [--threshold -2] [--samples 16]
@@ -76,6 +77,11 @@ def measure(model: BNNModel, samples: int, x: np.ndarray, y: np.ndarray) -> tupl
             out[f"{mode}_accuracy_nll"] = [round(report["accuracy"], 4), round(report["nll"], 4)]
             if mode == "analytic":
                 analytic = probs
+    # the baked members' spread over seeds: what separates the two files' baked predictive (other draws)
+    out["baked_accuracy_nll_seeds_1_2"] = []
+    for seed in (1, 2):
+        report = classification_report(Session(export_onnx(model, samples, seed=seed)).predict(x).probs, y)
+        out["baked_accuracy_nll_seeds_1_2"].append([round(report["accuracy"], 4), round(report["nll"], 4)])
     return out, analytic
 
 
