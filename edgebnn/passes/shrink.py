@@ -44,6 +44,7 @@ how many by each rule) and ``skipped`` (``layer``, ``reason``).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, shape_inference
 
 from edgebnn.ir import DOMAIN, ENCODINGS, BNNModel, Encoding
 from edgebnn.passes.base import Pass, PassConfig, PassResult
@@ -334,6 +335,7 @@ class _Graph:
                     self.readers[i].append(n)
         self.outputs = {o.name for o in g.output}
         self.current = ""  # the value an op handler is asked about
+        self._shapes: dict[str, int] | None = None
 
     def param(self, name: str) -> _Param | None:
         """The constant ``name`` when exactly one node reads it and it is no graph output."""
@@ -420,6 +422,21 @@ class _Graph:
             values.append(value)
         return "a cycle"
 
+    def per_example(self, value: str) -> int | None:
+        """Elements of ``value`` per batch row, from ONNX shape inference (None: not static); inferred once."""
+        if self._shapes is None:
+            self._shapes = {}
+            try:
+                inferred = shape_inference.infer_shapes(self.model.weights_as_inputs(), strict_mode=False,
+                                                        data_prop=True)
+            except (shape_inference.InferenceError, onnx.checker.ValidationError, ValueError):
+                return None
+            for vi in inferred.graph.value_info:
+                dims = vi.type.tensor_type.shape.dim
+                if len(dims) > 1 and all(d.HasField("dim_value") for d in dims[1:]):
+                    self._shapes[vi.name] = math.prod(d.dim_value for d in dims[1:])
+        return self._shapes.get(value)
+
     def _flatten(self, node: onnx.NodeProto) -> str | None:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type == "Flatten":
@@ -438,6 +455,9 @@ def _plan(graph: _Graph, edge: _Edge) -> tuple[np.ndarray, _Plan] | str:
     if features % units or (edge.flatten is None and features != units):
         return f"{features} input features of {c.node.name or c.node.op_type!r} do not split into {units} units"
     span = features // units  # columns per unit: H·W after a flatten, else 1
+    if edge.flatten is not None and edge.flatten.op_type == "Reshape" and graph.per_example(
+            edge.flatten.input[0]) != features:  # [B, C, H, W] -> [B, C·H·W] only, not [k·B, C·H·W / k]
+        return f"the Reshape before {c.node.name or c.node.op_type!r} is not a flatten to {features} per example"
     zero_in = c.weight.zero_along(c.in_axis).reshape(units, span).all(axis=1)
     # rule (b): P's row is 0 in every draw, so the unit is its deterministic bias, mapped through the ops
     const = np.where(p.weight.zero_along(p.out_axis), p.bias_value(), np.nan)

@@ -187,9 +187,9 @@ def test_a_model_without_dead_units_is_returned_unrecorded(make_mlp) -> None:
 
 
 # -- a small CNN ------------------------------------------------------------------------------------------------
-def _cnn(flatten: str, seed: int = 0) -> BNNModel:
+def _cnn(flatten: str, seed: int = 0, width: int = 96) -> BNNModel:
     """x [B,1,8,8] -> Conv c1 (8 filters, pad 1) -> BN -> Relu -> Conv c2 (6, pad 1) -> Relu -> MaxPool 2
-    -> Flatten | Reshape [-1, 96] -> Gemm fc (10). Conv biases and BN are deterministic initializers."""
+    -> Flatten | Reshape [-1, width] -> Gemm fc (10). Conv biases and BN are deterministic initializers."""
     rng = np.random.default_rng(seed)
 
     def gauss(*shape: int) -> GaussianWeight:
@@ -201,7 +201,7 @@ def _cnn(flatten: str, seed: int = 0) -> BNNModel:
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])])
     enc = [make_encoding_node(graph, "c1.w", "c1", gauss(8, 1, 3, 3)),
            make_encoding_node(graph, "c2.w", "c2", gauss(6, 8, 3, 3)),
-           make_encoding_node(graph, "fc.w", "fc", gauss(10, 96))]
+           make_encoding_node(graph, "fc.w", "fc", gauss(10, width))]
     inits = {"c1.b": rng.normal(0, 0.1, 8), "bn.scale": rng.uniform(0.5, 1.5, 8), "bn.bias": rng.normal(0, 0.1, 8),
              "bn.mean": rng.normal(0, 0.1, 8), "bn.var": rng.uniform(0.5, 1.5, 8), "c2.b": rng.normal(0, 0.1, 6),
              "fc.b": rng.normal(0, 0.1, 10)}
@@ -215,7 +215,7 @@ def _cnn(flatten: str, seed: int = 0) -> BNNModel:
     if flatten == "Flatten":
         ops.append(helper.make_node("Flatten", ["p2"], ["flat"], axis=1))
     else:
-        graph.initializer.append(numpy_helper.from_array(np.array([-1, 96], np.int64), "flat.shape"))
+        graph.initializer.append(numpy_helper.from_array(np.array([-1, width], np.int64), "flat.shape"))
         ops.append(helper.make_node("Reshape", ["p2", "flat.shape"], ["flat"]))
     ops.append(helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], transB=1))
     graph.node.extend(enc + ops)
@@ -369,3 +369,13 @@ def test_every_export_mode_takes_the_smaller_shapes(mode, weights, options) -> N
     # tensor, whose removed zeros were part of it, so only its bytes are compared)
     if mode == "analytic" and weights == "ir":
         np.testing.assert_allclose(probs, Session(full).predict(x).probs, atol=TOL)
+
+
+def test_a_reshape_that_is_no_flatten_is_left_alone() -> None:
+    # [B, 6, 4, 4] -> [2B, 48]: a row holds 3 channels, so fc's columns are not per channel; c2 filter 1 stays
+    model = _cnn("Reshape", width=48)
+    _replace(model, "c2.w", lambda mu, sd: (_zero(mu, [1, 4]), _zero(sd, [1, 4])))
+    _set_initializer(model, "c2.b", lambda b: _put(_put(b, 1, -1.0), 4, -1.0))
+    result = ShrinkPass()(model)
+    assert _shapes(result.model) == _shapes(model) and not result.modified
+    assert any("is not a flatten to 48 per example" in s["reason"] for s in result.report["skipped"])
