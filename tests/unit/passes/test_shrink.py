@@ -379,3 +379,46 @@ def test_a_reshape_that_is_no_flatten_is_left_alone() -> None:
     result = ShrinkPass()(model)
     assert _shapes(result.model) == _shapes(model) and not result.modified
     assert any("is not a flatten to 48 per example" in s["reason"] for s in result.report["skipped"])
+
+
+def _graph_model(nodes, encodings: dict, inits: dict, n_in: int, n_out: int) -> BNNModel:
+    graph = helper.make_graph([], "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", n_in])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", n_out])])
+    enc = [make_encoding_node(graph, name, name.split(".")[0], e) for name, e in encodings.items()]
+    graph.initializer.extend(numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items())
+    graph.node.extend([*enc, *nodes])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)])
+    proto.ir_version = MAX_IR_VERSION
+    model = BNNModel(proto, Manifest(source_library="synthetic", input_name="input", input_shape=[1, n_in],
+                                     num_classes=n_out), "<g>")
+    verify(model)
+    return model
+
+
+def _gauss(rng: np.random.Generator, shape: tuple[int, ...], zero=None) -> GaussianWeight:
+    mu = rng.normal(0, 0.3, shape).astype(np.float32)
+    sd = (0.1 * np.abs(mu) + 0.01).astype(np.float32)
+    if zero is not None:
+        mu[zero] = sd[zero] = 0
+    return GaussianWeight(mu, sd)
+
+
+def test_matmul_with_an_add_bias_and_a_dropout_mask_between() -> None:
+    """x -> MatMul W1 [16, 32] -> Add b1 -> Mul(mask [32]) -> Relu -> MatMul W2 [32, 10]: W2's rows 3, 8 are zero, so
+    W1's columns, b1's entries and the mask's units 3, 8 go (the mask is a DropoutMask: 0 · any draw is 0)."""
+    from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask
+
+    rng = np.random.default_rng(9)
+    mask = "fc1" + MASK_SUFFIX
+    model = _graph_model(
+        [helper.make_node("MatMul", ["input", "W1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+         helper.make_node("Mul", ["hb", mask], ["hm"]), helper.make_node("Relu", ["hm"], ["r"]),
+         helper.make_node("MatMul", ["r", "W2"], ["logits"])],
+        {"W1": _gauss(rng, (16, 32)), mask: DropoutMask((32,), 0.2), "W2": _gauss(rng, (32, 10), zero=[3, 8])},
+        {"b1": rng.normal(0, 0.1, 32)}, 16, 10)
+    result = ShrinkPass()(model)
+    assert _shapes(result.model) == {"W1": (16, 30), mask: (30,), "W2": (30, 10)}
+    keep = np.setdiff1d(np.arange(32), [3, 8])
+    assert numpy_helper.to_array(next(t for t in result.model.proto.graph.initializer if t.name == "b1")).shape == (30,)
+    x = np.random.default_rng(10).normal(size=(7, 16)).astype(np.float32)
+    _check_same_posterior(model, result.model, {"W1": [(1, keep)], mask: [(0, keep)], "W2": [(0, keep)]}, x)
