@@ -54,7 +54,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from edgebnn.ir import DOMAIN, ENCODINGS, BNNModel, Encoding
+from edgebnn.ir import DOMAIN, ENCODINGS, BNNModel, EncodedWeight, Encoding
 from edgebnn.passes.base import Pass, PassConfig, PassResult
 
 MAX_ROUNDS = 4  # removals per node at most (each removal shrinks a layer; a bound, not a tuning knob)
@@ -539,8 +539,10 @@ def _apply(model: BNNModel, graph: _Graph, edge: _Edge, plan: _Plan) -> None:
     for param, axis, index in plan.slices:  # one weight decoded at a time
         new = param.select(axis, index)
         graph.cache.pop(param.name, None)
-        if isinstance(new, Encoding):
-            model.replace_encoding(model.encoded_weight(param.name), new)
+        if isinstance(new, Encoding):  # the node found again by name: an earlier replace moved the graph's nodes
+            node = next(n for n in g.node if n.domain == DOMAIN and n.output and n.output[0] == param.name)
+            layer = next((a.s.decode("utf-8", "replace") for a in node.attribute if a.name == "layer"), "")
+            model.replace_encoding(EncodedWeight(param.name, layer, node, new), new)
         else:
             plan.values[param.name] = new
         del new
