@@ -52,8 +52,8 @@ def _zeroed_mlp(build_mlp, bias_of_dead_row: float = -0.5, deterministic_last: b
 
 
 def _input_renamed(model: BNNModel) -> BNNModel:
-    """The MLP with its input named ``input``: an analytic export of a model whose input is ``x`` fails onnx's SSA
-    check (its graph writes a value ``x`` of its own), a bug outside this pass."""
+    """The MLP with its input named ``input``: at this branch's base an analytic export of a model whose input is
+    ``x`` failed onnx's SSA check (its graph wrote a value ``x`` of its own; fixed on main since)."""
     model.proto.graph.input[0].name = model.manifest.input_name = "input"
     for node in model.proto.graph.node:
         node.input[:] = ["input" if i == "x" else i for i in node.input]
