@@ -8,8 +8,9 @@ C that reads its output. P and C are ``Gemm`` (``transA = 0``), ``MatMul`` (2-D 
 
     Relu, LeakyRelu, Tanh, Sigmoid, Elu, Identity; BatchNormalization (a Conv output, or a Gemm's [B, F]);
     Add / Sub / Mul / Div by a per-unit constant (a MatMul's bias); MaxPool, AveragePool, GlobalMaxPool,
-    GlobalAveragePool (a Conv output); then, for Conv → … → Linear, one Flatten (axis 1) or Reshape to
-    [B, C·H·W], which maps unit j to the H·W consecutive columns j·H·W … (j+1)·H·W − 1 of C.
+    GlobalAveragePool (a Conv output); then, for Conv → … → Linear, one Flatten (axis 1) or a Reshape that
+    ONNX shape inference shows flattens [B, C, H, W] to [B, C·H·W] (its target a 2-entry constant), which
+    maps unit j to the H·W consecutive columns j·H·W … (j+1)·H·W − 1 of C.
 
 Unit j of P is removed when one of these holds (it then cannot change any output):
 
