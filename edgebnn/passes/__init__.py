@@ -2,7 +2,9 @@
 
 :func:`lower` is the one entry point: it takes a scheme string (``"codebook"``, ``"prune+mcq"``...) and
 options, or a :class:`LowerConfig` (:mod:`edgebnn.passes.config`, per-layer overrides included), builds
-each pass's config, runs the passes in order and writes the lowering report (docs/design.md).
+each pass's config, runs the passes in order, then :class:`~edgebnn.passes.shrink.ShrinkPass` (units that
+are zero in every draw leave the graph; exact, so it is no scheme to choose and runs after every lowering)
+and writes the lowering report (docs/design.md).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from edgebnn.passes.fixed import FixedConfig
 from edgebnn.passes.float_ import FloatConfig
 from edgebnn.passes.mcq import McqConfig
 from edgebnn.passes.prune import PruneConfig
+from edgebnn.passes.shrink import ShrinkConfig, ShrinkPass
 from edgebnn.passes.ternary import TernaryConfig
 
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16)
@@ -55,6 +58,8 @@ __all__ = [
     "PassError",
     "PassResult",
     "PruneConfig",
+    "ShrinkConfig",
+    "ShrinkPass",
     "TernaryConfig",
     "ebnn_bytes",
     "float_bnn_bytes",
@@ -125,7 +130,9 @@ def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None
     Returns:
         ``PassResult(model, modified, report)`` with report keys ``scheme``, ``seed``, ``config`` (the
         config's JSON object, also stored as ``manifest.lower_config``), ``layers`` (one row per weight from
-        the last pass that lowered it, see :mod:`edgebnn.passes.base`), ``passes`` (each pass's name, options
+        the last pass that lowered it, see :mod:`edgebnn.passes.base`, with its ``shape`` and the
+        ``units_removed`` {``outputs``, ``inputs``} of the ``shrink`` pass), ``shrink`` (its ``edges`` and
+        ``skipped`` layers, :mod:`edgebnn.passes.shrink`), ``passes`` (each pass's name, options
         and rows), ``total_bytes`` (``model.nbytes()`` after), ``float_bnn_bytes`` (the fp32 BNN, from the
         input) ``compression_ratio`` (float_bnn_bytes / total_bytes) and ``ebnn_bytes`` (the size of the file
         the model saves to: tensors plus graph, names and manifest).
@@ -151,6 +158,11 @@ def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None
         current, modified = result.model, modified or result.modified
         reports.append(result.report)
         rows.update((row["name"], row) for row in result.report["layers"])
+    shrunk = ShrinkPass()(current, seed=config.seed, consume=consume or current is not model)
+    current, modified = shrunk.model, modified or shrunk.modified
+    if shrunk.modified:
+        reports.append(shrunk.report)
+    _merge_shrink_rows(current, rows, shrunk.report["layers"])
     current.manifest.scheme = config.scheme if previous == "float" else f"{previous}+{config.scheme}"
     current.manifest.lower_config = config.to_dict()
     total = current.nbytes()
@@ -164,8 +176,25 @@ def lower(model: BNNModel, scheme: str | LowerConfig, *, seed: int | None = None
         "float_bnn_bytes": reference,
         "compression_ratio": reference / total if total else None,
         "ebnn_bytes": ebnn_bytes(current),
+        "shrink": {"edges": shrunk.report["edges"], "skipped": shrunk.report["skipped"]},
     }
     return PassResult(current, modified, report)
+
+
+def _merge_shrink_rows(model: BNNModel, rows: dict[str, dict[str, Any]], shrunk: list[dict[str, Any]]) -> None:
+    """Give every layer row its ``shape`` and ``units_removed``; a shrunk weight's sizes are measured again."""
+    changed = {row["name"]: row for row in shrunk}
+    for node in model.proto.graph.node:
+        if node.domain != DOMAIN or not node.output or node.output[0] not in rows:
+            continue
+        name = node.output[0]
+        row = rows[name]
+        row["shape"] = next(list(a.ints) for a in node.attribute if a.name == "shape")
+        row["units_removed"] = changed[name]["units_removed"] if name in changed else {"outputs": 0, "inputs": 0}
+        if name in changed:
+            enc = model.encoded_weight(name).encoding
+            row.update(n_weights=enc.size, bytes=enc.nbytes, bits_per_weight=round(8 * enc.nbytes / enc.size, 4),
+                       sparsity=float(np.count_nonzero(enc.mean() == 0) / enc.size))
 
 
 def _config_of(scheme: str | LowerConfig, seed: int | None, bits: str | int | None, options: dict[str, Any],

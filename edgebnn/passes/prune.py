@@ -15,8 +15,10 @@ conv weight. The pass folds the scale into every weight with the marginal moment
 
 then prunes whole groups whose log α_g = log σ_z² - log μ_z² >= ``group_log_alpha_threshold`` (default
 -3, the reference code's usual value), then prunes single weights as above. The output is still a
-``GaussianWeight`` (dense fp32: pruning alone does not shrink the file), so ``prune`` composes with every
-other scheme: ``prune+codebook``, ``prune+mcq``, ... (not ``prune+binary``: a binary weight cannot be 0).
+``GaussianWeight`` (dense fp32: pruning single weights does not shrink the file), so ``prune`` composes with
+every other scheme: ``prune+codebook``, ``prune+mcq``, ... (not ``prune+binary``: a binary weight cannot be 0).
+Whole units left dead (a pruned input neuron or filter) leave the graph in the ``shrink`` pass that ``lower``
+ends with (:mod:`edgebnn.passes.shrink`).
 
 Report keys besides the common ones: ``pruned`` (fraction of weights zeroed by this pass),
 ``groups_pruned`` (number of groups, or None without group scales).

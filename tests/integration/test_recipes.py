@@ -138,7 +138,9 @@ def test_vnq_sampled_ensemble_is_within_two_test_images_of_the_posterior_mean():
 
 def test_bc_prunes_groups_and_picks_bits(small_digits):
     from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.sizes import deployed_bytes
     from edgebnn.importers import import_model
+    from edgebnn.passes import ebnn_bytes
     from edgebnn.runtime.session import Session
     from edgebnn.train.bc import compress, group_scales, train_bc
 
@@ -149,13 +151,38 @@ def test_bc_prunes_groups_and_picks_bits(small_digits):
     scales = group_scales(model)
     assert {k: v[0].shape for k, v in scales.items()} == {"conv1.weight": (8,), "fc1.weight": (128,),
                                                           "fc2.weight": (32,)}
-    ir, report = compress(model, import_model(model, (1, 1, 8, 8)), threshold=-2.0, noise_fraction=0.05)
+    imported = import_model(model, (1, 1, 8, 8))
+    ir, report = compress(model, imported, threshold=-2.0, noise_fraction=0.05)
     arch = report["architecture"]
     assert sum(a["groups"] - a["kept"] for a in arch.values()) > 0  # some groups pruned
     assert all(a["kept"] > 0 for a in arch.values())
     assert all(2 <= a["bits"] < 16 for a in arch.values())
     probs = Session(export_onnx(ir, 8, seed=0, hoist="off")).predict(x_test).probs
     assert np.mean(probs.argmax(1) == y_test) > 0.8
+    # the pruned input neurons of fc2 leave the graph: fc1 loses those units (rounded to an even width), so the
+    # layer shapes, the .ebnn and the deployed file shrink; the analytic predictive is unchanged
+    shapes = {w.name: w.encoding.shape for w in ir.encoded_weights()}
+    dead_fc2 = arch["fc2"]["groups"] - arch["fc2"]["kept"]
+    assert dead_fc2 > 1, arch
+    units = 32 - dead_fc2 + dead_fc2 % 2
+    assert shapes["fc1.weight"] == (units, 128) and shapes["fc2.weight"] == (10, units)
+    unshrunk = _lowered_without_shrink(imported, group_scales(model))
+    assert {w.name: w.encoding.shape for w in unshrunk.encoded_weights()}["fc1.weight"] == (32, 128)
+    assert ebnn_bytes(ir) < ebnn_bytes(unshrunk)
+    small, full = (export_onnx(m, 8, mode="analytic") for m in (ir, unshrunk))
+    assert deployed_bytes(small).file_bytes < deployed_bytes(full).file_bytes
+    # float32 sums of the same non-zero terms, in another order
+    np.testing.assert_allclose(Session(small).predict(x_test).probs, Session(full).predict(x_test).probs, atol=1e-5)
+
+
+def _lowered_without_shrink(ir, scales):
+    """compress's prune+fixed, pass by pass, without the shrink lower() ends with."""
+    from edgebnn.passes.config import PASSES, pass_configs
+
+    options = {"group_log_alpha_threshold": -2.0, "noise_fraction": 0.05}
+    for name, config in pass_configs("prune+fixed", "auto", options, {"group_scales": scales}):
+        ir = PASSES[name](config)(ir, seed=0).model
+    return ir
 
 
 def test_2dgbnn_stage3_ties_inliers_and_lowers_to_codebook(small_digits):

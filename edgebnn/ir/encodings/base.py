@@ -14,6 +14,9 @@ What the exporters read from an encoding, stated once here:
   take them as graph inputs), or ``None`` when the encoding is not drawn from standard noise in a graph;
 - ``mean_grid()`` / ``sample_grid()``: an integer grid the mean / every draw lies on exactly, so that int8
   and int4 weight formats store it losslessly (``q · step``) instead of re-quantizing by ``max|w| / 127``.
+
+And what the ``shrink`` pass reads: ``select(axis, index)``, the weight on the kept slices with its codes kept
+exactly, or ``None`` for a kind that cannot be sliced so (the default; the pass then leaves its layer alone).
 """
 
 from __future__ import annotations
@@ -160,6 +163,12 @@ class Encoding(ABC):
 
     def sample_grid(self) -> Grid | None:
         """The integer grid every draw of ``sample`` lies on exactly, if any."""
+        return None
+
+    def select(self, axis: int, index: np.ndarray) -> Encoding | None:
+        """The weight restricted to the slices ``index`` (sorted, unique) along ``axis``, its codes kept exactly
+        (every kept weight has the same mean, spread and draw law), or ``None``: this kind cannot be sliced
+        exactly (the ``shrink`` pass then leaves its layer alone)."""
         return None
 
     def joint_group(self) -> JointGroup | None:

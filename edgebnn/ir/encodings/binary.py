@@ -85,6 +85,10 @@ class BinaryWeight(Encoding):
         flips = rng.random((n, *self.shape), dtype=np.float32) < self.flip_probability()
         return np.where(flips, -self._signed_scale(), self._signed_scale())
 
+    def select(self, axis: int, index: np.ndarray) -> BinaryWeight:
+        """The same sign bits, scale and flip levels on the kept slices."""
+        return BinaryWeight(np.take(self.positive, index, axis), self.scale, self.flip.select(self.shape, axis, index))
+
     def sample_grid(self) -> Grid:
         """Every draw is ``±a``: ``q = ±1`` times ``step = a``."""
         return Grid(self.scale, 2)

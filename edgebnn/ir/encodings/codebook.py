@@ -200,6 +200,20 @@ class CodebookWeight(Encoding):
     def attributes(self) -> dict[str, Any]:
         return {"bits": self.bits, "sampling": self.sampling}
 
+    def select(self, axis: int, index: np.ndarray) -> CodebookWeight:
+        """The kept slices with the same table, width and sampling: inliers keep their entry, outliers and blended
+        weights their own values (their flat indices renumbered, still increasing: ``index`` is sorted)."""
+        kept = np.take(np.arange(self.size).reshape(self.shape), index, axis)
+        position = np.full(self.size, -1, np.int64)
+        position[kept.reshape(-1)] = np.arange(kept.size)
+        o_new, b_new = position[self.outlier_index], position[self.blend_index]
+        o_keep, b_keep = o_new >= 0, b_new >= 0
+        return CodebookWeight(
+            kept.shape, self.indices[kept.reshape(-1)], self.codebook, o_new[o_keep], self.outlier_mu[o_keep],
+            self.outlier_sigma[o_keep], b_new[b_keep], self.blend_components[b_keep], self.blend_alpha[b_keep],
+            bits=self.bits, sampling=self.sampling,
+        )
+
     def blend_weights(self) -> np.ndarray:
         """Normalised mixing weights ``α`` of the blended weights, float32 ``[n_b, J]``."""
         a = self.blend_alpha.astype(np.float32)

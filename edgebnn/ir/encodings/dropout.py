@@ -70,6 +70,11 @@ class DropoutMask(Encoding):
     def noise_needs(self) -> tuple[NoiseNeed, ...]:
         return (NoiseNeed("", self.shape, "uniform"),)
 
+    def select(self, axis: int, index: np.ndarray) -> DropoutMask:
+        shape = list(self.shape)
+        shape[axis] = len(index)
+        return DropoutMask(tuple(shape), self.p)
+
     def sample_grid(self) -> Grid:
         """Every draw is 0 or 1/(1-p): ``q`` in {0, 1} times ``step = 1/(1-p)``."""
         return Grid(float(self.keep_scale()), 2)

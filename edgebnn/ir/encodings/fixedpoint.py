@@ -105,6 +105,12 @@ class QuantizedWeight(SigmaCodedWeight):
         """``mean() = q · scale`` exactly (float32 product), ``|q| <= 2**(bits-1) - 1``."""
         return Grid(self.scale, self.bits)
 
+    def select(self, axis: int, index: np.ndarray) -> QuantizedWeight:
+        """The same integers, scale, width and σ levels on the kept slices (subclass attributes carried over)."""
+        sigma = self.sigma.select(self.shape, axis, index)
+        extra = self._extra_attrs(self.attributes(), self.op_type)
+        return type(self)(np.take(self.q, index, axis), self.scale, self.bits, sigma, **extra)
+
     def sample_grid(self) -> Grid | None:
         """Draws stay on the mean's grid only when no weight has noise (σ ≡ 0)."""
         return None if self.sigma.levels.any() else self.mean_grid()

@@ -48,6 +48,9 @@ class GaussianWeight(Encoding):
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return draw_gaussian(rng, n, self.mu, self.sigma)
 
+    def select(self, axis: int, index: np.ndarray) -> GaussianWeight:
+        return GaussianWeight(np.take(self.mu, index, axis), np.take(self.sigma, index, axis))
+
 
 def draw_gaussian(rng: np.random.Generator, n: int, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     """``n`` draws ``mean + std ⊙ ε``, float32 ``(n, *mean.shape)``; ε from one ``standard_normal`` call, so every

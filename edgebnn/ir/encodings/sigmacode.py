@@ -67,6 +67,15 @@ class SigmaCode:
             return np.full(self.n, self.levels[0], np.float32)
         return self.levels[unpack_uint(self.codes, self.bits, self.n)]
 
+    def select(self, shape: tuple[int, ...], axis: int, index: np.ndarray) -> SigmaCode:
+        """The codes of the slices ``index`` along ``axis`` of a weight of ``shape`` (coded in C order), with the
+        same levels: every kept weight keeps its value exactly (a level no kept weight uses stays in the table)."""
+        kept = int(np.prod(shape, dtype=np.int64)) // shape[axis] * len(index)
+        if self.levels.size == 1:
+            return SigmaCode(self.levels, self.codes, kept)
+        codes = np.take(unpack_uint(self.codes, self.bits, self.n).reshape(shape), index, axis)
+        return SigmaCode(self.levels, pack_uint(codes, self.bits), kept)
+
     @classmethod
     def fit(cls, values: np.ndarray, bits: int, rng: np.random.Generator, *, power: int = 2) -> SigmaCode:
         """Code ``values`` (finite, >= 0) with at most ``2**bits`` levels.
