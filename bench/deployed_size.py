@@ -36,8 +36,9 @@ change against the float export of the same mode (the float BNN exported in fp32
 and rng; ``shared``: against ``noise``, as shared draws need a codebook), and batch-1 latency on onnxruntime
 CPU (one thread, median of ``--runs``, through ``edgebnn.Session``). Each sampled float export is also drawn
 with seed 1: its deltas against seed 0 are the Monte Carlo floor of the comparison. The summary names the
-smallest self-contained export within dNLL <= 0.05, dECE <= 0.01, accuracy >= -0.015 (issue 20's goal) and
-the baked int4 S = 16 ratio.
+smallest self-contained export within dNLL <= 0.05, dECE <= 0.01, accuracy >= -0.015 (issue 20's goal) among
+the rows whose float export's floor is itself within the goal (elsewhere a row passes or fails by its draws:
+those references are listed), and the baked int4 S = 16 ratio.
 
 Prints one JSON line, then a table per model. Run from the repository root:
 
@@ -271,11 +272,12 @@ def runs_on_data_alone(onnx_bytes: bytes, x1: np.ndarray) -> tuple[bool, str | N
         return False, str(e).strip().splitlines()[0][:120]
 
 
-def metrics(onnx_bytes: bytes, data: tuple[np.ndarray, np.ndarray]) -> dict[str, float]:
+def metrics(onnx_bytes: bytes, data: tuple[np.ndarray, np.ndarray], seed: int = 0) -> dict[str, float]:
+    """Accuracy, NLL, ECE of the export on ``data`` (``seed``: the noise ``Session`` draws for noise inputs)."""
     from edgebnn.api import evaluate_artifact
     from edgebnn.runtime import Session
 
-    ev = evaluate_artifact(Session(onnx_bytes, seed=0, threads=1), data=data, seed=0)
+    ev = evaluate_artifact(Session(onnx_bytes, seed=seed, threads=1), data=data, seed=seed)
     return {k: float(ev[k]) for k in ("accuracy", "nll", "ece")}
 
 
@@ -314,6 +316,14 @@ def within_goal(r: dict[str, Any]) -> bool:
     return bool(d) and d["nll"] <= GOAL["nll"] and d["ece"] <= GOAL["ece"] and d["accuracy"] >= GOAL["accuracy"]
 
 
+def floor_within_goal(reference: dict[str, Any]) -> bool:
+    """Whether the float export's own Monte Carlo floor (seed 1 against seed 0) is within the goal: where it is
+    not, a row of that mode passes or fails the goal by its draws."""
+    floor = reference.get("seed1_delta")
+    return floor is None or within_goal({"delta": {k: abs(v) if k != "accuracy" else -abs(v)
+                                                   for k, v in floor.items()}})
+
+
 def bench_model(spec: dict[str, Any], samples: int, extra: dict[str, Any], runs: int,
                 rngs: tuple[str, ...] = ("graph",)) -> dict[str, Any]:
     from edgebnn.exporters.sizes import deployed_bytes
@@ -340,7 +350,7 @@ def bench_model(spec: dict[str, Any], samples: int, extra: dict[str, Any], runs:
                                      "inputs": len(deployed_bytes(onnx_bytes).inputs),
                                      "metrics": metrics(onnx_bytes, data)}
             if ref_row["mode"] != "analytic":  # Monte Carlo floor: the same float export drawn with seed 1
-                again = metrics(export_bytes(bnn, ref_row, samples, {}, seed=1), data)
+                again = metrics(export_bytes(bnn, ref_row, samples, {}, seed=1), data, seed=1)
                 ref["seed1_delta"] = {k: again[k] - ref["metrics"][k] for k in again}
         return references[key]
 
@@ -376,10 +386,13 @@ def bench_model(spec: dict[str, Any], samples: int, extra: dict[str, Any], runs:
               f"{r['bytes']:,} bytes, {r['ratio']:.2f}x, dNLL {r['delta']['nll']:+.4f}, "
               f"dECE {r['delta']['ece']:+.4f}, dacc {r['delta']['accuracy']:+.4f}"), file=sys.stderr, flush=True)
     done = [r for r in result["exports"] if "bytes" in r]
-    best = min((r for r in done if r["self_contained"] and r["runs_on_data_alone"] and within_goal(r)),
-               key=lambda r: r["bytes"], default=None)
+    resolved = {ref["export"] for ref in references.values() if floor_within_goal(ref)}
+    best = min((r for r in done if r["self_contained"] and r["runs_on_data_alone"] and within_goal(r)
+                and r["reference"] in resolved), key=lambda r: r["bytes"], default=None)
     int4 = next((r for r in done if r["mode"] == "baked" and r["weights"] == "int4" and r["form"] == "qdq"), None)
     result["summary"] = {
+        "references_below_their_floor": sorted(ref["export"] for ref in references.values()
+                                               if ref["export"] not in resolved),
         "smallest_self_contained_within_goal": None if best is None else {
             "export": best["export"], "bytes": best["bytes"], "ratio": best["ratio"], "delta": best["delta"],
             "reference": best["reference"]},
@@ -427,6 +440,9 @@ def print_tables(result: dict[str, Any]) -> None:
                              f"{floor['nll']:+.4f}, dECE {floor['ece']:+.4f}, d acc {floor['accuracy']:+.4f}"),
                           highlight=False, markup=False)
         s = m["summary"]
+        for ref in s["references_below_their_floor"]:
+            console.print(f"not judged against the goal: rows compared with {ref}, whose seed-1 draw alone moves "
+                          "it by more than the goal", highlight=False, markup=False)
         best = s["smallest_self_contained_within_goal"]
         console.print("smallest self-contained within dNLL<=0.05, dECE<=0.01, dacc>=-0.015: "
                       + ("none" if best is None else f"{best['export']}: {fmt_bytes(best['bytes'])}, "
