@@ -86,14 +86,23 @@ class CodePool:
     writes each stream once (re-packed without per-tensor padding: the same bits) with ONE unpack and one
     ``Split`` into the tensors' values. Signed codes (integer means) come out as float32 (one ``Cast`` per
     stream), unsigned ones (indices into a table) as int32. Fewer nodes than an unpack per tensor: on a small
-    CNN the graph, not the codes, was most of a compact file.
+    CNN the graph, not the codes, was most of a compact file. Codes taken twice (a codebook's indices, which its
+    mean's and its spread's decodes both read) are stored once: the second take returns the first one's value.
     """
 
     def __init__(self) -> None:
         self.groups: dict[tuple[int, bool], list[tuple[str, np.ndarray]]] = {}
+        self.seen: dict[tuple[int, bool, bytes], str] = {}
 
     def take(self, values: np.ndarray, bits: int, signed: bool, name: str) -> str:
-        self.groups.setdefault((bits, signed), []).append((name, np.asarray(values).reshape(-1)))
+        """Add ``values`` (``bits``-bit codes) to their stream; returns the value that holds them: ``name``, or the
+        value of the same codes taken before."""
+        flat = np.asarray(values).reshape(-1)
+        key = (bits, signed, flat.astype(np.int64).tobytes())
+        if key in self.seen:
+            return self.seen[key]
+        self.seen[key] = name
+        self.groups.setdefault((bits, signed), []).append((name, flat))
         return name
 
     def finish(self, b: Builder) -> None:
@@ -114,6 +123,7 @@ class CodePool:
             b.nodes.append(onnx.helper.make_node("Split", [codes, sizes], [name for name, _ in items], axis=0))
         b.nodes.extend(body)
         self.groups.clear()
+        self.seen.clear()
 
 
 PREFIX = "ens/codes/"

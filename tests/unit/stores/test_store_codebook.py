@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import numpy_helper
 from store_helpers import assert_decodes_exactly, decode_graph, float_bytes
 from synthetic import synthetic_linear
 
 from edgebnn.exporters.stores import STORES, store_for
+from edgebnn.exporters.stores.base import PREFIX
 from edgebnn.ir.encodings import CodebookWeight
 from edgebnn.passes import lower
 
@@ -40,3 +42,13 @@ def test_a_lowered_codebook_shrinks_the_file():
     assert_decodes_exactly(enc, got)
     assert proto.ByteSize() < float_bytes(enc) / 4
     assert STORES["CodebookWeight"].nbytes(enc) <= enc.nbytes + 1
+
+
+def test_indices_read_by_the_mean_and_the_spread_are_stored_once():
+    """mean, stddev and variance all gather by the same 4-bit indices: the pooled stream holds them once
+    (4096 · 4 bits = 2048 bytes, plus the one padding byte the unpack reads past the end), not three times."""
+    enc = _codebook(4096, 16, outliers=3, blended=2)
+    proto, got = decode_graph(enc, store_for(enc))
+    assert_decodes_exactly(enc, got)  # every decode reads the one stream's values
+    stream = next(t for t in proto.graph.initializer if t.name == f"{PREFIX}u4")
+    assert numpy_helper.to_array(stream).nbytes == 4096 * 4 // 8 + 1
