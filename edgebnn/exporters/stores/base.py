@@ -29,6 +29,7 @@ needs (:attr:`Store.opset`) and the runtimes that run it (:attr:`Store.runtimes`
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -92,13 +93,14 @@ class CodePool:
 
     def __init__(self) -> None:
         self.groups: dict[tuple[int, bool], list[tuple[str, np.ndarray]]] = {}
-        self.seen: dict[tuple[int, bool, bytes], str] = {}
+        self.seen: dict[tuple[int, bool, str], str] = {}
 
     def take(self, values: np.ndarray, bits: int, signed: bool, name: str) -> str:
         """Add ``values`` (``bits``-bit codes) to their stream; returns the value that holds them: ``name``, or the
         value of the same codes taken before."""
-        flat = np.asarray(values).reshape(-1)
-        key = (bits, signed, flat.astype(np.int64).tobytes())
+        flat = np.ascontiguousarray(values).reshape(-1)
+        # a digest, not the codes: the pool must not hold a second copy of a large model's codes
+        key = (bits, signed, f"{flat.dtype.str}{flat.size}:{hashlib.blake2b(flat.view(np.uint8)).hexdigest()}")
         if key in self.seen:
             return self.seen[key]
         self.seen[key] = name
