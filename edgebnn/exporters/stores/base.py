@@ -100,7 +100,8 @@ class CodePool:
         value of the same codes taken before."""
         flat = np.ascontiguousarray(values).reshape(-1)
         # a digest, not the codes: the pool must not hold a second copy of a large model's codes
-        key = (bits, signed, f"{flat.dtype.str}{flat.size}:{hashlib.blake2b(flat.view(np.uint8)).hexdigest()}")
+        digest = hashlib.blake2b(flat.tobytes()).hexdigest()  # the bytes are freed once hashed
+        key = (bits, signed, f"{flat.dtype.str}{flat.size}:{digest}")
         if key in self.seen:
             return self.seen[key]
         self.seen[key] = name
