@@ -110,9 +110,10 @@ def test_vnq_training_clips_and_lowers_to_ternary(small_digits):
 def test_vnq_sampled_ensemble_is_within_two_test_images_of_the_posterior_mean():
     """What the recipe measures today (docs/recipes.md) at its own settings on seed 0: VNQ on digits, ternary with
     the learned levels and without fine-tuning, the 64-member sampled ensemble at most two test images (0.56 point
-    of 360) below the posterior-mean network (measured: 0.9500 vs 0.9556). The 0.5-point goal of issue 23 is not
-    met: seed 0 is two images below with every lowering the paper allows (Lloyd's level, log α ≥ 1 or 3, conv1 in
-    float); ``examples/train_vnq.py --seed S --variants`` measures the other seeds (docs/recipes.md has the table).
+    of 360) below the posterior-mean network (measured here: 0.9528 vs 0.9556, one image; issue 23's goal is one).
+    Two, not one: the margin is the draws' (the ternary mean network is two images below on seeds 0 and 2, and so
+    was the ensemble before ``shrink`` changed its draws), and another machine trains slightly other weights;
+    ``examples/train_vnq.py --seed S`` measures the other seeds (docs/recipes.md has the table).
     """
     import onnxruntime as ort
 
