@@ -73,16 +73,7 @@ def _classification(b: GraphBuilder, logits: str, samples: int, task: Task, clas
     p = P + "head/"
     ax1, axk = b.i64(p + "axis1", 1), b.i64(p + "axis_last", -1)
     x3 = b.add("Reshape", [logits, b.i64(p + "shape", -1, samples, classes)], p + "logits3")
-    ps = b.add("Softmax", [x3], p + "p_s", axis=-1)
-    logps = b.add("LogSoftmax", [x3], p + "logp_s", axis=-1)
-    probs = b.add("ReduceMean", [ps, ax1], "probs", keepdims=0)
-    logp = b.add("Log", [b.add("Max", [probs, b.f32(p + "eps", EPS_PROBS)], p + "probs_eps")], p + "logprobs")
-    neg_h = b.add("ReduceSum", [b.add("Mul", [probs, logp], p + "plogp"), axk], p + "neg_h", keepdims=0)
-    b.add("Neg", [neg_h], "entropy")
-    neg_hs = b.add("ReduceSum", [b.add("Mul", [ps, logps], p + "plogp_s"), axk], p + "neg_h_s", keepdims=0)
-    neg_eh = b.add("ReduceMean", [neg_hs, ax1], p + "neg_expected_h", keepdims=0)
-    mi = b.add("Neg", [b.add("Sub", [neg_h, neg_eh], p + "neg_mi")], p + "mi_raw")  # H - E[H_s]
-    b.add("Max", [mi, b.f32(p + "zero", 0.0)], "mutual_info")
+    _mean_entropy_mi(b, p, x3, -1, ax1, axk, axk)
 
 
 def _classification_analytic(b: GraphBuilder, logits: str, v: str | None, samples: int, task: Task, classes: int,
@@ -123,6 +114,23 @@ def _quadrature_in_graph(b: GraphBuilder, z: np.ndarray) -> str:
     return b.add("Concat", [top, bottom], p + "matrix", axis=0)
 
 
+def _mean_entropy_mi(b: GraphBuilder, p: str, x: str, class_axis: int, ax1: str, ax_probs: str, ax_s: str) -> None:
+    """The outputs ``probs``, ``entropy`` and ``mutual_info`` of per-sample logits ``x`` [B, S, ...] whose classes
+    lie on ``class_axis``: probs = mean_s softmax (``ax1``, the sample axis, a constant), entropy = -Σ probs ·
+    log(max(probs, 1e-12)) over the classes of ``probs`` (``ax_probs``), mutual_info = max(entropy - mean_s H_s, 0)
+    with H_s over the classes of ``x`` (``ax_s``); the max clamps round-off."""
+    ps = b.add("Softmax", [x], p + "p_s", axis=class_axis)
+    logps = b.add("LogSoftmax", [x], p + "logp_s", axis=class_axis)
+    probs = b.add("ReduceMean", [ps, ax1], "probs", keepdims=0)
+    logp = b.add("Log", [b.add("Max", [probs, b.f32(p + "eps", EPS_PROBS)], p + "probs_eps")], p + "logprobs")
+    neg_h = b.add("ReduceSum", [b.add("Mul", [probs, logp], p + "plogp"), ax_probs], p + "neg_h", keepdims=0)
+    b.add("Neg", [neg_h], "entropy")
+    neg_hs = b.add("ReduceSum", [b.add("Mul", [ps, logps], p + "plogp_s"), ax_s], p + "neg_h_s", keepdims=0)
+    neg_eh = b.add("ReduceMean", [neg_hs, ax1], p + "neg_expected_h", keepdims=0)
+    mi = b.add("Neg", [b.add("Sub", [neg_h, neg_eh], p + "neg_mi")], p + "mi_raw")  # H - E[H_s]
+    b.add("Max", [mi, b.f32(p + "zero", 0.0)], "mutual_info")
+
+
 def _classification_outputs(task: Task, classes: int) -> list[onnx.ValueInfoProto]:
     return [
         helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", classes]),
@@ -137,16 +145,7 @@ def _segmentation(b: GraphBuilder, logits: str, samples: int, task: Task, classe
     p = P + "head/"
     ax1, ax2 = b.i64(p + "axis1", 1), b.i64(p + "axis2", 2)
     x = b.add("Reshape", [logits, b.i64(p + "shape", -1, samples, *task.shape)], p + "logits_s")  # [B, S, C, *sp]
-    ps = b.add("Softmax", [x], p + "p_s", axis=2)
-    logps = b.add("LogSoftmax", [x], p + "logp_s", axis=2)
-    probs = b.add("ReduceMean", [ps, ax1], "probs", keepdims=0)
-    logp = b.add("Log", [b.add("Max", [probs, b.f32(p + "eps", EPS_PROBS)], p + "probs_eps")], p + "logprobs")
-    neg_h = b.add("ReduceSum", [b.add("Mul", [probs, logp], p + "plogp"), ax1], p + "neg_h", keepdims=0)
-    b.add("Neg", [neg_h], "entropy")
-    neg_hs = b.add("ReduceSum", [b.add("Mul", [ps, logps], p + "plogp_s"), ax2], p + "neg_h_s", keepdims=0)
-    neg_eh = b.add("ReduceMean", [neg_hs, ax1], p + "neg_expected_h", keepdims=0)
-    mi = b.add("Neg", [b.add("Sub", [neg_h, neg_eh], p + "neg_mi")], p + "mi_raw")
-    b.add("Max", [mi, b.f32(p + "zero", 0.0)], "mutual_info")
+    _mean_entropy_mi(b, p, x, 2, ax1, ax1, ax2)
 
 
 def _segmentation_analytic(b: GraphBuilder, logits: str, v: str | None, samples: int, task: Task, classes: int,
