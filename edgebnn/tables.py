@@ -91,6 +91,13 @@ def print_lower_report(console: Console, report: dict[str, Any], output: str, *,
         ("size", f"{fmt_bytes(report['total_bytes'])} vs fp32 BNN {fmt_bytes(report['float_bnn_bytes'])}: "
                  f"{report['compression_ratio']:.1f}x smaller"),
     ]
+    calibration = report.get("calibration")
+    if calibration:
+        done = [r for r in layers if r.get("rounding") == "gptq"]
+        after = sum(r["output_error"] for r in done) / max(len(done), 1)
+        before = sum(r["output_error_nearest"] for r in done) / max(len(done), 1)
+        rows.append(("rounding", f"GPTQ on {calibration['inputs']} inputs of {calibration['data']}: {len(done)} "
+                                 f"weights, mean output error {after:.2%} (nearest rounding: {before:.2%})"))
     _header(console, rows)
     notes = _Footnotes()
     sparse = any(layer.get("sparsity") for layer in layers)

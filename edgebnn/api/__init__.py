@@ -9,12 +9,13 @@ The CLI is a thin layer over these functions (:mod:`edgebnn.cli` parses options 
 from edgebnn.api._budget import lower_within_budget
 from edgebnn.api._evaluate import dataset_for, evaluate_artifact, lowering_quality, profile_artifact
 from edgebnn.api._files import PathLike, Progress, export_metadata, load_ir, save
-from edgebnn.api._lower import lower_config_of, lower_model
+from edgebnn.api._lower import calibration_grams, lower_config_of, lower_model
 from edgebnn.api._model import export, from_swag, from_torch, lower
 
 __all__ = [
     "PathLike",
     "Progress",
+    "calibration_grams",
     "dataset_for",
     "evaluate_artifact",
     "export",

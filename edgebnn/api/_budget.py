@@ -50,7 +50,7 @@ def _check_budget(budget: Budget | str, evaluate: DataSource | None, ood_data: D
 def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
                         data: DataSource = "digits", split: str | None = None, ood_data: DataSource | None = None,
                         samples: int | None = None, max_rows: int = BUDGET_ROWS, max_steps: int = BUDGET_STEPS,
-                        progress: Progress | None = None) -> LoweredModel:
+                        progress: Progress | None = None, **data_options: Any) -> LoweredModel:
     """Lower with the fewest bytes per layer that keep an uncertainty budget on validation data.
 
     Starts from ``config`` (``float``: :data:`BUDGET_START`) with each layer at the posterior-variance rule's
@@ -62,7 +62,8 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
     improvement per byte first. A posterior family's layer takes only the schemes registered for its encoding
     (module docstring); without a scheme it starts at the first of :data:`BUDGET_START`, ``fixed``, ``float``
     that it takes. The chosen per-layer settings are overrides in the returned model's config, which its manifest
-    stores (``edgebnn lower --config model.ebnn`` replays it).
+    stores (``edgebnn lower --config model.ebnn`` replays it). ``data_options`` (``grams``, ``gradients``...: see
+    :func:`edgebnn.passes.lower`) go to every candidate whose passes take them.
 
     Returns:
         The lowered model; its report has ``eval`` (:func:`lowering_quality` on all of ``data``) and ``budget``:
@@ -83,7 +84,7 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
     dataset, ood = _eval_data(float_ir, data, split, ood_data)
     full_n = dataset.n
     dataset, ood = _head(dataset, max_rows), None if ood is None else _head(ood, max_rows)
-    search = _BudgetSearch(float_ir, config, budget, dataset, ood, samples, progress)
+    search = _BudgetSearch(float_ir, config, budget, dataset, ood, samples, progress, data_options)
     search.run(max_steps)
     lowered = search.best()
     report = lowered.lowering_report
@@ -157,13 +158,15 @@ class _BudgetSearch:
     """The greedy per-layer search of :func:`lower_within_budget`."""
 
     def __init__(self, float_ir: BNNModel, config: LowerConfig, budget: Budget, dataset: Dataset,
-                 ood: Dataset | None, samples: int, progress: Progress | None) -> None:
+                 ood: Dataset | None, samples: int, progress: Progress | None,
+                 data_options: dict[str, Any] | None = None) -> None:
         import dataclasses
 
         from edgebnn.passes.config import config_fields
 
         self.float_ir, self.budget, self.dataset, self.ood = float_ir, budget, dataset, ood
         self.samples, self.progress = samples, progress
+        self.data_options = data_options or {}
         self.warnings: list[str] = []
         self.layers, self.kinds = _layers_of(float_ir)
         if config.scheme == "float":  # no scheme given: the variance rule's bits after pruning (bench/budget.py)
@@ -227,7 +230,10 @@ class _BudgetSearch:
         config = self.config(settings)
         key = config.to_json()
         if key not in self.cache:
-            model = lower(self.float_ir, config)
+            from edgebnn.passes.config import data_fields
+
+            takes = data_fields(config)
+            model = lower(self.float_ir, config, **{k: v for k, v in self.data_options.items() if k in takes})
             metrics = _measure([_reference(model, self.samples, config.seed)], self.dataset, self.ood, None,
                                *task_of(model))[0][0]
             self.cache[key] = model, self.budget.deltas(self.reference, metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,10 +15,47 @@ from edgebnn.api._model import from_swag, from_torch, lower
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edgebnn.budget import Budget
     from edgebnn.data import DataSource
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
+    from edgebnn.passes.gptq import InputGram
+
+CALIBRATION_INPUTS = 256
+"""Inputs ``--calibrate`` measures each layer's input second moment on (the first ones of the data)."""
+
+
+def calibration_grams(model: BNNModel, data: DataSource, *, limit: int = CALIBRATION_INPUTS,
+                      split: str | None = None, progress: Progress | None = None) -> dict[str, InputGram]:
+    """The input second moments ``fixed`` rounds against (``lower(..., grams=...)``, :mod:`edgebnn.passes.gptq`),
+    measured in ``model``'s posterior-mean network on the first ``limit`` inputs of ``data`` (``digits``: the
+    train split, which ``--eval`` and the test split do not touch; labels are not read).
+
+    Raises:
+        InvalidOptionError: Bad data, inputs of another shape, or ``limit`` < 1.
+    """
+    from edgebnn.api._evaluate import dataset_for
+    from edgebnn.passes.gptq import layer_grams
+
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InvalidOptionError(f"--calibrate-inputs {limit!r}: must be a positive integer")
+    dataset = dataset_for(model, data, split=split or ("train" if str(data) == "digits" else None), labels=False,
+                          option="--calibrate")
+    total = min(limit, dataset.n)
+
+    def batches() -> Iterator[np.ndarray]:
+        left = total
+        for x, _ in dataset.batches(min(32, total)):
+            if left <= 0:
+                return
+            yield x[:left]
+            left -= len(x)
+
+    tick = None if progress is None else (lambda done: progress(done, total))
+    return layer_grams(model, batches(), progress=tick)
+
 
 def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
                 scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
@@ -26,6 +64,7 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                 progress: Progress | None = None, mc_dropout: bool = False, swag: str | Path | None = None,
                 swag_scale: float = 0.5, laplace: str | Path | None = None, task: str | None = None,
                 noise_var: float | None = None, regression_head: str | None = None,
+                calibrate: DataSource | None = None, calibrate_inputs: int = CALIBRATION_INPUTS,
                 ) -> tuple[BNNModel, dict[str, Any]]:
     """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
 
@@ -38,7 +77,9 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     ``swag``: a SWAG statistics file, imported with :func:`from_swag` at ``swag_scale``. ``laplace``: what
     ``torch.save(la.state_dict(), PATH)`` wrote for a fitted laplace-torch posterior of this network, rebuilt on it
     (:func:`edgebnn.importers.laplace.load_laplace`, loaded with ``weights_only=True``) and imported as
-    ``from_torch(la)`` is.
+    ``from_torch(la)`` is. ``calibrate``: data whose first ``calibrate_inputs`` inputs ``fixed`` rounds the
+    means against (:func:`calibration_grams`; GPTQ, :mod:`edgebnn.passes.gptq`); the report gets
+    ``calibration`` {``data``, ``inputs``, ``layers``}.
 
     Raises:
         InvalidOptionError: A budget without ``evaluate``, an ``auroc`` budget without ``ood_data``, bad data.
@@ -71,15 +112,30 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         bnn = from_torch(model, input_shape, output_index=output_index, name=f"{model_spec} ({weights})",
                          mc_dropout=mc_dropout, task=task, noise_var=noise_var, regression_head=regression_head)
     samples = default_samples(bnn, samples)  # a deep ensemble is evaluated on its M members
+    if calibrate is not None and budget is None:
+        from edgebnn.passes.config import data_fields
+
+        config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
+        if "grams" not in data_fields(config):
+            raise InvalidOptionError(f"--calibrate: rounds the means of fixed-point layers against data; --scheme "
+                                     f"{config.scheme} lowers none (use --scheme fixed, or an override to fixed)")
+    grams = None if calibrate is None else calibration_grams(bnn, calibrate, limit=calibrate_inputs)
+    data_options: dict[str, Any] = {} if grams is None else {"grams": grams}
     if budget is not None:
         assert evaluate is not None  # _check_budget
         config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
         lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data, samples=samples,
-                                      progress=progress)
-        return lowered, lowered.lowering_report
-    # the float model is only needed again to compare against: otherwise lower it in place
-    lowered = lower(bnn, scheme, seed=seed, bits=bits, progress=progress, consume=evaluate is None)
-    report = lowered.lowering_report
+                                      progress=progress, **data_options)
+        report = lowered.lowering_report
+    else:  # the float model is only needed again to compare against: otherwise lower it in place
+        lowered = lower(bnn, scheme, seed=seed, bits=bits, progress=progress, consume=evaluate is None,
+                        **data_options)
+        report = lowered.lowering_report
+    if grams is not None:
+        inputs = max((g.inputs for g in grams.values()), default=0)
+        report["calibration"] = {"data": str(calibrate), "inputs": inputs, "layers": sorted(grams)}
+    if budget is not None:
+        return lowered, report
     if evaluate is not None:
         report["eval"] = lowering_quality(bnn, lowered, data=evaluate, ood_data=ood_data, samples=samples,
                                           seed=report["seed"], progress=progress)

@@ -73,6 +73,13 @@ if TYPE_CHECKING:
                    "auroc; regression: rmse, mae, calibration_error; segmentation: mean_iou, pixel_accuracy): "
                    "choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
                    "posterior-variance rule down. Exit 2, nothing written, when no configuration keeps it.")
+@click.option("--calibrate", "calibrate_data", default=None, metavar="digits|FILE|DIR",
+              help="--scheme fixed: round each layer's means so that the layer's OUTPUT stays closest to the "
+                   "float posterior mean's on these inputs (GPTQ error compensation; 'digits': the train split, "
+                   "a .npz or a folder of shards, labels not needed) instead of rounding each weight to nearest. "
+                   "Worth most at 3-4 bits.")
+@click.option("--calibrate-inputs", default=256, show_default=True, type=int,
+              help="With --calibrate: how many inputs (the first ones) to measure the layer inputs on.")
 @click.option("--verbose", "-v", is_flag=True, help="One table row per layer, however many layers.")
 @click.option("--mc-dropout", is_flag=True,
               help="MC dropout: keep the model's nn.Dropout/Dropout1d/2d/3d on at prediction as the posterior "
@@ -98,7 +105,8 @@ if TYPE_CHECKING:
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          verbose: bool, mc_dropout: bool, swag_stats: str | None, swag_scale: float, laplace_state: str | None,
+          calibrate_data: str | None, calibrate_inputs: int, verbose: bool, mc_dropout: bool,
+          swag_stats: str | None, swag_scale: float, laplace_state: str | None,
           task: str | None,
           noise_var: float | None, regression_head: str | None) -> None:
     """Import a trained PyTorch BNN and lower it into an .ebnn IR file.
@@ -126,7 +134,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
                                               evaluate=eval_data, ood_data=ood_data, budget=budget,
                                               progress=progress, mc_dropout=mc_dropout, swag=swag_stats,
                                               swag_scale=swag_scale, laplace=laplace_state, task=task,
-                                              noise_var=noise_var, regression_head=regression_head)
+                                              noise_var=noise_var, regression_head=regression_head,
+                                              calibrate=calibrate_data, calibrate_inputs=calibrate_inputs)
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise

@@ -30,7 +30,7 @@ from edgebnn.passes.config import (
     LayerOverride,
     LowerConfig,
     build_passes,
-    config_fields,
+    data_fields,
     parse_scheme,
 )
 from edgebnn.passes.fixed import FixedConfig
@@ -211,10 +211,7 @@ def _config_of(scheme: str | LowerConfig, seed: int | None, bits: str | int | No
     else:
         config = LowerConfig(scheme=scheme, bits="auto" if bits is None else bits, seed=0 if seed is None else seed,
                              options=settings)
-    takes = set().union(*(config_fields(n)[1] for n in parse_scheme(config.scheme)))
-    for o in config.overrides:
-        takes |= set().union(*(config_fields(n)[1] for n in parse_scheme(o.scheme or config.scheme)))
-    unknown = sorted(set(data) - takes)
+    unknown = sorted(set(data) - data_fields(config))
     if unknown:
         raise InvalidOptionError(f"--scheme {config.scheme}: unknown option(s) {unknown}; no pass of it takes them")
     return config, data

@@ -79,7 +79,13 @@ def config_fields(name: str) -> tuple[set[str], set[str]]:
     return {f.name for f in fields if f.compare}, {f.name for f in fields if not f.compare}
 
 
-DATA_OPTIONS = frozenset().union(*(config_fields(n)[1] for n in PASSES))  # gradients, group_scales
+DATA_OPTIONS = frozenset().union(*(config_fields(n)[1] for n in PASSES))  # gradients, group_scales, grams, ...
+
+
+def data_fields(config: LowerConfig) -> set[str]:
+    """The data options (:data:`DATA_OPTIONS`) some pass of ``config`` takes, its overrides' schemes included."""
+    schemes = {config.scheme, *(o.scheme for o in config.overrides if o.scheme)}
+    return set().union(*(config_fields(n)[1] for s in schemes for n in parse_scheme(s)))
 
 
 @dataclass(frozen=True)

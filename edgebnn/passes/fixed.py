@@ -27,7 +27,8 @@ Report keys besides the common ones: ``scale`` (Δ), ``variance_bits``, ``clippe
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -46,6 +47,7 @@ from edgebnn.passes.base import (
     posterior,
     sum_sq_diff,
 )
+from edgebnn.passes.gptq import InputGram, compensated_codes, output_error
 
 _FIT_SAMPLE = 32768
 _STEPS_TRIED = 32
@@ -60,15 +62,22 @@ class FixedConfig(QuantConfig):
             rounding error is a fixed offset of the mean, which every draw shares).
         clip: Choose each width's step by least squared error, clipping the tails (True), or span the
             full range max|μ| so nothing clips (False, the paper's plain grid).
+        grams: ``{weight name: InputGram}`` from :func:`edgebnn.passes.gptq.layer_grams`: those weights' means
+            are rounded to compensate each other's output error (GPTQ) instead of to nearest. Data, like
+            ``gradients``: not stored in the lowering config.
     """
 
     noise_fraction: float = DEFAULT_NOISE_FRACTION
     clip: bool = True
+    grams: Mapping[str, InputGram] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not isinstance(self.clip, bool):
             raise InvalidOptionError(f"clip={self.clip!r}: must be true or false")
+        if self.grams is not None and not (isinstance(self.grams, Mapping)
+                                           and all(isinstance(g, InputGram) for g in self.grams.values())):
+            raise InvalidOptionError("grams must map weight names to InputGram (edgebnn.passes.gptq.layer_grams)")
 
 
 def grid_error(values: np.ndarray, step: float, limit: int) -> float:
@@ -106,6 +115,7 @@ def lower_fixed(
     noise_fraction: float,
     sigma_bits: int,
     clip: bool = True,
+    gram: InputGram | None = None,
 ) -> LayerOutcome:
     """Encode one Gaussian weight (flat ``mu``, ``sigma``) as a :class:`FixedPointWeight`.
 
@@ -118,6 +128,7 @@ def lower_fixed(
         noise_fraction: f of the variance rule.
         sigma_bits: Bits of the σ code.
         clip: Least-error steps that may clip the tails, or the full-range grid.
+        gram: The weight's input second moment: round to compensate the output error (:mod:`.gptq`).
 
     Returns:
         The encoding, a note for capped or degenerate layers, and the report keys of this module.
@@ -146,9 +157,19 @@ def lower_fixed(
     q = mu / np.float32(step)
     np.rint(q, out=q)
     np.clip(q, -limit, limit, out=q)
-    enc = FixedPointWeight(q.astype(np.int16).reshape(shape), step, width, SigmaCode.fit(sigma, sigma_bits, rng))
+    codes = q.astype(np.int16).reshape(shape)
+    rounding: dict[str, Any] = {"rounding": "nearest"}
+    if gram is not None and top > 0:
+        w = gram.rows(mu.reshape(shape))
+        compensated = compensated_codes(w, gram.h, step, limit)
+        nearest = output_error(w, gram.rows(codes) * step, gram.h)
+        rounding = {"rounding": "gptq", "output_error": output_error(w, compensated * step, gram.h),
+                    "output_error_nearest": nearest}
+        codes = gram.unrows(compensated, shape)
+    enc = FixedPointWeight(codes, step, width, SigmaCode.fit(sigma, sigma_bits, rng))
     clipped = float(np.count_nonzero(np.abs(mu) > (limit + 0.5) * step) / mu.size) if mu.size else 0.0
-    extra = {"scale": enc.scale, "variance_bits": rule_bits, "hw_dtype": hw_dtype(width), "clipped": clipped}
+    extra = {"scale": enc.scale, "variance_bits": rule_bits, "hw_dtype": hw_dtype(width), "clipped": clipped,
+             **rounding}
     return LayerOutcome(enc, note, extra)
 
 
@@ -214,7 +235,12 @@ class FixedPass(LayerPass):
     def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
         mu, sigma = posterior(weight)
         c = self.config
+        gram = None if c.grams is None else c.grams.get(weight.name)
+        if gram is not None and gram.h.shape != (gram.columns(weight.encoding.shape),) * 2:
+            raise InvalidOptionError(f"grams[{weight.name!r}]: a {gram.h.shape} matrix for a weight of shape "
+                                     f"{weight.encoding.shape} (another model's calibration?)")
         return lower_fixed(
             mu, sigma, weight.encoding.shape, rng,
             bits=c.bits, noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits, clip=c.clip,
+            gram=gram,
         )
