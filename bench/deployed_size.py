@@ -13,11 +13,12 @@ Two models, each imported with ``edgebnn.from_torch``:
   (``tests/integration/test_zoo.py``: batch-norm statistics from 3 random batches, σ spread per weight over
   [0.1, 0.6] x the layer's weight-mean std, seed 2) on random 3x32x32 inputs labelled with the float export's
   argmax: an untrained net's predictive is nearly flat, so its deltas barely tell the exports apart (bytes
-  only). Lowered with each ``--resnet-lowering`` (a scheme name or a JSON ``LowerConfig``); the defaults
-  (:data:`RESNET_LOWERINGS`) are ``fixed`` at 5 bits with one σ per layer (``sigma_bits=0``), ``fixed`` at 4 bits
-  with the first conv and the head at 8 and the first stage at 5, and a 16-entry (μ, σ) codebook without
-  outliers or blends (one 4-bit index carries both moments). The first lowering gets every row, the
-  others the rows that store their own encoding (``noise`` and ``analytic`` with ``--weights ir``). A budget
+  only). Lowered with each ``--resnet-lowering`` (a scheme name or a JSON ``LowerConfig``, which may add
+  ``"calibrate": N``: round ``fixed``'s means against the first N digits train inputs, as ``edgebnn lower
+  --calibrate``); the defaults (:data:`RESNET_LOWERINGS`) are ``fixed`` at 4 bits with one σ per layer
+  (``sigma_bits=0``) calibrated on 256 inputs, the same grid rounded to nearest, ``fixed`` at 5 bits, and a
+  16-entry (μ, σ) codebook without outliers or blends (one 4-bit index carries both moments). The first lowering
+  gets every row, the others the rows that store their own encoding (``noise`` and ``analytic`` with ``--weights ir``). A budget
   search over a ResNet with the reference runtime takes hours here. ``--resnet-blocks 1`` gives ResNet-8.
 
 For each model, the exports of the lowered IR: ``baked`` x fp32/int8/int4 (int8/int4 both at ``form=auto``
@@ -54,6 +55,7 @@ import json
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +70,12 @@ from edgebnn.passes import LowerConfig
 GOAL = {"nll": 0.05, "ece": 0.01, "accuracy": -0.015}  # issue 20: within these of the float export
 BUDGET = "nll=+0.05,ece=+0.01,accuracy=-0.005"
 # the ResNet's default lowerings (one σ per layer: on the trained ResNet-20 the σ code's width changed no analytic
-# metric in the 4th decimal): 5-bit fixed point; 4-bit fixed point with the first conv and the head at 8 bits and
-# the first stage at 5; a 16-entry (μ, σ) codebook (a 4-bit index carries both moments) without outliers or blends
-RESNET_LOWERINGS = ('{"scheme": "fixed", "bits": 5, "options": {"sigma_bits": 0}}',
-                    '{"scheme": "fixed", "bits": 4, "options": {"sigma_bits": 0}, "overrides": [{"pattern": "conv1", '
-                    '"bits": 8}, {"pattern": "linear", "bits": 8}, {"pattern": "layer1.*", "bits": 5}]}',
+# metric in the 4th decimal): 4-bit fixed point with the means rounded against 256 digits train inputs (GPTQ,
+# ``lower --calibrate``); the same grid rounded to nearest; 5-bit fixed point; a 16-entry (μ, σ) codebook (a 4-bit
+# index carries both moments) without outliers or blends
+RESNET_LOWERINGS = ('{"scheme": "fixed", "bits": 4, "options": {"sigma_bits": 0}, "calibrate": 256}',
+                    '{"scheme": "fixed", "bits": 4, "options": {"sigma_bits": 0}}',
+                    '{"scheme": "fixed", "bits": 5, "options": {"sigma_bits": 0}}',
                     '{"scheme": "codebook", "options": {"clusters": 16, "max_outlier_fraction": 0.0, "blend_max": 0}}')
 
 
@@ -103,21 +106,38 @@ def digits32(x: np.ndarray) -> np.ndarray:
     return up.repeat(1, 3, 1, 1).numpy()
 
 
-def parse_lowering(text: str) -> LowerConfig:
-    """``--resnet-lowering``: a scheme name (``fixed``) or a JSON ``LowerConfig`` (``{"scheme": "fixed", ...}``)."""
-    from edgebnn.passes import LowerConfig
+@dataclass(frozen=True)
+class Lowering:
+    """A ``--resnet-lowering``: the config, and how many digits train inputs ``fixed`` rounds against (GPTQ,
+    ``edgebnn lower --calibrate``; 0: nearest rounding)."""
 
+    config: LowerConfig
+    calibrate: int = 0
+
+    def label(self) -> str:
+        """``fixed bits=4 sigma_bits=0``: the scheme, forced bits and options of a lowering, for row labels."""
+        config = self.config
+        parts = [config.scheme] + ([] if config.bits == "auto" else [f"bits={config.bits}"])
+        parts += [f"{k}={v}" for k, v in sorted(config.options.items())]
+        parts += [f"{o.pattern}:{o.bits if o.scheme is None else f'{o.scheme}/{o.bits}'}" for o in config.overrides]
+        return " ".join(parts + ([f"calibrate={self.calibrate}"] if self.calibrate else []))
+
+    def lower(self, bnn: Any, calibration: np.ndarray) -> Any:
+        """The lowered IR (the first ``calibrate`` rows of ``calibration`` measure the layer inputs)."""
+        if not self.calibrate:
+            return edgebnn.lower(bnn, self.config)
+        grams = edgebnn.api.calibration_grams(bnn, calibration[:self.calibrate], limit=self.calibrate)
+        return edgebnn.lower(bnn, self.config, grams=grams)
+
+
+def parse_lowering(text: str) -> Lowering:
+    """``--resnet-lowering``: a scheme name (``fixed``) or a JSON ``LowerConfig`` (``{"scheme": "fixed", ...}``),
+    which may also hold ``"calibrate": N``."""
     if text.strip().startswith("{"):
-        return LowerConfig.from_json(text, "--resnet-lowering")
-    return LowerConfig(scheme=text)
-
-
-def lowering_label(config: LowerConfig) -> str:
-    """``fixed bits=4 sigma_bits=0``: the scheme, forced bits and options of a lowering, for row labels."""
-    parts = [config.scheme] + ([] if config.bits == "auto" else [f"bits={config.bits}"])
-    parts += [f"{k}={v}" for k, v in sorted(config.options.items())]
-    parts += [f"{o.pattern}:{o.bits if o.scheme is None else f'{o.scheme}/{o.bits}'}" for o in config.overrides]
-    return " ".join(parts)
+        raw = json.loads(text)
+        calibrate = raw.pop("calibrate", 0) if isinstance(raw, dict) else 0
+        return Lowering(LowerConfig.from_dict(raw, "--resnet-lowering"), int(calibrate))
+    return Lowering(LowerConfig(scheme=text))
 
 
 def trained_resnet(blocks: int, epochs: int, cache: Path | None) -> Any:
@@ -160,7 +180,7 @@ def trained_resnet(blocks: int, epochs: int, cache: Path | None) -> Any:
     return bnn
 
 
-def resnet_model(blocks: int, scheme: str | LowerConfig | list[LowerConfig], rows: int, epochs: int = 0,
+def resnet_model(blocks: int, scheme: str | Lowering | list[str | Lowering], rows: int, epochs: int = 0,
                  cache: Path | None = None) -> dict[str, Any]:
     """bayesian-torch's ResNet (3 blocks per stage: ResNet-20), lowered with ``scheme`` (several: the first gets
     every row, the others the rows of their own encoding): at the zoo test's recipe (``epochs`` 0, ``rows``
@@ -171,6 +191,7 @@ def resnet_model(blocks: int, scheme: str | LowerConfig | list[LowerConfig], row
 
     configs = [parse_lowering(c) if isinstance(c, str) else c for c in (scheme if isinstance(scheme, list)
                                                                         else [scheme])]
+    want = max(c.calibrate for c in configs)
     name = f"ResNet-{6 * blocks + 2} (bayesian-torch"
     lowerings = []
     if epochs > 0:
@@ -179,7 +200,8 @@ def resnet_model(blocks: int, scheme: str | LowerConfig | list[LowerConfig], row
         bnn = trained_resnet(blocks, epochs, cache)
         data = digits(0)
         n = rows or len(data.y_test)
-        lowerings = [(lowering_label(c), edgebnn.lower(bnn, c)) for c in configs]
+        calibration = digits32(data.x_train[:want])  # the train split: neither the test rows nor val
+        lowerings = [(c.label(), c.lower(bnn, calibration)) for c in configs]
         return {"name": f"{name}, {epochs} epochs on digits 3x32x32)", "float": bnn, "lowerings": lowerings,
                 "lowered": lowerings[0][1], "lowering": f"lower {lowerings[0][0]}",
                 "data": (digits32(data.x_test[:n]), data.y_test[:n])}
@@ -207,7 +229,8 @@ def resnet_model(blocks: int, scheme: str | LowerConfig | list[LowerConfig], row
                 param.data.copy_(torch.log(torch.expm1(sigma)))
     name += ", zoo recipe)"
     bnn = edgebnn.from_torch(model, (1, 3, 32, 32), name=name)
-    lowerings = [(lowering_label(c), edgebnn.lower(bnn, c)) for c in configs]
+    calibration = np.random.default_rng(3).standard_normal((want, 3, 32, 32)).astype(np.float32)
+    lowerings = [(c.label(), c.lower(bnn, calibration)) for c in configs]
     x = np.random.default_rng(1).standard_normal((rows, 3, 32, 32)).astype(np.float32)
     return {"name": name, "float": bnn, "lowerings": lowerings, "lowered": lowerings[0][1],
             "lowering": f"lower {lowerings[0][0]}", "data": (x, None)}

@@ -65,7 +65,6 @@ def test_calibration_inputs_from_a_file_without_labels(trained_digits, tmp_path)
 @pytest.mark.parametrize(("args", "message"), [
     (("--scheme", "codebook", "--calibrate", "digits"), "--calibrate: rounds the means of fixed-point layers"),
     (("--scheme", "fixed", "--calibrate", "nowhere.npz"), "--calibrate nowhere.npz: no such file"),
-    (("--scheme", "fixed", "--calibrate", "digits", "--calibrate-inputs", "0"), "--calibrate-inputs 0"),
 ])
 def test_bad_calibration_is_one_line_and_writes_nothing(trained_digits, tmp_path, args, message) -> None:
     out = tmp_path / "m.ebnn"
@@ -76,10 +75,13 @@ def test_bad_calibration_is_one_line_and_writes_nothing(trained_digits, tmp_path
 
 def test_the_budget_search_rounds_its_fixed_layers_against_the_grams(digits_ir) -> None:
     from edgebnn.api import calibration_grams, lower_within_budget
+    from edgebnn.errors import InvalidOptionError
     from edgebnn.passes import LowerConfig
 
+    with pytest.raises(InvalidOptionError, match="--calibrate-inputs 0: must be a positive integer"):
+        calibration_grams(digits_ir, "digits", limit=0)
     grams = calibration_grams(digits_ir, "digits", limit=64)
-    lowered = lower_within_budget(digits_ir, LowerConfig(scheme="fixed"), "nll=+0.5", data="digits", max_rows=64,
+    lowered = lower_within_budget(digits_ir, LowerConfig(scheme="fixed"), "nll=+0.5", data="digits", max_rows=32,
                                   max_steps=1, grams=grams)
     rows = [r for r in lowered.lowering_report["layers"] if r["name"] in grams]
     assert rows and all(r["rounding"] == "gptq" for r in rows)
