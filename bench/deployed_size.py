@@ -18,8 +18,9 @@ Two models, each imported with ``edgebnn.from_torch``:
   --calibrate``); the defaults (:data:`RESNET_LOWERINGS`) are ``fixed`` at 4 bits with one σ per layer
   (``sigma_bits=0``) calibrated on 256 inputs, the same grid rounded to nearest, ``fixed`` at 5 bits, and a
   16-entry (μ, σ) codebook without outliers or blends (one 4-bit index carries both moments). The first lowering
-  gets every row, the others the rows that store their own encoding (``noise`` and ``analytic`` with ``--weights ir``). A budget
-  search over a ResNet with the reference runtime takes hours here. ``--resnet-blocks 1`` gives ResNet-8.
+  gets every row, the others the rows that store their own encoding (``noise`` and ``analytic`` with
+  ``--weights ir``). A budget search over a ResNet with the reference runtime takes hours here.
+  ``--resnet-blocks 1`` gives ResNet-8.
 
 For each model, the exports of the lowered IR: ``baked`` x fp32/int8/int4 (int8/int4 both at ``form=auto``
 (what ``export --device cpu`` writes) and ``form=qdq`` (codes in the file)); ``noise``, ``shared`` and

@@ -161,7 +161,9 @@ def lower_fixed(
     rounding: dict[str, Any] = {"rounding": "nearest"}
     if gram is not None and top > 0:
         w = gram.rows(mu.reshape(shape))
-        compensated = compensated_codes(w, gram.h, step, limit)
+        pruned = (mu == 0) & (sigma == 0)
+        zero = gram.rows(pruned.reshape(shape)).astype(bool) if pruned.any() else None
+        compensated = compensated_codes(w, gram.h, step, limit, zero)
         nearest = output_error(w, gram.rows(codes) * step, gram.h)
         rounding = {"rounding": "gptq", "output_error": output_error(w, compensated * step, gram.h),
                     "output_error_nearest": nearest}

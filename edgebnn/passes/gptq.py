@@ -15,6 +15,8 @@ the layer's grid, and spreads the error over the remaining columns through the C
 
 H is damped by 1% of its mean diagonal (the paper's choice; it keeps H⁻¹ finite when inputs are collinear or a
 unit is never active). With a diagonal H the update moves nothing and the codes are nearest rounding exactly.
+Pruned weights (μ = σ = 0, e.g. after ``prune``) stay 0: their column's error, what earlier updates moved onto
+them, is spread like any other (SparseGPT's mask), so the sparsity and ``shrink`` see the same zeros.
 
 For a BNN the weights rounded are the posterior means, and x are the inputs each layer sees in the
 posterior-mean network (:meth:`BNNModel.float_model`) on the calibration data, so the mean path the
@@ -82,7 +84,8 @@ def output_error(w: np.ndarray, w_bar: np.ndarray, h: np.ndarray) -> float:
     return float(np.einsum("ij,jk,ik->", e, h, e)) / ref if ref > 0 else 0.0
 
 
-def compensated_codes(w: np.ndarray, h: np.ndarray, step: float, limit: int) -> np.ndarray:
+def compensated_codes(w: np.ndarray, h: np.ndarray, step: float, limit: int,
+                      zero: np.ndarray | None = None) -> np.ndarray:
     """Integer codes ``q`` (``|q| <= limit``) of ``w ≈ step · q`` that keep ``(w - step q) H (w - step q)ᵀ`` small.
 
     Args:
@@ -90,6 +93,8 @@ def compensated_codes(w: np.ndarray, h: np.ndarray, step: float, limit: int) -> 
         h: ``[cols, cols]`` symmetric positive semi-definite input second moment.
         step: The grid step Δ (> 0).
         limit: Largest code magnitude.
+        zero: ``[rows, cols]`` bool: weights that must stay exactly 0 (pruned ones); the others compensate for
+            what the updates had moved onto them, as SparseGPT does for a mask.
 
     Returns:
         ``[rows, cols]`` int16 codes.
@@ -97,6 +102,7 @@ def compensated_codes(w: np.ndarray, h: np.ndarray, step: float, limit: int) -> 
     if h.shape != (w.shape[1], w.shape[1]):
         raise InvalidOptionError(f"grams: a {h.shape} matrix for a weight of {w.shape[1]} input columns")
     order = np.argsort(-np.diag(h), kind="stable")
+    keep = None if zero is None or not zero.any() else ~zero[:, order]
     w = w[:, order].copy()
     h = h[np.ix_(order, order)].copy()
     diag = np.diag(h).copy()
@@ -107,6 +113,8 @@ def compensated_codes(w: np.ndarray, h: np.ndarray, step: float, limit: int) -> 
     q = np.empty(w.shape, np.int16)
     for i in range(w.shape[1]):
         col = np.clip(np.rint(w[:, i] / step), -limit, limit)
+        if keep is not None:
+            col *= keep[:, i]
         q[:, i] = col
         err = (w[:, i] - col * step) / u[i, i]
         w[:, i + 1:] -= np.outer(err, u[i, i + 1:])

@@ -122,3 +122,29 @@ def test_a_lowered_model_with_grams_saves_and_says_it_cannot_replay(make_mlp, tm
     assert onnx.load(str(tmp_path / "m.ebnn")) is not None
     with pytest.raises(InvalidOptionError, match="grams"):
         lower_config_of(tmp_path / "m.ebnn")
+
+
+def test_pruned_weights_stay_zero_and_the_others_compensate():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(1000, 3)) @ rng.normal(size=(3, 12)) + 0.05 * rng.normal(size=(1000, 12))
+    h = x.T @ x / len(x)
+    w = rng.normal(0, 0.3, size=(5, 12))
+    zero = rng.random(w.shape) < 0.4
+    w[zero] = 0.0
+    q = compensated_codes(w, h, 0.1, 7, zero)
+    assert not q[zero].any()
+    # the kept weights absorb the rounding error: well below nearest rounding's (which also keeps the zeros)
+    assert output_error(w, q * 0.1, h) < 0.5 * output_error(w, _nearest(w, 0.1, 7) * 0.1, h)
+
+
+def test_prune_then_calibrated_fixed_keeps_the_pruning(make_mlp):
+    model = make_mlp((16, 32, 10), sigma_ratio=2.0)  # large σ/|μ|: prune finds weights to drop
+    x = np.random.default_rng(7).normal(size=(128, 16)).astype(np.float32)
+    grams = layer_grams(model, [x])
+    pruned = {w.name: w.encoding.mean() == 0 for w in lower(model, "prune").model.encoded_weights()}
+    calibrated = lower(model, "prune+fixed", bits=3, grams=grams)
+    rows = {r["name"]: r for r in calibrated.report["layers"]}
+    means = {w.name: w.encoding.mean() for w in calibrated.model.encoded_weights()}
+    for name in ("W1", "W2"):
+        assert rows[name]["rounding"] == "gptq" and pruned[name].mean() > 0.05
+        assert means[name].shape == pruned[name].shape and not means[name][pruned[name]].any()
