@@ -15,7 +15,7 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
                                            (= (m² + v) Φ(α) + m √v φ(α) − m'², in fewer nodes)
     ReLU then MaxPool (its only consumer): pooled first (relu(max x) = max(relu x) draw by draw), then the
                                            ReLU's moments on the pooled units: a quarter of them for a 2x2 pool
-    BatchNorm (inference, a·x + c):        m' = BN(m),   v' = a² v
+    BatchNorm (inference, a·x + c):        m' = a m + c,  v' = a² v   (a, c per channel; a² in the graph)
     MaxPool:                               m' = MaxPool(m); v' = v at the arg-max of m
     ReduceMax (approximate, as MaxPool):   m' = ReduceMax(m); v' = v at the arg-max of m
     Slice; Pad:                            the same op on v (padding adds variance 0)
@@ -148,16 +148,21 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
                 skip.add(out)
             var[out] = _relu_moments(b, x, vx, out, p)
         elif op == "BatchNormalization":
-            b.nodes.append(node)
             vx = var[node.input[0]]
-            if vx is not None:
-                scale, _, _, rvar = (fixed[n] for n in node.input[1:5])
-                eps = attrs_of(node).get("epsilon", 1e-5)
-                rank = len(shapes.get(node.input[0], [0, 0, 0, 0]))  # [B, C, *spatial]: C on axis 1
-                a2 = (scale.astype(np.float64) ** 2 / (rvar + eps)).reshape(-1, *([1] * (rank - 2)))
-                var[out] = b.add("Mul", [vx, b.f32(p + "a2", a2)], p + "v")
-            else:
+            if vx is None:
+                b.nodes.append(node)
                 var[out] = None
+                continue
+            # inference BN is a per-channel a·x + c: two vectors instead of BN's four (plus a² for the variance)
+            scale, shift, mean, rvar = (fixed[n].astype(np.float64) for n in node.input[1:5])
+            a = scale / np.sqrt(rvar + attrs_of(node).get("epsilon", 1e-5))
+            rank = len(shapes.get(node.input[0], [0, 0, 0, 0]))  # [B, C, *spatial]: C on axis 1
+            axes = (-1, *([1] * (rank - 2)))
+            a_name = b.f32(p + "a", a.reshape(axes))
+            scaled = b.add("Mul", [node.input[0], a_name], p + "ax")
+            b.nodes.append(onnx.helper.make_node("Add", [scaled, b.f32(p + "c", (shift - mean * a).reshape(axes))],
+                                                 [out]))
+            var[out] = b.add("Mul", [vx, b.add("Mul", [a_name, a_name], p + "a2")], p + "v")
         elif op == "MaxPool":
             vx = var[node.input[0]]
             if vx is None:
