@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p edgebnn
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=20
 
 bench: $(STAMP)
 	$(PY) bench/compression.py

@@ -119,7 +119,8 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         if "grams" not in data_fields(config):
             raise InvalidOptionError(f"--calibrate: rounds the means of fixed-point layers against data; --scheme "
                                      f"{config.scheme} lowers none (use --scheme fixed, or an override to fixed)")
-    grams = None if calibrate is None else calibration_grams(bnn, calibrate, limit=calibrate_inputs)
+    grams = (None if calibrate is None else
+             calibration_grams(bnn, calibrate, limit=calibrate_inputs, progress=progress))
     data_options: dict[str, Any] = {} if grams is None else {"grams": grams}
     if budget is not None:
         assert evaluate is not None  # _check_budget

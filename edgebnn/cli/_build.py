@@ -128,6 +128,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     what = (f"budget {budget}: configurations measured" if budget else
             f"lowering ({config.scheme}): weights, then rows evaluated" if eval_data else
             f"lowering ({config.scheme}): weights")
+    if calibrate_data:
+        what = f"calibration inputs, then {what}"
     try:
         with _progress_bar(what) as progress:
             model, lower_report = lower_model(model_spec, weights, shape, scheme=config, output_index=output_index,

@@ -21,7 +21,12 @@ of weights beyond the grid) and ``hw_dtype`` (what the hardware stores: TensorRT
 Degenerate layers: all-zero μ give q = 0 with Δ = 1 (any positive step decodes to 0); σ = 0 everywhere
 leaves no noise budget, so ``auto`` ends at 16 bits. Both are reported in ``note``.
 
-Report keys besides the common ones: ``scale`` (Δ), ``variance_bits``, ``clipped``, ``hw_dtype``.
+With ``grams`` (input second moments from calibration data, :mod:`edgebnn.passes.gptq`) a weight's codes on
+the same grid are chosen to keep the layer's output error small (GPTQ) instead of each weight's own error.
+
+Report keys besides the common ones: ``scale`` (Δ), ``variance_bits``, ``clipped``, ``hw_dtype``, ``rounding``
+(``nearest`` or ``gptq``; with ``gptq`` also ``output_error`` and ``output_error_nearest``, the relative output
+error of both roundings).
 """
 
 from __future__ import annotations
