@@ -64,7 +64,7 @@ from edgebnn.nn import _pair
 from edgebnn.passes import lower
 from edgebnn.train._loop import TrainResult, check_options, run_epochs, training_arrays
 
-RECIPE: dict[str, Any] = {"epochs": 250, "lr": 0.01, "kl_warmup_epochs": 80}  # train_vnq settings of the claim
+RECIPE: dict[str, Any] = {"epochs": 250, "lr": 0.01, "kl_warmup_epochs": 80, "prune_epochs": 50}  # of the claim
 ENSEMBLE_SAMPLES = 64  # members of the recipe's sampled ensemble (16 leave one test image of MC noise)
 
 K1, K2, K3 = 0.63576, 1.87320, 1.48695
@@ -72,6 +72,7 @@ REFERENCE_LEVEL = 0.2
 TAU = 0.075
 LOG_SIGMA2_RANGE = (-10.0, 1.0)
 MIN_LEVEL = 0.05
+PRUNE_LOG_ALPHA = 2.0  # log T_α: VNQ prunes log α >= 2 (Sec. 3.2), in training's last phase and at lowering
 _FUNNEL = math.exp(-1.0)  # |θ - c| <= σ/e  <=>  shifted log α >= 2
 _EPS = 1e-16
 
@@ -107,6 +108,7 @@ class _VNQLayer(nn.Module):
         if not lo <= init_log_sigma2 <= hi:
             raise InvalidOptionError(f"init_log_sigma2={init_log_sigma2!r} must lie in [{lo}, {hi}]")
         self.use_mean = False
+        self.pruning = False
         self.weight_mu = nn.Parameter(torch.empty(weight_shape))
         self.weight_log_sigma2 = nn.Parameter(torch.full(weight_shape, float(init_log_sigma2)))
         self.level = nn.Parameter(torch.tensor(float(init_level)))
@@ -143,15 +145,32 @@ class _VNQLayer(nn.Module):
         mu = self.clipped_mu().detach()
         return self.weight_log_sigma2.detach().clamp(*LOG_SIGMA2_RANGE) - torch.log(mu * mu + _EPS)
 
+    def pruned(self) -> Tensor:
+        """Boolean mask of the weights VNQ prunes: log α >= :data:`PRUNE_LOG_ALPHA`, i.e. σ² >= e² θ².
+
+        Written as the ``ternary`` pass writes it (σ² against float32 e^2 · θ², no logarithm), so that the
+        weights masked in training are exactly the ones the lowering prunes.
+        """
+        mu = self.clipped_mu().detach()
+        sigma = self.weight_sigma.detach()
+        return sigma * sigma >= float(np.float32(math.exp(PRUNE_LOG_ALPHA))) * (mu * mu)
+
     def _op(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         raise NotImplementedError
 
     def forward(self, x: Tensor) -> Tensor:
-        """Posterior mean (``use_mean``), local reparameterization (training) or one weight sample (eval)."""
+        """Posterior mean (``use_mean``), local reparameterization (training) or one weight sample (eval).
+
+        With ``pruning`` set, the weights :meth:`pruned` marks (recomputed on every call) enter with mean and
+        σ both 0, as the ternary lowering will set them: they get no gradient from the data term.
+        """
         mu = self.clipped_mu()
+        sigma = self.weight_sigma
+        if self.pruning:
+            kept = (~self.pruned()).to(mu.dtype)
+            mu, sigma = mu * kept, sigma * kept
         if self.use_mean:
             return self._op(x, mu, self.bias)
-        sigma = self.weight_sigma
         if self.training:
             mean = self._op(x, mu, self.bias)
             var = self._op(x * x, sigma * sigma, None)
@@ -212,6 +231,7 @@ def train_vnq(
     lr: float = 3e-3,
     level_lr_factor: float = 0.01,
     kl_warmup_epochs: int = 15,
+    prune_epochs: int = 0,
     seed: int = 0,
 ) -> TrainResult:
     """Train a model of VNQ layers in place (ELBO with the quantizing-prior KL; see the module doc).
@@ -225,6 +245,10 @@ def train_vnq(
         lr: Peak Adam learning rate of θ, log σ² and the biases (cosine decay to 0).
         level_lr_factor: The levels' learning rate as a fraction of ``lr`` (paper: 100x lower).
         kl_warmup_epochs: Epochs of the linear KL warm-up β: 0 → 1 (paper: 15).
+        prune_epochs: Pruning-aware training (not the paper's): over the last ``prune_epochs`` epochs every
+            layer runs with ``pruning`` set, the weights of log α >= 2 entering the forward pass with mean and
+            σ 0 (the mask recomputed every step; the KL unchanged; validation sees the masked model too).
+            0 (the paper): never. The model is returned with ``pruning`` off.
         seed: Seeds torch and the shuffling.
 
     Returns:
@@ -238,6 +262,8 @@ def train_vnq(
     check_options(epochs, batch_size, kl_warmup_epochs, lr)
     if not (math.isfinite(level_lr_factor) and level_lr_factor > 0):
         raise InvalidOptionError(f"level_lr_factor={level_lr_factor!r} must be a positive number")
+    if not isinstance(prune_epochs, int) or isinstance(prune_epochs, bool) or not 0 <= prune_epochs <= epochs:
+        raise InvalidOptionError(f"prune_epochs={prune_epochs!r} must be an integer in [0, epochs={epochs}]")
     layers = [m for _, m in vnq_layers(model)]
     if not layers:
         raise InvalidOptionError("train_vnq: the model has no VNQLinear/VNQConv2d layers")
@@ -255,14 +281,27 @@ def train_vnq(
         for m in layers:
             m.clip_()
 
-    return run_epochs(model, groups, x, y, val, loss_terms, recipe="vnq", epochs=epochs, batch_size=batch_size,
-                      kl_warmup_epochs=kl_warmup_epochs, seed=seed, after_step=clip)
+    def set_pruning(on: bool) -> None:
+        for m in layers:
+            m.pruning = on
+
+    def start_pruning_phase(epoch: int) -> None:  # after `epoch`: the last prune_epochs epochs remain
+        if prune_epochs and epoch == epochs - prune_epochs:
+            set_pruning(True)
+
+    start_pruning_phase(0)
+    try:
+        return run_epochs(model, groups, x, y, val, loss_terms, recipe="vnq", epochs=epochs, batch_size=batch_size,
+                          kl_warmup_epochs=kl_warmup_epochs, seed=seed, after_step=clip,
+                          after_epoch=start_pruning_phase)
+    finally:
+        set_pruning(False)
 
 
 def level_table(model: nn.Module) -> dict[str, dict[str, float]]:
     """Per VNQ layer: learned level ``a`` and the fraction of weights with log α >= 2 (pruned by VNQ)."""
     return {
-        path: {"level": float(m.level.detach()), "prunable": float((m.log_alpha() >= 2.0).float().mean())}
+        path: {"level": float(m.level.detach()), "prunable": float(m.pruned().float().mean())}
         for path, m in vnq_layers(model)
     }
 
@@ -284,5 +323,5 @@ def lower_to_ternary(model: nn.Module, bnn: BNNModel, *, seed: int = 0) -> tuple
         The lowered IR and the lowering report (each ternary row's ``level`` is the learned one,
         ``level_from`` ``"levels"``).
     """
-    result = lower(bnn, "ternary", seed=seed, levels=learned_levels(model))
+    result = lower(bnn, "ternary", seed=seed, levels=learned_levels(model), prune_log_alpha=PRUNE_LOG_ALPHA)
     return result.model, result.report
