@@ -10,7 +10,9 @@ with ``--split-seed 0``. ``gap_images`` is the ensemble's accuracy minus the pos
 test images; ``posterior_mean`` is the network of the clipped means of all weights (what the gap is measured
 against), ``masked_posterior_mean`` the same with the weights of log α ≥ 2 set to 0 (what ``--prune-epochs``,
 the last epochs of pruning-aware training, trains for; 0 is the paper's recipe); ``pruned_mu`` the median
-|θ|/a of each layer's pruned weights. ``--threads`` sets torch's intra-op threads (other kernels train other
+|θ|/a of each layer's pruned weights; ``logit_shift`` the median over test images of the largest |Δlogit| that
+pruning (masked against all means) and rounding the kept means (the ternary mean network, ``after_mean``,
+against the masked one) cause. ``--threads`` sets torch's intra-op threads (other kernels train other
 weights). ``--variants`` also lowers the trained model the other ways the paper allows and prints each one's
 ``gap_images`` (``variant_gap_images``): Lloyd's level instead of the learned one, the pruning threshold
 log α ≥ 1 or 3 instead of 2, the first layer kept in float (the paper's "w/o 1").
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from _common import S, deterministic, emit, exported, metrics
+from _common import S, emit, exported, metrics
 
 from edgebnn.data import digits
 from edgebnn.importers import import_model
@@ -39,6 +41,20 @@ from edgebnn.train.vnq import (
     vnq_cnn,
     vnq_layers,
 )
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64."""
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def float_logits(ir: Any, x: np.ndarray) -> np.ndarray:
+    """Logits of ``ir``'s mean network (every weight at its decoded mean), run with onnxruntime."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(ir.float_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
 
 
 def variant_gaps(model: torch.nn.Module, ir: Any, x: np.ndarray, y: np.ndarray, posterior_mean: float, *,
@@ -57,16 +73,21 @@ def variant_gaps(model: torch.nn.Module, ir: Any, x: np.ndarray, y: np.ndarray, 
                         * len(y)) for name, run in variants.items()}
 
 
-def mean_network(model: torch.nn.Module, x: np.ndarray, *, pruning: bool) -> np.ndarray:
-    """Softmax of the posterior-mean network (clipped means), with ``pruning``: log α >= 2 weights at 0."""
+def mean_logits(model: torch.nn.Module, x: np.ndarray, *, pruning: bool) -> np.ndarray:
+    """Logits of the posterior-mean network (clipped means), with ``pruning``: log α >= 2 weights at 0."""
     layers = [layer for _, layer in vnq_layers(model)]
     for layer in layers:
         layer.use_mean, layer.pruning = True, pruning
     with torch.no_grad():
-        probs = torch.softmax(model(torch.from_numpy(x)), -1).numpy()
+        logits = model(torch.from_numpy(x)).numpy()
     for layer in layers:
         layer.use_mean = layer.pruning = False
-    return probs
+    return logits
+
+
+def median_largest_shift(a: np.ndarray, b: np.ndarray) -> float:
+    """Median over the examples of the largest |Δlogit| between two networks' logits."""
+    return round(float(np.median(np.abs(a - b).max(axis=1))), 4)
 
 
 def pruned_mu(model: torch.nn.Module) -> dict[str, float]:
@@ -101,12 +122,13 @@ def main() -> None:
     x, y = data.split("test")
     torch.manual_seed(args.seed)
     before = metrics(mc_predict(model, x, samples=S), y)
-    mean_probs, masked_probs = (mean_network(model, x, pruning=p) for p in (False, True))
+    full_logits, masked_logits = (mean_logits(model, x, pruning=p) for p in (False, True))
     bnn = import_model(model, (1, 1, 8, 8))
     ir, report = lower_to_ternary(model, bnn, seed=args.seed)
     after = exported(ir, x, y, seed=args.seed, samples=args.samples)
-    posterior_mean = metrics(mean_probs, y)
-    masked_mean = metrics(masked_probs, y)
+    posterior_mean = metrics(softmax(full_logits), y)
+    masked_mean = metrics(softmax(masked_logits), y)
+    ternary_logits = float_logits(ir, x)
     variants = (variant_gaps(model, bnn, x, y, posterior_mean["accuracy"], seed=args.seed, samples=args.samples)
                 if args.variants else None)
     emit({
@@ -117,7 +139,9 @@ def main() -> None:
         "after": after,
         "gap_images": round((after["accuracy"] - posterior_mean["accuracy"]) * len(y)),  # 4-decimal inputs: exact
         "variant_gap_images": variants,
-        "after_mean": deterministic(ir, x, y),
+        "after_mean": metrics(softmax(ternary_logits), y),
+        "logit_shift": {"pruning": median_largest_shift(masked_logits, full_logits),
+                        "rounding": median_largest_shift(ternary_logits, masked_logits)},
         "train_s": round(result.wall_time_s, 1),
         "epochs": args.epochs,
         "prune_epochs": args.prune_epochs,
