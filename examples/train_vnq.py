@@ -9,7 +9,7 @@ same) the digits train/val split (the test split never changes). ``tests/integra
 with ``--split-seed 0``. ``gap_images`` is the ensemble's accuracy minus the posterior-mean network's, in
 test images; ``posterior_mean`` is the network of the clipped means of all weights (what the gap is measured
 against), ``masked_posterior_mean`` the same with the weights of log α ≥ 2 set to 0 (what ``--prune-epochs``,
-the last epochs of pruning-aware training, trains for; 0 is the paper's recipe); ``pruned_mu`` the median
+the last epochs of pruning-aware training, trains for; 0 is the paper's recipe); ``pruned_mu`` the largest
 |θ|/a of each layer's pruned weights; ``logit_shift`` the median over test images of the largest |Δlogit| that
 pruning (masked against all means) and rounding the kept means (the ternary mean network, ``after_mean``,
 against the masked one) cause. ``--threads`` sets torch's intra-op threads (other kernels train other
@@ -91,12 +91,12 @@ def median_largest_shift(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def pruned_mu(model: torch.nn.Module) -> dict[str, float]:
-    """Per layer: the median |θ| / a over its pruned (log α >= 2) weights, the means the lowering zeroes."""
+    """Per layer: the largest |θ| / a over its pruned (log α >= 2) weights, the means the lowering zeroes."""
     out = {}
     for path, layer in vnq_layers(model):
         with torch.no_grad():
             mu = layer.clipped_mu()[layer.pruned()].abs() / layer.level
-        out[path] = round(float(mu.median()), 4) if mu.numel() else 0.0
+        out[path] = round(float(mu.max()), 4) if mu.numel() else 0.0
     return out
 
 
