@@ -26,31 +26,31 @@ log α of 2, e^-1 = 0.3679) with gradient stopping — the forward pass uses the
 goes to the unclipped shadow weight. The levels learn with a learning rate ``level_lr_factor`` (1/100)
 times the means' and are clipped to a ≥ 0.05 after every step. Biases are deterministic.
 
-Pruning-aware training (not the paper's; ``prune_epochs``, :data:`RECIPE`: the last 50 of 250 epochs): the
-forward pass of every layer treats the weights of log α >= :data:`PRUNE_LOG_ALPHA` as pruned, mean and σ both 0
-(Molchanov's sparse-VD evaluation mask, applied in training), the mask recomputed every step from the current
-θ and σ; the KL is unchanged. The kept weights learn to do without the pruned ones, and the pruned means feel
-only the KL, which pulls them to its minima at the levels: nearly all go to 0 (a few stay at ±a with σ > e·a),
-so pruning at the lowering barely moves the logits. The model is returned with the mask off: its posterior mean
-(``use_mean``) is still the clipped means of ALL weights.
+Pruning-aware training (not the paper's; ``prune_epochs``, :data:`RECIPE`: the last 50 of 250 epochs): the forward
+pass of every layer treats the weights of log α >= :data:`PRUNE_LOG_ALPHA` as pruned, mean and σ both 0
+(Molchanov's sparse-VD evaluation mask, applied in training), the mask recomputed every step from the current θ and
+σ; the KL is unchanged. The kept weights learn to do without the pruned ones, and the pruned means feel only the
+KL, which pulls them to its minima at the levels: nearly all go to 0 (a few sit at ±a with σ > e·a, as without the
+phase), so pruning at the lowering barely moves the logits. The model is returned with the mask off: its posterior
+mean (``use_mean``) is still the clipped means of ALL weights.
 
 Post-training (Sec. 3.2, Eq. 13-15; no fine-tuning): prune log α ≥ log T_α = 2, assign each remaining weight to
 argmin_k (c_k - θ)² on the learned codebook (-a, 0, a). :func:`lower_to_ternary` runs edgebnn's ``ternary``
 pass with ``levels=`` :func:`learned_levels` (without it the pass re-fits a by Lloyd's rule on the kept means).
 
-Claim (docs/recipes.md, ``examples/train_vnq.py``, asserted on seed 0 in ``tests/integration/test_recipes.py``):
-on digits, :func:`vnq_cnn` trained with :data:`RECIPE` and lowered to ternary without fine-tuning, the
-sampled ensemble of :data:`ENSEMBLE_SAMPLES` members is at most one test image (0.28 point of 360; issue 23's
-goal: within 0.5 point) below the posterior-mean network of all the clipped means. ``examples/train_vnq.py
---seed 0/1/2`` measures -1 / +1 / 0 images (seeds 3, 4: -1 / 0; seed 0 trained on two torch threads: -1), and
-the ternary mean network the same. Without the phase (``prune_epochs=0``, the paper) they were -1 / 0 / -1 with
-the ternary mean network at -2 / 0 / -2 and seed 0 on two threads at -3: zeroing the pruned means moved the
-logits more than rounding the kept ones (seed 0: median over test images of the largest |Δlogit| 0.41 against
-0.18); with the phase pruning moves them by 0.05 (seeds 1, 2: 0.02, 0.03) and rounding is what is left. The
-deployed ensemble's accuracy is unchanged on seeds 0-2 (0.9528 / 0.9500 / 0.9611); the posterior mean lost an
-image on seeds 1 and 2 (0.9472 / 0.9611, from 0.9500 / 0.9639) — part of the closing is the reference moving.
-The ensemble's accuracy equals the ternary mean network's on every seed measured (kept σ are small). A
-100-epoch phase measured 0 / 0 / -1 and seeds 3, 4 at -2 / -1: no better.
+Claim (docs/recipes.md, ``examples/train_vnq.py``, asserted on seed 0 in ``tests/integration/test_recipes.py``): on
+digits, :func:`vnq_cnn` trained with :data:`RECIPE` and lowered to ternary without fine-tuning, the sampled
+ensemble of :data:`ENSEMBLE_SAMPLES` members is at most one test image (0.28 point of 360; issue 23's goal: within
+0.5 point) below the posterior-mean network of all the clipped means. ``examples/train_vnq.py --seed 0/1/2``
+measures -1 / +1 / 0 images (seeds 3, 4: -1 / 0; seed 0 trained on two torch threads: -1), and the ternary mean
+network the same. Without the phase (``prune_epochs=0``, the paper) they were -1 / 0 / -1 with the ternary mean
+network at -2 / 0 / -2 and seed 0 on two threads at -3: zeroing the pruned means moved the logits at least as much
+as rounding the kept ones (seed 0: median over test images of the largest |Δlogit| 0.41 against 0.18; seeds 1-4:
+0.20-0.37); with the phase pruning moves them by 0.05 (seeds 1-4: 0.02-0.07) and rounding (0.23-0.36) is what is
+left. The deployed ensemble's accuracy is unchanged on seeds 0-2 (0.9528 / 0.9500 / 0.9611; seed 3: two images
+lower); the posterior mean lost an image on seeds 1 and 2 (0.9472 / 0.9611, from 0.9500 / 0.9639) — part of the
+closing is the reference moving. The ensemble's accuracy equals the ternary mean network's on every seed measured
+(kept σ are small). A 100-epoch phase measured 0 / 0 / -1 and seeds 3, 4 at -2 / -1: no better.
 """
 
 from __future__ import annotations
