@@ -107,14 +107,15 @@ def test_vnq_training_clips_and_lowers_to_ternary(small_digits):
             assert row["level"] == np.float32(prunable[row["layer"]]["level"])
 
 
-def test_vnq_sampled_ensemble_is_within_two_test_images_of_the_posterior_mean():
-    """What the recipe measures today (docs/recipes.md) at its own settings on seed 0: VNQ on digits, ternary with
-    the learned levels and without fine-tuning, the 64-member sampled ensemble at most two test images (0.56 point
-    of 360) below the posterior-mean network (measured here: 0.9528 vs 0.9556, one image; issue 23's goal is one).
-    Two, not one: the margin is the draws' (the ternary mean network is two images below on seeds 0 and 2, and so
-    was the ensemble before ``shrink`` changed its draws), and other kernels train other weights (on two torch
-    threads, seed 0 measures three images below: the conftest trains on one);
-    ``examples/train_vnq.py --seed S`` measures the other seeds (docs/recipes.md has the table).
+def test_vnq_sampled_ensemble_is_within_one_test_image_of_the_posterior_mean():
+    """Issue 23's goal at the recipe's settings on seed 0: VNQ on digits with pruning-aware training
+    (``RECIPE["prune_epochs"]``), ternary with the learned levels, the 64-member sampled ensemble at most one
+    test image (0.28 point of 360: within 0.5 point) below the posterior-mean network of ALL the clipped means
+    (the pruned ones not zeroed: the same reference as before the phase). Measured here: 0.9528 vs 0.9556, one
+    image below, the bound itself; on two torch threads seed 0 is one image below too (three before the phase),
+    and ``examples/train_vnq.py --seed S`` measures seeds 1-4 at +1 / 0 / -1 / 0 (docs/recipes.md). The margin
+    the phase buys is in the mean networks: pruning no longer moves the logits, so the ternary mean network
+    sits with the ensemble instead of two images below.
     """
     import onnxruntime as ort
 
@@ -123,19 +124,34 @@ def test_vnq_sampled_ensemble_is_within_two_test_images_of_the_posterior_mean():
     from edgebnn.importers import import_model
     from edgebnn.metrics import accuracy
     from edgebnn.runtime import Session
-    from edgebnn.train.vnq import ENSEMBLE_SAMPLES, RECIPE, lower_to_ternary, train_vnq, vnq_cnn
+    from edgebnn.train.vnq import ENSEMBLE_SAMPLES, RECIPE, lower_to_ternary, train_vnq, vnq_cnn, vnq_layers
 
     data = digits(0)
     torch.manual_seed(0)
     model = vnq_cnn()
     train_vnq(model, data, seed=0, **RECIPE)
     x, y = data.split("test")
+
+    def mean_logits(ir):
+        sess = ort.InferenceSession(ir.float_model().SerializeToString(), providers=["CPUExecutionProvider"])
+        return sess.run(None, {sess.get_inputs()[0].name: x})[0]
+
     bnn = import_model(model, (1, 1, 8, 8))
-    sess = ort.InferenceSession(bnn.float_model().SerializeToString(), providers=["CPUExecutionProvider"])
-    mean_acc = accuracy(sess.run(None, {sess.get_inputs()[0].name: x})[0], y)
+    full = mean_logits(bnn)  # the posterior-mean network: every clipped mean, pruned ones included
+    for _, layer in vnq_layers(model):
+        layer.use_mean = layer.pruning = True
+    with torch.no_grad():
+        masked = model(torch.from_numpy(x)).numpy()
+    # the phase's mechanism: zeroing the pruned means barely moves the logits (median over test images of the
+    # largest |Δlogit|: 0.41 on this seed without the phase, 0.05 with it; 0.1 lies between)
+    assert float(np.median(np.abs(masked - full).max(axis=1))) < 0.1
+    mean_acc = accuracy(full, y)
     ternary, _ = lower_to_ternary(model, bnn, seed=0)
+    # the ternary mean network (no draws) within one image too: two below without the phase
+    assert accuracy(mean_logits(ternary), y) >= mean_acc - 1 / len(y) - 1e-9, (accuracy(mean_logits(ternary), y),
+                                                                              mean_acc)
     probs = Session(export_onnx(ternary, ENSEMBLE_SAMPLES, mode="baked", seed=0)).predict(x).probs
-    assert accuracy(probs, y) >= mean_acc - 2 / len(y) - 1e-9, (accuracy(probs, y), mean_acc)
+    assert accuracy(probs, y) >= mean_acc - 1 / len(y) - 1e-9, (accuracy(probs, y), mean_acc)
 
 
 def test_bc_prunes_groups_and_picks_bits(small_digits):
