@@ -269,10 +269,6 @@ def renamed_input(node: onnx.NodeProto, old: str, new: str) -> onnx.NodeProto:
     return copy
 
 
-def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def static_shapes(proto: onnx.ModelProto) -> dict[str, list[int]]:
     """Shapes of every value with the batch set to 1 (non-batch dims must be static)."""
     probe = onnx.ModelProto()

@@ -44,13 +44,13 @@ from onnx import numpy_helper
 from scipy.stats import norm, qmc
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata, static_shapes
+from edgebnn.exporters._graph import Builder, P, set_metadata, static_shapes
 from edgebnn.exporters.heads import quadrature_matrix_of
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
 from edgebnn.exporters.stores.float_ import FLOAT
-from edgebnn.ir import BNNModel
+from edgebnn.ir import BNNModel, attrs_of
 
 SHAPE_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
 VAR_FLOOR = 1e-12  # keeps √v finite where a unit has no variance

@@ -36,10 +36,10 @@ import numpy as np
 import onnx
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters._graph import Builder, P, attrs_of, set_metadata
+from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.analytic import VAR_FLOOR, quadrature_matrix
 from edgebnn.exporters.layers import layer_kind
-from edgebnn.ir import BNNModel
+from edgebnn.ir import BNNModel, attrs_of
 from edgebnn.ir.encodings import DenseGaussianWeight, Encoding, KronGaussianWeight
 
 # (builder, weight encoding [K, n], features φ [B, n], name prefix) -> Var f [B, K] from the weight

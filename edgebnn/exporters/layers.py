@@ -59,8 +59,9 @@ import onnx
 from onnx import numpy_helper
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import CONTRIB, INT4_BLOCK, Builder, attrs_of, int8_parts, nbits_weight, renamed_input
+from edgebnn.exporters._graph import CONTRIB, INT4_BLOCK, Builder, int8_parts, nbits_weight, renamed_input
 from edgebnn.exporters.forms import NBITS_ACCURACY_LEVEL
+from edgebnn.ir import attrs_of
 from edgebnn.ir.encodings import MASK_SUFFIX, Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value

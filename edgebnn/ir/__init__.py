@@ -15,6 +15,7 @@ from edgebnn.ir._model import (
     BNNModel,
     EncodedWeight,
     Manifest,
+    attrs_of,
     make_encoding_node,
     tensor_to_array,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "Encoding",
     "GaussianWeight",
     "Manifest",
+    "attrs_of",
     "from_bytes",
     "gaussian_mlp",
     "load",

@@ -182,7 +182,7 @@ class BNNModel:
                 yield self._decode_node(node, inits)
 
     def _decode_node(self, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> EncodedWeight:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         layer = attrs.pop("layer", b"")
         name = node.output[0] if node.output else "?"
         try:
@@ -283,6 +283,11 @@ class BNNModel:
                                   producer_name=self.proto.producer_name, producer_version=self.proto.producer_version)
         proto.ir_version = self.proto.ir_version
         return proto
+
+
+def attrs_of(node: onnx.NodeProto) -> dict[str, Any]:
+    """A node's attributes as Python values (``onnx.helper.get_attribute_value``), by name."""
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def make_encoding_node(graph: onnx.GraphProto, name: str, layer: str, enc: Encoding, **attrs: Any) -> onnx.NodeProto:

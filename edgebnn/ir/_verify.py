@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, shape_inference
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.ir._model import DOMAIN, MAX_IR_VERSION, OPSET_RANGE, BNNModel, copy_field
+from edgebnn.ir._model import DOMAIN, MAX_IR_VERSION, OPSET_RANGE, BNNModel, attrs_of, copy_field
 
 Shape = list[int | None]
 
@@ -121,7 +121,7 @@ def _check_shapes(model: BNNModel, encoded: list[_Weight]) -> None:
         w = weights[node.input[1]]
         at = f"{where}: layer {w.layer!r} ({node.op_type} {node.name or node.output[0]!r}): weight {w.name!r}"
         wshape = list(w.shape)
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         x = shapes.get(node.input[0])
         bias = shapes.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         if node.op_type == "Gemm":

@@ -40,7 +40,7 @@ import onnx
 from onnx import helper
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.ir import BNNModel
+from edgebnn.ir import BNNModel, attrs_of
 
 DAMPING = 0.01
 """H += DAMPING · mean(diag H) · I before inverting (GPTQ's default)."""
@@ -136,13 +136,9 @@ class _Reader:
     conv: dict[str, list[int]] | None  # kernel_shape, strides, pads, dilations of a Conv
 
 
-def _attrs(node: onnx.NodeProto) -> dict[str, object]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _readers(graph: onnx.GraphProto, weights: Iterable[str], shapes: Mapping[str, tuple[int, ...]]) -> list[_Reader]:
-    """One reader per weight read directly as a 1-group Conv's, a Gemm's or a MatMul's weight input."""
-    names = set(weights)
+def _readers(graph: onnx.GraphProto, shapes: Mapping[str, tuple[int, ...]]) -> list[_Reader]:
+    """One reader per weight (``shapes``' keys) read directly as a 1-group Conv's, a Gemm's or a MatMul's weight."""
+    names = set(shapes)
     found: dict[str, _Reader] = {}
     uses: dict[str, int] = {}
     for node in graph.node:
@@ -151,7 +147,7 @@ def _readers(graph: onnx.GraphProto, weights: Iterable[str], shapes: Mapping[str
                 uses[name] = uses.get(name, 0) + 1
         if len(node.input) < 2 or node.input[1] not in names:
             continue
-        a, w = _attrs(node), node.input[1]
+        a, w = attrs_of(node), node.input[1]
         if node.op_type == "Conv" and a.get("group", 1) == 1 and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"):
             kernel = list(shapes[w][2:])
             nd = len(kernel)
@@ -201,7 +197,7 @@ def layer_grams(model: BNNModel, batches: Iterable[np.ndarray], *,
 
     proto = model.float_model()
     shapes = {w.name: tuple(w.encoding.shape) for w in model.encoded_weights()}
-    readers = _readers(proto.graph, shapes, shapes)
+    readers = _readers(proto.graph, shapes)
     outputs = list(dict.fromkeys(r.data for r in readers))
     have = {o.name for o in proto.graph.output}
     for name in outputs:
@@ -211,8 +207,8 @@ def layer_grams(model: BNNModel, batches: Iterable[np.ndarray], *,
     options.log_severity_level = 3
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feed = session.get_inputs()[0].name
-    sums = {r.weight: np.zeros((0, 0)) for r in readers}
-    counts = dict.fromkeys(sums, 0)
+    sums: dict[str, np.ndarray] = {}
+    counts = {r.weight: 0 for r in readers}
     done = 0
     for x in batches:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -220,12 +216,16 @@ def layer_grams(model: BNNModel, batches: Iterable[np.ndarray], *,
             acts = dict(zip(outputs, session.run(outputs, {feed: x}), strict=True))
         except Exception as e:  # onnxruntime raises its own types for a wrong shape
             raise InvalidOptionError(f"calibration inputs {x.shape}: the model does not take them ({e})") from e
+        batch: dict[str, tuple[np.ndarray, int]] = {}  # weights reading one input the same way share its H
         for r in readers:
-            a = acts[r.data]
-            cols = _patches(a, r.conv) if r.conv is not None else a.reshape(-1, a.shape[-1]).T
-            g = cols @ cols.T  # float32 BLAS per batch, summed in float64
-            sums[r.weight] = g.astype(np.float64) if counts[r.weight] == 0 else sums[r.weight] + g
-            counts[r.weight] += cols.shape[1]
+            key = repr((r.data, r.conv))
+            if key not in batch:
+                a = acts[r.data]
+                cols = _patches(a, r.conv) if r.conv is not None else a.reshape(-1, a.shape[-1]).T
+                batch[key] = (cols @ cols.T).astype(np.float64), cols.shape[1]  # float32 BLAS per batch
+            g, n = batch[key]
+            sums[r.weight] = sums[r.weight] + g if r.weight in sums else g
+            counts[r.weight] += n
         done += len(x)
         if progress is not None:
             progress(done)

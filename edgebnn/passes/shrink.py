@@ -55,7 +55,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from edgebnn.ir import DOMAIN, ENCODINGS, BNNModel, EncodedWeight, Encoding
+from edgebnn.ir import DOMAIN, ENCODINGS, BNNModel, EncodedWeight, Encoding, attrs_of
 from edgebnn.passes.base import Pass, PassConfig, PassResult
 
 MAX_ROUNDS = 4  # removals per node at most (each removal shrinks a layer; a bound, not a tuning knob)
@@ -204,7 +204,7 @@ class _Elementwise(_Op):
         self.fn = fn
 
     def constant(self, node: onnx.NodeProto, graph: _Graph, c: np.ndarray) -> np.ndarray:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         with np.errstate(all="ignore"):
             return self.fn(c.astype(np.float32), attrs).astype(np.float64)
 
@@ -213,7 +213,7 @@ class _Pool(_Op):
     conv_only = True
 
     def constant(self, node: onnx.NodeProto, graph: _Graph, c: np.ndarray) -> np.ndarray:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         padded = any(attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID")
         if node.op_type == "AveragePool" and padded and attrs.get("count_include_pad", 0):
             return np.where(c == 0, 0.0, np.nan)  # a padded border averages c with zeros
@@ -276,7 +276,7 @@ class _Binary(_Op):
 
 class _BatchNorm(_Op):
     def params(self, node: onnx.NodeProto, graph: _Graph, producer: _Layer) -> list[tuple[_Param, int]] | str:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         if attrs.get("training_mode", 0) or len(node.output) != 1:
             return "a training-mode BatchNormalization"
         if not (producer.conv or producer.node.op_type == "Gemm"):  # a MatMul output's rank is not known here
@@ -290,7 +290,7 @@ class _BatchNorm(_Op):
         return out
 
     def constant(self, node: onnx.NodeProto, graph: _Graph, c: np.ndarray) -> np.ndarray:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         scale, bias, mean, var = (_unit_values(graph.param(n), c.size).astype(np.float32)  # type: ignore[arg-type]
                                   for n in node.input[1:5])
         eps = np.float32(attrs.get("epsilon", 1e-5))
@@ -359,7 +359,7 @@ class _Graph:
 
     def layer(self, node: onnx.NodeProto) -> _Layer | str:
         """``node`` as a layer, or why it is not one this pass can shrink."""
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         if len(node.input) < 2 or len(node.output) != 1:
             return f"{node.op_type} without a weight"
         weight = self.param(node.input[1])
@@ -439,7 +439,7 @@ class _Graph:
         return self._shapes.get(value)
 
     def _flatten(self, node: onnx.NodeProto) -> str | None:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = attrs_of(node)
         if node.op_type == "Flatten":
             return None if attrs.get("axis", 1) == 1 else "a Flatten on an axis other than 1"
         target = self.inits.get(node.input[1])
@@ -507,7 +507,7 @@ def _plan(graph: _Graph, edge: _Edge) -> tuple[np.ndarray, _Plan] | str:
 
 def _foldable(c: _Layer, span: int) -> Callable[[_Plan, np.ndarray, np.ndarray, int], None] | None:
     """How to fold constant units into ``c``'s bias (rule (c)), or None where it cannot be exact."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in c.node.attribute}
+    attrs = attrs_of(c.node)
     if c.node.op_type == "MatMul" or (c.bias is not None and c.bias.node is not None):
         return None
     if c.node.op_type == "Gemm" and c.beta == 0:
