@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[torch,dev,search]'
+	$(PY) -m pip install -q -e '.[torch,dev,search,tensorrt]'
 	$(PY) -m pip install -q --no-deps $(BNN_LIBS)
 	$(PY) -m pip install -q --no-deps $(LAPLACE_LIBS)
 	touch $(STAMP)

@@ -11,10 +11,12 @@ ARM host: :func:`export_device`).
 
 It is the one table the exporters read for "what does device X run" (:func:`export_device`): the exported weight
 formats (``weight_formats``: TensorRT 10.3 on Jetson does not parse the opset-21 int4 DequantizeLinear, so Orin
-takes fp32 and int8), whether the runtime runs a store's in-graph decode of packed codes
-(``decodes``: onnxruntime folds it at session creation; TensorRT gets the float store) and whether it runs
-random ops (``random_ops``: TensorRT ignores their seeds and DLA does not run them, so ``noise`` keeps its
-host-filled noise inputs there).
+takes fp32 and int8), whether the runtime runs a store's in-graph decode of packed codes (``decodes``:
+onnxruntime folds it at session creation; TensorRT-RTX parses and builds it, checked by real builds in
+tests/integration/test_tensorrt_rtx.py; Jetson's TensorRT 10.3 is unverified, so it gets the float store), whether
+random ops run with their seeds (``random_ops``: TensorRT imports them as a Fill layer that ignores the seed and
+DLA does not run them, so ``noise`` defaults to host-filled noise inputs there), and which TensorRT builds its
+engines (``builder``: TensorRT-RTX on any machine for ``rtx``, the board's TensorRT for Jetson).
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ class DeviceProfile:
         runtime: The runtime exported graphs run on (``onnxruntime CPU``, ``TensorRT 10.3``, ...).
         weight_formats: ``--weights`` formats the exported graph may use on this device.
         decodes: Whether the runtime runs the stores' in-graph decode of packed codes (:mod:`edgebnn.exporters.stores`).
-        random_ops: Whether the runtime runs seeded RandomNormal/RandomUniform(Like) (``noise --rng graph``).
+        random_ops: Whether the runtime runs RandomNormal/RandomUniform(Like) with their seeds (``noise --rng graph``
+            by default).
+        builder: What builds the device's engines (:data:`edgebnn.exporters.tensorrt.BUILDERS`): ``tensorrt-rtx``
+            (ahead of time, any machine), ``tensorrt`` (on the device), None without TensorRT.
     """
 
     name: str
@@ -60,6 +65,7 @@ class DeviceProfile:
     weight_formats: tuple[str, ...] = ("fp32", "int8", "int4")
     decodes: bool = True
     random_ops: bool = True
+    builder: str | None = None
 
     @property
     def on_tensorrt(self) -> bool:
@@ -96,8 +102,8 @@ DEVICES: dict[str, DeviceProfile] = {
             memory_gib=None,
             power_meters=("nvml",),
             tensorrt="11",
-            description="desktop/laptop NVIDIA RTX GPU with TensorRT 11",
-            runtime="TensorRT", decodes=False, random_ops=False,
+            description="desktop/laptop NVIDIA RTX GPU; engines built ahead of time by TensorRT for RTX",
+            runtime="TensorRT-RTX", random_ops=False, builder="tensorrt-rtx",
         ),
         DeviceProfile(
             name="jetson-orin-nano",
@@ -109,6 +115,7 @@ DEVICES: dict[str, DeviceProfile] = {
             tensorrt="10.3",
             description="Jetson Orin Nano 8GB, JetPack 6 (TensorRT 10.3), no DLA",
             runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
+            builder="tensorrt",
         ),
         DeviceProfile(
             name="jetson-orin-nx",
@@ -120,6 +127,7 @@ DEVICES: dict[str, DeviceProfile] = {
             tensorrt="10.3",
             description="Jetson Orin NX 16GB, JetPack 6 (TensorRT 10.3), 2 DLA cores (the 8GB module has 1)",
             runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
+            builder="tensorrt",
         ),
         DeviceProfile(
             name="jetson-agx-orin",
@@ -131,6 +139,7 @@ DEVICES: dict[str, DeviceProfile] = {
             tensorrt="10.3",
             description="Jetson AGX Orin 64GB, JetPack 6 (TensorRT 10.3), 2 DLA cores",
             runtime="TensorRT 10.3", weight_formats=_ORIN_WEIGHTS, decodes=False, random_ops=False,
+            builder="tensorrt",
         ),
     )
 }

@@ -87,9 +87,11 @@ def synthetic_linear(seed: int = 0, sigma: float = 0.3, n_in: int = 5, classes: 
     return BNNModel(model, manifest, "synthetic_linear")
 
 
-def write_trt_model(path: Path, *, batch: int | str = 1, width: int | str = 8, random: bool = False) -> Path:
-    """A small plain ONNX classifier (Gemm, Relu, Softmax; optionally a RandomNormalLike) for the TensorRT
-    exporter: the unit tests and the device tests build the same graph."""
+def write_trt_model(path: Path, *, batch: int | str = 1, width: int | str = 8, random: bool = False,
+                    unsupported: bool = False) -> Path:
+    """A small plain ONNX classifier (Gemm, Relu, Softmax; optionally a RandomNormalLike, which TensorRT builds
+    with a warning, or a Unique, which its parser refuses) for the TensorRT exporter: the unit tests and the
+    device tests build the same graph."""
     rng = np.random.default_rng(0)
     inits = [
         numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w"),
@@ -102,6 +104,8 @@ def write_trt_model(path: Path, *, batch: int | str = 1, width: int | str = 8, r
     ]
     if random:
         nodes.append(helper.make_node("RandomNormalLike", ["probs"], ["eps"], name="noise"))
+    if unsupported:
+        nodes.append(helper.make_node("Unique", ["probs"], ["uniq"], name="uniq"))
     graph = helper.make_graph(
         nodes,
         "bnn",

@@ -32,6 +32,7 @@ from edgebnn.tables import (
     print_inspect,
     print_lower_eval,
     print_lower_report,
+    times_smaller,
 )
 
 if TYPE_CHECKING:
@@ -267,18 +268,27 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--device", default=None,
               help="Target onnx: cpu|arm64 (default cpu; picks the weight form). TensorRT device profile: "
                    "jetson-orin-nano|jetson-orin-nx|jetson-agx-orin|rtx (default rtx).")
-@click.option("--dry-run", is_flag=True, help="TensorRT: write the TensorRT-ready ONNX and the trtexec command only.")
+@click.option("--dry-run", is_flag=True,
+              help="TensorRT: write the ONNX, the build manifest and the trtexec command only (Jetson: build there; "
+                   "rtx builds here with TensorRT for RTX, pip install 'edgebnn[tensorrt]').")
 @click.option("--workspace-mib", default=1024, show_default=True, help="TensorRT builder workspace limit.")
 @click.option("--dla-core", type=int, default=None, help="TensorRT on Jetson: run on this DLA core (GPU fallback on).")
 @click.option("--timing-cache", type=click.Path(dir_okay=False), default=None, help="TensorRT timing cache file.")
 @click.option("--max-batch", default=1, show_default=True, help="TensorRT: largest batch the engine accepts.")
+@click.option("--min-batch", default=1, show_default=True, help="TensorRT: smallest batch the engine accepts.")
+@click.option("--opt-batch", type=int, default=None, help="TensorRT: the batch the engine is tuned for [max-batch].")
+@click.option("--compute-capability", multiple=True, metavar="X.Y",
+              help="rtx: a GPU generation the engine runs on (8.0, 8.6, 8.9, 12.0; 7.5 = Turing, no FP32 GEMM); "
+                   "repeat for several. Default: TensorRT for RTX's portable set (Ampere and later).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Output .onnx (target onnx) or engine path (target tensorrt).")
+              help="Output .onnx (target onnx) or engine path (target tensorrt: model.engine; the ONNX it compiles "
+                   "is written beside it as model.engine.onnx, with model.engine.manifest.json).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False),
               help="Write the export report as JSON: the export metadata and the deployed bytes (key deployed).")
 def export(file: str, target: str, samples: int | None, mode: str, noise_variant: str, weight_format: str, rng: str,
            hoist: str, form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int,
-           dla_core: int | None, timing_cache: str | None, max_batch: int, output: str, json_out: str | None) -> None:
+           dla_core: int | None, timing_cache: str | None, max_batch: int, min_batch: int, opt_batch: int | None,
+           compute_capability: tuple[str, ...], output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
@@ -314,28 +324,45 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")
         _print_deployed(output, meta.to_dict(), json_out)
         return
-    from edgebnn.exporters.tensorrt import build_engine
+    from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
+    from edgebnn.exporters.tensorrt import manifest_path as manifest_name
 
-    onnx_path = Path(output).with_suffix(".onnx")
-    if onnx_path == Path(output):
-        raise InvalidOptionError(f"-o {output}: give the engine path (e.g. model.engine), not an .onnx path")
-    save_onnx(proto, onnx_path)
-    console.print(f"wrote {onnx_path} (TensorRT-ready ONNX)")
-    _print_deployed(str(onnx_path), meta.to_dict(), json_out)
-    manifest = build_engine(onnx_path, Path(output), device or "rtx", workspace_mib=workspace_mib,
-                            dla_core=dla_core, timing_cache=Path(timing_cache) if timing_cache else None,
-                            dry_run=dry_run, max_batch=max_batch)
-    what = "dry run: engine not built" if dry_run else f"wrote {output} (TensorRT {manifest['tensorrt_version']})"
-    console.print(f"{what}; trtexec equivalent:\n  {shlex.join(manifest['trtexec'])}", highlight=False)
+    onnx_path = engine_onnx_path(output)
+    with _progress_bar(f"building the TensorRT engine for {device or 'rtx'}"):
+        manifest = compile_engine(proto, output, device or "rtx", workspace_mib=workspace_mib, dla_core=dla_core,
+                                  timing_cache=Path(timing_cache) if timing_cache else None, dry_run=dry_run,
+                                  max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
+                                  compute_capability=compute_capability)
+    console.print(f"wrote {onnx_path} (the ONNX TensorRT compiled) and {manifest_name(output)}", highlight=False)
+    for warning in manifest["builder_warnings"]:
+        console.print(f"TensorRT warning: {warning}", highlight=False, markup=False)
+    if dry_run:
+        console.print(f"dry run: engine not built; trtexec equivalent:\n  {shlex.join(manifest['trtexec'])}",
+                      highlight=False, markup=False)
+    else:
+        console.print(f"wrote {output} ({fmt_bytes(manifest['engine_bytes'])}; {manifest['builder']} "
+                      f"{manifest['tensorrt_version']}, built in {manifest['build_seconds']:.2f} s, "
+                      f"batch {min_batch}..{max_batch})", highlight=False, markup=False)
+    _print_deployed(str(onnx_path), meta.to_dict(), json_out, engine=manifest)
 
 
-def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None) -> None:
-    """The written ONNX's deployed bytes as a table, and ``--json``: the export metadata and ``deployed``."""
+def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None,
+                    engine: dict[str, Any] | None = None) -> None:
+    """The written ONNX's deployed bytes as a table, and ``--json``: the export metadata and ``deployed``; on a
+    TensorRT target the engine (what the device loads: key ``engine``, its build manifest) beside the ONNX."""
     from edgebnn.exporters.sizes import deployed_bytes
 
     deployed = deployed_bytes(path).to_dict()
-    print_deployed(console, deployed)
-    write_json(json_out, {"file": path, "export": export_meta, "deployed": deployed}, schemas.EXPORT)
+    print_deployed(console, deployed, title="ONNX" if engine is not None else "deployed")
+    if engine is not None and engine["engine_bytes"] is not None:
+        n = int(engine["engine_bytes"])
+        console.print(f"engine (what the device loads): {fmt_bytes(n)} ({n:,} bytes): "
+                      f"{times_smaller(deployed.get('float_bnn_bytes'), n, 'fp32 BNN')}; "
+                      f"{n / deployed['file_bytes']:.1f}x the ONNX", highlight=False, markup=False)
+    report = {"file": path, "export": export_meta, "deployed": deployed}
+    if engine is not None:
+        report["engine"] = engine
+    write_json(json_out, report, schemas.EXPORT)
 
 
 # -- calibrate --------------------------------------------------------------------------------------------

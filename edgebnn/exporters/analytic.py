@@ -49,6 +49,7 @@ from edgebnn.exporters.heads import quadrature_matrix_of
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
+from edgebnn.exporters.stores.base import TRT
 from edgebnn.exporters.stores.float_ import FLOAT
 from edgebnn.ir import BNNModel, attrs_of
 
@@ -143,7 +144,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
             pool = pool_of.get(out)
             if pool is not None:  # max-pool first: relu(max x) = max(relu x) draw by draw, on a quarter of the units
                 pre = p + "pooled"
-                vx = _max_pool_moments(b, pool, x, vx, pre, p)
+                vx = _max_pool_moments(b, pool, x, vx, pre, p, shapes.get(x))
                 x, out = pre, pool.output[0]
                 skip.add(out)
             var[out] = _relu_moments(b, x, vx, out, p)
@@ -169,7 +170,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
                 b.nodes.append(node)
                 var[out] = None
                 continue
-            var[out] = _max_pool_moments(b, node, node.input[0], vx, out, p)
+            var[out] = _max_pool_moments(b, node, node.input[0], vx, out, p, shapes.get(node.input[0]))
         elif op in ("AveragePool", "GlobalAveragePool"):
             b.nodes.append(node)
             vx = var[node.input[0]]
@@ -329,12 +330,58 @@ def _relu_then_max_pool(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
             and uses[r][0].op_type == "MaxPool" and len(uses[r][0].output) == 1}
 
 
-def _max_pool_moments(b: Builder, node: onnx.NodeProto, m: str, v: str, out: str, p: str) -> str:
-    """MaxPool ``node`` on the mean ``m`` (written to ``out``); returns the variance at each arg-max."""
+def _max_pool_moments(b: Builder, node: onnx.NodeProto, m: str, v: str, out: str, p: str,
+                      shape: list[int] | None = None) -> str:
+    """MaxPool ``node`` on the mean ``m`` (written to ``out``); returns the variance at each arg-max.
+
+    onnxruntime: MaxPool's Indices output and a Gather. TensorRT parses no Indices output (a MaxPool with two
+    outputs is refused): there the window taps are strided Slices of m and v, stacked on a new axis, and v is
+    read at the arg-max of m's taps (ArgMax, GatherElements): the same values, in ops TensorRT imports."""
+    if TRT in (b.store_runtimes or ()):
+        return _max_pool_taps(b, node, m, v, out, p, shape)
     idx = p + "argmax"
     b.nodes.append(onnx.helper.make_node("MaxPool", [m], [out, idx], **attrs_of(node)))
     flat = b.add("Reshape", [v, b.i64(p + "flat", -1)], p + "v_flat")
     return b.add("Gather", [flat, idx], p + "v_pool", axis=0)
+
+
+def _max_pool_taps(b: Builder, node: onnx.NodeProto, m: str, v: str, out: str, p: str,
+                   shape: list[int] | None) -> str:
+    """:func:`_max_pool_moments` without the Indices output (TensorRT)."""
+    attrs = attrs_of(node)
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    n = len(kernel)
+    strides = [int(s) for s in attrs.get("strides", [1] * n)]
+    dilations = [int(d) for d in attrs.get("dilations", [1] * n)]
+    pads = [int(q) for q in attrs.get("pads", [0] * 2 * n)]
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if shape is None or len(shape) != n + 2 or any(int(d) <= 0 for d in shape[2:]) or auto_pad != "NOTSET" \
+            or int(attrs.get("ceil_mode", 0)):
+        raise UnsupportedLayerError(f"MaxPool node {node.name or out!r}: analytic mode on TensorRT needs static "
+                                    "spatial dims, explicit pads and ceil_mode 0 (TensorRT parses no MaxPool Indices)")
+    b.nodes.append(onnx.helper.make_node("MaxPool", [m], [out], **attrs))
+    if any(pads):  # MaxPool's padding never wins: pad the means far below any value, the variances with 0
+        onnx_pads = b.i64(p + "pads", 0, 0, *pads[:n], 0, 0, *pads[n:])
+        m = b.add("Pad", [m, onnx_pads, b.f32(p + "lowest", -3.0e38)], p + "m_pad")
+        v = b.add("Pad", [v, onnx_pads, b.f32(p + "zero", 0.0)], p + "v_pad")
+    spatial = [int(d) + pads[i] + pads[n + i] for i, d in enumerate(shape[2:])]
+    sizes = [(spatial[i] - dilations[i] * (kernel[i] - 1) - 1) // strides[i] + 1 for i in range(n)]
+    axes = b.i64(p + "axes", *range(2, n + 2))
+    steps = b.i64(p + "steps", *strides)
+    tap_axis = b.i64(p + "tap_axis", 2)
+    taps: dict[str, list[str]] = {m: [], v: []}
+    for t, offset in enumerate(np.ndindex(*kernel)):
+        starts = [o * d for o, d in zip(offset, dilations, strict=True)]
+        ends = [a + (k - 1) * s + 1 for a, k, s in zip(starts, sizes, strides, strict=True)]
+        begin, end = b.i64(f"{p}tap{t}/starts", *starts), b.i64(f"{p}tap{t}/ends", *ends)
+        for x, tag in ((m, "m"), (v, "v")):
+            tap = b.add("Slice", [x, begin, end, axes, steps], f"{p}tap{t}/{tag}")
+            taps[x].append(b.add("Unsqueeze", [tap, tap_axis], f"{p}tap{t}/{tag}_1"))
+    m_taps = b.add("Concat", taps[m], p + "m_taps", axis=2)
+    v_taps = b.add("Concat", taps[v], p + "v_taps", axis=2)
+    at = b.add("ArgMax", [m_taps], p + "tap", axis=2, keepdims=1)
+    return b.add("Squeeze", [b.add("GatherElements", [v_taps, at], p + "v_at", axis=2), tap_axis], p + "v_pool")
 
 
 def _concatenable(node: onnx.NodeProto) -> bool:

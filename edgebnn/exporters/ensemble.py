@@ -129,16 +129,14 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
 
 
 def _check_rng(rng: str, mode: str, profile: DeviceProfile | None) -> str:
-    """``host`` or ``graph`` for a noise/shared export (``auto``: graph where the device runs random ops)."""
+    """``host`` or ``graph`` for a noise/shared export (``auto``: graph where the device runs random ops with their
+    seeds; host on TensorRT, which imports them as a Fill layer that ignores the seed: ``--rng graph`` builds there
+    and draws at run time, unseeded, and the builder says so)."""
     if rng not in RNG_CHOICES:
         raise InvalidOptionError(f"--rng {rng}: choose one of {', '.join(RNG_CHOICES)}")
     runs_random = profile is None or profile.random_ops
     if rng == "auto":
         return "graph" if runs_random and mode in ("noise", "shared") else "host"
-    if rng == "graph" and not runs_random:
-        assert profile is not None
-        raise InvalidOptionError(f"--rng graph: {profile.name} ({profile.runtime}) ignores random ops' seeds and DLA "
-                                 "does not run them; use --rng host (noise inputs the host fills)")
     if rng == "graph" and mode not in ("noise", "shared"):
         raise InvalidOptionError(f"--rng graph: only --mode noise and shared draw at run time (got --mode {mode})")
     return rng

@@ -20,7 +20,8 @@ What it knows, by TensorRT version (``tensorrt=`` argument, e.g. ``"10.3"``, ``"
   with an even last dimension. A QuantizeLinear without zero point is UINT8 for onnxruntime but INT8
   for TensorRT (warning: results differ).
 * Random ops (RandomNormal/RandomUniform and their *Like forms) import as a Fill layer that ignores
-  ``seed``: error. Bake the samples into the model or take the noise as an input.
+  ``seed`` (TensorRT-RTX builds them and warns; the engine draws at run time, its bytes do not grow with the
+  noise): warning; a *Like form of a constant input: error.
 * DLA: Gather and random ops do not run on DLA and fall back to the GPU (warning).
 * Graph inputs: every dimension but the batch (axis 0) should be static (warning).
 * Custom domains: error; ``ai.edgebnn`` nodes are edgebnn's own IR ops and must be lowered first, and
@@ -266,13 +267,11 @@ class _Checker:
             self.add("error", name, op, message)
             return
         if op in RANDOM_OPS:
-            self.add(
-                "error",
-                name,
-                op,
-                "TensorRT imports random ops as a Fill layer that ignores seed; bake the samples into "
-                "the model or take the noise as an input",
-            )
+            if op.endswith("Like") and node.input and node.input[0] in self.consts:
+                self.add("error", name, op, "the *Like random ops reject a constant input in TensorRT")
+            else:
+                self.add("warning", name, op, "TensorRT imports random ops as a Fill layer that ignores seed: "
+                                              "draws are not reproducible (--rng host keeps them so)")
         elif op in UNSUPPORTED_OPS:
             self.add("error", name, op, "not supported by the TensorRT ONNX parser")
         elif op not in SUPPORTED_OPS:

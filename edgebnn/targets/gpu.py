@@ -49,7 +49,7 @@ class TensorRTTarget(Target):
         if runtime == "onnxruntime":
             return OrtRunner(proto, provider="cuda", threads=options.threads,
                              where=str(path) if path is not None else None), onnx_size(proto, path)
-        import_tensorrt()  # fail first, with what to install, before writing or building anything
+        import_tensorrt(self.name)  # fail first, with what to install, before writing or building anything
         from edgebnn.exporters.ensemble import save_onnx
         from edgebnn.exporters.tensorrt import build_engine
 
@@ -58,7 +58,7 @@ class TensorRTTarget(Target):
             onnx_path = path if path is not None else save_onnx(proto, workdir / f"{options.name}.onnx")
             engine = workdir / f"{options.name}.engine"
         elif path is not None:
-            onnx_path, engine = path, path.with_suffix(".engine")
+            onnx_path, engine = path, path.with_name(path.stem + ".engine")
         else:
             raise InvalidOptionError(f"{options.name}: building a TensorRT engine of an in-memory graph needs a "
                                      "workdir for the engine file")
@@ -68,7 +68,7 @@ class TensorRTTarget(Target):
         return runner, runner.engine_path.stat().st_size
 
     def _load(self, artifact: Path, samples: int | None) -> Executable:
-        import_tensorrt()
+        import_tensorrt(self.name)
         meta = _engine_export(artifact, samples)
         runner = TensorRTRunner(artifact, self.name)
         if len(runner.input_names) != 1:

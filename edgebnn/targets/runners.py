@@ -234,11 +234,13 @@ class TorchRunner:
 # -- TensorRT ---------------------------------------------------------------------------------------------
 
 
-def import_tensorrt() -> Any:
-    """``import tensorrt``, or MissingDependencyError saying how to install it."""
-    from edgebnn.exporters.tensorrt import _import_tensorrt
+def import_tensorrt(device: str = "jetson") -> Any:
+    """The TensorRT module that builds and runs ``device``'s engines (``tensorrt_rtx`` for rtx, ``tensorrt`` on
+    Jetson), or MissingDependencyError saying how to install it."""
+    from edgebnn.devices import get_device
+    from edgebnn.exporters.tensorrt import import_builder
 
-    return _import_tensorrt()
+    return import_builder(get_device(device))
 
 
 class TorchCudaMemory:
@@ -277,7 +279,7 @@ class TensorRTRunner:
     """A TensorRT engine built by ``edgebnn export --target tensorrt``, checked against its manifest first.
 
     Args:
-        engine_path: The engine; ``<stem>.manifest.json`` must sit beside it.
+        engine_path: The engine; ``<engine>.manifest.json`` must sit beside it.
         device: Device profile it is about to run on (``rtx``, ``jetson``, ...): an engine built for another
             device is refused. None skips that check.
         memory: Device-buffer backend (default :class:`TorchCudaMemory`); tests pass a host-memory fake.
@@ -293,9 +295,9 @@ class TensorRTRunner:
     def __init__(self, engine_path: str | Path, device: str | None = None, *, memory: Any = None) -> None:
         from edgebnn.exporters.tensorrt import check_engine
 
-        trt = self.trt = import_tensorrt()
         self.engine_path = Path(engine_path)
-        self.manifest = check_engine(self.engine_path, device, tensorrt_version=str(trt.__version__))
+        self.manifest = check_engine(self.engine_path, device)
+        trt = self.trt = import_tensorrt(self.manifest["device"])
         self.memory = memory if memory is not None else TorchCudaMemory()
         self.provider = f"TensorRT {trt.__version__} ({self.manifest.get('default_device_type', 'GPU')})"
         logger = trt.Logger(trt.Logger.WARNING)

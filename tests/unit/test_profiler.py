@@ -68,8 +68,9 @@ def test_engine_is_for_gpu_targets_only(tmp_path):
 @pytest.mark.parametrize("device", ["rtx", "jetson"])
 def test_gpu_profile_without_tensorrt_says_what_to_install(monkeypatch, device):
     monkeypatch.setitem(sys.modules, "tensorrt", None)
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx", None)
     model = synthetic_cnn()
-    with pytest.raises(MissingDependencyError, match="TensorRT Python package not found"):
+    with pytest.raises(MissingDependencyError, match=r"TensorRT Python package not found: tensorrt(_rtx)?; "):
         profile(model, export_onnx(model, 2), device=device, samples=2, **QUICK)
 
 
@@ -102,7 +103,7 @@ def fake_gpu(monkeypatch):
     def no_torch_cuda(graph, **kw):
         raise MissingDependencyError("no CUDA build of torch here")
 
-    monkeypatch.setattr(gpu, "import_tensorrt", lambda: None)
+    monkeypatch.setattr(gpu, "import_tensorrt", lambda *a: None)
     monkeypatch.setattr("edgebnn.exporters.tensorrt.build_engine", build_engine)
     monkeypatch.setattr(gpu, "TensorRTRunner", FakeTensorRTRunner)
     # float_bnn: torch CUDA missing, so the target falls back to onnxruntime (CUDA provider -> the CPU here)
@@ -127,7 +128,7 @@ def test_gpu_profile_of_a_given_engine_checks_its_samples(fake_gpu, tmp_path):
     save_onnx(export_onnx(model, 8), tmp_path / "ens.onnx")
     engine = tmp_path / "ens.engine"
     engine.write_bytes((tmp_path / "ens.onnx").read_bytes())
-    (tmp_path / "ens.manifest.json").write_text(json.dumps({"onnx": "ens.onnx"}))
+    (tmp_path / "ens.engine.manifest.json").write_text(json.dumps({"onnx": "ens.onnx"}))
     with pytest.raises(InvalidOptionError, match=r"built from an S=8 ensemble .*pass --samples 8"):
         profile(model, None, device="rtx", engine=engine, samples=4, **QUICK)
     report = profile(model, None, device="rtx", engine=engine, samples=8, **QUICK)

@@ -208,7 +208,7 @@ def fake_tensorrt(version: str, calls: list[str], memory: HostMemory, *, deseria
 W = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
 
 
-def write_engine(tmp_path: Path, *, device: str = "rtx", version: str = "10.8.0", batch: int | str = 1) -> Path:
+def write_engine(tmp_path: Path, *, device: str = "jetson", version: str = "10.8.0", batch: int | str = 1) -> Path:
     """An 'engine' (opaque bytes) with the manifest a real build would write next to it."""
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["probs"], axis=-1)],
@@ -246,7 +246,7 @@ def test_tensorrt_runner_call_sequence_and_outputs(tmp_path, trt_env):
     install, calls, memory = trt_env
     install()
     engine = write_engine(tmp_path)
-    runner = TensorRTRunner(engine, "rtx", memory=memory)
+    runner = TensorRTRunner(engine, "jetson", memory=memory)
     assert runner.input_names == ["x"] and runner.output_names == ["probs"]
     assert runner.provider == "TensorRT 10.8.0 (GPU)"
     x = np.random.default_rng(1).random((1, 8), dtype=np.float32)
@@ -276,15 +276,16 @@ def test_tensorrt_runner_refuses_an_engine_of_another_tensorrt_version(tmp_path,
     engine = write_engine(tmp_path, version="10.8.0")
     with pytest.raises(InvalidArtifactError, match=r"built with TensorRT 10\.8\.0, installed is 10\.9\.0; engines do "
                                                    r"not carry across TensorRT versions, rebuild it"):
-        TensorRTRunner(engine, "rtx", memory=memory)
+        TensorRTRunner(engine, "jetson", memory=memory)
     assert "Runtime" not in calls  # refused from the manifest, before TensorRT touched the engine
 
 
 def test_tensorrt_runner_refuses_an_engine_for_another_device(tmp_path, trt_env):
     install, _, memory = trt_env
     install()
-    engine = write_engine(tmp_path, device="rtx")
-    with pytest.raises(InvalidArtifactError, match="built for rtx, not jetson-orin-nano; rebuild for this device"):
+    engine = write_engine(tmp_path, device="jetson-agx-orin")
+    with pytest.raises(InvalidArtifactError,
+                       match="built for jetson-agx-orin, not jetson-orin-nano; rebuild for this device"):
         TensorRTRunner(engine, "jetson", memory=memory)
 
 
@@ -293,7 +294,7 @@ def test_tensorrt_runner_engine_tensorrt_cannot_deserialize(tmp_path, trt_env):
     install(deserializes=False)
     engine = write_engine(tmp_path)
     with pytest.raises(InvalidArtifactError, match="cannot deserialize this engine"):
-        TensorRTRunner(engine, "rtx", memory=memory)
+        TensorRTRunner(engine, "jetson", memory=memory)
 
 
 def test_tensorrt_runner_engine_tampered_or_without_manifest(tmp_path, trt_env):
@@ -302,26 +303,27 @@ def test_tensorrt_runner_engine_tampered_or_without_manifest(tmp_path, trt_env):
     engine = write_engine(tmp_path)
     engine.write_bytes(b"something else")
     with pytest.raises(InvalidArtifactError, match="does not match its manifest"):
-        TensorRTRunner(engine, "rtx", memory=memory)
+        TensorRTRunner(engine, "jetson", memory=memory)
     manifest_path(engine).unlink()
-    with pytest.raises(InvalidArtifactError, match=r"no build manifest m\.manifest\.json"):
-        TensorRTRunner(engine, "rtx", memory=memory)
+    with pytest.raises(InvalidArtifactError, match=r"no build manifest m\.engine\.manifest\.json"):
+        TensorRTRunner(engine, "jetson", memory=memory)
 
 
 def test_tensorrt_runner_batch_outside_the_engine_profile(tmp_path, trt_env):
     install, _, memory = trt_env
     install()
-    static = TensorRTRunner(write_engine(tmp_path), "rtx", memory=memory)
+    static = TensorRTRunner(write_engine(tmp_path), "jetson", memory=memory)
     with pytest.raises(InvalidOptionError, match=r"static shape \(1, 8\), got \(2, 8\); rebuild with --max-batch 2"):
         static.run(np.zeros((2, 8), np.float32))
     (tmp_path / "dyn").mkdir()
-    dynamic = TensorRTRunner(write_engine(tmp_path / "dyn", batch="batch"), "rtx", memory=memory)
+    dynamic = TensorRTRunner(write_engine(tmp_path / "dyn", batch="batch"), "jetson", memory=memory)
     assert dynamic.run(np.zeros((4, 8), np.float32))[0].shape == (4, 4)
     with pytest.raises(InvalidOptionError, match=r"outside the engine's profile \[1, 8\]\.\.\[4, 8\]"):
         dynamic.run(np.zeros((5, 8), np.float32))
 
 
 def test_tensorrt_runner_without_tensorrt(tmp_path, monkeypatch):
+    engine = write_engine(tmp_path)
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
-    with pytest.raises(MissingDependencyError, match="pip install tensorrt"):
-        TensorRTRunner(tmp_path / "m.engine", "rtx")
+    with pytest.raises(MissingDependencyError, match="JetPack"):
+        TensorRTRunner(engine, "jetson")

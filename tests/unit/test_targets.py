@@ -193,7 +193,7 @@ def test_gpu_compile_puts_the_engine_in_the_workdir_or_beside_the_onnx(monkeypat
         built.append((Path(onnx_path), Path(engine_path), device, kw["max_batch"], kw["dla_core"]))
         Path(engine_path).write_bytes(b"engine")
 
-    monkeypatch.setattr(gpu, "import_tensorrt", lambda: None)
+    monkeypatch.setattr(gpu, "import_tensorrt", lambda *a: None)
     monkeypatch.setattr("edgebnn.exporters.tensorrt.build_engine", build_engine)
     monkeypatch.setattr(gpu, "TensorRTRunner", lambda engine, device: SimpleNamespace(
         name="tensorrt", provider=f"engine for {device}", input_names=["input"], engine_path=Path(engine)))

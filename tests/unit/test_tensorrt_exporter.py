@@ -1,7 +1,9 @@
-"""TensorRT exporter without TensorRT: dry runs, trtexec commands, manifests, engine checks.
+"""TensorRT exporter without a GPU: dry runs, trtexec commands, manifests, engine checks.
 
-The real-build path is exercised against FakeTensorRT, a stand-in module that records the API calls
-(it builds nothing); tests/device/test_tensorrt_build.py runs the same path on real TensorRT.
+Jetson's build path (the board's ``tensorrt`` module, which cannot be installed here) is exercised against
+FakeTensorRT, a stand-in module that records the API calls (it builds nothing); rtx engines are built for real
+by TensorRT for RTX in tests/integration/test_tensorrt_rtx.py, and tests/device/test_tensorrt_build.py runs
+the Jetson path on a board.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import types
 from pathlib import Path
 
 import pytest
+from synthetic import synthetic_cnn
 from synthetic import write_trt_model as write_model
 
+from edgebnn.devices import get_device
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
 from edgebnn.exporters import tensorrt as trt_exporter
 from edgebnn.exporters.tensorrt import (
@@ -29,8 +33,9 @@ from edgebnn.exporters.tensorrt import (
 
 @pytest.fixture
 def no_tensorrt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make `import tensorrt` fail even where it is installed."""
+    """Make `import tensorrt` and `import tensorrt_rtx` fail even where they are installed."""
     monkeypatch.setitem(sys.modules, "tensorrt", None)
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx", None)
 
 
 # --- dry run ------------------------------------------------------------------------------------------
@@ -52,12 +57,14 @@ def test_dry_run_writes_manifest_and_trtexec_atomically(
         monkeypatch.setattr(trt_exporter, name, spy)
     manifest = build_engine(onnx_path, engine, "rtx", workspace_mib=512, dry_run=True)
 
-    assert written == ["atomic_write_text:lenet.trtexec.txt", "atomic_write_json:lenet.manifest.json"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["lenet.manifest.json", "lenet.onnx", "lenet.trtexec.txt"]
+    assert written == ["atomic_write_text:lenet.engine.trtexec.txt", "atomic_write_json:lenet.engine.manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "lenet.engine.manifest.json", "lenet.engine.trtexec.txt", "lenet.onnx"]
     assert json.loads(manifest_path(engine).read_text()) == manifest
     assert manifest["tensorrt_version"] is None and manifest["dry_run"] is True
     assert manifest["engine_sha256"] is None
     assert manifest["device"] == "rtx" and manifest["tensorrt_expected"] == "11"
+    assert manifest["builder"] == "tensorrt-rtx" and manifest["engine_bytes"] is None
     assert manifest["flags"] == ["STRONGLY_TYPED"] and manifest["dla_core"] is None
     assert manifest["workspace_mib"] == 512
     assert manifest["inputs"] == [{"name": "x", "dtype": "float", "shape": [1, 8]}]
@@ -72,7 +79,7 @@ def test_dry_run_keeps_previous_manifest_when_check_fails(tmp_path: Path) -> Non
     engine = tmp_path / "m.engine"
     build_engine(good, engine, "rtx", dry_run=True)
     before = manifest_path(engine).read_bytes()
-    write_model(good, random=True)
+    write_model(good, unsupported=True)
     with pytest.raises(InvalidArtifactError):
         build_engine(good, engine, "rtx", dry_run=True)
     assert manifest_path(engine).read_bytes() == before
@@ -148,25 +155,59 @@ def test_workspace_and_batch_must_be_positive(tmp_path: Path) -> None:
         build_engine(onnx_path, tmp_path / "m.engine", "rtx", workspace_mib=0, dry_run=True)
     with pytest.raises(InvalidOptionError, match="max batch"):
         build_engine(onnx_path, tmp_path / "m.engine", "rtx", max_batch=0, dry_run=True)
+    with pytest.raises(InvalidOptionError, match=r"need 1 <= min \(4\) <= opt \(2\) <= max \(8\)"):
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", min_batch=4, opt_batch=2, max_batch=8, dry_run=True)
+
+
+def test_batch_range_covers_host_noise_rows(tmp_path: Path) -> None:
+    """A host-noise input has batch x S rows: its profile is the batch range times S (S from the metadata)."""
+    import onnx
+
+    from edgebnn.exporters.ensemble import export_onnx
+
+    proto = export_onnx(synthetic_cnn(), 4, mode="noise", rng="host", device="rtx")
+    onnx.save(proto, str(tmp_path / "n.onnx"))
+    manifest = build_engine(tmp_path / "n.onnx", tmp_path / "n.engine", "rtx", dry_run=True, min_batch=2,
+                            max_batch=8)
+    rows = {name: p for name, p in manifest["shape_profile"].items() if name != "input"}
+    assert rows and all(p["min"][0] == 8 and p["max"][0] == 32 for p in rows.values())
+    assert manifest["shape_profile"]["input"] == {"min": [2, 1, 6, 6], "opt": [8, 1, 6, 6], "max": [8, 1, 6, 6]}
+
+
+@pytest.mark.parametrize(("values", "expected"), [(("8.6",), ["SM86"]), (("sm75", "120"), ["SM75", "SM120"])])
+def test_compute_capabilities(values: tuple[str, ...], expected: list[str]) -> None:
+    assert trt_exporter.compute_capabilities(get_device("rtx"), values) == expected
+    assert trt_exporter.compute_capabilities(get_device("rtx"), ()) == []
+
+
+def test_compute_capabilities_refused() -> None:
+    with pytest.raises(InvalidOptionError, match=r"--compute-capability 9\.0: choose from 7\.5, 8\.0"):
+        trt_exporter.compute_capabilities(get_device("rtx"), ["9.0"])
+    with pytest.raises(InvalidOptionError, match="built on the device for its own GPU"):
+        trt_exporter.compute_capabilities(get_device("jetson"), ["8.7"])
 
 
 # --- missing TensorRT, compat errors ------------------------------------------------------------------
 
 
-def test_missing_tensorrt_says_what_to_install(tmp_path: Path, no_tensorrt: None) -> None:
+def test_missing_tensorrt_says_what_to_install(tmp_path: Path, no_tensorrt: None,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     onnx_path = write_model(tmp_path / "m.onnx")
     with pytest.raises(MissingDependencyError) as info:
         build_engine(onnx_path, tmp_path / "m.engine", "rtx")
-    assert "pip install tensorrt" in str(info.value) and "JetPack" in str(info.value)
+    assert "pip install 'edgebnn[tensorrt]'" in str(info.value) and "tensorrt_rtx" in str(info.value)
+    monkeypatch.setattr(trt_exporter.platform, "machine", lambda: "aarch64")
+    with pytest.raises(MissingDependencyError, match="JetPack"):
+        build_engine(onnx_path, tmp_path / "m.engine", "jetson")
     assert not manifest_path(tmp_path / "m.engine").exists()
     assert not (tmp_path / "m.engine").exists()
 
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_compat_errors_stop_the_build_before_tensorrt(tmp_path: Path, no_tensorrt: None, dry_run: bool) -> None:
-    onnx_path = write_model(tmp_path / "m.onnx", random=True)
+    onnx_path = write_model(tmp_path / "m.onnx", unsupported=True)
     with pytest.raises(
-        InvalidArtifactError, match=r"not TensorRT-compatible \(1 error\(s\)\); first: RandomNormalLike"
+        InvalidArtifactError, match=r"not TensorRT-compatible \(1 error\(s\)\); first: Unique"
     ):
         build_engine(onnx_path, tmp_path / "m.engine", "rtx", dry_run=dry_run)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
@@ -283,17 +324,18 @@ def fake_trt(monkeypatch: pytest.MonkeyPatch):
     def install(**kwargs) -> FakeTensorRT:
         module = FakeTensorRT(**kwargs)
         monkeypatch.setitem(sys.modules, "tensorrt", module)
+        monkeypatch.setattr(trt_exporter.platform, "machine", lambda: "aarch64")  # a Jetson builds its engines
         return module
 
     return install
 
 
-def test_fake_tensorrt_build_rtx(tmp_path: Path, fake_trt) -> None:
+def test_fake_tensorrt_build_jetson(tmp_path: Path, fake_trt) -> None:
     trt = fake_trt()
     onnx_path = write_model(tmp_path / "m.onnx", batch="N")
     engine = tmp_path / "m.engine"
     cache = tmp_path / "timing.cache"
-    manifest = build_engine(onnx_path, engine, "rtx", workspace_mib=64, timing_cache=cache, max_batch=8)
+    manifest = build_engine(onnx_path, engine, "jetson", workspace_mib=64, timing_cache=cache, max_batch=8)
 
     assert engine.read_bytes() == b"ENGINE-BYTES"
     assert cache.read_bytes() == b"+tuned"
@@ -309,13 +351,13 @@ def test_fake_tensorrt_build_rtx(tmp_path: Path, fake_trt) -> None:
     assert trt.config.default_device_type == "GPU"
     assert manifest["tensorrt_version"] == "10.3.0.30" and manifest["dry_run"] is False
     assert manifest["engine_sha256"] == hashlib.sha256(b"ENGINE-BYTES").hexdigest()
-    assert check_engine(engine, "rtx") == manifest  # installed version read from the (fake) module
-    build_engine(onnx_path, engine, "rtx", workspace_mib=64, timing_cache=cache, max_batch=8)
+    assert manifest["builder"] == "tensorrt" and manifest["build_seconds"] >= 0
+    assert check_engine(engine, "jetson") == manifest  # installed version read from the (fake) module
+    build_engine(onnx_path, engine, "jetson", workspace_mib=64, timing_cache=cache, max_batch=8)
     assert ("create_timing_cache", b"+tuned") in trt.calls  # the saved cache is loaded on the next build
 
 
-def test_fake_tensorrt_build_dla(tmp_path: Path, fake_trt, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trt_exporter.platform, "machine", lambda: "aarch64")
+def test_fake_tensorrt_build_dla(tmp_path: Path, fake_trt) -> None:
     trt = fake_trt()
     onnx_path = write_model(tmp_path / "m.onnx")
     manifest = build_engine(onnx_path, tmp_path / "m.engine", "jetson-agx-orin", dla_core=1)
@@ -331,10 +373,10 @@ def test_fake_tensorrt_parser_and_build_failures(tmp_path: Path, fake_trt) -> No
     onnx_path = write_model(tmp_path / "m.onnx")
     fake_trt(parse_ok=False)
     with pytest.raises(InvalidArtifactError, match=r"TensorRT ONNX parser failed: In node 0 \(importGemm\)"):
-        build_engine(onnx_path, tmp_path / "m.engine", "rtx")
+        build_engine(onnx_path, tmp_path / "m.engine", "jetson")
     fake_trt(build_ok=False)
     with pytest.raises(EdgeBNNError, match="TensorRT build failed: out of workspace"):
-        build_engine(onnx_path, tmp_path / "m.engine", "rtx")
+        build_engine(onnx_path, tmp_path / "m.engine", "jetson")
     assert not (tmp_path / "m.engine").exists() and not manifest_path(tmp_path / "m.engine").exists()
 
 
@@ -345,12 +387,12 @@ def test_fake_tensorrt_parser_and_build_failures(tmp_path: Path, fake_trt) -> No
 def built(tmp_path: Path, fake_trt) -> Path:
     fake_trt()
     engine = tmp_path / "m.engine"
-    build_engine(write_model(tmp_path / "m.onnx"), engine, "rtx")
+    build_engine(write_model(tmp_path / "m.onnx"), engine, "jetson")
     return engine
 
 
 def test_check_engine_accepts_matching_engine(built: Path) -> None:
-    assert check_engine(built, "rtx", tensorrt_version="10.3.0.30")["engine"] == "m.engine"
+    assert check_engine(built, "jetson", tensorrt_version="10.3.0.30")["engine"] == "m.engine"
 
 
 def test_check_engine_version_mismatch(built: Path) -> None:
@@ -359,8 +401,8 @@ def test_check_engine_version_mismatch(built: Path) -> None:
 
 
 def test_check_engine_device_mismatch(built: Path) -> None:
-    with pytest.raises(InvalidArtifactError, match="built for rtx, not jetson-orin-nano"):
-        check_engine(built, "jetson", tensorrt_version="10.3.0.30")
+    with pytest.raises(InvalidArtifactError, match="built for jetson-orin-nano, not rtx"):
+        check_engine(built, "rtx", tensorrt_version="10.3.0.30")
 
 
 def test_check_engine_tampered_or_missing(built: Path) -> None:
@@ -368,7 +410,7 @@ def test_check_engine_tampered_or_missing(built: Path) -> None:
     with pytest.raises(InvalidArtifactError, match="does not match its manifest"):
         check_engine(built, tensorrt_version="10.3.0.30")
     manifest_path(built).unlink()
-    with pytest.raises(InvalidArtifactError, match=r"no build manifest m\.manifest\.json"):
+    with pytest.raises(InvalidArtifactError, match=r"no build manifest m\.engine\.manifest\.json"):
         check_engine(built, tensorrt_version="10.3.0.30")
     built.unlink()
     with pytest.raises(InvalidArtifactError, match="engine file not found"):

@@ -116,24 +116,29 @@ def test_opset_below_range_is_error_above_is_warning() -> None:
 # --- ops ----------------------------------------------------------------------------------------------
 
 
+RANDOM_WARNING = ("TensorRT imports random ops as a Fill layer that ignores seed: draws are not reproducible "
+                  "(--rng host keeps them so)")
+
+
 @pytest.mark.parametrize("op", ["RandomNormalLike", "RandomUniformLike"])
-def test_random_like_ops_are_errors(op: str) -> None:
+def test_random_like_ops_warn(op: str) -> None:
+    """TensorRT-RTX parses and builds them, saying the seed is ignored (tests/integration/test_tensorrt_rtx.py)."""
     (finding,) = check_trt_compat(single(op, ["x"]))
-    assert finding == Finding(
-        "error",
-        "n0",
-        op,
-        "TensorRT imports random ops as a Fill layer that ignores seed; bake the samples into the model "
-        "or take the noise as an input",
-    )
+    assert finding == Finding("warning", "n0", op, RANDOM_WARNING)
+
+
+@pytest.mark.parametrize("op", ["RandomNormalLike", "RandomUniformLike"])
+def test_random_like_of_a_constant_is_an_error(op: str) -> None:
+    model = single(op, ["c"], initializers=[const("c", np.zeros((2, 3), np.float32))])
+    assert messages(check_trt_compat(model), "error") == ["the *Like random ops reject a constant input in TensorRT"]
 
 
 @pytest.mark.parametrize("op", ["RandomNormal", "RandomUniform"])
-def test_random_ops_are_errors_and_leave_dla(op: str) -> None:
+def test_random_ops_warn_and_leave_dla(op: str) -> None:
     model = single(op, [], attrs={"shape": [2, 3], "seed": 1.0})
-    assert [f.severity for f in check_trt_compat(model)] == ["error"]
+    assert [f.severity for f in check_trt_compat(model)] == ["warning"]
     on_dla = check_trt_compat(model, dla=True)
-    assert [f.severity for f in on_dla] == ["error", "warning"]
+    assert [f.severity for f in on_dla] == ["warning", "warning"]
     assert on_dla[1].message == "does not run on DLA: falls back to the GPU"
 
 
@@ -197,7 +202,7 @@ def test_random_op_inside_subgraph_and_local_function() -> None:
     if_node = helper.make_node("If", ["cond"], ["out"], name="if", then_branch=branch, else_branch=other)
     model = make_model([if_node], [vi("cond", [], TensorProto.BOOL), vi("x", [1, 4])], [vi("out", [1, 4])])
     (finding,) = check_trt_compat(model)
-    assert finding.node == "rand" and finding.severity == "error"
+    assert finding.node == "rand" and finding.severity == "warning"
 
     body = [helper.make_node("RandomUniformLike", ["a"], ["b"])]
     fn = helper.make_function("local", "Sample", ["a"], ["b"], body, [helper.make_opsetid("", 17)])
@@ -360,9 +365,9 @@ def test_partially_quantized_matmul_warns() -> None:
 
 
 def test_format_findings_and_has_errors() -> None:
-    findings = check_trt_compat(single("RandomNormalLike", ["x"], in_shape=(1, "C")), dla=True)
+    findings = check_trt_compat(single("Unique", ["x"], in_shape=(1, "C")), dla=True)
     text = format_findings(findings)
-    assert text.splitlines()[0] == "TensorRT compatibility: 1 error(s), 2 warning(s)"
-    assert "  error   RandomNormalLike 'n0': TensorRT imports random ops" in text
+    assert text.splitlines()[0] == "TensorRT compatibility: 1 error(s), 1 warning(s)"
+    assert "  error   Unique 'n0': not supported by the TensorRT ONNX parser" in text
     assert "  warning input 'x': dynamic dimension(s) 1" in text
     assert has_errors(findings) and not has_errors([f for f in findings if f.severity == "warning"])
