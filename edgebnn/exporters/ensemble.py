@@ -108,6 +108,12 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
     else:
         if weights in WEIGHT_FORMATS:
             choose_form(device, weights, form)  # refuses a format the device does not run
+        if profile is not None and (not profile.decodes or (profile.on_tensorrt and weights == "ir"
+                                                             and _unrolled_recurrent(model))):
+            # a runtime whose decode of the stores is unverified (Jetson) gets float moments; so does an unrolled
+            # recurrent layer on TensorRT: TensorRT-RTX 1.7's compiler fails an internal check (Myelin
+            # "desired_so.size() == t->dim_count()") on a fixed-lowered bayesian-torch LSTM's packed-code decode
+            weights = "fp32"
         runtimes = None if profile is None else (TRT,) if profile.on_tensorrt else (ORT,)
         if mode in ("noise", "shared"):
             from edgebnn.exporters.noise import export_noise
@@ -126,6 +132,13 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
     return out
+
+
+def _unrolled_recurrent(model: BNNModel) -> bool:
+    """Whether the graph holds per-step copies of an unrolled recurrent layer's weights (``name@t``)."""
+    from edgebnn.exporters.recurrent import USE_SEPARATOR
+
+    return any(USE_SEPARATOR in name for n in model.proto.graph.node if n.op_type == "Gemm" for name in n.input)
 
 
 def _check_rng(rng: str, mode: str, profile: DeviceProfile | None) -> str:
@@ -169,6 +182,8 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
     written in ``form`` (:mod:`.forms`)."""
     b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
     b.store_choice = "ir" if stores == "ir" else "fp32"  # hoisted fp32 means (--hoist): the IR's own codes
+    if profile is not None and profile.on_tensorrt:
+        b.store_runtimes = (TRT,)
     if weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt:
         # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
         b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"

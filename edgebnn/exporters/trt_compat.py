@@ -21,7 +21,10 @@ What it knows, by TensorRT version (``tensorrt=`` argument, e.g. ``"10.3"``, ``"
   for TensorRT (warning: results differ).
 * Random ops (RandomNormal/RandomUniform and their *Like forms) import as a Fill layer that ignores
   ``seed`` (TensorRT-RTX builds them and warns; the engine draws at run time, its bytes do not grow with the
-  noise): warning; a *Like form of a constant input: error.
+  noise; a *Like form of a constant input builds too): warning.
+* Initializers: an INT8 or INT4 constant may only feed Q/DQ nodes, as data or zero point (TensorRT-RTX:
+  "Quantized constant is only allowed before DQ"): error. TensorRT imports no 16-bit or unsigned 32/64-bit
+  integer weights (INT16, UINT16, UINT32, UINT64): error (TensorRT-RTX's parser, on a 16-bit code stream).
 * DLA: Gather and random ops do not run on DLA and fall back to the GPU (warning).
 * Graph inputs: every dimension but the batch (axis 0) should be static (warning).
 * Custom domains: error; ``ai.edgebnn`` nodes are edgebnn's own IR ops and must be lowered first, and
@@ -76,6 +79,10 @@ UNSUPPORTED_OPS = _ops(
     """
 )
 
+# TensorRT's "quantized constants": only a DequantizeLinear may read them (a Cast of one is refused at build)
+_QUANTIZED_CONSTANT_TYPES = frozenset({TensorProto.INT8, TensorProto.INT4})
+_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
+_UNIMPORTED_WEIGHT_TYPES = frozenset({TensorProto.INT16, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
 RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike"})
 _DLA_FALLBACK_OPS = RANDOM_OPS | {"Gather"}
 # op -> first opset where ``axes`` is input 1 rather than an attribute
@@ -221,9 +228,21 @@ class _Checker:
     def run(self) -> list[Finding]:
         self.check_opset()
         self.check_inputs()
+        self.check_initializers()
         for node, name in self._nodes():
             self.check_node(node, name)
         return self.findings
+
+    def check_initializers(self) -> None:
+        for name, tensor in self.consts.items():
+            if tensor.data_type in _UNIMPORTED_WEIGHT_TYPES:
+                self.add("error", name, "initializer", f"TensorRT imports no {_type_name(tensor.data_type)} weights")
+            elif tensor.data_type in _QUANTIZED_CONSTANT_TYPES:
+                others = {n.op_type for n, _ in self._nodes() if name in n.input} - _QDQ
+                if others:
+                    self.add("error", name, "initializer", f"a {_type_name(tensor.data_type)} constant may only "
+                                                           f"feed Q/DQ nodes in TensorRT (it feeds "
+                                                           f"{', '.join(sorted(others))})")
 
     def check_opset(self) -> None:
         low, high, documented = opset_range(self.tensorrt)
@@ -267,11 +286,8 @@ class _Checker:
             self.add("error", name, op, message)
             return
         if op in RANDOM_OPS:
-            if op.endswith("Like") and node.input and node.input[0] in self.consts:
-                self.add("error", name, op, "the *Like random ops reject a constant input in TensorRT")
-            else:
-                self.add("warning", name, op, "TensorRT imports random ops as a Fill layer that ignores seed: "
-                                              "draws are not reproducible (--rng host keeps them so)")
+            self.add("warning", name, op, "TensorRT imports random ops as a Fill layer that ignores seed: "
+                                          "draws are not reproducible (--rng host keeps them so)")
         elif op in UNSUPPORTED_OPS:
             self.add("error", name, op, "not supported by the TensorRT ONNX parser")
         elif op not in SUPPORTED_OPS:

@@ -275,6 +275,9 @@ TORCH_OPS: dict[str, Callable[..., Any]] = {
 
 
 
+_DRAWS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike"})  # fresh per call
+
+
 class TorchProgram:
     """An ONNX graph as a list of torch calls on one device.
 
@@ -307,7 +310,25 @@ class TorchProgram:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             attrs["_device"] = self.device
             attrs["_outputs"] = len([o for o in node.output if o])
-            self.program.append((TORCH_OPS[node.op_type], attrs, where, list(node.input), list(node.output)))
+            step = (TORCH_OPS[node.op_type], attrs, where, list(node.input), list(node.output))
+            if node.op_type not in _DRAWS and all(not i or i in self.consts for i in node.input):
+                self._fold(step)  # constants in, constants out: once, here (onnxruntime folds them too)
+            else:
+                self.program.append(step)
+
+    def _fold(self, step: tuple[Callable[..., Any], dict[str, Any], str, list[str], list[str]]) -> None:
+        """Run a node whose inputs are all constants (a store's decode of packed codes, a shape computation) once,
+        at construction: its outputs join the constants, so a call runs only what depends on the inputs."""
+        fn, attrs, where, inputs, outputs = step
+        args = [self.consts[name] if name else None for name in inputs]
+        while args and args[-1] is None:
+            args.pop()
+        with self.torch.inference_mode():
+            out = fn(self.torch, attrs, where, *args)
+        for name, value in zip(outputs, out, strict=False) if attrs["_outputs"] > 1 else [(outputs[0], out)]:
+            # float results live on the device (a decode of host-side integer codes yields them on the host)
+            floating = hasattr(value, "is_floating_point") and value.is_floating_point()
+            self.consts[name] = value.to(self.device) if floating else value
 
     def _tensor(self, arr: np.ndarray) -> Any:
         t = self.torch.from_numpy(np.array(arr))  # copy: numpy_helper arrays may be read-only

@@ -81,13 +81,18 @@ def test_in_graph_noise_local_and_weight_draws_and_compact_stores_together(x):
     assert {"RandomNormal", "RandomNormalLike"} <= ops and len(proto.graph.input) == 1
 
 
-def test_tensorrt_devices_keep_host_noise_and_fp32_moments():
+def test_tensorrt_devices_default_to_host_noise_and_rtx_takes_the_codes():
+    """TensorRT ignores random ops' seeds: auto is host noise there (--rng graph builds, unseeded: see
+    tests/integration/test_tensorrt_rtx.py). TensorRT-RTX builds the stores' decodes, so rtx gets the IR's codes;
+    Jetson's TensorRT 10.3 (unverified) the float store."""
     model = lower(synthetic_cnn(), "fixed", seed=0).model
-    with pytest.raises(InvalidOptionError, match="--rng graph: jetson-orin-nano"):
-        export_onnx(model, 4, mode="noise", rng="graph", device="jetson")
-    proto = export_onnx(model, 4, mode="noise", rng="auto", device="rtx")
-    assert not [n for n in proto.graph.node if n.op_type.startswith("Random")]
-    assert read_metadata(proto, "t.onnx").stores is None  # TensorRT gets the float store (no decode ops)
+    for device in ("rtx", "jetson"):
+        proto = export_onnx(model, 4, mode="noise", rng="auto", device=device)
+        assert not [n for n in proto.graph.node if n.op_type.startswith("Random")]
+    assert read_metadata(export_onnx(model, 4, mode="noise", device="jetson"), "t.onnx").stores is None
+    assert "FixedPointWeight" in (read_metadata(export_onnx(model, 4, mode="noise", device="rtx"), "t.onnx").stores
+                                  or {})
+    assert export_onnx(model, 4, mode="noise", rng="graph", device="jetson").graph.input[1:] == []
     assert export_onnx(model, 4, mode="noise", rng="auto").graph.input[1:] == []  # no device: in the graph
 
 
@@ -136,7 +141,8 @@ def test_one_device_table_answers_formats_decodes_and_random_ops():
     for name, (runtime, formats) in DEVICE_FORMATS.items():
         profile = export_device(name)
         assert (runtime, formats) == (profile.runtime, profile.weight_formats)
-        assert profile.decodes == profile.random_ops == (not profile.on_tensorrt)
+        assert profile.random_ops == (not profile.on_tensorrt)
+        assert profile.decodes == (profile.builder != "tensorrt")  # onnxruntime, and TensorRT-RTX (built here)
     assert "int4" not in DEVICE_FORMATS["jetson-agx-orin"][1]  # TensorRT 10.3 does not parse int4 DequantizeLinear
     assert export_device("arm64").name == "cpu"
     model = lower(synthetic_cnn(), "fixed", seed=0).model

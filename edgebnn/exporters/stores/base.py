@@ -52,7 +52,9 @@ class Store(ABC):
 
     op_type: ClassVar[str]
     opset: ClassVar[int] = 11  # ai.onnx opset of the decode ops (Range: 11)
-    runtimes: ClassVar[tuple[str, ...]] = (ORT,)  # runtimes known to run the decode (TensorRT: see docs/design.md)
+    # runtimes known to run the decode: TensorRT-RTX parses and builds every store's decode (real builds of each,
+    # tests/integration/test_tensorrt_rtx.py); Jetson's TensorRT 10.3 is unverified (DeviceProfile.decodes)
+    runtimes: ClassVar[tuple[str, ...]] = (ORT, TRT)
 
     @abstractmethod
     def mean(self, b: Builder, enc: Encoding, name: str) -> str:
@@ -116,7 +118,13 @@ class CodePool:
         for (bits, signed), items in sorted(self.groups.items()):
             p = f"{PREFIX}{'i' if signed else 'u'}{bits}"
             values = np.concatenate([v for _, v in items])
-            if bits >= 8:
+            if bits > 8 and TRT in (b.store_runtimes or ()):
+                codes = _unpack_wide(b, values, bits, p, signed)
+            elif bits == 8 and signed and TRT in (b.store_runtimes or ()):
+                # TensorRT takes an int8 constant only into a DequantizeLinear (no Cast): scale 1 is the same values
+                one = b.f32(PREFIX + "one", np.float32(1.0))
+                codes = b.add("DequantizeLinear", [b.const(p, values.astype(np.int8)), one], p + "/c")
+            elif bits >= 8:
                 dtype = (np.int8 if bits == 8 else np.int16) if signed else (np.uint8 if bits == 8 else np.uint16)
                 codes = b.add("Cast", [b.const(p, values.astype(dtype))], p + "/c", to=FLOAT if signed else INT32)
             else:
@@ -174,6 +182,23 @@ def _unpack(b: Builder, packed: np.ndarray, bits: int, n: int, p: str, signed: b
         high = b.add("Div", [code, scalar(b, p + "/h", 1 << (bits - 1))], p + "/neg")
         code = b.add("Sub", [code, b.add("Mul", [high, p + "/m"], p + "/wrap")], p + "/i")
     return b.add("Cast", [code], p + "/c", to=FLOAT if signed else INT32) if signed else code
+
+
+def _unpack_wide(b: Builder, values: np.ndarray, bits: int, p: str, signed: bool) -> str:
+    """9-16-bit codes for TensorRT, which imports no 16-bit integer initializer: the low bytes (uint8) plus 256 times
+    the high ``bits - 8`` bits (a packed stream), as :func:`_unpack` writes its codes."""
+    u = np.asarray(values, np.int64) % (1 << bits)  # two's complement within ``bits``
+    low = b.add("Cast", [b.const(p + "/low", (u & 0xFF).astype(np.uint8))], p + "/lo8", to=INT32)
+    from edgebnn.ir.encodings.packing import pack_uint
+
+    high = _unpack(b, pack_uint(u >> 8, bits - 8), bits - 8, u.size, p + "/high", False)
+    code = b.add("Add", [low, b.add("Mul", [high, scalar(b, PREFIX + "256", 256)], p + "/hi8")], p + "/u")
+    if signed:
+        wrap = scalar(b, p + "/m", 1 << bits)
+        neg = b.add("Div", [code, scalar(b, p + "/h", 1 << (bits - 1))], p + "/neg")
+        code = b.add("Sub", [code, b.add("Mul", [neg, wrap], p + "/wrap")], p + "/i")
+        return b.add("Cast", [code], p + "/c", to=FLOAT)
+    return code
 
 
 def reshape_to(b: Builder, flat: str, shape: tuple[int, ...], name: str) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores import register_store
-from edgebnn.exporters.stores.base import INT64, Store, reshape_to, unpack_codes
+from edgebnn.exporters.stores.base import INT64, TRT, Store, reshape_to, unpack_codes
 from edgebnn.ir.encodings import CodebookWeight, Encoding
 from edgebnn.ir.encodings.codebook import index_dtype
 
@@ -34,8 +34,9 @@ class CodebookStore(Store):
             flat = b.add("Expand", [table, b.const(name + ".n", np.array([enc.size], np.int64))], name + "/inliers")
         own = self._own(enc)
         if own.size:
-            at = b.add("Cast", [b.const(name + ".own_index", own.astype(index_dtype(enc.size)))], name + "/own",
-                       to=INT64)
+            # TensorRT imports no uint16/uint32 weights: int32 there (4 bytes an outlier instead of 2)
+            dtype = np.int32 if TRT in (b.store_runtimes or ()) else index_dtype(enc.size)
+            at = b.add("Cast", [b.const(name + ".own_index", own.astype(dtype))], name + "/own", to=INT64)
             flat = b.add("ScatterElements", [flat, at, b.f32(name + ".own", values.reshape(-1)[own])],
                          name + "/flat", axis=0)
         return reshape_to(b, flat, enc.shape, name)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores.base import ORT, Store, table_lookup, unpack_codes
+from edgebnn.exporters.stores.base import Store, table_lookup, unpack_codes
 from edgebnn.ir.encodings import Encoding, SigmaCode
 from edgebnn.ir.encodings.packing import pack_int, packed_nbytes
 
@@ -39,8 +39,6 @@ def sigma_code(enc: Encoding, bits: int) -> SigmaCode:
 
 class RequantStore(Store):
     """μ as per-channel ``bits``-bit integers, σ as a ``bits``-bit code (not registered: chosen by ``--weights``)."""
-
-    runtimes = (ORT,)
 
     def __init__(self, bits: int) -> None:
         self.bits = bits

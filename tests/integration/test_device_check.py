@@ -1,0 +1,54 @@
+"""bench/device_check.py (``make device-check``), run here on the CPU for its shape: every mode and baseline timed
+with torch, energy null with its reason, numerics against onnxruntime. On a GPU machine the same script writes the
+figures the TensorRT issue reports (the CUDA test below runs only there)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+SCRIPT = Path(__file__).parents[2] / "bench" / "device_check.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["device_check"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check(report: dict, batches: list[int]) -> None:
+    assert [row["batch"] for row in report["rows"]] == batches
+    for row in report["rows"]:
+        assert set(row["graphs"]) == {"baked", "noise", "analytic", "float_deterministic", "float_bnn"}
+        for name, g in row["graphs"].items():
+            assert "error" not in g, (name, g)
+            assert g["latency_ms"]["p50"] > 0 and g["runs"] >= 2
+            if name != "float_bnn":  # the same graph, the same input (and host noise): float32 round-off apart
+                assert max(g["numerics_max_abs"].values()) < 1e-4, (name, g["numerics_max_abs"])
+        assert set(row["ratios_p50"]) == {"baked", "noise", "analytic"}
+
+
+def test_device_check_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "dc.json"
+    assert _module().main(["--device", "cpu", "--samples", "2", "--batches", "1", "--window", "0.01",
+                           "--min-runs", "2", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    _check(report, [1])
+    energy = report["rows"][0]["graphs"]["baked"]
+    assert energy["energy_mj_per_inference"] is None and energy["energy_reason"]  # no sensor: null, with why
+
+
+@pytest.mark.device
+def test_device_check_on_a_gpu(tmp_path: Path) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    out = tmp_path / "dc.json"
+    assert _module().main(["--samples", "4", "--batches", "1", "--window", "0.2", "--out", str(out)]) == 0
+    _check(json.loads(out.read_text()), [1])
