@@ -122,7 +122,7 @@ class CodePool:
                 codes = _unpack_wide(b, values, bits, p, signed)
             elif bits == 8 and signed and TRT in (b.store_runtimes or ()):
                 # TensorRT takes an int8 constant only into a DequantizeLinear (no Cast): scale 1 is the same values
-                one = b.f32(PREFIX + "one", np.float32(1.0))
+                one = b.f32(PREFIX + "one", 1.0)
                 codes = b.add("DequantizeLinear", [b.const(p, values.astype(np.int8)), one], p + "/c")
             elif bits >= 8:
                 dtype = (np.int8 if bits == 8 else np.int16) if signed else (np.uint8 if bits == 8 else np.uint16)
