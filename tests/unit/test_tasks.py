@@ -20,8 +20,9 @@ from edgebnn import evaluate, from_torch
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters.ensemble import export_onnx
 from edgebnn.ir import BNNModel, Manifest, from_bytes, to_bytes
-from edgebnn.metrics import RegressionPredictive, Task, predictive_from_samples
+from edgebnn.metrics import RegressionPredictive, predictive_from_samples
 from edgebnn.runtime import Session
+from edgebnn.tasks import Task
 
 S, REF, BLOCKS = 64, 4000, 62  # exported members; torch reference draws; S-sized blocks of it
 RHO = -1.5  # posterior sigma = log1p(exp(-1.5)) ~ 0.2: an epistemic spread the tests can see
