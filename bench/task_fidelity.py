@@ -1,6 +1,6 @@
 """Regression and segmentation exports against torch's own Monte Carlo predictive (prints JSON).
 
-For the models of tests/unit/test_tasks.py (bayesian-torch LinearReparameterization / Conv2dReparameterization,
+For the models of tests/integration/test_tasks.py (bayesian-torch LinearReparameterization / Conv2dReparameterization,
 MC nn.Dropout2d): the RMS error of the exported S = 64 predictive (mean and relative total variance; per-pixel
 probs) against a 4000-pass torch reference, beside torch's own S = 64 error (62 blocks of the 4000 passes).
 

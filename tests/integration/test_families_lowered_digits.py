@@ -4,6 +4,8 @@ Models (seconds each): a deep ensemble of 3 MLPs 64-32-10 (Adam, full batch), SW
 then 5 steps collecting the reference code's moments and deviations), laplace-torch's last-layer Kronecker Laplace
 of the ensemble's first member. Every comparison runs both exports through ``Session(seed=0)``: the same host
 noise, so a difference is the lowering's alone (``bench/family_stores.py`` prints the same table).
+Moved from tests/unit/test_family_stores.py (it trains models); the stores' own codes are tested without training
+in tests/unit/stores/test_store_families.py.
 """
 
 from __future__ import annotations
