@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 import test_tasks as T
 
 from edgebnn import from_torch
 from edgebnn.exporters.ensemble import export_onnx
-from edgebnn.metrics import predictive_from_samples
 from edgebnn.runtime import Session
+from edgebnn.tasks import predictive_from_samples
 
 S, BLOCKS = T.S, T.BLOCKS
 

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.metrics import AnyPredictive, Predictive, log_softmax, metric_sums, predictive_from_samples
-from edgebnn.tasks import REGRESSION, SEGMENTATION, Task
+from edgebnn.metrics import AnyPredictive, Predictive, log_softmax
+from edgebnn.tasks import REGRESSION, SEGMENTATION, Task, metric_sums, predictive_from_samples
 
 if TYPE_CHECKING:
     from edgebnn.data import DataSource

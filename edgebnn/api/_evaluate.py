@@ -77,7 +77,7 @@ class _Sums:
     example (for a segmentation plot)."""
 
     def __init__(self, task: Task, classes: int) -> None:
-        from edgebnn.metrics import metric_sums
+        from edgebnn.tasks import metric_sums
 
         self.metrics = metric_sums(task, classes)
         self.entropy: list[np.ndarray] = []  # per input: total uncertainty (entropy; image mean; Gaussian entropy)

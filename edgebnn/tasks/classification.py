@@ -1,5 +1,5 @@
-"""The classification head: S members' logits [B·S, K] -> probs, entropy, mutual_info (and the quadrature that
-integrates Gaussian logits for ``analytic`` mode).
+"""Classification: S members' logits [B·S, K] -> probs, entropy, mutual_info (and the quadrature that integrates
+Gaussian logits for ``analytic`` mode); the same in numpy; accuracy, NLL, ECE, Brier.
 
 classification, logits [B·S, K]:   probs = mean_s softmax; entropy = H[probs]; mutual_info = H − mean_s H_s
 
@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from edgebnn.metrics import AnyPredictive, MetricSums, Predictive, predictive_from_logits
 from edgebnn.tasks.head import EPS_PROBS, VAR_FLOOR, GraphBuilder, Head, P, Points
 from edgebnn.tasks.spec import Task
 
@@ -92,4 +93,18 @@ def _classification_outputs(task: Task, classes: int) -> list[onnx.ValueInfoProt
     ]
 
 
-HEAD = Head(_classification, _classification_analytic, _classification_outputs)
+def _reduce(task: Task, outputs: np.ndarray) -> AnyPredictive:
+    """[S, N, K] member logits -> probs, entropy, mutual_info (:func:`edgebnn.metrics.predictive_from_logits`)."""
+    return predictive_from_logits(outputs)
+
+
+class ClassificationSums(MetricSums):
+    """:class:`MetricSums` taking a :class:`Predictive` (the task-generic interface of :func:`metric_sums`)."""
+
+    def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
+        assert isinstance(pred, Predictive)
+        self.add(pred.probs, y)
+
+
+HEAD = Head(_classification, _classification_analytic, _classification_outputs, _reduce,
+            lambda task, classes: ClassificationSums())

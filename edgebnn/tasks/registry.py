@@ -1,4 +1,5 @@
-"""The task heads by task name (:data:`HEADS`), and the two calls an exporter makes to end its graph with one.
+"""The tasks by name (:data:`HEADS`): the two calls an exporter makes to end its graph with a task's head, the
+reference runtime's reduction and the metrics of ``eval`` / ``compare``.
 
 A task module (:mod:`.classification`, :mod:`.segmentation`, :mod:`.regression`) defines its ``HEAD``; this
 registry imports them (they never import it back).
@@ -6,8 +7,11 @@ registry imports them (they never import it back).
 
 from __future__ import annotations
 
+import numpy as np
+
+from edgebnn.metrics import AnyPredictive
 from edgebnn.tasks import classification, regression, segmentation
-from edgebnn.tasks.head import GraphBuilder, Head, Points
+from edgebnn.tasks.head import GraphBuilder, Head, MetricAccumulator, Points
 from edgebnn.tasks.spec import CLASSIFICATION, REGRESSION, SEGMENTATION, Task
 
 HEADS: dict[str, Head] = {
@@ -36,3 +40,13 @@ def analytic_head(b: GraphBuilder, logits: str, var: str | None, samples: int, c
     on ``b``."""
     head_of(task).analytic(b, logits, var, samples, task, classes, points)
     b.outputs = head_of(task).outputs(task, classes)
+
+
+def predictive_from_samples(task: Task, outputs: np.ndarray) -> AnyPredictive:
+    """The predictive of ``[S, N, ...]`` member outputs for ``task`` (what the exported head computes)."""
+    return head_of(task).reduce(task, outputs)
+
+
+def metric_sums(task: Task, classes: int) -> MetricAccumulator:
+    """The running metrics of ``task``: an object with ``add_predictive(pred, y)``, ``report()``, ``reliability()``."""
+    return head_of(task).sums(task, classes)

@@ -1,4 +1,5 @@
-"""The regression head: S members' means (and log-variances) -> the moments of the S-member Gaussian mixture.
+"""Regression: S members' means (and log-variances) -> the moments of the S-member Gaussian mixture, in the graph and
+in numpy; Gaussian NLL, RMSE, MAE, interval coverage and calibration error (:mod:`edgebnn.metrics` docstring).
 
 regression, [B·S, D] means μ_s (noise variance σ² stated, or 0) or [B·S, 2D] (μ_s, log σ²_s):
     mean = mean_s μ_s; aleatoric = mean_s σ²_s; epistemic = mean_s (μ_s − mean)²; variance = aleatoric + epistemic
@@ -11,9 +12,19 @@ mean, taking the propagated Gaussian as exact).
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from edgebnn.metrics import (
+    CALIBRATION_LEVELS,
+    COVERAGE_LEVELS,
+    VARIANCE_FLOOR,
+    AnyPredictive,
+    RegressionPredictive,
+)
 from edgebnn.tasks.head import GraphBuilder, Head, P, Points
 from edgebnn.tasks.spec import Task
 
@@ -73,4 +84,80 @@ def _regression_outputs(task: Task, classes: int) -> list[onnx.ValueInfoProto]:
             for name in task.outputs]
 
 
-HEAD = Head(_regression, _regression_analytic, _regression_outputs)
+def _reduce(task: Task, outputs: np.ndarray) -> AnyPredictive:
+    """[S, N, W] member outputs -> mean, variance, aleatoric, epistemic [N, D] (the module docstring's moments)."""
+    out = outputs.astype(np.float64)
+    d = task.dims or 1
+    mu = out[..., :d]
+    if task.head == "mean_logvar":
+        aleatoric = np.exp(out[..., d:2 * d]).mean(0)
+    else:
+        aleatoric = np.full(mu.shape[1:], task.noise_var or 0.0)
+    mean = mu.mean(0)
+    epistemic = ((mu - mean) ** 2).mean(0)
+    f = np.float32
+    return RegressionPredictive(mean.astype(f), (aleatoric + epistemic).astype(f), aleatoric.astype(f),
+                                epistemic.astype(f))
+
+
+def _z(level: float) -> float:
+    """The half-width of the central ``level`` interval of a standard normal."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2))
+
+
+class RegressionSums:
+    """Regression metrics over a stream of batches (module docstring): sums per batch, the report at the end."""
+
+    def __init__(self) -> None:
+        self.n = 0  # examples
+        self.elements = 0  # examples x D
+        self._levels = sorted(set(CALIBRATION_LEVELS) | set(COVERAGE_LEVELS))
+        self._z = np.array([_z(p) for p in self._levels])
+        self._sums = {"nll": 0.0, "sq": 0.0, "abs": 0.0, "var": 0.0, "aleatoric": 0.0, "epistemic": 0.0}
+        self._covered = np.zeros(len(self._levels))
+
+    def add(self, pred: RegressionPredictive, y: np.ndarray) -> None:
+        """Add one batch of predictive moments ``[B, D]`` and float targets ``[B, D]`` (or ``[B]`` for D = 1)."""
+        m = pred.mean.astype(np.float64)
+        y = y.astype(np.float64).reshape(m.shape)
+        v = np.maximum(pred.variance.astype(np.float64), VARIANCE_FLOOR)
+        err = y - m
+        self.n += len(m)
+        self.elements += m.size
+        self._sums["nll"] += float((0.5 * np.log(2 * np.pi * v) + err**2 / (2 * v)).sum())
+        self._sums["sq"] += float((err**2).sum())
+        self._sums["abs"] += float(np.abs(err).sum())
+        self._sums["var"] += float(v.sum())
+        self._sums["aleatoric"] += float(pred.aleatoric.astype(np.float64).sum())
+        self._sums["epistemic"] += float(pred.epistemic.astype(np.float64).sum())
+        zscore = (np.abs(err) / np.sqrt(v)).reshape(-1)
+        self._covered += (zscore[None, :] <= self._z[:, None]).sum(1)
+
+    def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
+        assert isinstance(pred, RegressionPredictive)
+        self.add(pred, y)
+
+    def report(self) -> dict[str, Any]:
+        """``nll``, ``rmse``, ``mae``, ``coverage`` {"50", "90", "95"}, ``calibration_error`` and the mean
+        ``variance``, ``aleatoric`` and ``epistemic`` (per target element)."""
+        e = self.elements
+        cover = dict(zip(self._levels, (self._covered / e).tolist(), strict=True))
+        return {
+            "nll": self._sums["nll"] / e,
+            "rmse": float(np.sqrt(self._sums["sq"] / e)),
+            "mae": self._sums["abs"] / e,
+            "coverage": {f"{round(p * 100)}": cover[p] for p in COVERAGE_LEVELS},
+            "calibration_error": float(np.mean([abs(cover[p] - p) for p in CALIBRATION_LEVELS])),
+            "variance": self._sums["var"] / e,
+            "aleatoric": self._sums["aleatoric"] / e,
+            "epistemic": self._sums["epistemic"] / e,
+        }
+
+    def reliability(self) -> dict[str, list[float]]:
+        """Observed coverage of each central interval (``nominal``, ``coverage``)."""
+        return {"nominal": list(self._levels), "coverage": (self._covered / max(self.elements, 1)).tolist()}
+
+
+HEAD = Head(_regression, _regression_analytic, _regression_outputs, _reduce, lambda task, classes: RegressionSums())

@@ -1,7 +1,7 @@
 """What a network's output is: the task named in the IR manifest and the export metadata.
 
 A :class:`Task` says how S member outputs reduce to a predictive (the reductions: :mod:`edgebnn.tasks`' heads in
-the graph, :func:`edgebnn.metrics.predictive_from_samples` in numpy):
+the graph, :func:`edgebnn.tasks.predictive_from_samples` in numpy):
 
     classification  logits [N, K]        probs, entropy, mutual_info
     segmentation    logits [N, C, *sp]   the same per pixel: probs [N, C, *sp], entropy/mutual_info [N, *sp]
