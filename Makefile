@@ -13,7 +13,7 @@ LAPLACE_LIBS ?= laplace-torch==0.3 asdfghjkl==0.1a4 backpack-for-pytorch==1.7.1 
 	einops==0.8.2 unfoldNd==0.2.3 einconv==0.1.0 linear-operator==0.6.1 opt-einsum==3.4.0 torchmetrics==1.9.0 \
 	lightning-utilities==0.15.3
 
-.PHONY: install demo test lint bench clean device-check
+.PHONY: install demo test test-fast lint bench clean device-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,15 +29,21 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/edgebnn demo --out demo-out
 
+# Everything (what CI runs): the linters, then every test (unit, integration, reliability; device tests skip
+# without their hardware).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p edgebnn
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q --durations=20
 
+# The unit lane while working: no training, no CLI subprocesses, no full chains (those are in tests/integration).
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q tests/unit --durations=10
+
 # On a machine with an NVIDIA GPU and a CUDA build of torch (no TensorRT needed; needs no venv: the system python's
 # torch, onnx, onnxruntime and nvidia-ml-py): every mode through the torch CUDA runner vs the float baselines, NVML
-# energy, numerics vs onnxruntime CPU. One JSON (DEVICE_CHECK_OUT). About 2 minutes on an H100.
+# energy, numerics vs onnxruntime CPU. One JSON (DEVICE_CHECK_OUT). 35 s on an H100.
 DEVICE_CHECK_OUT ?= device_check.json
 device-check:
 	PYTHONPATH=. python3 bench/device_check.py --out $(DEVICE_CHECK_OUT)

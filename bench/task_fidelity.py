@@ -1,6 +1,6 @@
 """Regression and segmentation exports against torch's own Monte Carlo predictive (prints JSON).
 
-For the models of tests/unit/test_tasks.py (bayesian-torch LinearReparameterization / Conv2dReparameterization,
+For the models of tests/integration/test_tasks.py (bayesian-torch LinearReparameterization / Conv2dReparameterization,
 MC nn.Dropout2d): the RMS error of the exported S = 64 predictive (mean and relative total variance; per-pixel
 probs) against a 4000-pass torch reference, beside torch's own S = 64 error (62 blocks of the 4000 passes).
 
@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 import test_tasks as T
 
 from edgebnn import from_torch
 from edgebnn.exporters.ensemble import export_onnx
-from edgebnn.metrics import predictive_from_samples
 from edgebnn.runtime import Session
+from edgebnn.tasks import predictive_from_samples
 
 S, BLOCKS = T.S, T.BLOCKS
 

@@ -9,7 +9,7 @@ examples. The test therefore calibrates itself by simulation (a parametric boots
                                           deterministic (analytic) artifact
     T = mean_ik d_ik² / v_ik             (a mean squared z-score; E[T] ≈ 1 under the null)
 
-The compared quantity follows the task (:class:`edgebnn.metrics.Task`): mean probabilities (classification;
+The compared quantity follows the task (:class:`edgebnn.tasks.Task`): mean probabilities (classification;
 per pixel for segmentation) or the predictive mean (regression, members' means μ_s in v).
 
 Under the null (both artifacts sample the IR's posterior) T's distribution is simulated from R pairs of
@@ -25,16 +25,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.metrics import (
-    REGRESSION,
-    SEGMENTATION,
-    AnyPredictive,
-    Predictive,
-    Task,
-    log_softmax,
-    metric_sums,
-    predictive_from_samples,
-)
+from edgebnn.metrics import AnyPredictive, Predictive, log_softmax
+from edgebnn.tasks import REGRESSION, SEGMENTATION, Task, metric_sums, predictive_from_samples
 
 if TYPE_CHECKING:
     from edgebnn.data import DataSource

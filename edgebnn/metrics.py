@@ -6,8 +6,8 @@ For S sampled networks with class probabilities p_s:
     MI = H[p̄] - mean_s H[p_s]                        (mutual information, epistemic part)
 ECE uses 15 equal-width bins of the max probability.
 
-The task (:class:`Task`, recorded in the IR manifest and the export metadata) says what the network's output is
-and how S member outputs reduce to a predictive:
+The task (:class:`edgebnn.tasks.Task`, recorded in the IR manifest and the export metadata) says what the
+network's output is and how S member outputs reduce to a predictive:
 
     classification  logits [N, K]        probs, entropy, mutual_info as above
     segmentation    logits [N, C, *sp]   the same per pixel: probs [N, C, *sp], entropy/mutual_info [N, *sp]
@@ -23,92 +23,15 @@ over the classes present in labels or predictions, NLL, ECE (15 bins).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from edgebnn.errors import InvalidArtifactError
-
 EPS = 1e-12
 ECE_BINS = 15
-CLASSIFICATION, REGRESSION, SEGMENTATION = "classification", "regression", "segmentation"
-TASKS = (CLASSIFICATION, REGRESSION, SEGMENTATION)
-TASK_ALIASES = {"dense": SEGMENTATION}
-REGRESSION_HEADS = ("mean", "mean_logvar")
 COVERAGE_LEVELS = (0.5, 0.9, 0.95)
 CALIBRATION_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 VARIANCE_FLOOR = 1e-12
-
-
-@dataclass(frozen=True)
-class Task:
-    """What a network's output is: the reduction of S member outputs to a predictive (module docstring).
-
-    Attributes:
-        name: ``classification``, ``regression`` or ``segmentation``.
-        head: regression: ``mean`` ([N, D] means) or ``mean_logvar`` ([N, 2D]: means, then log-variances).
-        dims: regression: D.
-        noise_var: regression ``mean`` head: the stated observation noise variance (None: none, aleatoric 0).
-        shape: segmentation: one example's logits shape ``[C, *spatial]``.
-    """
-
-    name: str = CLASSIFICATION
-    head: str | None = None
-    dims: int | None = None
-    noise_var: float | None = None
-    shape: tuple[int, ...] | None = None
-
-    @property
-    def outputs(self) -> tuple[str, ...]:
-        """The exported graph's outputs, in order."""
-        return ("mean", "variance", "aleatoric", "epistemic") if self.name == REGRESSION else (
-            "probs", "entropy", "mutual_info")
-
-    def options(self) -> dict[str, Any] | None:
-        """The task's options as stored beside its name (None for classification: nothing to store)."""
-        if self.name == REGRESSION:
-            return {"head": self.head, "dims": self.dims, "noise_var": self.noise_var}
-        if self.name == SEGMENTATION:
-            return {"shape": list(self.shape or ())}
-        return None
-
-    @classmethod
-    def parse(cls, name: str | None, options: Mapping[str, Any] | None, where: str) -> Task:
-        """The task stored as ``name`` and ``options`` (None: classification, what files before tasks meant).
-
-        Raises:
-            InvalidArtifactError: An unknown task or malformed options (names ``where``).
-        """
-        if name is None or name == CLASSIFICATION:
-            return cls()
-        opts = dict(options or {})
-        if name == REGRESSION:
-            head, dims, noise = opts.get("head"), opts.get("dims"), opts.get("noise_var")
-            if head not in REGRESSION_HEADS or not _positive_int(dims) or not (
-                    noise is None or (isinstance(noise, (int, float)) and not isinstance(noise, bool)
-                                      and np.isfinite(noise) and noise >= 0)):
-                raise InvalidArtifactError(f"{where}: regression task options {opts!r} are not "
-                                           "{head: mean|mean_logvar, dims: int > 0, noise_var: null or >= 0}")
-            assert isinstance(dims, int)
-            return cls(REGRESSION, head, dims, None if noise is None else float(noise))
-        if name == SEGMENTATION:
-            shape = opts.get("shape")
-            if not (isinstance(shape, list) and len(shape) >= 2 and all(_positive_int(d) for d in shape)):
-                raise InvalidArtifactError(f"{where}: segmentation task shape {shape!r} is not [C, *spatial] "
-                                           "positive ints")
-            return cls(SEGMENTATION, shape=tuple(shape))
-        raise InvalidArtifactError(f"{where}: unknown task {name!r} (this edgebnn knows {', '.join(TASKS)})")
-
-    def width(self) -> int:
-        """Regression: the member output's width (D or 2D)."""
-        assert self.dims is not None
-        return 2 * self.dims if self.head == "mean_logvar" else self.dims
-
-
-def _positive_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
 @dataclass
@@ -161,31 +84,6 @@ def predictive_from_logits(sample_logits: np.ndarray) -> Predictive:
     return Predictive(probs.astype(np.float32), entropy.astype(np.float32), mi.astype(np.float32))
 
 
-def predictive_from_samples(task: Task, outputs: np.ndarray) -> AnyPredictive:
-    """The predictive of ``[S, N, ...]`` member outputs for ``task`` (what the exported head computes)."""
-    if task.name == CLASSIFICATION:
-        return predictive_from_logits(outputs)
-    if task.name == SEGMENTATION:
-        logp = log_softmax(outputs.astype(np.float64), axis=2)  # [S, N, C, *sp]
-        p = np.exp(logp)
-        probs = p.mean(axis=0)
-        entropy = -(probs * np.log(np.maximum(probs, EPS))).sum(1)
-        mi = np.maximum(entropy - (-(p * logp).sum(2).mean(0)), 0.0)
-        return Predictive(probs.astype(np.float32), entropy.astype(np.float32), mi.astype(np.float32))
-    out = outputs.astype(np.float64)
-    d = task.dims or 1
-    mu = out[..., :d]
-    if task.head == "mean_logvar":
-        aleatoric = np.exp(out[..., d:2 * d]).mean(0)
-    else:
-        aleatoric = np.full(mu.shape[1:], task.noise_var or 0.0)
-    mean = mu.mean(0)
-    epistemic = ((mu - mean) ** 2).mean(0)
-    f = np.float32
-    return RegressionPredictive(mean.astype(f), (aleatoric + epistemic).astype(f), aleatoric.astype(f),
-                                epistemic.astype(f))
-
-
 def accuracy(probs: np.ndarray, y: np.ndarray) -> float:
     return float((probs.argmax(-1) == y).mean())
 
@@ -199,7 +97,7 @@ def brier(probs: np.ndarray, y: np.ndarray) -> float:
     return float(((probs.astype(np.float64) - onehot) ** 2).sum(-1).mean())
 
 
-def _bin_sums(probs: np.ndarray, y: np.ndarray, bins: int) -> np.ndarray:
+def bin_sums(probs: np.ndarray, y: np.ndarray, bins: int) -> np.ndarray:
     """Per equal-width bin of the max probability: ``[3, bins]`` rows count, sum of confidence, sum correct."""
     conf = probs.max(-1).astype(np.float64)
     correct = (probs.argmax(-1) == y).astype(np.float64)
@@ -208,7 +106,7 @@ def _bin_sums(probs: np.ndarray, y: np.ndarray, bins: int) -> np.ndarray:
                      np.bincount(idx, conf, minlength=bins), np.bincount(idx, correct, minlength=bins)])
 
 
-def _ece_from_sums(sums: np.ndarray) -> float:
+def ece_from_sums(sums: np.ndarray) -> float:
     count, conf, correct = sums
     used = count > 0
     return float((np.abs(correct[used] - conf[used])).sum() / count.sum())
@@ -216,7 +114,7 @@ def _ece_from_sums(sums: np.ndarray) -> float:
 
 def ece(probs: np.ndarray, y: np.ndarray, bins: int = ECE_BINS) -> float:
     """Expected calibration error with ``bins`` equal-width bins of the max probability."""
-    return _ece_from_sums(_bin_sums(probs, y, bins))
+    return ece_from_sums(bin_sums(probs, y, bins))
 
 
 def classification_report(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
@@ -247,12 +145,12 @@ class MetricSums:
         self.n += b
         for name, fn in (("accuracy", accuracy), ("nll", nll), ("brier", brier)):
             self._sums[name] += fn(probs, y) * b
-        self._bin_sums += _bin_sums(probs, y, self.bins)
+        self._bin_sums += bin_sums(probs, y, self.bins)
 
     def report(self) -> dict[str, float]:
         """The :func:`classification_report` of every batch added."""
         out = {k: v / self.n for k, v in self._sums.items()}
-        return {"accuracy": out["accuracy"], "nll": out["nll"], "ece": _ece_from_sums(self._bin_sums),
+        return {"accuracy": out["accuracy"], "nll": out["nll"], "ece": ece_from_sums(self._bin_sums),
                 "brier": out["brier"]}
 
     def reliability(self) -> dict[str, list[float]]:
@@ -286,132 +184,3 @@ def ood_report(in_entropy: np.ndarray, in_mutual_info: np.ndarray, ood_entropy: 
         "aupr_mutual_info": float(average_precision_score(is_ood, mi)),
         "fpr_at_95_tpr": float(fpr[np.searchsorted(tpr, 0.95, side="left")]),
     }
-
-
-def _z(level: float) -> float:
-    """The half-width of the central ``level`` interval of a standard normal."""
-    from scipy.stats import norm
-
-    return float(norm.ppf(0.5 + level / 2))
-
-
-class RegressionSums:
-    """Regression metrics over a stream of batches (module docstring): sums per batch, the report at the end."""
-
-    def __init__(self) -> None:
-        self.n = 0  # examples
-        self.elements = 0  # examples x D
-        self._levels = sorted(set(CALIBRATION_LEVELS) | set(COVERAGE_LEVELS))
-        self._z = np.array([_z(p) for p in self._levels])
-        self._sums = {"nll": 0.0, "sq": 0.0, "abs": 0.0, "var": 0.0, "aleatoric": 0.0, "epistemic": 0.0}
-        self._covered = np.zeros(len(self._levels))
-
-    def add(self, pred: RegressionPredictive, y: np.ndarray) -> None:
-        """Add one batch of predictive moments ``[B, D]`` and float targets ``[B, D]`` (or ``[B]`` for D = 1)."""
-        m = pred.mean.astype(np.float64)
-        y = y.astype(np.float64).reshape(m.shape)
-        v = np.maximum(pred.variance.astype(np.float64), VARIANCE_FLOOR)
-        err = y - m
-        self.n += len(m)
-        self.elements += m.size
-        self._sums["nll"] += float((0.5 * np.log(2 * np.pi * v) + err**2 / (2 * v)).sum())
-        self._sums["sq"] += float((err**2).sum())
-        self._sums["abs"] += float(np.abs(err).sum())
-        self._sums["var"] += float(v.sum())
-        self._sums["aleatoric"] += float(pred.aleatoric.astype(np.float64).sum())
-        self._sums["epistemic"] += float(pred.epistemic.astype(np.float64).sum())
-        zscore = (np.abs(err) / np.sqrt(v)).reshape(-1)
-        self._covered += (zscore[None, :] <= self._z[:, None]).sum(1)
-
-    def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
-        assert isinstance(pred, RegressionPredictive)
-        self.add(pred, y)
-
-    def report(self) -> dict[str, Any]:
-        """``nll``, ``rmse``, ``mae``, ``coverage`` {"50", "90", "95"}, ``calibration_error`` and the mean
-        ``variance``, ``aleatoric`` and ``epistemic`` (per target element)."""
-        e = self.elements
-        cover = dict(zip(self._levels, (self._covered / e).tolist(), strict=True))
-        return {
-            "nll": self._sums["nll"] / e,
-            "rmse": float(np.sqrt(self._sums["sq"] / e)),
-            "mae": self._sums["abs"] / e,
-            "coverage": {f"{round(p * 100)}": cover[p] for p in COVERAGE_LEVELS},
-            "calibration_error": float(np.mean([abs(cover[p] - p) for p in CALIBRATION_LEVELS])),
-            "variance": self._sums["var"] / e,
-            "aleatoric": self._sums["aleatoric"] / e,
-            "epistemic": self._sums["epistemic"] / e,
-        }
-
-    def reliability(self) -> dict[str, list[float]]:
-        """Observed coverage of each central interval (``nominal``, ``coverage``)."""
-        return {"nominal": list(self._levels), "coverage": (self._covered / max(self.elements, 1)).tolist()}
-
-
-class SegmentationSums:
-    """Per-pixel metrics over a stream of batches: pixel accuracy, mean IoU, NLL and ECE (15 bins)."""
-
-    def __init__(self, classes: int, bins: int = ECE_BINS) -> None:
-        self.classes, self.bins = classes, bins
-        self.n = 0  # images
-        self.pixels = 0
-        self._nll = 0.0
-        self._confusion = np.zeros((classes, classes), np.int64)  # [label, predicted]
-        self._bin_sums = np.zeros((3, bins))
-
-    def add(self, probs: np.ndarray, y: np.ndarray) -> None:
-        """Add one batch of per-pixel probabilities ``[B, C, *sp]`` and integer masks ``[B, *sp]``."""
-        flat = np.moveaxis(probs, 1, -1).reshape(-1, self.classes)  # [pixels, C]
-        labels = y.reshape(-1).astype(np.int64)
-        self.n += len(y)
-        self.pixels += len(labels)
-        self._nll += nll(flat, labels) * len(labels)
-        self._confusion += np.bincount(labels * self.classes + flat.argmax(-1),
-                                       minlength=self.classes**2).reshape(self.classes, self.classes)
-        self._bin_sums += _bin_sums(flat, labels, self.bins)
-
-    def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
-        assert isinstance(pred, Predictive)
-        self.add(pred.probs, y)
-
-    def report(self) -> dict[str, Any]:
-        """``pixel_accuracy``, ``mean_iou`` (over classes present in labels or predictions), ``iou`` per class
-        (None where absent), ``nll`` and ``ece`` per pixel."""
-        c = self._confusion.astype(np.float64)
-        tp = np.diag(c)
-        union = c.sum(0) + c.sum(1) - tp
-        with np.errstate(invalid="ignore", divide="ignore"):
-            iou = tp / union
-        present = union > 0
-        return {
-            "pixel_accuracy": float(tp.sum() / c.sum()),
-            "mean_iou": float(iou[present].mean()) if present.any() else 0.0,
-            "iou": [float(v) if ok else None for v, ok in zip(iou, present, strict=True)],
-            "nll": self._nll / self.pixels,
-            "ece": _ece_from_sums(self._bin_sums),
-            "pixels": self.pixels,
-        }
-
-    def reliability(self) -> dict[str, list[float]]:
-        """Per bin of the per-pixel max probability: ``count``, mean ``confidence`` and ``accuracy``."""
-        count, conf, correct = self._bin_sums
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return {"count": count.tolist(), "confidence": (conf / count).tolist(),
-                    "accuracy": (correct / count).tolist()}
-
-
-class ClassificationSums(MetricSums):
-    """:class:`MetricSums` taking a :class:`Predictive` (the task-generic interface of :func:`metric_sums`)."""
-
-    def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
-        assert isinstance(pred, Predictive)
-        self.add(pred.probs, y)
-
-
-def metric_sums(task: Task, classes: int) -> Any:
-    """The running metrics of ``task``: an object with ``add_predictive(pred, y)``, ``report()``, ``reliability()``."""
-    if task.name == REGRESSION:
-        return RegressionSums()
-    if task.name == SEGMENTATION:
-        return SegmentationSums(classes)
-    return ClassificationSums()

@@ -138,7 +138,7 @@ def resnet20(num_classes: int = 10) -> nn.Module:
     (use the model in eval mode). The global pool is ``AvgPool2d(8)`` over the 8x8 last feature map (as
     in the original CIFAR code): it exports as ONNX AveragePool, which every mode handles, where
     ``AdaptiveAvgPool2d(1)`` exports as ReduceMean with its axes from a Constant node, which the
-    ``analytic`` export fails on (tests/unit/test_models.py). So the model takes exactly 3x32x32 inputs.
+    ``analytic`` export fails on (tests/integration/test_models.py). So the model takes exactly 3x32x32 inputs.
     19 + 2 shortcut convs and the head: 271,690 Bayesian weights and biases for 10 classes.
 
     Args:

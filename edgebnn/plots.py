@@ -178,7 +178,7 @@ def plot_evaluation(
 
 def plot_regression(coverage: dict[str, list[float]], in_epistemic: np.ndarray, ood_epistemic: np.ndarray | None,
                     out_png: str | os.PathLike[str], *, title: str = "") -> Path:
-    """Interval coverage (observed vs nominal, :meth:`edgebnn.metrics.RegressionSums.reliability`) beside the
+    """Interval coverage (observed vs nominal, :meth:`edgebnn.tasks.regression.RegressionSums.reliability`) beside the
     histogram of the mean epistemic variance per input (in-distribution vs OOD)."""
     from matplotlib.figure import Figure
 

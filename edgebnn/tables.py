@@ -299,7 +299,7 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
 _EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True),
               ("rmse", "RMSE", True), ("mae", "MAE", True), ("calibration_error", "calibration error", True),
               ("pixel_accuracy", "pixel accuracy", False), ("mean_iou", "mean IoU", False))
-# eval's metric columns per task (edgebnn.metrics.Task; reports without "task" are classification)
+# eval's metric columns per task (edgebnn.tasks.Task; reports without "task" are classification)
 TASK_COLUMNS = {"classification": ("accuracy", "nll", "ece", "brier"),
                 "regression": ("nll", "rmse", "mae", "calibration_error"),
                 "segmentation": ("pixel_accuracy", "mean_iou", "nll", "ece")}

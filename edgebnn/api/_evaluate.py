@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
     from edgebnn.data import Dataset, DataSource
     from edgebnn.ir import BNNModel
-    from edgebnn.metrics import AnyPredictive, Task
+    from edgebnn.metrics import AnyPredictive
     from edgebnn.runtime import Session
+    from edgebnn.tasks import Task
 
 def lowering_quality(float_ir: BNNModel, lowered: BNNModel, *, data: DataSource = "digits",
                      split: str | None = None, ood_data: DataSource | None = None, samples: int = 16, seed: int = 0,
@@ -76,7 +77,7 @@ class _Sums:
     example (for a segmentation plot)."""
 
     def __init__(self, task: Task, classes: int) -> None:
-        from edgebnn.metrics import metric_sums
+        from edgebnn.tasks import metric_sums
 
         self.metrics = metric_sums(task, classes)
         self.entropy: list[np.ndarray] = []  # per input: total uncertainty (entropy; image mean; Gaussian entropy)
@@ -92,7 +93,7 @@ def _stream(predictors: Iterable[Callable[[np.ndarray], AnyPredictive]], dataset
             classes: int = 0) -> list[_Sums]:
     """Run every predictor on every batch of ``dataset``; only metric sums and two floats per input are kept."""
     from edgebnn.data import DEFAULT_BATCH
-    from edgebnn.metrics import Task
+    from edgebnn.tasks import Task
 
     fns = list(predictors)
     sums = [_Sums(task or Task(), classes) for _ in fns]
@@ -144,7 +145,7 @@ def dataset_for(model: BNNModel | Session, data: DataSource, *, split: str | Non
     """Open ``data`` (:func:`edgebnn.data.load_data`) for ``model``: its input shape and class count are checked."""
     from edgebnn.data import Targets, load_data
     from edgebnn.ir import BNNModel
-    from edgebnn.metrics import REGRESSION, SEGMENTATION
+    from edgebnn.tasks import REGRESSION, SEGMENTATION
 
     shape = tuple(model.manifest.input_shape[1:]) if isinstance(model, BNNModel) else model.input_shape
     task, classes = task_of(model)
@@ -239,7 +240,8 @@ def _plot(task: Task, sums: _Sums, in_mi: np.ndarray, ood_mi: np.ndarray | None,
     """eval --plot, by task: the reliability diagram (classification, segmentation's pixels) or interval coverage
     (regression) beside the epistemic histogram; segmentation adds the first image, its mask and its MI map."""
     from edgebnn import plots
-    from edgebnn.metrics import REGRESSION, SEGMENTATION, RegressionPredictive
+    from edgebnn.metrics import RegressionPredictive
+    from edgebnn.tasks import REGRESSION, SEGMENTATION
 
     if task.name == SEGMENTATION and sums.first is not None:
         x, y, pred = sums.first

@@ -13,11 +13,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from edgebnn.exporters.heads import Points, head_of
 from edgebnn.exporters.metadata import ExportMetadata, write_metadata
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import Grid
-from edgebnn.metrics import Task
 
 P = "ens/"  # prefix of every value an exporter adds
 INT4_BLOCK = 32
@@ -176,23 +174,10 @@ class Builder:
         x = self.add("Expand", [x, expand], prefix + "input_s")
         return self.add("Reshape", [x, flat], dst)
 
-    def predictive_head(self, logits: str, samples: int, classes: int, task: Task | None = None) -> None:
-        """The task's head (:mod:`.heads`) from the member outputs ``logits`` [B·S, ...]; classification (the
-        default): logits [B·S, K] -> probs [B, K], entropy [B], mutual_info [B]."""
-        task = task or Task()
-        head_of(task).sampled(self, logits, samples, task, classes)
-        self.outputs = head_of(task).outputs(task, classes)
-
-    def analytic_head(self, logits: str, var: str | None, samples: int, classes: int, task: Task,
-                      points: Points) -> None:
-        """The task's head (:mod:`.heads`) from the output's Gaussian moments (``var`` None: variance 0)."""
-        head_of(task).analytic(self, logits, var, samples, task, classes, points)
-        self.outputs = head_of(task).outputs(task, classes)
-
-    def model(self, base: onnx.ModelProto, graph_inputs: list[onnx.ValueInfoProto], name: str,
-              classes: int) -> onnx.ModelProto:
-        """The graph: the nodes added, the head's outputs (a classifier's of ``classes`` without a head)."""
-        outputs = self.outputs if self.outputs is not None else head_of(Task()).outputs(Task(), classes)
+    def model(self, base: onnx.ModelProto, graph_inputs: list[onnx.ValueInfoProto], name: str) -> onnx.ModelProto:
+        """The graph: the nodes added and the head's outputs (:mod:`edgebnn.tasks`: the exporter adds a head)."""
+        outputs = self.outputs
+        assert outputs is not None, "the exporter added no task head"
         used = {x for node in self.nodes for x in node.input}  # skeleton parameters a rewrite replaced
         inits = [t for t in self.inits if t.name in used]
         graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, inits)

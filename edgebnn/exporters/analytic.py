@@ -25,7 +25,7 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     Add (independent operands):            m' = m₁ + m₂, v' = v₁ + v₂
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
 
-The head (the task's, :mod:`.heads`) turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte
+The head (the task's, :mod:`edgebnn.tasks`) turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte
 Carlo quadrature (S scrambled-Sobol standard-normal points moment-matched to mean 0 and covariance I,
 :func:`quadrature_points`): logits_q = m + √v ⊙ z_q (a classifier's as one MatMul of [m, √v] by
 :func:`quadrature_matrix`, built in the graph for compact exports), then the same head as the sampling modes, so
@@ -45,13 +45,14 @@ from scipy.stats import norm, qmc
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, set_metadata, static_shapes
-from edgebnn.exporters.heads import quadrature_matrix_of
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
 from edgebnn.exporters.stores.base import TRT
 from edgebnn.exporters.stores.float_ import FLOAT
 from edgebnn.ir import BNNModel, attrs_of
+from edgebnn.tasks import analytic_head
+from edgebnn.tasks.classification import quadrature_matrix_of
 
 SHAPE_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
 VAR_FLOOR = 1e-12  # keeps √v finite where a unit has no variance
@@ -219,12 +220,12 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
 
     logits = base.graph.output[0].name
     classes = model.manifest.num_classes
-    # the task's head (.heads) on the output's moments; classification and segmentation integrate the softmax at
+    # the task's head (edgebnn.tasks) on the output's moments; classification and segmentation integrate the softmax at
     # the quadrature points
-    b.analytic_head(logits, var.get(logits), samples, classes, model.manifest.task_spec(model.where),
-                    quadrature_points)
+    analytic_head(b, logits, var.get(logits), samples, classes, model.manifest.task_spec(model.where),
+                  quadrature_points)
     finish_stores(b)
-    out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}", classes)
+    out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}")
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0,
                  **store_metadata(b))
     return out if weights == "fp32" else compact_names(out)

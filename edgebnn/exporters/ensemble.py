@@ -53,7 +53,7 @@ from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.exporters.stores.members import wrote_members
 from edgebnn.ir import DOMAIN, BNNModel
 from edgebnn.ir.encodings import DropoutMask
-from edgebnn.metrics import REGRESSION
+from edgebnn.tasks import REGRESSION
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
@@ -190,7 +190,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
     rewrite = baked_layers(model, samples, seed, weights)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress)
     finish_stores(b)
-    out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}", model.manifest.num_classes)
+    out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}")
     if (b.int4_layout == "channels" and choice.form == "qdq") or wrote_members(b):
         out = compact_names(out)  # the compact storage form: short value names (the graph is what is left)
     compact = None

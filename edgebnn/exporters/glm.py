@@ -41,6 +41,7 @@ from edgebnn.exporters.analytic import VAR_FLOOR, quadrature_matrix
 from edgebnn.exporters.layers import layer_kind
 from edgebnn.ir import BNNModel, attrs_of
 from edgebnn.ir.encodings import DenseGaussianWeight, Encoding, KronGaussianWeight
+from edgebnn.tasks import Task, head_of
 
 # (builder, weight encoding [K, n], features φ [B, n], name prefix) -> Var f [B, K] from the weight
 WeightVariance = Callable[[Builder, Encoding, str, str], str]
@@ -123,7 +124,8 @@ def export_glm(model: BNNModel, samples: int, *, progress: Callable[[int, int], 
         p + "kappa")
     probs = b.add("Softmax", [b.add("Mul", [mean, kappa], p + "scaled")], "probs", axis=-1)
     _head(b, mean, var, probs, samples, classes, p)
-    out = b.model(base, list(base.graph.input), f"edgebnn_analytic_glm_Q{samples}", classes)
+    b.outputs = head_of(Task()).outputs(Task(), classes)  # a classifier's: probs, entropy, mutual_info
+    out = b.model(base, list(base.graph.input), f"edgebnn_analytic_glm_Q{samples}")
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="glm-probit", quadrature_seed=0)
     return out
 

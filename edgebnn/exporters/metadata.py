@@ -22,7 +22,7 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     float_bnn_bytes, ebnn_bytes   the fp32 BNN's bytes (μ and σ of every Bayesian weight in fp32) and the
                     ``.ebnn``'s, so the file alone gives its size ratios (:mod:`edgebnn.exporters.sizes`)
     precision, calibration        INT8 calibration (``calibrate``): "int8" and its settings
-    task, task_options            a regression or segmentation graph (:class:`edgebnn.metrics.Task`; absent:
+    task, task_options            a regression or segmentation graph (:class:`edgebnn.tasks.Task`; absent:
                                   classification), whose outputs are the task's
 """
 
@@ -44,7 +44,7 @@ from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.exporters.forms import FORMS
 from edgebnn.ir import MANIFEST_KEY, BNNModel
-from edgebnn.metrics import CLASSIFICATION, Task
+from edgebnn.tasks import CLASSIFICATION, Task
 
 EXPORT_KEY = "edgebnn.export"
 BASELINE_MODES = ("float_deterministic", "float_bnn")  # one-pass float baselines, not ensembles
@@ -105,7 +105,7 @@ class ExportMetadata:
                    outputs=("probs",) if mode in BASELINE_MODES else task.outputs, **extra)
 
     def task_spec(self, where: str = "<model>") -> Task:
-        """The task of the graph (:class:`edgebnn.metrics.Task`; classification when none is recorded)."""
+        """The task of the graph (:class:`edgebnn.tasks.Task`; classification when none is recorded)."""
         return Task.parse(self.task, self.task_options, where)
 
     @property

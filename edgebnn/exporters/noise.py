@@ -174,7 +174,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
                                           progress=progress)
     mode = "shared" if variant == "shared" else "noise"
     finish_stores(b)
-    out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}", model.manifest.num_classes)
+    out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}")
     in_graph = rng == "graph"
     set_metadata(out, model, mode=mode, samples=samples,
                  seed=seed if variant == "mixed" or in_graph else None, noise=variant,

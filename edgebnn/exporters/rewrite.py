@@ -21,6 +21,7 @@ from edgebnn.exporters.stores import decode
 from edgebnn.exporters.stores.members import member_codes
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import draw_weight
+from edgebnn.tasks import sampled_head
 
 # A layer rewrite: (builder, node, its layer kind, its weight, static shapes, shared input) -> nodes added to the
 # builder. ``shared``: ``node.input[0]`` is [B, ...], the same for every sample (see ``rewrite_sampled_layers``).
@@ -189,7 +190,7 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
         logits = fold(logits)  # every layer was hoisted: S identical members
     _stay_sample_major(b)
     sink_wide_outputs(b, shapes, ELEMENTWISE)
-    b.predictive_head(logits, samples, model.manifest.num_classes, model.manifest.task_spec(model.where))
+    sampled_head(b, logits, samples, model.manifest.num_classes, model.manifest.task_spec(model.where))
     sampled = {layer_of[n] for n in encoded if n not in quiet}
     return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
 

@@ -54,15 +54,7 @@ from edgebnn.ir import (
     verify,
 )
 from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask, Encoding
-from edgebnn.metrics import (
-    CLASSIFICATION,
-    REGRESSION,
-    REGRESSION_HEADS,
-    SEGMENTATION,
-    TASK_ALIASES,
-    TASKS,
-    Task,
-)
+from edgebnn.tasks import CLASSIFICATION, REGRESSION, REGRESSION_HEADS, SEGMENTATION, TASK_ALIASES, TASKS, Task
 
 OPSET = 18
 INPUT_NAME = "input"

@@ -23,7 +23,7 @@ from onnx import helper
 from edgebnn._version import __version__
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.ir.encodings import ENCODINGS, Encoding
-from edgebnn.metrics import CLASSIFICATION, Task
+from edgebnn.tasks import CLASSIFICATION, Task
 
 DOMAIN = "ai.edgebnn"
 DOMAIN_VERSION = 1
@@ -49,7 +49,7 @@ class Manifest:
     lower_config: dict[str, Any] | None = None  # the edgebnn.passes.LowerConfig of the last lower(), to replay it
     format_version: int = FORMAT_VERSION
     edgebnn_version: str = __version__
-    # What the output is (edgebnn.metrics.Task): absent in files written before tasks, and for classification,
+    # What the output is (edgebnn.tasks.Task): absent in files written before tasks, and for classification,
     # so those files keep their bytes; ``num_classes`` is the output's width (regression: D or 2D) or, for
     # segmentation, its channel count C.
     task: str = CLASSIFICATION
@@ -62,7 +62,7 @@ class Manifest:
         return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
     def task_spec(self, where: str = "<model>") -> Task:
-        """The task (:class:`edgebnn.metrics.Task`) this manifest records."""
+        """The task (:class:`edgebnn.tasks.Task`) this manifest records."""
         return Task.parse(self.task, self.task_options, where)
 
     @classmethod

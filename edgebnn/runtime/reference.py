@@ -17,8 +17,9 @@ from edgebnn.exporters import check_samples
 from edgebnn.exporters.families import check_family
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import draw_weight
-from edgebnn.metrics import AnyPredictive, predictive_from_samples
+from edgebnn.metrics import AnyPredictive
 from edgebnn.runtime._ort import ort_errors
+from edgebnn.tasks import predictive_from_samples
 
 
 def sample_weights(model: BNNModel, samples: int, seed: int) -> dict[str, np.ndarray]:
@@ -69,7 +70,7 @@ class Reference:
         return np.stack(out)
 
     def predict(self, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
-        """The task's predictive of ``samples`` posterior draws (:func:`edgebnn.metrics.predictive_from_samples`)."""
+        """The task's predictive of ``samples`` posterior draws (:func:`edgebnn.tasks.predictive_from_samples`)."""
         return predictive_from_samples(self.task, self.logits(x, samples, seed))
 
 

@@ -23,8 +23,9 @@ import onnxruntime as ort
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
-from edgebnn.metrics import REGRESSION, AnyPredictive, Predictive, RegressionPredictive
+from edgebnn.metrics import AnyPredictive, Predictive, RegressionPredictive
 from edgebnn.runtime._ort import ort_errors
+from edgebnn.tasks import REGRESSION
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
 

@@ -12,6 +12,7 @@ ensemble, and ``lower --laplace STATE`` for a laplace-torch posterior.
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from typing import Any
@@ -33,7 +34,7 @@ ROUNDOFF = 1e-5  # the same float32 graph run twice, or the reference's formulas
 FACTORIES = (
     "from torch import nn\n\n"
     "def mlp():\n"
-    "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))\n\n"
+    "    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))\n\n"
     f"def ensemble():\n    return [mlp() for _ in range({M})]\n"
 )
 
@@ -52,32 +53,14 @@ def factories(tmp_path_factory):
     sys.modules.pop("family_factories", None)
 
 
-def _train(net: Any, x: Any, y: Any, steps: int) -> Any:
-    opt = torch.optim.Adam(net.parameters(), 1e-2)
-    for _ in range(steps):  # full batch: digits accuracy ~0.9 after 40 steps
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-    return net.eval()
-
-
 @pytest.fixture(scope="module")
-def trained(factories, digits_data):
-    """M digits MLPs from seeds 0..M-1 saved as one ensemble file (member k's keys "k."), member 0 alone too."""
-    root, module = factories
-    x, y = torch.from_numpy(digits_data.x_train), torch.from_numpy(digits_data.y_train)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # fastest for these small MLPs on a shared machine
-    try:
-        members = []
-        for seed in range(M):
-            torch.manual_seed(seed)
-            members.append(_train(module.mlp(), x, y, 40))
-    finally:
-        torch.set_num_threads(threads)
-    _save(nn.ModuleList(members), root / ENS)
-    _save(members[0], root / MAP)
-    return root, members
+def trained(factories, digits_mlps):
+    """The session's M digits MLPs (conftest; the factories' architecture) saved as one ensemble file (member k's
+    keys "k."), member 0 alone too."""
+    root, _ = factories
+    _save(nn.ModuleList(digits_mlps), root / ENS)
+    _save(digits_mlps[0], root / MAP)
+    return root, digits_mlps
 
 
 def _save(module: Any, path: Any) -> None:
@@ -164,22 +147,20 @@ def test_search_on_a_deep_ensemble_varies_what_varies_for_it(trained, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def laplace_states(trained, digits_data):
-    """laplace-torch posteriors of member 0 (the MAP network), each saved as torch.save(la.state_dict())."""
+def laplace_states(trained, digits_data, laplace_kron_ll, laplace_diag_all):
+    """laplace-torch posteriors of member 0 (the MAP network; the session's fits), each saved as
+    torch.save(la.state_dict())."""
     laplace = pytest.importorskip("laplace")
     root, members = trained
-    x, y = torch.from_numpy(digits_data.x_train[:400]), torch.from_numpy(digits_data.y_train[:400])
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=512)
+    x = torch.from_numpy(digits_data.x_train[:64])
     out = {}
-    for weights, structure in (("last_layer", "kron"), ("all", "diag")):
-        la = laplace.Laplace(members[0], "classification", subset_of_weights=weights, hessian_structure=structure,
-                             prior_precision=1.0)
-        la.fit(loader)
+    for (weights, structure), la in ((("last_layer", "kron"), laplace_kron_ll), (("all", "diag"), laplace_diag_all)):
         path = root / f"la_{weights}_{structure}.pt"
         torch.save(la.state_dict(), path)
         out[weights, structure] = la, path
-    reg = laplace.Laplace(members[1], "regression", subset_of_weights="last_layer", hessian_structure="kron")
-    reg.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:64], torch.randn(64, 10)), batch_size=64))
+    reg = laplace.Laplace(copy.deepcopy(members[1]), "regression", subset_of_weights="last_layer",
+                          hessian_structure="kron")
+    reg.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.randn(64, 10)), batch_size=64))
     torch.save(reg.state_dict(), root / "la_regression.pt")
     torch.save({**reg.state_dict(), "extra": nn.Linear(2, 2)}, root / "la_pickled.pt")  # a pickled module inside
     return out
@@ -250,7 +231,7 @@ def test_a_damped_kron_state_imports_the_posterior_laplace_torch_samples(trained
 
     root, members = trained
     x, y = torch.from_numpy(digits_data.x_train[:400]), torch.from_numpy(digits_data.y_train[:400])
-    la = laplace.Laplace(members[0], "classification", subset_of_weights="all", hessian_structure="kron",
+    la = laplace.Laplace(copy.deepcopy(members[0]), "classification", subset_of_weights="all", hessian_structure="kron",
                          prior_precision=1.0, damping=True)
     la.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=512))
     assert la.H.damping and not la.posterior_precision.damping  # the library's own drop of the flag

@@ -50,9 +50,11 @@ def _trained(net: Any, x: Any, y: Any, steps: int = 40) -> Any:
 
 
 @pytest.fixture(scope="module")
-def mlp(digits_torch):
-    torch.manual_seed(0)
-    return _trained(nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), *digits_torch[:2])
+def mlp(digits_mlps):
+    """The session's MAP network (conftest: digits MLP 64-32-10, 40 full-batch Adam steps), a copy of it."""
+    import copy
+
+    return copy.deepcopy(digits_mlps[0])
 
 
 def _fit(net: Any, data: Any, weights: str, structure: str) -> Any:
@@ -64,8 +66,8 @@ def _fit(net: Any, data: Any, weights: str, structure: str) -> Any:
 
 
 @pytest.fixture(scope="module")
-def kron_ll(mlp, digits_torch):
-    return _fit(mlp, digits_torch, "last_layer", "kron")
+def kron_ll(laplace_kron_ll):
+    return laplace_kron_ll
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +81,8 @@ def diag_ll(mlp, digits_torch):
 
 
 @pytest.fixture(scope="module")
-def diag_all(mlp, digits_torch):
-    return _fit(mlp, digits_torch, "all", "diag")
+def diag_all(laplace_diag_all):
+    return laplace_diag_all
 
 
 _IRS: dict[int, Any] = {}

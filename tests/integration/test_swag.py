@@ -25,48 +25,15 @@ from edgebnn.ir.encodings import LowRankGaussianWeight
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 nn = torch.nn
-K = 10
+K = 10  # deviations: conftest.SWAG_K
 SCALE = 0.5
 
 
-def _mlp() -> Any:
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-
-
 @pytest.fixture(scope="module")
-def swag(digits_data):
-    """(model, stats {name}_mean/_sq_mean/_covariance_sqrt, test x, test y): SGD on digits, then K snapshots."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)  # fastest for this small MLP on a shared machine
-    model = _mlp()
-    xtr, ytr = (torch.from_numpy(a) for a in digits_data.split("train"))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(0)
-    params = dict(model.named_parameters())
-    mean = {n: torch.zeros_like(p) for n, p in params.items()}
-    sq = {n: torch.zeros_like(p) for n, p in params.items()}
-    dev: dict[str, list[Any]] = {n: [] for n in params}
-    for epoch in range(4 + K):
-        perm = torch.randperm(len(xtr), generator=g)
-        for i in range(0, len(xtr), 64):
-            idx = perm[i:i + 64]
-            loss = nn.functional.cross_entropy(model(xtr[idx]), ytr[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        if epoch >= 4:  # collect_model: running moments, then the deviation from the new mean
-            n_models = epoch - 4
-            for n, p in params.items():
-                w = p.detach()
-                mean[n] = mean[n] * n_models / (n_models + 1) + w / (n_models + 1)
-                sq[n] = sq[n] * n_models / (n_models + 1) + w**2 / (n_models + 1)
-                dev[n] = (dev[n] + [(w - mean[n]).reshape(-1)])[-K:]
-    stats = {}
-    for n in params:
-        stats[f"{n}_mean"], stats[f"{n}_sq_mean"] = mean[n], sq[n]
-        stats[f"{n}_covariance_sqrt"] = torch.stack(dev[n])
+def swag(swag_digits, digits_data):
+    """(model, stats, test x, test y): the session's SWAG run (conftest: SGD on digits, then K snapshots)."""
     x, y = digits_data.split("test")
-    return model.eval(), stats, x[:200], y[:200]
+    return *swag_digits, x[:200], y[:200]
 
 
 @pytest.fixture(scope="module")

@@ -170,7 +170,7 @@ def test_the_analytic_quadrature_is_built_in_the_graph_exactly():
 
     from edgebnn.exporters._graph import Builder
     from edgebnn.exporters.analytic import quadrature_matrix, quadrature_points
-    from edgebnn.exporters.heads import _quadrature_in_graph
+    from edgebnn.tasks.classification import _quadrature_in_graph
 
     for q, k in ((16, 10), (8, 3)):  # Sobol points come in powers of 2
         b = Builder()

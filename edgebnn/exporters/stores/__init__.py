@@ -1,9 +1,9 @@
 """Stores: each encoding's codes written into the exported graph compactly, with their in-graph decode.
 
-One store per encoding op type (:data:`STORES`, :func:`register_store`, in the style of :data:`..draws.DRAWS`
-and :data:`..layers.LAYERS`); the contract and the shared decode pieces are in :mod:`.base`. Every export mode
-that reads a posterior's moments (``noise``, ``shared``, ``analytic``) asks
-:func:`store_for` for the store of the ``weights`` choice:
+One store per encoding op type (:data:`.registry.STORES`, :func:`.registry.register_store`, in the style of
+:data:`..draws.DRAWS` and :data:`..layers.LAYERS`); the contract and the shared decode pieces are in :mod:`.base`.
+Every export mode that reads a posterior's moments (``noise``, ``shared``, ``analytic``) asks :func:`store_for` for
+the store of the ``weights`` choice:
 
 ``ir`` (the default)   the encoding's own store (its packed codes; :mod:`.quantized`, :mod:`.codebook`,
                        :mod:`.binary`), the float store where it has none (``GaussianWeight``, dropout masks);
@@ -20,7 +20,6 @@ Adding a storage encoding is one module here (a :class:`.base.Store` registered 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,53 +27,15 @@ import onnx
 
 from edgebnn.exporters import STORE_CHOICES
 from edgebnn.exporters._graph import Builder
+
+# the store modules register themselves in .registry (families: the lowered SWAG / Laplace kinds; members: a
+# lowered deep ensemble's baked members)
+from edgebnn.exporters.stores import binary, codebook, families, members, quantized  # noqa: F401
 from edgebnn.exporters.stores.base import Store, finish_stores
-from edgebnn.ir.encodings import Encoding
+from edgebnn.exporters.stores.registry import SMALL, STORES, decode, register_store, store_for
 
-__all__ = ["STORES", "STORE_CHOICES", "Store", "compact_names", "decode", "finish_stores", "register_store",
-           "store_for", "store_metadata"]
-
-STORES: dict[str, Store] = {}
-# tensors of fewer numbers stay fp32: their decode's nodes outweigh 4 bytes a number (on the bayesian-torch digits
-# CNN's noise export: 16 kept the fewest bytes of 8, 16, 32, 64)
-SMALL = 16
-
-
-def register_store(op_type: str) -> Callable[[type[Store]], type[Store]]:
-    """Class decorator: store encodings of ``op_type`` with (an instance of) the decorated class."""
-    def register(cls: type[Store]) -> type[Store]:
-        cls.op_type = op_type
-        STORES[op_type] = cls()
-        return cls
-    return register
-
-
-def store_for(enc: Encoding, weights: str = "ir", runtimes: tuple[str, ...] | None = None) -> Store:
-    """The store that writes ``enc`` for the ``weights`` choice (:data:`STORE_CHOICES`); the float store where the
-    chosen one's decode does not run on every runtime of ``runtimes`` (None: any runtime)."""
-    from edgebnn.exporters.stores.float_ import FLOAT
-    from edgebnn.exporters.stores.gaussian import RequantStore
-
-    if weights == "fp32" or enc.op_type == "DropoutMask":
-        return FLOAT
-    store: Store = RequantStore(int(weights[3:])) if weights in ("int8", "int4") else STORES.get(enc.op_type, FLOAT)
-    if runtimes is not None and not set(runtimes) <= set(store.runtimes):
-        return FLOAT
-    return store
-
-
-def decode(b: Builder, enc: Encoding, what: str, name: str) -> str:
-    """Emit ``enc``'s ``what`` (``mean``, ``stddev`` or ``variance``) as the fp32 value ``name``, written by the
-    store of the builder's ``store_choice`` (the float store where it does not run on ``b.store_runtimes``)."""
-    store = store_for(enc, b.store_choice, b.store_runtimes)
-    if enc.size < SMALL:  # a few numbers: fp32 constants are smaller than their decode's nodes
-        from edgebnn.exporters.stores.float_ import FLOAT
-
-        store = FLOAT
-    b.min_opset = max(b.min_opset, store.opset)
-    b.stored[name] = store.op_type
-    out: str = getattr(store, what)(b, enc, name)
-    return out
+__all__ = ["SMALL", "STORES", "STORE_CHOICES", "Store", "compact_names", "decode", "finish_stores",
+           "register_store", "store_for", "store_metadata"]
 
 
 def store_metadata(b: Builder) -> dict[str, Any]:
@@ -133,7 +94,3 @@ def compact_names(proto: onnx.ModelProto) -> onnx.ModelProto:
         node.output[:] = [short(x) for x in node.output]
     del graph.value_info[:]
     return proto
-
-
-# registers the stores (families: the lowered SWAG / Laplace kinds; members: a lowered deep ensemble's baked members)
-from edgebnn.exporters.stores import binary, codebook, families, members, quantized  # noqa: E402,F401

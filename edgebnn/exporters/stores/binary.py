@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores import register_store
 from edgebnn.exporters.stores.base import Store, table_lookup, unpack_codes
+from edgebnn.exporters.stores.registry import register_store
 from edgebnn.ir.encodings import BinaryWeight, Encoding
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores import register_store
 from edgebnn.exporters.stores.base import INT64, TRT, Store, reshape_to, unpack_codes
+from edgebnn.exporters.stores.registry import register_store
 from edgebnn.ir.encodings import CodebookWeight, Encoding
 from edgebnn.ir.encodings.codebook import index_dtype
 

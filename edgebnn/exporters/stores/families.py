@@ -37,9 +37,9 @@ from collections.abc import Callable
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores import SMALL, decode, register_store, store_for
 from edgebnn.exporters.stores.base import Store, code_pool, reshape_to, scaled, table_lookup, unpack_codes
 from edgebnn.exporters.stores.gaussian import RequantStore
+from edgebnn.exporters.stores.registry import SMALL, decode, register_store, store_for
 from edgebnn.ir.encodings import (
     DenseFixedWeight,
     DenseGaussianWeight,
@@ -86,7 +86,7 @@ def factor(b: Builder, enc: Encoding, field: str, name: str, value: np.ndarray) 
 
 
 def mean(b: Builder, enc: Encoding, name: str) -> str:
-    """The mean a draw adds (:func:`~edgebnn.exporters.stores.decode`: the codes, or the choice's store)."""
+    """The mean a draw adds (:func:`~edgebnn.exporters.stores.registry.decode`: the codes, or the choice's store)."""
     return decode(b, enc, "mean", name)
 
 

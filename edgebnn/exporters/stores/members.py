@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores import SMALL, register_store, store_for
 from edgebnn.exporters.stores.base import Store, code_pool, scaled
+from edgebnn.exporters.stores.registry import SMALL, register_store, store_for
 from edgebnn.ir.encodings import Encoding, Grid, MemberSetFixedWeight
 from edgebnn.ir.encodings.packing import packed_nbytes
 

@@ -11,8 +11,8 @@ scale), plus one padding byte per stream.
 from __future__ import annotations
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores import register_store
 from edgebnn.exporters.stores.base import Store, scaled, table_lookup, unpack_codes
+from edgebnn.exporters.stores.registry import register_store
 from edgebnn.ir.encodings import Encoding, SigmaCode
 from edgebnn.ir.encodings.fixedpoint import QuantizedWeight
 

@@ -1,9 +1,12 @@
 """The posterior families lowered with ``fixed`` and exported with their stores, on digits (issues 20 and 21.4).
 
-Models (seconds each): a deep ensemble of 3 MLPs 64-32-10 (Adam, full batch), SWAG K = 5 on one such MLP (SGD,
-then 5 steps collecting the reference code's moments and deviations), laplace-torch's last-layer Kronecker Laplace
-of the ensemble's first member. Every comparison runs both exports through ``Session(seed=0)``: the same host
-noise, so a difference is the lowering's alone (``bench/family_stores.py`` prints the same table).
+Models (the session's, tests/integration/conftest.py): a deep ensemble of 3 MLPs 64-32-10 (Adam, full batch),
+SWAG K = 10 on one such MLP (SGD, then 10 epochs collecting the reference code's moments and deviations),
+laplace-torch's last-layer Kronecker Laplace of the ensemble's first member. Every comparison runs both exports
+through ``Session(seed=0)``: the same host noise, so a difference is the lowering's alone (``bench/family_stores.py``
+prints the same table).
+Moved from tests/unit/test_family_stores.py (it trains models); the stores' own codes are tested without training
+in tests/unit/stores/test_store_families.py.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from edgebnn.runtime import Session
 torch = pytest.importorskip("torch")
 nn = torch.nn
 S = 32
-K = 5
 ROUNDOFF = 1e-5  # the same members in float32, in another op order
 # dNLL bound of a lowering against the float posterior on the digits test split (360 images): the mean's rounding is
 # within a tenth of the posterior's own variance (SWAG) or a thousandth of it along every posterior direction
@@ -35,67 +37,25 @@ DNLL = 0.01
 
 
 @pytest.fixture(scope="module")
-def data() -> Any:
-    from edgebnn.data import digits
-
-    d = digits(0)
-    x, y = (torch.from_numpy(a) for a in d.split("train"))
-    xt, yt = d.split("test")
-    return x, y, xt, yt
-
-
-def _mlp(seed: int) -> Any:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
-
-
-def _train(net: Any, x: Any, y: Any, opt: Any, steps: int = 60) -> Any:
-    for _ in range(steps):
-        opt.zero_grad()
-        nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-    return net.eval()
+def data(digits_data) -> Any:
+    """The digits test split (360 images): x, y."""
+    return digits_data.split("test")
 
 
 @pytest.fixture(scope="module")
-def members(data) -> list[Any]:
-    torch.set_num_threads(1)
-    nets = [_mlp(seed) for seed in range(3)]
-    return [_train(net, data[0], data[1], torch.optim.Adam(net.parameters(), 1e-2)) for net in nets]
+def members(digits_mlps) -> list[Any]:
+    return digits_mlps
 
 
 @pytest.fixture(scope="module")
-def swag_ir(data) -> Any:
-    x, y = data[0], data[1]
-    net = _mlp(0)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    _train(net, x, y, opt)
-    params = dict(net.named_parameters())
-    mean = {n: torch.zeros_like(p) for n, p in params.items()}
-    sq = {n: torch.zeros_like(p) for n, p in params.items()}
-    dev: dict[str, list[Any]] = {n: [] for n in params}
-    for i in range(K):  # SWAG.collect_model: running moments, then the deviation from the new mean
-        _train(net, x, y, opt, steps=1)
-        for n, p in params.items():
-            w = p.detach()
-            mean[n] = mean[n] * i / (i + 1) + w / (i + 1)
-            sq[n] = sq[n] * i / (i + 1) + w**2 / (i + 1)
-            dev[n].append((w - mean[n]).reshape(-1))
-    stats = {}
-    for n in params:
-        stats[f"{n}_mean"], stats[f"{n}_sq_mean"] = mean[n], sq[n]
-        stats[f"{n}_covariance_sqrt"] = torch.stack(dev[n])
-    return edgebnn.from_swag(net.eval(), stats, (1, 1, 8, 8), scale=0.5)
+def swag_ir(swag_digits) -> Any:
+    model, stats = swag_digits
+    return edgebnn.from_swag(model, stats, (1, 1, 8, 8), scale=0.5)
 
 
 @pytest.fixture(scope="module")
-def kron_ir(members, data) -> Any:
-    laplace = pytest.importorskip("laplace")
-    x, y = data[0][:400], data[1][:400]
-    la = laplace.Laplace(members[0], "classification", subset_of_weights="last_layer", hessian_structure="kron",
-                         prior_precision=1.0)
-    la.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=512))
-    return edgebnn.from_torch(la, (1, 1, 8, 8))
+def kron_ir(laplace_kron_ll) -> Any:
+    return edgebnn.from_torch(laplace_kron_ll, (1, 1, 8, 8))
 
 
 def _probs(proto: Any, x: np.ndarray) -> np.ndarray:
@@ -105,7 +65,7 @@ def _probs(proto: Any, x: np.ndarray) -> np.ndarray:
 def test_deep_ensemble_member_codes_are_exact(members, data):
     """Baked S = M: the lowered members as their codes (the store) give the float-store export's predictive to
     round-off, in a smaller file whose bulk deployed_bytes counts as codes."""
-    xt = data[2]
+    xt = data[0]
     ir = edgebnn.from_torch(members, (1, 1, 8, 8))
     low = lower(ir, "fixed", seed=0).model
     assert {w.encoding.op_type for w in low.encoded_weights()} == {"MemberSetFixedWeight"}
@@ -127,7 +87,7 @@ def _lowered(ir: Any) -> Any:
 
 
 def test_swag_lowered_with_fixed_stays_within_the_variance_rule(swag_ir, data):
-    _, _, xt, yt = data
+    xt, yt = data
     low = _lowered(swag_ir)
     assert {w.encoding.op_type for w in low.encoded_weights()} == {"LowRankFixedWeight"}
     assert ebnn_bytes(low) < ebnn_bytes(swag_ir) / 3  # the deviations are most of it: 8 bits for 32
@@ -147,7 +107,7 @@ def test_swag_lowered_with_fixed_stays_within_the_variance_rule(swag_ir, data):
 
 
 def test_laplace_kron_lowered_with_fixed_stays_within_the_variance_rule(kron_ir, data):
-    _, _, xt, yt = data
+    xt, yt = data
     result = lower(kron_ir, "fixed", seed=0)
     low = _lowered(kron_ir)
     assert [w.encoding.op_type for w in low.encoded_weights()] == ["KronFixedWeight", "DenseFixedWeight"]

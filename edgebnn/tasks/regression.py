@@ -1,0 +1,163 @@
+"""Regression: S members' means (and log-variances) -> the moments of the S-member Gaussian mixture, in the graph and
+in numpy; Gaussian NLL, RMSE, MAE, interval coverage and calibration error (:mod:`edgebnn.metrics` docstring).
+
+regression, [B·S, D] means μ_s (noise variance σ² stated, or 0) or [B·S, 2D] (μ_s, log σ²_s):
+    mean = mean_s μ_s; aleatoric = mean_s σ²_s; epistemic = mean_s (μ_s − mean)²; variance = aleatoric + epistemic
+    (each [B, D])
+
+Analytic: no quadrature: mean = m_μ and epistemic = v_μ (the moments of the mean output), aleatoric = σ² for a
+``mean`` head and, for a log-variance head whose log σ² ~ N(m_l, v_l), E[σ²] = exp(m_l + v_l / 2) (the log-normal
+mean, taking the propagated Gaussian as exact).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edgebnn.metrics import (
+    CALIBRATION_LEVELS,
+    COVERAGE_LEVELS,
+    VARIANCE_FLOOR,
+    AnyPredictive,
+    RegressionPredictive,
+)
+from edgebnn.tasks.head import GraphBuilder, Head, P, Points
+from edgebnn.tasks.spec import Task
+
+
+def _aleatoric_const(b: GraphBuilder, like: str, task: Task, p: str) -> str:
+    """The stated noise variance (0 without one) broadcast to ``like``'s shape."""
+    return b.add("Add", [b.add("Mul", [like, b.f32(p + "zero", 0.0)], p + "zeros"),
+                         b.f32(p + "noise_var", float(task.noise_var or 0.0))], "aleatoric")
+
+
+def _slice(b: GraphBuilder, x: str, start: int, end: int, axis: int, out: str) -> str:
+    c = f"{P}slice/{out.removeprefix(P)}."
+    return b.add("Slice", [x, b.i64(c + "start", start), b.i64(c + "end", end), b.i64(c + "axis", axis)], out)
+
+
+def _regression(b: GraphBuilder, outputs: str, samples: int, task: Task, classes: int) -> None:
+    """[B·S, D] means or [B·S, 2D] (means, log-variances) -> mean, variance, aleatoric, epistemic [B, D]."""
+    assert task.dims is not None
+    p = P + "head/"
+    d = task.dims
+    ax1 = b.i64(p + "axis1", 1)
+    x = b.add("Reshape", [outputs, b.i64(p + "shape", -1, samples, task.width())], p + "out_s")  # [B, S, W]
+    mu = _slice(b, x, 0, d, 2, p + "mu_s") if task.head == "mean_logvar" else x
+    mean = b.add("ReduceMean", [mu, ax1], "mean", keepdims=0)
+    dev = b.add("Sub", [mu, b.add("Unsqueeze", [mean, ax1], p + "mean1")], p + "dev")
+    epistemic = b.add("ReduceMean", [b.add("Mul", [dev, dev], p + "dev2"), ax1], "epistemic", keepdims=0)
+    if task.head == "mean_logvar":
+        var_s = b.add("Exp", [_slice(b, x, d, 2 * d, 2, p + "logvar_s")], p + "var_s")
+        aleatoric = b.add("ReduceMean", [var_s, ax1], "aleatoric", keepdims=0)
+    else:
+        aleatoric = _aleatoric_const(b, mean, task, p)
+    b.add("Add", [aleatoric, epistemic], "variance")
+
+
+def _regression_analytic(b: GraphBuilder, m: str, v: str | None, samples: int, task: Task, classes: int,
+                         points: Points) -> None:
+    """(m, v) of the output [B, W] -> mean = m_μ, epistemic = v_μ, aleatoric = σ² or exp(m_l + v_l / 2)."""
+    assert task.dims is not None
+    p = P + "head/"
+    d = task.dims
+    if v is None:
+        v = b.add("Mul", [m, b.f32(p + "zero_v", 0.0)], p + "out_var")
+    two = task.head == "mean_logvar"
+    mean = _slice(b, m, 0, d, 1, "mean") if two else b.add("Identity", [m], "mean")
+    epistemic = _slice(b, v, 0, d, 1, "epistemic") if two else b.add("Identity", [v], "epistemic")
+    if two:
+        m_l, v_l = _slice(b, m, d, 2 * d, 1, p + "m_logvar"), _slice(b, v, d, 2 * d, 1, p + "v_logvar")
+        half_v = b.add("Mul", [v_l, b.f32(p + "half", 0.5)], p + "half_v")
+        aleatoric = b.add("Exp", [b.add("Add", [m_l, half_v], p + "log_e_var")], "aleatoric")
+    else:
+        aleatoric = _aleatoric_const(b, mean, task, p)
+    b.add("Add", [aleatoric, epistemic], "variance")
+
+
+def _regression_outputs(task: Task, classes: int) -> list[onnx.ValueInfoProto]:
+    return [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", task.dims or 0])
+            for name in task.outputs]
+
+
+def _reduce(task: Task, outputs: np.ndarray) -> AnyPredictive:
+    """[S, N, W] member outputs -> mean, variance, aleatoric, epistemic [N, D] (the module docstring's moments)."""
+    out = outputs.astype(np.float64)
+    d = task.dims or 1
+    mu = out[..., :d]
+    if task.head == "mean_logvar":
+        aleatoric = np.exp(out[..., d:2 * d]).mean(0)
+    else:
+        aleatoric = np.full(mu.shape[1:], task.noise_var or 0.0)
+    mean = mu.mean(0)
+    epistemic = ((mu - mean) ** 2).mean(0)
+    f = np.float32
+    return RegressionPredictive(mean.astype(f), (aleatoric + epistemic).astype(f), aleatoric.astype(f),
+                                epistemic.astype(f))
+
+
+def _z(level: float) -> float:
+    """The half-width of the central ``level`` interval of a standard normal."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2))
+
+
+class RegressionSums:
+    """Regression metrics over a stream of batches (module docstring): sums per batch, the report at the end."""
+
+    def __init__(self) -> None:
+        self.n = 0  # examples
+        self.elements = 0  # examples x D
+        self._levels = sorted(set(CALIBRATION_LEVELS) | set(COVERAGE_LEVELS))
+        self._z = np.array([_z(p) for p in self._levels])
+        self._sums = {"nll": 0.0, "sq": 0.0, "abs": 0.0, "var": 0.0, "aleatoric": 0.0, "epistemic": 0.0}
+        self._covered = np.zeros(len(self._levels))
+
+    def add(self, pred: RegressionPredictive, y: np.ndarray) -> None:
+        """Add one batch of predictive moments ``[B, D]`` and float targets ``[B, D]`` (or ``[B]`` for D = 1)."""
+        m = pred.mean.astype(np.float64)
+        y = y.astype(np.float64).reshape(m.shape)
+        v = np.maximum(pred.variance.astype(np.float64), VARIANCE_FLOOR)
+        err = y - m
+        self.n += len(m)
+        self.elements += m.size
+        self._sums["nll"] += float((0.5 * np.log(2 * np.pi * v) + err**2 / (2 * v)).sum())
+        self._sums["sq"] += float((err**2).sum())
+        self._sums["abs"] += float(np.abs(err).sum())
+        self._sums["var"] += float(v.sum())
+        self._sums["aleatoric"] += float(pred.aleatoric.astype(np.float64).sum())
+        self._sums["epistemic"] += float(pred.epistemic.astype(np.float64).sum())
+        zscore = (np.abs(err) / np.sqrt(v)).reshape(-1)
+        self._covered += (zscore[None, :] <= self._z[:, None]).sum(1)
+
+    def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
+        assert isinstance(pred, RegressionPredictive)
+        self.add(pred, y)
+
+    def report(self) -> dict[str, Any]:
+        """``nll``, ``rmse``, ``mae``, ``coverage`` {"50", "90", "95"}, ``calibration_error`` and the mean
+        ``variance``, ``aleatoric`` and ``epistemic`` (per target element)."""
+        e = self.elements
+        cover = dict(zip(self._levels, (self._covered / e).tolist(), strict=True))
+        return {
+            "nll": self._sums["nll"] / e,
+            "rmse": float(np.sqrt(self._sums["sq"] / e)),
+            "mae": self._sums["abs"] / e,
+            "coverage": {f"{round(p * 100)}": cover[p] for p in COVERAGE_LEVELS},
+            "calibration_error": float(np.mean([abs(cover[p] - p) for p in CALIBRATION_LEVELS])),
+            "variance": self._sums["var"] / e,
+            "aleatoric": self._sums["aleatoric"] / e,
+            "epistemic": self._sums["epistemic"] / e,
+        }
+
+    def reliability(self) -> dict[str, list[float]]:
+        """Observed coverage of each central interval (``nominal``, ``coverage``)."""
+        return {"nominal": list(self._levels), "coverage": (self._covered / max(self.elements, 1)).tolist()}
+
+
+HEAD = Head(_regression, _regression_analytic, _regression_outputs, _reduce, lambda task, classes: RegressionSums())

@@ -1,0 +1,133 @@
+"""Segmentation (per pixel): the classification head over the class axis of every pixel; the same in numpy; pixel
+accuracy, mean IoU, NLL and ECE per pixel.
+
+segmentation, logits [B·S, C, *sp]: probs [B, C, *sp], entropy and mutual_info [B, *sp]
+
+Analytic: the per-pixel Gaussian logits integrated at the same Q points at every pixel, then the sampled head.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from edgebnn.metrics import (
+    ECE_BINS,
+    EPS,
+    AnyPredictive,
+    Predictive,
+    bin_sums,
+    ece_from_sums,
+    log_softmax,
+    nll,
+)
+from edgebnn.tasks.classification import mean_entropy_mi
+from edgebnn.tasks.head import VAR_FLOOR, GraphBuilder, Head, P, Points
+from edgebnn.tasks.spec import Task
+
+
+def _segmentation(b: GraphBuilder, logits: str, samples: int, task: Task, classes: int) -> None:
+    """logits [B·S, C, *sp] -> probs [B, C, *sp], entropy [B, *sp], mutual_info [B, *sp] (per pixel)."""
+    assert task.shape is not None
+    p = P + "head/"
+    ax1, ax2 = b.i64(p + "axis1", 1), b.i64(p + "axis2", 2)
+    x = b.add("Reshape", [logits, b.i64(p + "shape", -1, samples, *task.shape)], p + "logits_s")  # [B, S, C, *sp]
+    mean_entropy_mi(b, p, x, 2, ax1, ax1, ax2)
+
+
+def _segmentation_analytic(b: GraphBuilder, logits: str, v: str | None, samples: int, task: Task, classes: int,
+                           points: Points) -> None:
+    """Per-pixel Gaussian logits (m, v) [B, C, *sp] -> logits_q = m + √v ⊙ z_q [B·Q, C, *sp] (the same Q points
+    at every pixel) -> the sampled head over Q."""
+    assert task.shape is not None
+    p = P + "quad/"
+    if v is None:
+        v = b.add("Mul", [logits, b.f32(p + "zero_v", 0.0)], p + "logit_var")
+    std = b.add("Sqrt", [b.add("Max", [v, b.f32(p + "var_floor", VAR_FLOOR)], p + "v_floor")], p + "logit_std")
+    ax1 = b.i64(p + "axis1", 1)
+    spatial = len(task.shape) - 1
+    z = points(samples, classes).reshape(1, samples, classes, *([1] * spatial))
+    m1 = b.add("Unsqueeze", [logits, ax1], p + "m1")
+    s1 = b.add("Unsqueeze", [std, ax1], p + "s1")
+    lq = b.add("Add", [m1, b.add("Mul", [s1, b.f32(p + "points", z)], p + "s_z")], p + "logits_q")  # [B, Q, C, *sp]
+    flat = b.add("Reshape", [lq, b.i64(p + "flat", -1, *task.shape)], p + "logits_flat")
+    _segmentation(b, flat, samples, task, classes)
+
+
+def _segmentation_outputs(task: Task, classes: int) -> list[onnx.ValueInfoProto]:
+    assert task.shape is not None
+    spatial = list(task.shape[1:])
+    return [
+        helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", *task.shape]),
+        helper.make_tensor_value_info("entropy", TensorProto.FLOAT, ["batch", *spatial]),
+        helper.make_tensor_value_info("mutual_info", TensorProto.FLOAT, ["batch", *spatial]),
+    ]
+
+
+def _reduce(task: Task, outputs: np.ndarray) -> AnyPredictive:
+    """[S, N, C, *sp] member logits -> per-pixel probs, entropy, mutual_info."""
+    logp = log_softmax(outputs.astype(np.float64), axis=2)  # [S, N, C, *sp]
+    p = np.exp(logp)
+    probs = p.mean(axis=0)
+    entropy = -(probs * np.log(np.maximum(probs, EPS))).sum(1)
+    mi = np.maximum(entropy - (-(p * logp).sum(2).mean(0)), 0.0)
+    return Predictive(probs.astype(np.float32), entropy.astype(np.float32), mi.astype(np.float32))
+
+
+class SegmentationSums:
+    """Per-pixel metrics over a stream of batches: pixel accuracy, mean IoU, NLL and ECE (15 bins)."""
+
+    def __init__(self, classes: int, bins: int = ECE_BINS) -> None:
+        self.classes, self.bins = classes, bins
+        self.n = 0  # images
+        self.pixels = 0
+        self._nll = 0.0
+        self._confusion = np.zeros((classes, classes), np.int64)  # [label, predicted]
+        self._bin_sums = np.zeros((3, bins))
+
+    def add(self, probs: np.ndarray, y: np.ndarray) -> None:
+        """Add one batch of per-pixel probabilities ``[B, C, *sp]`` and integer masks ``[B, *sp]``."""
+        flat = np.moveaxis(probs, 1, -1).reshape(-1, self.classes)  # [pixels, C]
+        labels = y.reshape(-1).astype(np.int64)
+        self.n += len(y)
+        self.pixels += len(labels)
+        self._nll += nll(flat, labels) * len(labels)
+        self._confusion += np.bincount(labels * self.classes + flat.argmax(-1),
+                                       minlength=self.classes**2).reshape(self.classes, self.classes)
+        self._bin_sums += bin_sums(flat, labels, self.bins)
+
+    def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
+        assert isinstance(pred, Predictive)
+        self.add(pred.probs, y)
+
+    def report(self) -> dict[str, Any]:
+        """``pixel_accuracy``, ``mean_iou`` (over classes present in labels or predictions), ``iou`` per class
+        (None where absent), ``nll`` and ``ece`` per pixel."""
+        c = self._confusion.astype(np.float64)
+        tp = np.diag(c)
+        union = c.sum(0) + c.sum(1) - tp
+        with np.errstate(invalid="ignore", divide="ignore"):
+            iou = tp / union
+        present = union > 0
+        return {
+            "pixel_accuracy": float(tp.sum() / c.sum()),
+            "mean_iou": float(iou[present].mean()) if present.any() else 0.0,
+            "iou": [float(v) if ok else None for v, ok in zip(iou, present, strict=True)],
+            "nll": self._nll / self.pixels,
+            "ece": ece_from_sums(self._bin_sums),
+            "pixels": self.pixels,
+        }
+
+    def reliability(self) -> dict[str, list[float]]:
+        """Per bin of the per-pixel max probability: ``count``, mean ``confidence`` and ``accuracy``."""
+        count, conf, correct = self._bin_sums
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return {"count": count.tolist(), "confidence": (conf / count).tolist(),
+                    "accuracy": (correct / count).tolist()}
+
+
+HEAD = Head(_segmentation, _segmentation_analytic, _segmentation_outputs, _reduce,
+            lambda task, classes: SegmentationSums(classes))
