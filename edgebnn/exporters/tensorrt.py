@@ -479,9 +479,14 @@ def network_summary(trt: Any, network: Any) -> dict[str, Any]:
             weights[str(source.dtype).rsplit(".", 1)[-1].lower()] += 1
         else:
             activations += 1
+    random = 0
+    for layer in layers:
+        if str(layer.type).rsplit(".", 1)[-1] == "FILL" and hasattr(trt, "IFillLayer"):
+            layer.__class__ = trt.IFillLayer  # the bindings hand out ILayer; the fill's operation needs the subclass
+            random += "RANDOM" in str(layer.operation)  # RANDOM_NORMAL / RANDOM_UNIFORM; Range is LINSPACE
     return {"layers": len(layers), "layer_types": dict(sorted(types.items())),
             "quantized_weights": dict(sorted(weights.items())), "quantized_activations": activations,
-            "random_fills": types.get("FILL", 0)}
+            "random_fills": random}
 
 
 def _build(

@@ -1,4 +1,5 @@
-"""The TensorRT targets: ``rtx`` (a desktop/laptop NVIDIA GPU, TensorRT 11) and ``jetson`` (Orin, TensorRT 10.3).
+"""The TensorRT targets: ``rtx`` (a desktop/laptop NVIDIA GPU, engines built by TensorRT for RTX) and ``jetson``
+(Orin, TensorRT 10.3).
 
 =================  ===================================================================
 runtimes           ``tensorrt`` (default: an engine built here by :func:`edgebnn.exporters.tensorrt.build_engine`),
@@ -11,9 +12,10 @@ power meters       rtx: ``nvml``; jetson: ``ina3221``, ``tegrastats``, ``jtop``
 =================  ===================================================================
 
 ``float_bnn`` never runs in TensorRT: it must draw new weights on every pass, and TensorRT imports random
-ops as a Fill layer that ignores seeds (edgebnn's compatibility check refuses them), so the S sampled
-passes run where bayesian-torch users run them, in torch on the GPU. For the same reason the ensemble is
-``baked`` (or ``analytic``): a ``noise`` graph would take host-drawn noise copied to the GPU on every call.
+ops as a Fill layer that ignores seeds (not reproducible, and whether it redraws per run is unverified: running an
+engine needs a GPU with TensorRT), so the S sampled passes run where bayesian-torch users run them, in torch on the
+GPU. For the same reason the ensemble is ``baked`` (or ``analytic``): a ``noise`` graph would take host-drawn
+noise copied to the GPU on every call.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class TensorRTTarget(Target):
 
 
 class RtxTarget(TensorRTTarget):
-    """A desktop/laptop NVIDIA RTX GPU with TensorRT 11; energy through NVML."""
+    """A desktop/laptop NVIDIA RTX GPU, engines built ahead of time by TensorRT for RTX; energy through NVML."""
 
     kind = "rtx"
 
