@@ -185,10 +185,10 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
     """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.
 
-    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx, the fixed-point
-    lowering digits_cnn_fixed.ebnn and its int8 export digits_cnn_fixed_S<S>_int8.onnx, and the JSON
-    reports lower.json, eval_reference.json, eval_onnx.json, eval_fixed_int8.json, profile.json and
-    demo.json (plus profile.png).
+    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx (fp32 baked), the fixed-point
+    lowering digits_cnn_fixed.ebnn, its int8 baked export digits_cnn_fixed_S<S>_int8.onnx and its codes in a noise
+    graph digits_cnn_fixed_S<S>_noise.onnx, and the JSON reports lower.json, eval_reference.json, eval_onnx.json,
+    eval_fixed_int8.json, eval_fixed_noise.json, profile.json and demo.json (plus profile.png).
     """
     from edgebnn.demo import run_demo
 
