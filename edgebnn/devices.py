@@ -46,6 +46,9 @@ class DeviceProfile:
         weight_formats: ``--weights`` formats the exported graph may use on this device.
         decodes: Whether the runtime runs the stores' in-graph decode of packed codes (:mod:`edgebnn.exporters.stores`).
         random_ops: Whether the runtime runs seeded RandomNormal/RandomUniform(Like) (``noise --rng graph``).
+        export_mode: The mode ``edgebnn export`` writes when none is given (:mod:`edgebnn.exporters.defaults`):
+            ``noise`` keeps the lowered codes in one self-contained graph (onnxruntime decodes them and draws
+            the noise); ``baked`` stores S drawn members.
     """
 
     name: str
@@ -60,6 +63,7 @@ class DeviceProfile:
     weight_formats: tuple[str, ...] = ("fp32", "int8", "int4")
     decodes: bool = True
     random_ops: bool = True
+    export_mode: str = "baked"
 
     @property
     def on_tensorrt(self) -> bool:
@@ -86,6 +90,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=("rapl",),
             tensorrt=None,
             description="host CPU through onnxruntime",
+            export_mode="noise",
         ),
         DeviceProfile(
             name="rtx",
