@@ -402,5 +402,5 @@ def print_profile(console: Console, report: dict[str, Any]) -> None:
     console.print(
         f"ensemble = {ratios['vs_float_deterministic']:.2f}x one float pass; "
         f"{ratios['speedup_vs_float_bnn']:.1f}x faster than {report['samples']} sampled float-BNN passes "
-        f"(ratios of the {ratios.get('of', 'p50 latency')})", highlight=False
+        f"(ratios of the {ratios.get('of', 'p50s')})", highlight=False
     )

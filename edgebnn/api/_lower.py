@@ -135,12 +135,26 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     if grams is not None:
         inputs = max((g.inputs for g in grams.values()), default=0)
         report["calibration"] = {"data": str(calibrate), "inputs": inputs, "layers": sorted(grams)}
+    seen = evaluate if evaluate is not None else calibrate
+    if seen is not None:  # what eval later checks inputs against (another scale is refused)
+        lowered.manifest.input_range = _input_range(lowered, seen, "val" if evaluate is not None else "train")
     if budget is not None:
         return lowered, report
     if evaluate is not None:
         report["eval"] = lowering_quality(bnn, lowered, data=evaluate, ood_data=ood_data, samples=samples,
                                           seed=report["seed"], progress=progress)
     return lowered, report
+
+
+def _input_range(model: BNNModel, data: DataSource, digits_split: str) -> list[float]:
+    """[min, max] over the inputs of ``data`` (digits: the split lowering used), streamed."""
+    from edgebnn.api._evaluate import dataset_for
+
+    dataset = dataset_for(model, data, split=digits_split if str(data) == "digits" else None, labels=False)
+    lo, hi = float("inf"), float("-inf")
+    for x, _ in dataset.batches():
+        lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    return [lo, hi]
 
 
 def _config(scheme: str, seed: int | None, bits: str | int | None) -> LowerConfig:

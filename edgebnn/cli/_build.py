@@ -142,6 +142,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise
+    if config_file and Path(config_file).suffix == ".ebnn" and model.manifest.input_range is None:
+        model.manifest.input_range = load_ir(config_file).manifest.input_range  # the replay keeps what eval checks
     ir.save(model, output)
     print_lower_report(console, lower_report, output, model=f"{model_spec} ({weights})",
                        manifest=json.loads(model.manifest.to_json()), verbose=verbose)

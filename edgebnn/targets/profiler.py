@@ -57,7 +57,7 @@ class Measurement:
         }
 
 
-RATIO_OF = "p50 latency (median of interleaved runs)"
+RATIO_OF = "p50s of interleaved runs"
 """What every latency ratio edgebnn prints compares: the graphs' medians over the same interleaved rounds."""
 
 
