@@ -173,11 +173,12 @@ def print_inspect(console: Console, info: dict[str, Any], *, verbose: bool = Fal
     if not weights:
         return
     if verbose or len(weights) <= COMPACT_ROWS:
-        table = Table(title_justify="left")
+        table = Table(title_justify="left", pad_edge=False)  # 80 columns (a pipe) hold all seven, borders included
         table.add_column("weight", overflow="fold", ratio=1, min_width=12)  # names wrap, never truncate
         for col in ("encoding", "shape", "weights", "bytes", "mean|μ|", "mean σ"):
-            table.add_column(col, justify="left" if col in ("encoding", "shape") else "right",
-                             overflow="fold" if col == "shape" else "ellipsis", no_wrap=col != "shape")
+            wraps = col in ("encoding", "shape")  # the columns that may fold when the console is narrower still
+            table.add_column(col, justify="left" if wraps else "right", overflow="fold" if wraps else "ellipsis",
+                             no_wrap=not wraps)
         for row in weights:
             table.add_row(row["name"], row["encoding"].removesuffix("Weight"), "x".join(map(str, row["shape"])),
                           f"{row['n_weights']:,}", fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}",

@@ -153,9 +153,9 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
     """
     from edgebnn.compare import compare_artifacts
 
-    with console.status(f"comparing ({null_runs} simulated null pairs)"):
+    with _progress_bar("comparing: simulated null pairs") as progress:
         report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, null_runs=null_runs,
-                                   alpha=alpha, seed=seed)
+                                   alpha=alpha, seed=seed, progress=progress)
     where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
     table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
     keys = TASK_COLUMNS[report.get("task", "classification")]

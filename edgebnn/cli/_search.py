@@ -89,10 +89,10 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
            export_best: str | None) -> None:
     """Search scheme × bits × σ bits × S × mode × weight format × hoisting for the smallest calibrated artifact.
 
-    Each trial lowers MODEL (a float .ebnn: an already lowered one is refused), exports, evaluates on --data and profiles on --device; Optuna's
-    seeded NSGA-II proposes the trials. Prints every trial, the Pareto front and the best artifact within
-    --budget (see docs/search.md). A deep ensemble or SWAG .ebnn is searched over what varies for it: its
-    registered schemes, and the S and modes that export it exactly (an ensemble: S = M, baked).
+    Each trial lowers MODEL (a float .ebnn: an already lowered one is refused), exports, evaluates on --data and
+    profiles on --device; Optuna's seeded NSGA-II proposes the trials. Prints every trial, the Pareto front and
+    the best artifact within --budget (see docs/search.md). A deep ensemble or SWAG .ebnn is searched over what
+    varies for it: its registered schemes, and the S and modes that export it exactly (an ensemble: S = M, baked).
     """
     from edgebnn.budget import BudgetNotMetError
     from edgebnn.search import (
