@@ -300,7 +300,8 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
     """Profile an .ebnn's ensemble against its float baselines built from the same IR, on one target.
 
     The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
-    on the fly in ``mode`` (``auto``: the target's :meth:`~edgebnn.targets.base.Target.default_mode`, reading
+    on the fly in ``mode`` (``auto``: on the CPU without ``bench_results`` what ``edgebnn export`` writes by default,
+    :mod:`edgebnn.exporters.defaults`; else the target's :meth:`~edgebnn.targets.base.Target.default_mode`, reading
     ``bench_results`` on the CPU). ``remote="user@host"`` runs the whole profile on that machine over ssh
     (:mod:`edgebnn.targets.remote`) and returns its report.
     """
@@ -335,6 +336,11 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
         ensemble, meta, _ = read_export(onnx_path)
         if meta.samples != samples:
             raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
+    elif mode == "auto" and bench_results is None and get_target(device).name == "cpu":
+        from edgebnn.exporters.defaults import export_auto
+
+        ensemble, choice = export_auto(model, samples, device="cpu")  # what edgebnn export writes by default
+        mode, mode_reason = choice.mode, f"what edgebnn export writes by default ({choice.reason})"
     else:
         if mode == "auto":
             mode, mode_reason = get_target(device).default_mode(samples=samples, batch=batch,

@@ -80,7 +80,7 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
               show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
                    "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
-                   "--bench-results, else baked.")
+                   "--bench-results, else what edgebnn export writes by default (noise with the IR's codes).")
 @click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False),
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
 @click.option("--engine", type=click.Path(dir_okay=False),
