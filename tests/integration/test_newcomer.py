@@ -168,6 +168,16 @@ def test_a_wrong_input_shape_names_the_shape_the_model_takes(tmp_path):
                               "--input-shape", "1,8,8", "-o", tmp_path / "x.ebnn"))
     assert "takes 1 channel(s) in 2-d: --input-shape 1,1,H,W" in line
     assert not (tmp_path / "x.ebnn").exists()
+    # lowered with data, the model records the inputs' range (digits: pixels / 16 in [0, 1]); a replay keeps it
+    good = tmp_path / "good.ebnn"
+    r = run("lower", "--model", "edgebnn.models:digits_cnn", "--weights", weights, "--input-shape", "1,1,8,8",
+            "--scheme", "fixed", "--eval", "digits", "-o", good)
+    assert r.exit_code == 0, r.output
+    assert ir.load(good).manifest.input_range == [0.0, 1.0]
+    replay = tmp_path / "replay.ebnn"
+    assert run("lower", "--model", "edgebnn.models:digits_cnn", "--weights", weights, "--input-shape", "1,1,8,8",
+               "--config", good, "-o", replay).exit_code == 0
+    assert replay.read_bytes() == good.read_bytes()
 
 
 def test_search_refuses_a_lowered_ir_and_takes_weights_ir(lowered, tmp_path):
