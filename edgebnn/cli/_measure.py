@@ -43,7 +43,8 @@ if TYPE_CHECKING:
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
                    "of mutual information and entropy and FPR at 95% TPR.")
 @click.option("--samples", "-S", type=int, default=None,
-              help="S for an .ebnn (default 16; a deep ensemble: its M members); an .onnx has S baked in.")
+              help="S for an .ebnn (default 16; a deep ensemble: its M members); an .onnx has S built in (another "
+                   "--samples is refused).")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
