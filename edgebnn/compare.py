@@ -19,6 +19,7 @@ ensemble). p = (1 + #{T_null ≥ T}) / (R + 1); the verdict is "different" when 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,12 +82,13 @@ def _report(task: Task, classes: int, pred: AnyPredictive, y: np.ndarray) -> dic
 
 
 def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str | None = None, ir: str | None = None,
-                      samples: int = 16, null_runs: int = 99, alpha: float = 0.01, seed: int = 0) -> dict[str, Any]:
+                      samples: int = 16, null_runs: int = 99, alpha: float = 0.01, seed: int = 0,
+                      progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Compare the predictive distributions of artifacts ``a`` and ``b`` on ``data``.
 
     ``data`` is ``digits`` (split ``split``, default test), a labelled ``.npz``, a folder of shards or
     ``(x, y)`` arrays (:func:`edgebnn.data.load_data`); it is held in memory (the null simulation runs the
-    IR on it many times).
+    IR on it many times). ``progress(done, null_runs)`` is called after each simulated null pair.
     """
     from edgebnn.api import dataset_for, load_ir
     from edgebnn.runtime.reference import Reference
@@ -126,6 +128,8 @@ def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str
         draws = [_point(predictive_from_samples(task, ref.logits(x, s or DETERMINISTIC_STANDIN, seed=base + i)))
                  for i, s in enumerate((sa, sb))]
         null.append(statistic(*draws))
+        if progress:
+            progress(r + 1, null_runs)
     null_arr = np.array(null)
     p_value = (1 + int((null_arr >= observed).sum())) / (null_runs + 1)
     return {

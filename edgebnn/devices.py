@@ -51,6 +51,9 @@ class DeviceProfile:
             by default).
         builder: What builds the device's engines (:data:`edgebnn.exporters.tensorrt.BUILDERS`): ``tensorrt-rtx``
             (ahead of time, any machine), ``tensorrt`` (on the device), None without TensorRT.
+        export_mode: The mode ``edgebnn export`` writes when none is given (:mod:`edgebnn.exporters.defaults`):
+            ``noise`` keeps the lowered codes in one self-contained graph (onnxruntime decodes them and draws
+            the noise); ``baked`` stores S drawn members.
     """
 
     name: str
@@ -66,6 +69,7 @@ class DeviceProfile:
     decodes: bool = True
     random_ops: bool = True
     builder: str | None = None
+    export_mode: str = "baked"
 
     @property
     def on_tensorrt(self) -> bool:
@@ -92,6 +96,7 @@ DEVICES: dict[str, DeviceProfile] = {
             power_meters=("rapl",),
             tensorrt=None,
             description="host CPU through onnxruntime",
+            export_mode="noise",
         ),
         DeviceProfile(
             name="rtx",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -172,11 +173,12 @@ def print_inspect(console: Console, info: dict[str, Any], *, verbose: bool = Fal
     if not weights:
         return
     if verbose or len(weights) <= COMPACT_ROWS:
-        table = Table(title_justify="left")
+        table = Table(title_justify="left", pad_edge=False)  # 80 columns (a pipe) hold all seven, borders included
         table.add_column("weight", overflow="fold", ratio=1, min_width=12)  # names wrap, never truncate
         for col in ("encoding", "shape", "weights", "bytes", "mean|μ|", "mean σ"):
-            table.add_column(col, justify="left" if col in ("encoding", "shape") else "right",
-                             overflow="fold" if col == "shape" else "ellipsis", no_wrap=col != "shape")
+            wraps = col in ("encoding", "shape")  # the columns that may fold when the console is narrower still
+            table.add_column(col, justify="left" if wraps else "right", overflow="fold" if wraps else "ellipsis",
+                             no_wrap=not wraps)
         for row in weights:
             table.add_row(row["name"], row["encoding"].removesuffix("Weight"), "x".join(map(str, row["shape"])),
                           f"{row['n_weights']:,}", fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}",
@@ -306,7 +308,7 @@ TASK_COLUMNS = {"classification": ("accuracy", "nll", "ece", "brier"),
 
 
 def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any] | None = None, *,
-                     lowered: str = "lowered") -> None:
+                     lowered: str = "lowered", path: str | None = None) -> None:
     """``lower --eval``: the float BNN and the lowered model side by side with the change (and the budget).
 
     Args:
@@ -315,6 +317,7 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
         budget: The ``budget`` part (``lower --budget``): adds each metric's limit, the layers' bits and why,
             and a warning line per broken limit.
         lowered: The lowered model's name, for the column header.
+        path: The ``.ebnn`` written, for the export command the budget's deployed line names.
     """
     title = f"{ev['data']}/{ev['split']}" if ev.get("split") else str(ev["data"])
     title += f" (n={ev['n']}, S={ev['samples']}, seed {ev['seed']})"
@@ -353,20 +356,22 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
                       highlight=False)
     sizes = budget.get("sizes")
     if sizes:
-        print_budget_sizes(console, sizes)
+        print_budget_sizes(console, sizes, path or lowered)
 
 
-def print_budget_sizes(console: Console, sizes: dict[str, Any]) -> None:
-    """``lower --budget``: the IR's bytes (what the budget minimizes) and the default export's deployed bytes."""
+def print_budget_sizes(console: Console, sizes: dict[str, Any], path: str = "model.ebnn") -> None:
+    """``lower --budget``: the IR's bytes (what the budget minimizes) and the deployed bytes of the default export of
+    ``path``, with the command that writes it."""
     ref = sizes.get("float_bnn_bytes")
     rows = [("IR", f"{fmt_bytes(sizes['ir_bytes'])} of tensors ({times_smaller(ref, sizes['ir_bytes'], 'fp32 BNN')}); "
                    f".ebnn file {fmt_bytes(sizes['ebnn_bytes'])}")]
     deployed, what = sizes.get("deployed"), sizes.get("export") or {}
     if deployed:
-        how = " ".join(f"--{k} {v}" for k, v in what.items())
+        how = ", ".join(f"{k} {v}" for k, v in what.items())
         size = deployed["file_bytes"]
-        rows.append(("deployed", f"{fmt_bytes(size)} ({times_smaller(ref, size, 'fp32 BNN')}) exported with the "
-                                 f"defaults ({how}); `edgebnn export` prints its breakdown"))
+        command = shlex.join(["edgebnn", "export", path, "-o", str(Path(path).with_suffix(".onnx"))])
+        rows.append(("deployed", f"{fmt_bytes(size)} ({times_smaller(ref, size, 'fp32 BNN')}) written by `{command}` "
+                                 f"(its defaults: {how}), which prints the breakdown"))
     else:
         rows.append(("deployed", f"the default export is refused: {sizes.get('deployed_error')}"))
     _header(console, [(label, escape(value)) for label, value in rows])
@@ -397,5 +402,6 @@ def print_profile(console: Console, report: dict[str, Any]) -> None:
     ratios = report["ratios"]
     console.print(
         f"ensemble = {ratios['vs_float_deterministic']:.2f}x one float pass; "
-        f"{ratios['speedup_vs_float_bnn']:.1f}x faster than {report['samples']} sampled float-BNN passes"
+        f"{ratios['speedup_vs_float_bnn']:.1f}x faster than {report['samples']} sampled float-BNN passes "
+        f"(ratios of the {ratios.get('of', 'p50s')})", highlight=False
     )

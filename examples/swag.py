@@ -104,7 +104,7 @@ def main() -> None:
 
     ir = edgebnn.from_swag(model.eval(), stats_path, (1, 1, 8, 8), scale=args.scale, name="digits-swag")
     edgebnn.save(ir, args.out / "swag.ebnn")
-    baked = edgebnn.export(ir, args.out / "swag.onnx", samples=args.samples, seed=args.seed)
+    baked = edgebnn.export(ir, args.out / "swag.onnx", samples=args.samples, mode="baked", seed=args.seed)
     noise = edgebnn.export(ir, args.out / "swag_noise.onnx", samples=args.samples, mode="noise", noise="weight")
     torch.manual_seed(args.seed + 1)
     ref = torch_swag(model, stats, data.x_test, args.samples, args.scale)

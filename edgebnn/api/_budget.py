@@ -111,11 +111,11 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
 def budget_sizes(lowered: LoweredModel) -> dict[str, Any]:
     """Both sizes of the chosen lowering: the IR's (what the budget search minimizes: ``total_bytes``, and the
     ``.ebnn`` file) and the deployed ONNX of the default export for the device
-    (:data:`edgebnn.exporters.sizes.DEFAULT_EXPORT`; a deep ensemble's S = M), with what was exported; ``deployed`` is
-    null with ``deployed_error`` when that export is refused."""
+    (:data:`edgebnn.exporters.defaults.DEFAULT_EXPORT`; a deep ensemble's S = M), with what was exported;
+    ``deployed`` is null with ``deployed_error`` when that export is refused."""
     from edgebnn.errors import EdgeBNNError
+    from edgebnn.exporters.defaults import DEFAULT_EXPORT, export_size
     from edgebnn.exporters.families import default_samples
-    from edgebnn.exporters.sizes import DEFAULT_EXPORT, export_size
 
     report = lowered.lowering_report
     out: dict[str, Any] = {"ir_bytes": int(report["total_bytes"]), "ebnn_bytes": int(report["ebnn_bytes"]),

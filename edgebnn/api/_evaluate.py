@@ -56,6 +56,42 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+RANGE_MARGIN = 1.0
+"""Inputs are refused when they leave the recorded input range widened by this many times its width on each side:
+a scale error (raw 0..16 pixels for a model lowered on 0..1, 0..255 for 0..1, unnormalised for standardised)
+lands far outside it, new data of the same preprocessing does not."""
+
+
+def input_range_of(model: BNNModel | Session) -> tuple[float, float] | None:
+    """The [min, max] of the inputs ``model`` was lowered with (its manifest, or its export's metadata), if recorded."""
+    from edgebnn.ir import BNNModel
+
+    rng = model.manifest.input_range if isinstance(model, BNNModel) else model.meta.input_range
+    return None if rng is None else (float(rng[0]), float(rng[1]))
+
+
+def checked_range(fn: Callable[[np.ndarray], AnyPredictive], model: BNNModel | Session,
+                  dataset: Dataset) -> Callable[[np.ndarray], AnyPredictive]:
+    """``fn``, refusing (one line) a batch far outside the input range ``model`` records (:data:`RANGE_MARGIN`)."""
+    limits = input_range_of(model)
+    if limits is None:
+        return fn
+    lo, hi = limits
+    width = max(hi - lo, 1e-6)
+    low, high = lo - RANGE_MARGIN * width, hi + RANGE_MARGIN * width
+
+    def check(x: np.ndarray) -> AnyPredictive:
+        xmin, xmax = float(x.min()), float(x.max())
+        if xmin < low or xmax > high:
+            raise InvalidOptionError(
+                f"{dataset.name}: inputs span [{xmin:.4g}, {xmax:.4g}], far outside [{lo:.4g}, {hi:.4g}], the range of "
+                f"the inputs {model.where} was lowered with; preprocess them the same way (another scale or "
+                "normalisation?)")
+        return fn(x)
+
+    return check
+
+
 def _reference(model: BNNModel, samples: int, seed: int) -> Callable[[np.ndarray], AnyPredictive]:
     from edgebnn.runtime.reference import Reference
 
@@ -211,6 +247,10 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
     else:
         model, name = load_ir(artifact), str(artifact)
     if isinstance(model, Session):
+        if samples is not None and samples != model.samples:
+            raise InvalidOptionError(
+                f"{name}: --samples {samples}: this export has S = {model.samples} built in; drop --samples, or "
+                f"export the .ebnn again with --samples {samples} (or evaluate the .ebnn itself)")
         predict: Callable[[np.ndarray], AnyPredictive] = model.predict
         samples, runtime = model.samples, f"onnxruntime ({model.mode})"
     else:
@@ -222,7 +262,7 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
     dataset = dataset_for(model, data, split=split)
     ood = None if ood_data is None else dataset_for(model, ood_data, split=None, labels=False, option="--ood-data")
     task, classes = task_of(model)
-    reports, sums, outs = _measure([predict], dataset, ood, progress, task, classes)
+    reports, sums, outs = _measure([checked_range(predict, model, dataset)], dataset, ood, progress, task, classes)
     report: dict[str, Any] = {"artifact": name, "runtime": runtime, **dataset.describe(), **reports[0],
                               "samples": samples}
     report["n"] = dataset.n
@@ -262,7 +302,8 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
     """Profile an .ebnn's ensemble against its float baselines built from the same IR, on one target.
 
     The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
-    on the fly in ``mode`` (``auto``: the target's :meth:`~edgebnn.targets.base.Target.default_mode`, reading
+    on the fly in ``mode`` (``auto``: on the CPU without ``bench_results`` what ``edgebnn export`` writes by default,
+    :mod:`edgebnn.exporters.defaults`; else the target's :meth:`~edgebnn.targets.base.Target.default_mode`, reading
     ``bench_results`` on the CPU). ``remote="user@host"`` runs the whole profile on that machine over ssh
     (:mod:`edgebnn.targets.remote`) and returns its report.
     """
@@ -271,6 +312,12 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
     from edgebnn.targets.profiler import profile
     from edgebnn.targets.registry import get_target
 
+    if Path(artifact).suffix == ".onnx":
+        ir_path = Path(artifact).with_suffix(".ebnn")
+        ir_name = str(ir_path) if ir_path.is_file() else "MODEL.ebnn"
+        raise InvalidOptionError(
+            f"{artifact}: profile builds the float baselines from the .ebnn the export came from; give both: "
+            f"edgebnn profile {ir_name} --onnx {artifact}" + ("" if ir_path.is_file() else " (your .ebnn)"))
     model = load_ir(artifact)  # validated here, also before copying it to a remote machine
     if remote:
         from edgebnn.targets.remote import profile_remote
@@ -291,6 +338,11 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
         ensemble, meta, _ = read_export(onnx_path)
         if meta.samples != samples:
             raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
+    elif mode == "auto" and bench_results is None and get_target(device).name == "cpu":
+        from edgebnn.exporters.defaults import export_auto
+
+        ensemble, choice = export_auto(model, samples, device="cpu")  # what edgebnn export writes by default
+        mode, mode_reason = choice.mode, f"what edgebnn export writes by default ({choice.reason})"
     else:
         if mode == "auto":
             mode, mode_reason = get_target(device).default_mode(samples=samples, batch=batch,

@@ -121,6 +121,9 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                                      f"{config.scheme} lowers none (use --scheme fixed, or an override to fixed)")
     grams = (None if calibrate is None else
              calibration_grams(bnn, calibrate, limit=calibrate_inputs, progress=progress))
+    seen, option = (evaluate, "--eval") if evaluate is not None else (calibrate, "--calibrate")
+    if seen is not None:  # what eval later checks inputs against (another scale is refused); lowering keeps it
+        bnn.manifest.input_range = _input_range(bnn, seen, "val" if evaluate is not None else "train", option)
     data_options: dict[str, Any] = {} if grams is None else {"grams": grams}
     if budget is not None:
         assert evaluate is not None  # _check_budget
@@ -141,6 +144,18 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         report["eval"] = lowering_quality(bnn, lowered, data=evaluate, ood_data=ood_data, samples=samples,
                                           seed=report["seed"], progress=progress)
     return lowered, report
+
+
+def _input_range(model: BNNModel, data: DataSource, digits_split: str, option: str) -> list[float]:
+    """[min, max] over the inputs of ``data`` (digits: the split lowering used), streamed."""
+    from edgebnn.api._evaluate import dataset_for
+
+    dataset = dataset_for(model, data, split=digits_split if str(data) == "digits" else None, labels=False,
+                          option=option)
+    lo, hi = float("inf"), float("-inf")
+    for x, _ in dataset.batches():
+        lo, hi = min(lo, float(x.min())), max(hi, float(x.max()))
+    return [lo, hi]
 
 
 def _config(scheme: str, seed: int | None, bits: str | int | None) -> LowerConfig:

@@ -130,18 +130,21 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
     return LoweredModel(result.model, result.report)
 
 
-def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = None, mode: str = "baked",
+def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = None, mode: str = "auto",
            weights: str = "ir", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
            form: str = "auto", device: str | None = None, progress: Progress | None = None,
-           rng: str = "host") -> Path:
+           rng: str = "auto") -> Path:
     """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
 
     Args:
         model: The IR, or the path of an ``.ebnn``.
         path: The ``.onnx`` to write (atomically).
         samples: Ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports).
-        mode: ``baked`` (S samples stored as constants; TensorRT/DLA-safe), ``noise`` (host-drawn noise
-            inputs, filled by :class:`Session`), ``shared`` (codebook models) or ``analytic``.
+        mode: ``auto`` (default: the device's default, which keeps the lowered compression; for ``cpu``, ``arm64``
+            and no device: ``noise`` with the IR's codes and the noise drawn in the graph, a deep ensemble
+            ``baked``: :mod:`edgebnn.exporters.defaults`), ``baked`` (S samples stored as constants;
+            TensorRT/DLA-safe), ``noise`` (μ and σ stored, noise drawn per call: ``rng``), ``shared`` (codebook
+            models) or ``analytic``.
         weights: ``ir`` (default: noise/shared/analytic store μ, σ as the IR's own packed codes, decoded in the
             graph; baked members fp32), ``fp32``, ``int8`` or ``int4`` (baked: member weights; the other modes:
             μ and σ re-quantized at export).
@@ -154,15 +157,18 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = 
             format the device cannot run.
         progress: Called as ``progress(done, total)`` while the graph is built.
         rng: Noise/shared mode: ``host`` (noise inputs :class:`Session` fills: reproducible), ``graph`` (seeded
-            random ops inside: the data is the only input) or ``auto`` (graph where ``device`` runs random ops).
+            random ops inside: the data is the only input) or ``auto`` (default: graph where ``device`` runs random
+            ops, or no device is given).
 
     Returns:
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.
     """
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.defaults import export_auto
+    from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.families import default_samples
 
     ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
     samples = samples if samples is not None else default_samples(ir_model, 16)
-    return save_onnx(export_onnx(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights,
-                                 hoist=hoist, form=form, device=device, progress=progress, rng=rng), path)
+    proto, _ = export_auto(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights, hoist=hoist,
+                           form=form, device=device, progress=progress, rng=rng)
+    return save_onnx(proto, path)

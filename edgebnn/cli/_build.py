@@ -25,6 +25,7 @@ from edgebnn.cli._common import (
 )
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
+from edgebnn.exporters.defaults import AUTO_MODE
 from edgebnn.tables import (
     fmt_bytes,
     print_closest,
@@ -142,11 +143,14 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     except BudgetNotMetError as e:
         print_closest(console, e.closest)
         raise
+    if config_file and Path(config_file).suffix == ".ebnn" and model.manifest.input_range is None:
+        model.manifest.input_range = load_ir(config_file).manifest.input_range  # the replay keeps what eval checks
     ir.save(model, output)
     print_lower_report(console, lower_report, output, model=f"{model_spec} ({weights})",
                        manifest=json.loads(model.manifest.to_json()), verbose=verbose)
     if "eval" in lower_report:
-        print_lower_eval(console, lower_report["eval"], lower_report.get("budget"), lowered=Path(output).name)
+        print_lower_eval(console, lower_report["eval"], lower_report.get("budget"), lowered=Path(output).name,
+                         path=output)
     write_json(report, lower_report, schemas.LOWER)
 
 
@@ -233,12 +237,14 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
 @click.option("--samples", "-S", type=int, default=None,
               help="Ensemble size S (default 16; a deep ensemble's M members: M).")
-@click.option("--mode", type=click.Choice(MODES), default="baked",
+@click.option("--mode", type=click.Choice([AUTO_MODE, *MODES]), default=AUTO_MODE,
               show_default=True,
-              help="baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: the graph "
-                   "takes standard-normal noise inputs that edgebnn.runtime.Session fills; shared: codebook "
-                   "models draw K numbers per layer per sample; analytic: one pass propagating means and "
-                   "variances.")
+              help="auto: the device's default, which keeps the lowered compression (cpu, arm64: noise with the IR's "
+                   "codes, noise drawn in the graph: one self-contained file; a deep ensemble: baked; TensorRT "
+                   "devices: baked). baked: S samples drawn now and stored as constants (TensorRT/DLA-safe); noise: "
+                   "μ and σ stored (as the IR's codes), standard-normal noise drawn per call (in the graph, or "
+                   "as inputs edgebnn.runtime.Session fills: --rng); shared: codebook models draw K numbers per "
+                   "layer per sample; analytic: one pass propagating means and variances.")
 @click.option("--noise", "noise_variant", type=click.Choice([v for v in NOISE_VARIANTS if v not in MODES]),
               default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), "
@@ -293,26 +299,34 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
 
     The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
     """
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.defaults import export_auto
+    from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.families import default_samples
     from edgebnn.exporters.metadata import read_metadata
 
     model = load_ir(file)
     samples = samples if samples is not None else default_samples(model, 16)
     _check_output_dir(output)
-    with _progress_bar(f"exporting the {mode} ensemble, S={samples}: layers") as progress:
-        proto = export_onnx(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
-                            hoist=_parse_hoist(hoist), form=form,
-                            device=device or ("cpu" if target == "onnx" else "rtx"), progress=progress, rng=rng)
+    where = device or ("cpu" if target == "onnx" else "rtx")
+    with _progress_bar(f"exporting the ensemble, S={samples}: layers") as progress:
+        proto, choice = export_auto(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
+                                    hoist=_parse_hoist(hoist), form=form, device=where, progress=progress, rng=rng)
+    mode = choice.mode
+    if choice.reason:
+        console.print(f"mode: {mode} ({choice.reason})", highlight=False)
     meta = read_metadata(proto, output)
     layers = meta.layers
     if layers:
         console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
                       f"hoisted (run once): {', '.join(layers['hoisted']) or 'none'}", highlight=False)
-    if weight_format not in ("fp32", "ir") and meta.form:
+    folded = weight_format in ("int8", "int4") and meta.form in ("folded", "integer")
+    if folded:
+        but = ", dense layers over 8 MiB excepted" if meta.form == "integer" else ""
+        console.print(f"--weights {weight_format}: folded back to fp32 constants on {where} (faster there{but}: "
+                      f"docs/speed.md), so the file holds fp32 weights; --form qdq stores {weight_format}",
+                      highlight=False, soft_wrap=True)
+    elif weight_format not in ("fp32", "ir") and meta.form:
         console.print(f"weight form: {meta.form} ({meta.form_reason})", highlight=False)
-    if meta.compact:
-        console.print(f"compact alternative: {meta.compact}", highlight=False)
     if meta.stores:
         stores = ", ".join(f"{k} ({v})" for k, v in meta.stores.items())
         console.print(f"moments stored as: {stores}, decoded in the graph", highlight=False)
@@ -322,7 +336,8 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")
-        _print_deployed(output, meta.to_dict(), json_out)
+        deployed = _print_deployed(output, meta.to_dict(), json_out)
+        _say_if_larger(model, deployed, file=file, output=output, samples=samples, device=where, seed=seed)
         return
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.exporters.tensorrt import manifest_path as manifest_name
@@ -347,7 +362,7 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
 
 
 def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None,
-                    engine: dict[str, Any] | None = None) -> None:
+                    engine: dict[str, Any] | None = None) -> dict[str, Any]:
     """The written ONNX's deployed bytes as a table, and ``--json``: the export metadata and ``deployed``; on a
     TensorRT target the engine (what the device loads: key ``engine``, its build manifest) beside the ONNX."""
     from edgebnn.exporters.sizes import deployed_bytes
@@ -363,6 +378,35 @@ def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None
     if engine is not None:
         report["engine"] = engine
     write_json(json_out, report, schemas.EXPORT)
+    return deployed
+
+
+def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: str, samples: int, device: str,
+                   seed: int) -> None:
+    """One line when the file is larger than the fp32 BNN, naming the command of the smallest export the device
+    runs (tried in memory: :func:`edgebnn.exporters.defaults.smallest_export`)."""
+    from edgebnn.exporters.defaults import smallest_export
+
+    size, ref = int(deployed["file_bytes"]), deployed.get("float_bnn_bytes")
+    if not ref or size <= ref:
+        return
+    best = smallest_export(model, samples, device, seed=seed)
+    head = f"larger than the fp32 BNN ({fmt_bytes(size)} vs {fmt_bytes(ref)})"
+    if best is None or best[1] >= size:
+        console.print(f"{head}: no export {device} runs is smaller; lower the IR first (edgebnn lower --scheme "
+                      "fixed)", highlight=False, markup=False, soft_wrap=True)
+        return
+    command = export_command(file, output, samples=samples, device=device, flags=best[0])
+    still = "" if best[1] <= ref else "; still larger: lower the IR first (edgebnn lower --scheme fixed)"
+    console.print(f"{head}; the smallest for {device}: {command} ({fmt_bytes(best[1])}{still})", highlight=False,
+                  markup=False, soft_wrap=True)
+
+
+def export_command(file: str, output: str, *, samples: int, device: str, flags: list[str],
+                   target: str = "onnx") -> str:
+    """An ``edgebnn export`` command line the CLI accepts (what the tool suggests)."""
+    return shlex.join(["edgebnn", "export", file, "--target", target, "--device", device, "--samples", str(samples),
+                       *flags, "-o", output])
 
 
 # -- calibrate --------------------------------------------------------------------------------------------

@@ -43,7 +43,8 @@ if TYPE_CHECKING:
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
                    "of mutual information and entropy and FPR at 95% TPR.")
 @click.option("--samples", "-S", type=int, default=None,
-              help="S for an .ebnn (default 16; a deep ensemble: its M members); an .onnx has S baked in.")
+              help="S for an .ebnn (default 16; a deep ensemble: its M members); an .onnx has S built in (another "
+                   "--samples is refused).")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
@@ -80,7 +81,7 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
               show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
                    "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
-                   "--bench-results, else baked.")
+                   "--bench-results, else what edgebnn export writes by default (noise with the IR's codes).")
 @click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False),
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
 @click.option("--engine", type=click.Path(dir_okay=False),
@@ -153,9 +154,9 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
     """
     from edgebnn.compare import compare_artifacts
 
-    with console.status(f"comparing ({null_runs} simulated null pairs)"):
+    with _progress_bar("comparing: simulated null pairs") as progress:
         report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, null_runs=null_runs,
-                                   alpha=alpha, seed=seed)
+                                   alpha=alpha, seed=seed, progress=progress)
     where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
     table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
     keys = TASK_COLUMNS[report.get("task", "classification")]
@@ -185,10 +186,10 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
     """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.
 
-    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx, the fixed-point
-    lowering digits_cnn_fixed.ebnn and its int8 export digits_cnn_fixed_S<S>_int8.onnx, and the JSON
-    reports lower.json, eval_reference.json, eval_onnx.json, eval_fixed_int8.json, profile.json and
-    demo.json (plus profile.png).
+    Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx (fp32 baked), the fixed-point
+    lowering digits_cnn_fixed.ebnn, its int8 baked export digits_cnn_fixed_S<S>_int8.onnx and its codes in a noise
+    graph digits_cnn_fixed_S<S>_noise.onnx, and the JSON reports lower.json, eval_reference.json, eval_onnx.json,
+    eval_fixed_int8.json, eval_fixed_noise.json, profile.json and demo.json (plus profile.png).
     """
     from edgebnn.demo import run_demo
 

@@ -57,8 +57,9 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
 @click.option("--samples", "samples_choices", default=None, help="Ensemble sizes S (default 4,8,16,32).")
 @click.option("--modes", default=None, help="Export modes (default baked,noise,shared,analytic).")
 @click.option("--weights", "weight_choices", default=None,
-              help="Baked member weight formats (default: those the device runs: fp32,int8,int4; fp32,int8 on a "
-                   "Jetson).")
+              help="Weight formats (default: those the device runs: fp32,int8,int4; fp32,int8 on a Jetson); ir adds "
+                   "the trial's lowered codes (noise/shared/analytic: packed codes decoded in the graph; baked: fp32 "
+                   "members).")
 @click.option("--hoist", "hoist_choices", default=None, help="Hoisting choices (default off,auto).")
 @click.option("--seed", default=0, show_default=True, help="Seeds the sampler and every trial: same seed, same trials.")
 @click.option("--population", default=DEFAULT_POPULATION, show_default=True,
@@ -88,10 +89,10 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
            export_best: str | None) -> None:
     """Search scheme × bits × σ bits × S × mode × weight format × hoisting for the smallest calibrated artifact.
 
-    Each trial lowers MODEL (a float .ebnn), exports, evaluates on --data and profiles on --device; Optuna's
-    seeded NSGA-II proposes the trials. Prints every trial, the Pareto front and the best artifact within
-    --budget (see docs/search.md). A deep ensemble or SWAG .ebnn is searched over what varies for it: its
-    registered schemes, and the S and modes that export it exactly (an ensemble: S = M, baked).
+    Each trial lowers MODEL (a float .ebnn: an already lowered one is refused), exports, evaluates on --data and
+    profiles on --device; Optuna's seeded NSGA-II proposes the trials. Prints every trial, the Pareto front and
+    the best artifact within --budget (see docs/search.md). A deep ensemble or SWAG .ebnn is searched over what
+    varies for it: its registered schemes, and the S and modes that export it exactly (an ensemble: S = M, baked).
     """
     from edgebnn.budget import BudgetNotMetError
     from edgebnn.search import (

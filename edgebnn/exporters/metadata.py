@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ class ExportMetadata:
     compact: str | None = None
     task: str | None = None
     task_options: Mapping[str, Any] | None = None
+    input_range: tuple[float, float] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -97,6 +99,8 @@ class ExportMetadata:
             extra["noise_inputs"] = tuple(extra["noise_inputs"])
         extra.setdefault("float_bnn_bytes", float_bnn_bytes(model))
         extra.setdefault("ebnn_bytes", ebnn_bytes(model))
+        if m.input_range is not None:
+            extra.setdefault("input_range", (float(m.input_range[0]), float(m.input_range[1])))
         task = m.task_spec(model.where)
         if task.name != CLASSIFICATION:
             extra.update(task=task.name, task_options=task.options())
@@ -164,6 +168,8 @@ class ExportMetadata:
         raw["outputs"] = tuple(raw["outputs"])
         if raw.get("noise_inputs") is not None:
             raw["noise_inputs"] = tuple(raw["noise_inputs"])
+        if raw.get("input_range") is not None:
+            raw["input_range"] = (float(raw["input_range"][0]), float(raw["input_range"][1]))
         return cls(**raw)
 
 
@@ -291,6 +297,8 @@ _CHECKS: dict[str, Any] = {
     "compact": _is_text,
     "task": _is_text,
     "task_options": lambda v: isinstance(v, dict),
+    "input_range": lambda v: isinstance(v, list) and len(v) == 2 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v) and v[0] <= v[1],
 }
 _DESCRIBE = {
     "samples": "a positive integer", "seed": "null or a non-negative integer",
@@ -300,6 +308,7 @@ _DESCRIBE = {
     "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer",
     "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
     "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
+    "input_range": "[min, max] of finite numbers",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 

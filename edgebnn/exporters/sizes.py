@@ -37,16 +37,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 from onnx import TensorProto
 
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters.metadata import load_onnx
-
-if TYPE_CHECKING:
-    from edgebnn.ir import BNNModel
 
 CATEGORIES = ("codes", "tables", "float_weights", "graph")
 SHAPE_MAX = 16
@@ -199,28 +196,6 @@ def deployed_bytes(source: onnx.ModelProto | bytes | str | os.PathLike[str], *, 
         ebnn_bytes=ebnn_bytes if ebnn_bytes is not None else meta.get("ebnn_bytes"),
         tensors={c: n for c, n in counts.items() if c != "graph"},
     )
-
-
-DEFAULT_EXPORT = {"samples": 16, "device": "cpu"}
-"""What ``edgebnn export model.ebnn -o m.onnx`` writes unless told otherwise (mode, weights, form: the exporter's)."""
-
-
-def export_size(model: BNNModel, **export_options: Any) -> tuple[DeployedSize, dict[str, Any]]:
-    """The deployed bytes of ``model`` exported (in memory) with ``export_options`` over :data:`DEFAULT_EXPORT`,
-    and what was exported (mode, samples, weights, form, device, from the export's metadata).
-
-    Raises:
-        EdgeBNNError: The export refuses the options (the caller may report the reason instead).
-    """
-    from edgebnn.exporters.ensemble import export_onnx
-
-    options = {**DEFAULT_EXPORT, **export_options}
-    samples = int(options.pop("samples"))
-    proto = export_onnx(model, samples, **options)
-    meta = _metadata(proto)
-    what = {"mode": meta.get("mode"), "samples": samples, "weights": meta.get("weights", "fp32"),
-            "form": meta.get("form"), "device": options.get("device")}
-    return deployed_bytes(proto), {k: v for k, v in what.items() if v is not None}
 
 
 def _metadata(proto: onnx.ModelProto) -> dict[str, Any]:

@@ -262,8 +262,10 @@ def import_model(
         raise
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        takes = _first_layer_takes(model)
         raise InvalidOptionError(
             f"{where}: forward pass on --input-shape {','.join(map(str, shape))} failed: {msg}"
+            + (f"; {takes}" if takes else "")
         ) from e
     finally:
         for h in hooks:
@@ -320,6 +322,23 @@ def import_model(
         task=spec.name,
         task_options=spec.options(),
     ), where, layers.encodings if layers is not None else {})
+
+
+def _first_layer_takes(model: Any) -> str | None:
+    """What the model's first weighted layer takes, as a hint for a wrong ``--input-shape``: a conv layer its
+    channels and spatial rank, a linear layer its features; None when it has neither."""
+    for name, m in model.named_modules():
+        channels, kernel = getattr(m, "in_channels", None), getattr(m, "kernel_size", None)
+        if isinstance(channels, int) and kernel is not None:
+            rank = len(kernel) if isinstance(kernel, (tuple, list)) else 1
+            dims = ",".join(("H", "W") if rank == 2 else ("L",) if rank == 1 else ("D", "H", "W")[-rank:])
+            return (f"its first layer {name} ({type(m).__name__}) takes {channels} channel(s) in {rank}-d: "
+                    f"--input-shape 1,{channels},{dims} (batch first)")
+        features = getattr(m, "in_features", None)
+        if isinstance(features, int):
+            return (f"its first layer {name} ({type(m).__name__}) takes {features} features per example (after "
+                    "any flatten in forward)")
+    return None
 
 
 def _mean_logvar_pair(out: Any) -> bool:

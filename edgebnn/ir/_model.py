@@ -54,11 +54,16 @@ class Manifest:
     # segmentation, its channel count C.
     task: str = CLASSIFICATION
     task_options: dict[str, Any] | None = None
+    # [min, max] of the inputs the model was lowered with (lower --eval / --budget / --calibrate data): eval refuses
+    # inputs far outside it (another scale). Absent when lowering saw no data, so those files keep their bytes.
+    input_range: list[float] | None = None
 
     def to_json(self) -> str:
         raw = asdict(self)
         if self.task == CLASSIFICATION and self.task_options is None:
             del raw["task"], raw["task_options"]
+        if self.input_range is None:
+            del raw["input_range"]
         return json.dumps(raw, sort_keys=True, separators=(",", ":"))
 
     def task_spec(self, where: str = "<model>") -> Task:
@@ -103,6 +108,12 @@ class Manifest:
             raise InvalidArtifactError(f"{where}: manifest lower_config {man.lower_config!r} is not an object")
         if man.task_options is not None and not isinstance(man.task_options, dict):
             raise InvalidArtifactError(f"{where}: manifest task_options {man.task_options!r} is not an object")
+        if man.input_range is not None and not (
+                isinstance(man.input_range, list) and len(man.input_range) == 2
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                        for v in man.input_range) and man.input_range[0] <= man.input_range[1]):
+            raise InvalidArtifactError(f"{where}: manifest input_range {man.input_range!r} is not [min, max] of finite "
+                                       "numbers")
         if not isinstance(man.task, str):
             raise InvalidArtifactError(f"{where}: manifest task {man.task!r} is not a string")
         man.task_spec(f"{where}: manifest")

@@ -69,9 +69,11 @@ __all__ = [
 
 
 def float_bnn_bytes(model: BNNModel) -> int:
-    """Bytes of the model as an fp32 BNN: μ and σ in fp32 per encoded weight, deterministic floats in fp32.
+    """Bytes of the model as an fp32 BNN: μ and σ in fp32 per encoded weight, deterministic floats in fp32 (MC
+    dropout: the plain fp32 network, μ only, no masks).
 
-    Computed from shapes only, so it is the same before and after lowering. Non-float initializers (shape
+    Computed from shapes only (MC dropout: also which weights have σ = 0), so it is the same before and after
+    lowering. Non-float initializers (shape
     constants) count their stored bytes.
     """
     nodes = [n for n in model.proto.graph.node if n.domain == DOMAIN]  # sizes from 'shape', nothing decoded
@@ -83,6 +85,8 @@ def float_bnn_bytes(model: BNNModel) -> int:
     total += sum(4 * next(a.i for a in n.attribute if a.name == "rank")  # lowered SWAG: K from its attribute
                  * math.prod(next(a.ints for a in n.attribute if a.name == "shape"))
                  for n in nodes if n.op_type == "LowRankFixedWeight")
+    if any(n.op_type == "DropoutMask" for n in nodes):  # MC dropout: the fp32 network it came from
+        total -= _mc_dropout_excess(model)
     encoding_inputs = {i for n in nodes for i in n.input}
     for t in model.proto.graph.initializer:
         if t.name in encoding_inputs:
@@ -95,6 +99,19 @@ def float_bnn_bytes(model: BNNModel) -> int:
                 t.data_type
             ).itemsize
     return int(total)
+
+
+def _mc_dropout_excess(model: BNNModel) -> int:
+    """What the μ-and-σ count above overstates for an MC-dropout IR, whose reference is the plain fp32 network: the
+    masks (drawn, never stored) and the σ of its plain weights (imported as σ = 0 Gaussians; lowering keeps σ = 0),
+    decoded one layer at a time."""
+    excess = 0
+    for w in model.iter_encoded_weights():
+        if w.encoding.op_type == "DropoutMask":
+            excess += 8 * w.encoding.size
+        elif not np.any(w.encoding.stddev()):
+            excess += 4 * w.encoding.size
+    return excess
 
 
 def ebnn_bytes(model: BNNModel) -> int:

@@ -119,11 +119,15 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
         raise InvalidOptionError("--runs 0 measures no latency or energy: drop them from --objectives")
     device = get_target(settings.device).name
     formats = device_formats(device)
-    bad = [w for w in settings.space.weights if w not in formats]
+    bad = [w for w in settings.space.weights if w not in formats and w != "ir"]  # ir: the lowered codes, anywhere
     if bad:
         raise InvalidOptionError(f"--weights {','.join(bad)}: {device} ({DEVICE_FORMATS[device][0]}) takes "
                                  f"{' or '.join(formats)}; search with --weights {','.join(formats)}")
     model = load_ir(settings.model)
+    if model.manifest.scheme != "float":  # its trials would lower it again and call it the float BNN
+        raise InvalidOptionError(
+            f"{settings.model}: is already lowered ({model.manifest.scheme}); search lowers the float BNN itself and "
+            "measures every trial against it: give the .ebnn edgebnn lower writes without --scheme/--budget")
     # a family: what varies for it (weights left at the device's formats gain its own codes); an axis meaningless
     # for it refused
     space = family_space(settings.space, model, default_weights=formats)

@@ -170,8 +170,7 @@ class SearchSpace:
                                          f"{', '.join(self.bits)}")
         for s in self.samples:
             check_samples(s)
-        weights = STORE_CHOICES if self.family is not None else WEIGHT_FORMATS  # ir: family_space adds it
-        for axis, allowed in (("modes", MODES), ("weights", weights), ("hoist", HOIST_CHOICES)):
+        for axis, allowed in (("modes", MODES), ("weights", STORE_CHOICES), ("hoist", HOIST_CHOICES)):
             bad = sorted(set(getattr(self, axis)) - set(allowed))
             if bad:
                 raise InvalidOptionError(f"search space: unknown {axis} {bad}; choose among {', '.join(allowed)}")

@@ -57,6 +57,10 @@ class Measurement:
         }
 
 
+RATIO_OF = "p50s of interleaved runs"
+"""What every latency ratio edgebnn prints compares: the graphs' medians over the same interleaved rounds."""
+
+
 def latency_stats(seconds: list[float], batch: int) -> tuple[dict[str, float], float]:
     ms = np.asarray(seconds) * 1e3
     stats = {
@@ -82,6 +86,40 @@ def measure(fn: Callable[[], Any], *, batch: int, runs: int, warmup: int, meter:
     energy = meter.stop(runs * batch).to_dict()
     stats, throughput = latency_stats(times, batch)
     return Measurement(stats, throughput, energy)
+
+
+def measure_interleaved(calls: dict[str, Callable[[], Any]], *, batch: int, runs: int, warmup: int, meter: Any,
+                        progress: Callable[[str], None] | None = None) -> dict[str, Measurement]:
+    """Time every graph in the same rounds (round r runs each graph once, in turn), so a load that comes and goes
+    on a shared machine slows them alike and their p50 ratio holds; energy, where a sensor measures it, from
+    one window of ``runs`` calls per graph after that (a window needs ~1 s of one graph's work)."""
+    from edgebnn.targets.power.null import NullMeter
+
+    for name, call in calls.items():
+        if progress:
+            progress(f"{name} (warm-up)")
+        for _ in range(warmup):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(runs):
+        if progress and r % max(1, runs // 10) == 0:
+            progress(f"round {r + 1}/{runs} of {', '.join(calls)}")
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, call in calls.items():
+        meter.start()
+        if not isinstance(meter, NullMeter):
+            if progress:
+                progress(f"{name} (energy window)")
+            for _ in range(runs):
+                call()
+        energy = meter.stop(runs * batch).to_dict()
+        stats, throughput = latency_stats(times[name], batch)
+        out[name] = Measurement(stats, throughput, energy)
+    return out
 
 
 def _repeat(call: Callable[[], Any], passes: int) -> Callable[[], Any]:
@@ -147,12 +185,9 @@ def profile(
             executables[name] = target.compile(graph, runtime=plan[name], options=replace(options, name=name))
         passes = {"float_bnn": samples}
         calls = {name: _repeat(exe.bind(x), passes.get(name, 1)) for name, exe in executables.items()}
-        results: dict[str, Measurement] = {}
         with target.open_meter(power_meter) as meter:
-            for name, call in calls.items():
-                if progress:
-                    progress(name)
-                results[name] = measure(call, batch=batch, runs=runs, warmup=warmup, meter=meter)
+            results = measure_interleaved(calls, batch=batch, runs=runs, warmup=warmup, meter=meter,
+                                          progress=progress)
     for name, exe in executables.items():
         results[name].runner, results[name].provider = exe.name, exe.provider
     mode = ens.meta.mode if ens.meta else "unknown (no export ONNX beside the engine)"
@@ -173,16 +208,17 @@ def profile(
         **results["ensemble"].to_dict(),
         "baselines": {k: results[k].to_dict() for k in ("float_deterministic", "float_bnn")},
     }
-    mean = results["ensemble"].latency_ms["mean"]
-    report["ratios"] = {
-        "vs_float_deterministic": mean / results["float_deterministic"].latency_ms["mean"],
-        "speedup_vs_float_bnn": results["float_bnn"].latency_ms["mean"] / mean,
+    p50 = results["ensemble"].latency_ms["p50"]
+    report["ratios"] = {  # one figure per comparison: the medians of the same interleaved rounds
+        "of": RATIO_OF,
+        "vs_float_deterministic": p50 / results["float_deterministic"].latency_ms["p50"],
+        "speedup_vs_float_bnn": results["float_bnn"].latency_ms["p50"] / p50,
     }
     return report
 
 
 def plot_profile(report: dict[str, Any], out_png: str) -> None:
-    """Bar chart of mean latency (and energy where measured) for the ensemble and its baselines."""
+    """Bar chart of p50 latency (and energy where measured) for the ensemble and its baselines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -192,13 +228,13 @@ def plot_profile(report: dict[str, Any], out_png: str) -> None:
 
     names = ["ensemble", "float_deterministic", "float_bnn"]
     rows = [report, report["baselines"]["float_deterministic"], report["baselines"]["float_bnn"]]
-    lat = [r["latency_ms"]["mean"] for r in rows]
+    lat = [r["latency_ms"]["p50"] for r in rows]
     energy = [r["energy_mj_per_inference"] for r in rows]
     has_energy = all(e is not None for e in energy)
     fig, axes = plt.subplots(1, 2 if has_energy else 1, figsize=(9 if has_energy else 5.5, 3.6), squeeze=False)
     ax = axes[0][0]
     ax.bar(names, lat, color=["#2a7", "#888", "#c55"])
-    ax.set_ylabel("mean latency per batch (ms)")
+    ax.set_ylabel("p50 latency per batch (ms)")
     ax.set_title(f"{report['device']} · S={report['samples']} · batch {report['batch']}")
     for i, v in enumerate(lat):
         ax.text(i, v, f"{v:.3g}", ha="center", va="bottom", fontsize=8)

@@ -176,7 +176,7 @@ def test_laplace_from_the_cli_is_the_python_apis_posterior(trained, laplace_stat
     r = _lower(root, "mlp", MAP, out, "--laplace", state)
     assert r.exit_code == 0, r.output
     onnx = tmp_path / "la.onnx"
-    assert _invoke("export", out, "-S", 16, "-o", onnx).exit_code == 0
+    assert _invoke("export", out, "-S", 16, "--mode", "baked", "-o", onnx).exit_code == 0
     x = digits_data.x_test[:50]
     cli = edgebnn.Session(str(onnx)).predict(x).probs
     api = edgebnn.Session(export_onnx(edgebnn.from_torch(la, (1, 1, 8, 8)), 16)).predict(x).probs
@@ -239,7 +239,7 @@ def test_a_damped_kron_state_imports_the_posterior_laplace_torch_samples(trained
     torch.save(la.state_dict(), state)
     r = _lower(root, "mlp", MAP, out, "--laplace", state)
     assert r.exit_code == 0, r.output
-    assert _invoke("export", out, "-S", 16, "-o", onnx).exit_code == 0
+    assert _invoke("export", out, "-S", 16, "--mode", "baked", "-o", onnx).exit_code == 0
     xs = digits_data.x_test[:50]
     api = edgebnn.Session(export_onnx(edgebnn.from_torch(la, (1, 1, 8, 8)), 16)).predict(xs).probs
     np.testing.assert_allclose(edgebnn.Session(str(onnx)).predict(xs).probs, api, atol=ROUNDOFF)

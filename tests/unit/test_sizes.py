@@ -196,9 +196,11 @@ def test_lower_budget_reports_ir_and_deployed_bytes(models, tmp_path):
     report = lowered.lowering_report
     assert sizes["ir_bytes"] == report["total_bytes"] and sizes["ebnn_bytes"] == report["ebnn_bytes"]
     # The deployed figure is the file `edgebnn export model.ebnn -o m.onnx` writes (its defaults: S=16, cpu).
-    path = save_onnx(export_onnx(lowered, 16, device="cpu"), tmp_path / "default.onnx")
+    from edgebnn.api import export
+
+    path = export(lowered, tmp_path / "default.onnx", samples=16, device="cpu")
     assert sizes["deployed"]["file_bytes"] == path.stat().st_size
-    assert sizes["export"]["samples"] == 16 and sizes["export"]["mode"] == read_metadata(
+    assert sizes["export"]["samples"] == 16 and sizes["export"]["mode"] == "noise" == read_metadata(
         onnx.load(str(path)), "default").mode
 
 
