@@ -48,6 +48,7 @@ Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -56,7 +57,7 @@ import onnx
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import NOISE_VARIANTS
 from edgebnn.exporters._graph import Builder, P, set_metadata
-from edgebnn.exporters.draws import draw_emitter
+from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
@@ -89,9 +90,21 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
     def noise_input(name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
         """Standard noise: a graph input the host fills, or (``rng="graph"``) a seeded random op, shaped
-        [S, *dims] per sample, or like ``like`` ([B·S, *dims]) per row."""
+        [S, *dims] per sample, like ``like`` ([B·S, *dims]) per row, or [*dims] once per call (``call``: a host
+        input of S rows of ceil(n / S) numbers, its first n read)."""
         if any(r["name"] == name for r in records):  # a shared input (NoiseNeed.shared): made once
             return P + name if rng == "graph" else name
+        if per == "call":
+            n = math.prod(dims)
+            if rng == "graph":
+                records.append({"name": name})
+                return b.add("RandomNormal", [], P + name, shape=list(dims), seed=float(seed + len(records) - 1),
+                             dtype=onnx.TensorProto.FLOAT)
+            rows = noise_input(name, [-(-n // samples)], "sample", dist)
+            q = P + name + "/"
+            flat = b.add("Reshape", [rows, b.i64(q + "flat_shape", -1)], q + "flat")
+            first = b.add("Slice", [flat, b.i64(q + "start", 0), b.i64(q + "end", n)], q + "first")
+            return b.add("Reshape", [first, b.i64(q + "shape", *dims)], P + name)
         if rng == "graph":
             op = {"normal": "RandomNormal", "uniform": "RandomUniform"}[dist]
             attrs = {"seed": float(seed + len(records)), "dtype": onnx.TensorProto.FLOAT}
@@ -146,6 +159,38 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
         kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
 
+    def flipout(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+                shapes: dict[str, list[int]], wide: bool) -> None:
+        """Flipout (Wen et al. 2018) on the weight viewed as a matrix [d0, J] (axis 0 by the rest: a Conv's
+        im2col GEMM): ``W_s = mu + (sigma ⊙ ε) ⊙ (r_s c_sᵀ)`` with ONE ε per call and random signs per sample
+        r_s ∈ {±1}^d0, c_s ∈ {±1}^J, then the layer kind's batched op (as ``weight``); a bias draws
+        independently per sample."""
+        p = f"{P}{w.name}/"
+        enc, shape = w.encoding, [int(d) for d in w.encoding.shape]
+        d0, rest = shape[0], math.prod(shape[1:])
+        eps = noise_input(f"noise/{w.name}", [d0, rest], "call")
+        sigma = decode(b, enc, "stddev", p + "sigma")
+        delta = b.add("Mul", [b.add("Reshape", [sigma, b.i64(p + "matrix", 1, d0, rest)], p + "sigma_m"), eps],
+                      p + "delta")  # [1, d0, J]: the call's one draw
+        for axis, n, dims in ((0, d0, (samples, d0, 1)), (1, rest, (samples, 1, rest))):
+            u = noise_input(f"noise/{w.name}.flip{axis}", [n], "sample", "uniform")
+            sign = b.add("Where", [b.add("Less", [u, b.f32(p + f"half{axis}", 0.5)], p + f"lt{axis}"),
+                                   b.f32(p + f"minus{axis}", -1.0), b.f32(p + f"plus{axis}", 1.0)], p + f"sign{axis}")
+            sign = b.add("Reshape", [sign, b.i64(p + f"sign{axis}_shape", *dims)], p + f"sign{axis}_r")
+            delta = b.add("Mul", [delta, sign], p + f"flipped{axis}")  # [S, d0, J] after the first
+        mu = b.add("Reshape", [decode(b, enc, "mean", p + "mu"), b.i64(p + "mu_shape", d0, rest)], p + "mu_m")
+        ws = b.add("Reshape", [b.add("Add", [mu, delta], p + "W_m"), b.i64(p + "ws_shape", samples, *shape)],
+                   p + "W_s")
+        bias = bias_name(node)
+        bias_w = encoded.get(bias) if bias else None
+        out_dim = kind.out_dim(node, enc.shape)
+        bias_s = None
+        if bias_w is not None:
+            bias_s = draw(bias_w.name, bias_w.encoding, p, "b_")  # [S, out]
+        elif bias:
+            bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
+        kind.batched(b, node, p, samples, enc.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
+
     def local_or_mask(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                       shapes: dict[str, list[int]], wide: bool) -> None:
         """``local``: Gaussian layers propagate their moments; a dropout mask is drawn (it is Bernoulli)."""
@@ -154,6 +199,14 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
     def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
              shapes: dict[str, list[int]], wide: bool) -> None:
         (local if kind.LOCAL_EXACT and not w.encoding.CORRELATED else weight)(b, node, kind, w, shapes, wide)
+
+    def flipout_auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+                     shapes: dict[str, list[int]], wide: bool) -> None:
+        """``local`` where it is exact, Flipout where a mean-field Gaussian weight is shared across positions."""
+        if kind.LOCAL_EXACT and not w.encoding.CORRELATED:
+            local(b, node, kind, w, shapes, wide)
+        else:
+            (flipout if flips(w) else weight)(b, node, kind, w, shapes, wide)
 
     def shared(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                shapes: dict[str, list[int]], wide: bool) -> None:
@@ -169,7 +222,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         """Whether the layer has S weight sets (the batched op, which takes an input shared by every sample)."""
         return variant == "weight" or not (w.encoding.GAUSSIAN and (kind.LOCAL_EXACT or variant == "local"))
 
-    rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed}[variant]
+    rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed,
+               "flipout": flipout_auto}[variant]
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights,
                                           progress=progress)
     mode = "shared" if variant == "shared" else "noise"
@@ -181,6 +235,13 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
                  noise_inputs=[] if in_graph else records, layers=layers, rng=rng if in_graph else None,
                  **store_metadata(b))
     return out if weights == "fp32" else compact_names(out)
+
+
+def flips(w: EncodedWeight) -> bool:
+    """Whether Flipout draws ``w``: a mean-field Gaussian (``mean + stddev ⊙ ε``) with two axes or more."""
+    enc = w.encoding
+    return (enc.GAUSSIAN and not enc.CORRELATED and len(enc.shape) >= 2
+            and draw_emitter(enc) is gaussian_draw)
 
 
 def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str) -> None:
