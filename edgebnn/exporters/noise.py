@@ -65,6 +65,10 @@ from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import DropoutMask, Encoding
 
 ROWS = "batch_x_samples"
+# auto with in-graph noise: Flipout for weights of at least this many numbers; smaller ones draw independently per
+# sample (S·n numbers, cheap) where Flipout's few sign bits (a 4x1x3x3 kernel: 13 per sample) would leave the
+# samples measurably dependent (MC error 1.06-1.10x independent draws, docs/speed.md)
+FLIPOUT_MIN_WEIGHTS = 1024
 RNGS = ("host", "graph")  # where a noise graph's standard noise is drawn
 
 
@@ -145,12 +149,13 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         b.add("Add", [mean, b.add("Mul", [std, eps], p + "scaled")], node.output[0])
 
     def weight(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-               shapes: dict[str, list[int]], wide: bool) -> None:
-        """W_s drawn in the graph per sample, then the layer kind's batched op (as ``baked``)."""
+               shapes: dict[str, list[int]], wide: bool, ws: str | None = None) -> None:
+        """W_s drawn in the graph per sample (or given: ``ws``), then the layer kind's batched op (as ``baked``);
+        a Bayesian bias draws per sample."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
         bias_w = encoded.get(bias) if bias else None
-        ws = draw(w.name, w.encoding, p, "")
+        ws = ws or draw(w.name, w.encoding, p, "")
         out_dim = kind.out_dim(node, w.encoding.shape)
         bias_s = None
         if bias_w is not None:
@@ -181,15 +186,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         mu = b.add("Reshape", [decode(b, enc, "mean", p + "mu"), b.i64(p + "mu_shape", d0, rest)], p + "mu_m")
         ws = b.add("Reshape", [b.add("Add", [mu, delta], p + "W_m"), b.i64(p + "ws_shape", samples, *shape)],
                    p + "W_s")
-        bias = bias_name(node)
-        bias_w = encoded.get(bias) if bias else None
-        out_dim = kind.out_dim(node, enc.shape)
-        bias_s = None
-        if bias_w is not None:
-            bias_s = draw(bias_w.name, bias_w.encoding, p, "b_")  # [S, out]
-        elif bias:
-            bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
-        kind.batched(b, node, p, samples, enc.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
+        weight(b, node, kind, w, shapes, wide, ws)
 
     def local_or_mask(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                       shapes: dict[str, list[int]], wide: bool) -> None:
@@ -198,6 +195,9 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
     def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
              shapes: dict[str, list[int]], wide: bool) -> None:
+        if rng == "graph":  # numbers drawn in the graph cost ~11-17 ns each: Flipout where weights are shared
+            flipout_auto(b, node, kind, w, shapes, wide)
+            return
         (local if kind.LOCAL_EXACT and not w.encoding.CORRELATED else weight)(b, node, kind, w, shapes, wide)
 
     def flipout_auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
@@ -206,7 +206,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         if kind.LOCAL_EXACT and not w.encoding.CORRELATED:
             local(b, node, kind, w, shapes, wide)
         else:
-            (flipout if flips(w) else weight)(b, node, kind, w, shapes, wide)
+            (flipout if flips(w) and (variant == "flipout" or w.encoding.size >= FLIPOUT_MIN_WEIGHTS) else weight)(
+                b, node, kind, w, shapes, wide)
 
     def shared(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                shapes: dict[str, list[int]], wide: bool) -> None:
