@@ -167,24 +167,25 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
     def flipout(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                 shapes: dict[str, list[int]], wide: bool) -> None:
         """Flipout (Wen et al. 2018) on the weight viewed as a matrix [d0, J] (axis 0 by the rest: a Conv's
-        im2col GEMM): ``W_s = mu + (sigma ⊙ ε) ⊙ (r_s c_sᵀ)`` with ONE ε per call and random signs per sample
-        r_s ∈ {±1}^d0, c_s ∈ {±1}^J, then the layer kind's batched op (as ``weight``); a bias draws
-        independently per sample."""
+        im2col GEMM): ``W_s = mu + (sigma ⊙ ε) ⊙ f_s`` with ONE ε per call and random signs per sample f_s along
+        the longer of the two axes (J for a Conv: C/g·k² signs per sample), then the layer kind's batched op (as
+        ``weight``); a bias draws independently per sample. Two ops over the S members (a Mul by the signs and the
+        Add of mu), as the independent draw's ``mu + sigma ⊙ ε_s``; signs on both axes (r_s c_sᵀ) took a third
+        (docs/speed.md)."""
         p = f"{P}{w.name}/"
         enc, shape = w.encoding, [int(d) for d in w.encoding.shape]
         d0, rest = shape[0], math.prod(shape[1:])
         eps = noise_input(f"noise/{w.name}", [d0, rest], "call")
-        sigma = decode(b, enc, "stddev", p + "sigma")
-        delta = b.add("Mul", [b.add("Reshape", [sigma, b.i64(p + "matrix", 1, d0, rest)], p + "sigma_m"), eps],
-                      p + "delta")  # [1, d0, J]: the call's one draw
-        for axis, n, dims in ((0, d0, (samples, d0, 1)), (1, rest, (samples, 1, rest))):
-            u = noise_input(f"noise/{w.name}.flip{axis}", [n], "sample", "uniform")
-            sign = b.add("Where", [b.add("Less", [u, b.f32(p + f"half{axis}", 0.5)], p + f"lt{axis}"),
-                                   b.f32(p + f"minus{axis}", -1.0), b.f32(p + f"plus{axis}", 1.0)], p + f"sign{axis}")
-            sign = b.add("Reshape", [sign, b.i64(p + f"sign{axis}_shape", *dims)], p + f"sign{axis}_r")
-            delta = b.add("Mul", [delta, sign], p + f"flipped{axis}")  # [S, d0, J] after the first
+        sigma = b.add("Reshape", [decode(b, enc, "stddev", p + "sigma"), b.i64(p + "matrix", d0, rest)], p + "sigma_m")
+        delta = b.add("Mul", [sigma, eps], p + "delta")  # [d0, J]: the call's one draw
+        n, dims = (rest, (samples, 1, rest)) if rest >= d0 else (d0, (samples, d0, 1))
+        u = noise_input(f"noise/{w.name}.flip", [n], "sample", "uniform")
+        sign = b.add("Where", [b.add("Less", [u, b.f32(p + "half", 0.5)], p + "neg"), b.f32(p + "minus", -1.0),
+                               b.f32(p + "plus", 1.0)], p + "sign")  # [S, n]: -1 where u < 1/2
+        sign = b.add("Reshape", [sign, b.i64(p + "sign_shape", *dims)], p + "sign_r")
+        flipped = b.add("Mul", [delta, sign], p + "flipped")  # [S, d0, J]
         mu = b.add("Reshape", [decode(b, enc, "mean", p + "mu"), b.i64(p + "mu_shape", d0, rest)], p + "mu_m")
-        ws = b.add("Reshape", [b.add("Add", [mu, delta], p + "W_m"), b.i64(p + "ws_shape", samples, *shape)],
+        ws = b.add("Reshape", [b.add("Add", [mu, flipped], p + "W_m"), b.i64(p + "ws_shape", samples, *shape)],
                    p + "W_s")
         weight(b, node, kind, w, shapes, wide, ws)
 
