@@ -4,8 +4,10 @@ ops inside the graph.
 ``rng="host"`` (the library default, and TensorRT's): no random ops in the graph (TensorRT ignores their seeds,
 DLA cannot run them, and onnxruntime's RandomNormal dominated a 16-sample LeNet's time, docs/design.md);
 :class:`edgebnn.runtime.Session` fills the noise inputs. ``rng="graph"``: each noise input becomes a seeded
-``RandomNormal`` / ``RandomUniform`` ([S, *dims], per sample) or ``RandomNormalLike`` (per row: shaped like the
-layer's mean pre-activation, [B·S, *dims]), so the data is the graph's only input; every call draws afresh.
+``RandomNormal`` / ``RandomUniform`` ([S, *dims], per sample; [*dims] once per call), or ``RandomNormalLike``
+(per row: shaped like the layer's mean pre-activation, [B·S, *dims]), so the data is the graph's only input;
+every call draws afresh. onnxruntime draws ~11-17 ns per normal on one thread, so in the graph the number of
+draws is the cost: ``auto`` then uses Flipout on large weights (below).
 
 μ and σ (and a codebook's indices) are written by the stores of the ``weights`` choice (:mod:`.stores`: the IR's
 own packed codes by default) and decoded once per call, shared by the S samples. Variants:
@@ -25,11 +27,28 @@ W_s = mu + sigma ⊙ ε_s), then the layer kind's batched op, as ``baked``::
 
 ``local`` is exact for Gemm (each output unit has its own weights) but only approximate for Conv: it draws
 every spatial position independently, while a sampled kernel is shared across positions. ``auto`` (the
-default) is exact everywhere and keeps noise small: ``weight`` where the layer kind shares weights across
+default) is exact everywhere and keeps noise small (with in-graph noise, Flipout on large weights: below): ``weight`` where the layer kind shares weights across
 positions (Conv: kernels are small), ``local`` where it does not (Gemm: a row's outputs are fewer than the
 layer's weights). A dropout mask (MC dropout) is Bernoulli, not Gaussian: every variant draws it as ``weight``
 does, from a uniform input per sample. So is a correlated Gaussian (``CORRELATED``: Kronecker-factored or dense
 Laplace): its moments are marginals only, so every variant draws the whole weight (``weight``, :mod:`.draws`).
+
+``flipout`` (Wen et al. 2018): a mean-field Gaussian weight viewed as a matrix [d0, J] (axis 0 by the rest; a
+Conv's im2col GEMM) draws ONE ε per call, shared by the S samples, and flips its sign per sample along the longer
+axis (a Conv: J = C/g·k², the input patch)::
+
+    Δ = sigma ⊙ ε  (ε: [d0, J], once per call),   W_s = mu + Δ ⊙ c_s,  c_s ∈ {±1}^J from uniforms [S, J]
+
+then the batched op as ``weight``. Each sample's weights are exactly the posterior's marginal (ε is symmetric),
+and two samples' perturbations are uncorrelated (E[c_s c_t] = 0), but not independent: they share |ε|, so the
+even part of the network's response to the noise is common to the S samples. Measured, the S = 16 predictive's
+Monte Carlo error is 0.99-1.03x that of S independent draws (tests/unit/test_flipout.py; a trained LeNet-5,
+docs/speed.md); on a kernel with few entries (4x1x3x3: 9 signs per sample) 1.06-1.10x. ``--noise flipout`` uses
+it on every such weight (Gemm stays ``local``, exact and independent per row); ``auto`` with ``rng="graph"`` on
+weights of at least :data:`FLIPOUT_MIN_WEIGHTS` numbers, independent draws below (LeNet-5 S = 16: conv2's
+400,000 normals per call become 25,000 plus 8,000 uniform signs). ``auto`` with host noise keeps independent
+draws (the pool makes numbers nearly free). With host noise Flipout's per-call ε is an input of S rows of
+ceil(n / S) numbers, its first n read.
 
 ``mixed``: ``local`` where it is exact and the weight is Gaussian (Gemm), the baked members elsewhere (Conv: S
 kernels drawn at export from the seeded streams of ``baked``, stored as constants in the batched form). Exact
