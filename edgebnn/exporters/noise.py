@@ -28,10 +28,11 @@ W_s = mu + sigma ⊙ ε_s), then the layer kind's batched op, as ``baked``::
 ``local`` is exact for Gemm (each output unit has its own weights) but only approximate for Conv: it draws
 every spatial position independently, while a sampled kernel is shared across positions. ``auto`` (the
 default) is exact everywhere and keeps noise small (with in-graph noise, Flipout on large weights: below):
-``weight`` where the layer kind shares weights across positions (Conv: kernels are small), ``local`` where it does not (Gemm: a row's outputs are fewer than the
-layer's weights). A dropout mask (MC dropout) is Bernoulli, not Gaussian: every variant draws it as ``weight``
-does, from a uniform input per sample. So is a correlated Gaussian (``CORRELATED``: Kronecker-factored or dense
-Laplace): its moments are marginals only, so every variant draws the whole weight (``weight``, :mod:`.draws`).
+``weight`` where the layer kind shares weights across positions (Conv: kernels are small), ``local`` where it
+does not (Gemm: a row's outputs are fewer than the layer's weights). A dropout mask (MC dropout) is Bernoulli,
+not Gaussian: every variant draws it as ``weight`` does, from a uniform input per sample. So is a correlated
+Gaussian (``CORRELATED``: Kronecker-factored or dense Laplace): its moments are marginals only, so every variant
+draws the whole weight (``weight``, :mod:`.draws`).
 
 ``flipout`` (Wen et al. 2018): a mean-field Gaussian weight viewed as a matrix [d0, J] (axis 0 by the rest; a
 Conv's im2col GEMM) draws ONE ε per call, shared by the S samples, and flips its sign per sample along the longer
