@@ -118,12 +118,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         input of S rows of ceil(n / S) numbers, its first n read)."""
         if any(r["name"] == name for r in records):  # a shared input (NoiseNeed.shared): made once
             return P + name if rng == "graph" else name
-        if per == "call":
+        if per == "call" and rng == "host":
             n = math.prod(dims)
-            if rng == "graph":
-                records.append({"name": name})
-                return b.add("RandomNormal", [], P + name, shape=list(dims), seed=float(seed + len(records) - 1),
-                             dtype=onnx.TensorProto.FLOAT)
             rows = noise_input(name, [-(-n // samples)], "sample", dist)
             q = P + name + "/"
             flat = b.add("Reshape", [rows, b.i64(q + "flat_shape", -1)], q + "flat")
@@ -136,7 +132,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             if per == "row":
                 assert like is not None
                 return b.add(op + "Like", [like], P + name, **attrs)
-            return b.add(op, [], P + name, shape=[samples, *dims], **attrs)
+            return b.add(op, [], P + name, shape=list(dims) if per == "call" else [samples, *dims], **attrs)
         records.append({"name": name, "shape": [-1 if per == "row" else samples, *dims], "per": per, "dist": dist})
         return b.input(name, [ROWS if per == "row" else samples, *dims])
 
