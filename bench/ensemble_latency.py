@@ -526,6 +526,137 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
             "onnx_bytes": {k: p.ByteSize() for k, p in protos.items()}, "cells": cells}
 
 
+TABLE_MODELS = {"bt_lenet5": (1, 1, 28, 28), "lenet5": (1, 1, 28, 28), "resnet20": (1, 3, 32, 32)}
+# variant -> (IR: float | fixed, export_onnx keyword arguments): each mode as the CLI writes it (weights ir: the IR's
+# codes; noise draws in the graph, rng graph, the self-contained default), the host-noise form, the low-bit forms
+TABLE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "noise": ("float", {"mode": "noise", "rng": "graph"}),
+    "noise_independent": ("float", {"mode": "noise", "rng": "graph"}),  # the previous default: no Flipout
+    "noise_host": ("float", {"mode": "noise", "rng": "host"}),
+    "baked": ("float", {"mode": "baked"}),
+    "analytic": ("float", {"mode": "analytic"}),
+    "fixed_fp32": ("fixed", {"mode": "baked"}),
+    "int8": ("fixed", {"mode": "baked", "weights": "int8", "device": "cpu"}),
+    "int8_calibrated_qdq": ("fixed", {"mode": "baked"}),
+}
+
+
+def bt_lenet5() -> Any:
+    """LeNet-5 in bayesian-torch's own Reparameterization layers, the Caffe layout (conv 1->20 5x5, pool, conv
+    20->50 5x5, pool, fc 800->500, fc 500->10), bayesian-torch's default init (seeded by the caller)."""
+    import torch
+    from bayesian_torch.layers import Conv2dReparameterization, LinearReparameterization
+    from torch import nn
+
+    class LeNet5(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1, self.conv2 = Conv2dReparameterization(1, 20, 5), Conv2dReparameterization(20, 50, 5)
+            self.fc1, self.fc2 = LinearReparameterization(800, 500), LinearReparameterization(500, 10)
+
+        def forward(self, x: Any) -> Any:
+            x = torch.max_pool2d(torch.relu(self.conv1(x)[0]), 2)
+            x = torch.max_pool2d(torch.relu(self.conv2(x)[0]), 2)
+            return self.fc2(torch.relu(self.fc1(torch.flatten(x, 1))[0]))[0]
+
+    return LeNet5().eval()
+
+
+def bench_table(name: str, input_shape: tuple[int, ...], *, seed: int, sigma_ratio: float, rounds: int,
+                progress: Callable[[str], None]) -> dict[str, Any]:
+    """Every mode as the CLI writes it at S=16, batch 1, against (a) one float pass and (b) the float net on 16
+    copies: ``rounds`` interleaved rounds (every variant once per round, in turn), medians."""
+    import math
+    from unittest import mock
+
+    import torch
+
+    import edgebnn.exporters.noise as noise_module
+    from edgebnn.calib.int8 import Int8Config, quantize_int8
+    from edgebnn.calib.readers import BatchReader
+    from edgebnn.exporters.ensemble import export_onnx, float_deterministic
+    from edgebnn.importers import import_model
+    from edgebnn.passes import lower
+    from edgebnn.runtime import Session
+    from edgebnn.targets.runners import OrtRunner
+
+    samples = FORMS_SAMPLES
+    torch.manual_seed(seed)
+    net = bt_lenet5() if name == "bt_lenet5" else forms_net(name, seed, sigma_ratio)[0]
+    irs = {"float": import_model(net, input_shape, where=name)}
+    irs["fixed"] = lower(irs["float"], "fixed", seed=seed).model
+    in_name = irs["float"].manifest.input_name
+    protos = {}
+    for variant, (ir_name, kw) in TABLE_VARIANTS.items():
+        progress(f"table: {name}: export {variant}")
+        with mock.patch.object(noise_module, "FLIPOUT_MIN_WEIGHTS",
+                               math.inf if variant == "noise_independent" else noise_module.FLIPOUT_MIN_WEIGHTS):
+            proto = export_onnx(irs[ir_name], samples, seed=seed, **kw)
+        if variant == "int8_calibrated_qdq":
+            calib_x = np.random.default_rng(seed + 1).random((64, *input_shape[1:]), dtype=np.float32)
+            calibrated = quantize_int8(proto, BatchReader(calib_x, in_name, batch=16), Int8Config(method="minmax"))
+            del calibrated.metadata_props[:]
+            calibrated.metadata_props.extend(proto.metadata_props)
+            proto = calibrated
+        protos[variant] = proto
+    det = OrtRunner(float_deterministic(irs["float"]), threads=THREADS)
+    x = np.random.default_rng(seed).random((1, *input_shape[1:]), dtype=np.float32)
+    x_rep = np.ascontiguousarray(np.repeat(x, samples, axis=0))
+    sessions = {k: Session(p, seed=seed, threads=THREADS) for k, p in protos.items()}
+    calls: dict[str, Callable[[], Any]] = {"one_pass": lambda: det.run(x), "det16": lambda: det.run(x_rep)}
+    calls.update({k: (lambda s=s: s.predict(x)) for k, s in sessions.items()})
+    progress(f"table: {name}: {rounds} interleaved rounds")
+    for fn in calls.values():
+        for _ in range(3):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    for _ in range(rounds):
+        for k, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    p50 = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+    # p10: on a loaded host (other jobs preempting the timed thread) the low percentile tracks the graph's own
+    # cost more stably than the median; both are reported
+    p10 = {k: float(np.percentile(v, 10)) * 1e3 for k, v in times.items()}
+
+    def ratios_of(t: dict[str, float]) -> dict[str, dict[str, float]]:
+        out = {k: {"vs_det16": round(t[k] / t["det16"], 3), "vs_one_pass": round(t[k] / t["one_pass"], 3)}
+               for k in calls}
+        for k in ("int8", "int8_calibrated_qdq"):
+            out[k]["vs_fp32_baked"] = round(t[k] / t["fixed_fp32"], 3)
+        return out
+
+    return {"input_shape": list(input_shape), "samples": samples, "batch": 1, "rounds": rounds,
+            "p50_ms": {k: round(v, 4) for k, v in p50.items()}, "ratios": ratios_of(p50),
+            "p10_ms": {k: round(v, 4) for k, v in p10.items()}, "ratios_p10": ratios_of(p10),
+            "graph_nodes": {k: len(p.graph.node) for k, p in protos.items()},
+            "onnx_bytes": {k: p.ByteSize() for k, p in protos.items()}}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True, width=max(Console(stderr=True).width, 150))
+    m = result["machine"]
+    for name, model in result.get("table", {}).items():
+        table = Table(title=f"{name}, batch 1, S={model['samples']}, onnxruntime {THREADS} threads, median of "
+                      f"{model['rounds']} interleaved rounds (load avg {m['load_average_start']} -> "
+                      f"{m['load_average_end']})", title_justify="left")
+        for col in ("variant", "p50 ms", "/ det-16", "/ one pass", "/ fp32 baked", "p10: / det-16", "/ one pass",
+                    "/ fp32 baked", "nodes", "MB"):
+            table.add_column(col, justify="left" if col == "variant" else "right")
+        for k, r in model["ratios"].items():
+            r10 = model["ratios_p10"][k]
+            low = [f"{v['vs_fp32_baked']:.2f}x" if "vs_fp32_baked" in v else "" for v in (r, r10)]
+            table.add_row(k, f"{model['p50_ms'][k]:.3f}", f"{r['vs_det16']:.2f}x", f"{r['vs_one_pass']:.2f}x", low[0],
+                          f"{r10['vs_det16']:.2f}x", f"{r10['vs_one_pass']:.2f}x", low[1],
+                          str(model["graph_nodes"].get(k, "")),
+                          f"{model['onnx_bytes'][k] / 2**20:.2f}" if k in model["onnx_bytes"] else "")
+        console.print(table)
+
+
 def print_forms(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -750,7 +881,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default="bench/ensemble_latency.png", help="PNG path ('' for none)")
     parser.add_argument("--json", default=None, help="also write the JSON report to this path")
     parser.add_argument("--parts", default="latency,forms",
-                        help="comma-separated: latency (modes x S grid), forms (weight formats x graph forms, S=16)")
+                        help="comma-separated: latency (modes x S grid), forms (weight formats x graph forms, S=16), "
+                        "table (every mode as the CLI writes it vs det-16 and one pass, S=16, batch 1)")
+    parser.add_argument("--table-models", default=",".join(TABLE_MODELS),
+                        help="comma-separated subset of " + ",".join(TABLE_MODELS) + " (--parts table)")
+    parser.add_argument("--rounds", type=int, default=200, help="interleaved rounds of --parts table")
     parser.add_argument("--forms-models", default=",".join(FORMS_MODELS),
                         help="comma-separated subset of " + ",".join(FORMS_MODELS))
     parser.add_argument("--forms-plot", default="bench/ensemble_forms.png", help="PNG path ('' for none)")
@@ -801,6 +936,14 @@ def main(argv: list[str] | None = None) -> int:
             name, MODELS[name], batches=batches, samples_grid=samples_grid, sigma_ratio=sigma_ratio,
             seed=args.seed, noise=args.noise, budget_s=budget, min_runs=min_runs, max_runs=max_runs,
             progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+    if "table" in parts:
+        result["table"] = {}
+        for name in [m.strip() for m in args.table_models.split(",") if m.strip()]:
+            if name not in TABLE_MODELS:
+                parser.error(f"--table-models: unknown {name}; choose from {', '.join(TABLE_MODELS)}")
+            result["table"][name] = bench_table(name, TABLE_MODELS[name], seed=args.seed, sigma_ratio=sigma_ratio,
+                                                rounds=args.rounds,
+                                                progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
     if "forms" in parts:
         result["forms"] = {}
         for name in [m.strip() for m in args.forms_models.split(",") if m.strip()]:
@@ -821,6 +964,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.json, line + "\n")
     print_tables(result)
     print_forms(result)
+    print_table(result)
     if args.plot and result["models"]:
         plot(result, args.plot)
         console.print(f"[dim]plot: {args.plot}[/dim]")

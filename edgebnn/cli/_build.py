@@ -248,8 +248,10 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--noise", "noise_variant", type=click.Choice([v for v in NOISE_VARIANTS if v not in MODES]),
               default="auto",
               show_default=True, help="noise mode: noise per weight (weight), per pre-activation (local), "
-                                      "weight for Conv + local for Gemm (auto; exact and small), or local for Gemm "
-                                      "+ baked members for Conv (mixed; exact, fastest on onnxruntime CPU).")
+                                      "weight for Conv + local for Gemm (auto; exact and small; with --rng graph "
+                                      "Flipout on large Conv weights), one draw per call shared by the samples "
+                                      "with per-sample signs + local for Gemm (flipout), or local for Gemm + baked "
+                                      "members for Conv (mixed).")
 @click.option("--weights", "weight_format", type=click.Choice(STORE_CHOICES), default="ir",
               show_default=True,
               help="ir: noise/shared/analytic store μ and σ as the IR's own packed codes, decoded in the graph once "

@@ -8,7 +8,7 @@ MODES = ("baked", "noise", "shared", "analytic")  # export modes (ensemble.py, n
 WEIGHT_FORMATS = ("fp32", "int8", "int4")  # how exported weight constants are stored
 STORE_CHOICES = ("ir", *WEIGHT_FORMATS)  # --weights: ir = the IR's own encoding (stores/, the default)
 RNG_CHOICES = ("auto", "host", "graph")  # --rng of the noise/shared modes: where standard noise is drawn
-NOISE_VARIANTS = ("auto", "local", "weight", "shared", "mixed")  # --noise of the noise mode (noise.py)
+NOISE_VARIANTS = ("auto", "local", "weight", "shared", "mixed", "flipout")  # --noise of the noise mode (noise.py)
 MAX_SAMPLES = 4096
 
 

@@ -67,8 +67,9 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         samples: ensemble size S (the analytic mode uses it for its logit quadrature).
         mode: ``baked``, ``noise`` or ``analytic``.
         seed: seed of the baked samples (baked mode, and the baked layers of ``noise="mixed"``).
-        noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations), ``weight`` (per weight) or
-            ``mixed`` (local on Gemm, baked members on Conv: :mod:`.noise`).
+        noise: for ``mode="noise"``: ``auto``, ``local`` (noise on pre-activations), ``weight`` (per weight),
+            ``mixed`` (local on Gemm, baked members on Conv) or ``flipout`` (one weight draw per call shared by the
+            S samples with per-sample signs: :mod:`.noise`; ``auto`` uses it on large weights with ``rng="graph"``).
         weights: ``ir`` (the default: noise/shared/analytic store μ and σ in the IR's own encoding, its packed codes
             decoded in the graph once per call, :mod:`.stores`; baked stores its fp32 draws), ``fp32``, ``int8``
             (noise/shared/analytic: μ per-channel int8 and σ an 8-bit log code, decoded in the graph; baked mode:

@@ -4,8 +4,10 @@ ops inside the graph.
 ``rng="host"`` (the library default, and TensorRT's): no random ops in the graph (TensorRT ignores their seeds,
 DLA cannot run them, and onnxruntime's RandomNormal dominated a 16-sample LeNet's time, docs/design.md);
 :class:`edgebnn.runtime.Session` fills the noise inputs. ``rng="graph"``: each noise input becomes a seeded
-``RandomNormal`` / ``RandomUniform`` ([S, *dims], per sample) or ``RandomNormalLike`` (per row: shaped like the
-layer's mean pre-activation, [B·S, *dims]), so the data is the graph's only input; every call draws afresh.
+``RandomNormal`` / ``RandomUniform`` ([S, *dims], per sample; [*dims] once per call), or ``RandomNormalLike``
+(per row: shaped like the layer's mean pre-activation, [B·S, *dims]), so the data is the graph's only input;
+every call draws afresh. onnxruntime draws ~11-17 ns per normal on one thread, so in the graph the number of
+draws is the cost: ``auto`` then uses Flipout on large weights (below).
 
 μ and σ (and a codebook's indices) are written by the stores of the ``weights`` choice (:mod:`.stores`: the IR's
 own packed codes by default) and decoded once per call, shared by the S samples. Variants:
@@ -25,11 +27,29 @@ W_s = mu + sigma ⊙ ε_s), then the layer kind's batched op, as ``baked``::
 
 ``local`` is exact for Gemm (each output unit has its own weights) but only approximate for Conv: it draws
 every spatial position independently, while a sampled kernel is shared across positions. ``auto`` (the
-default) is exact everywhere and keeps noise small: ``weight`` where the layer kind shares weights across
-positions (Conv: kernels are small), ``local`` where it does not (Gemm: a row's outputs are fewer than the
-layer's weights). A dropout mask (MC dropout) is Bernoulli, not Gaussian: every variant draws it as ``weight``
-does, from a uniform input per sample. So is a correlated Gaussian (``CORRELATED``: Kronecker-factored or dense
-Laplace): its moments are marginals only, so every variant draws the whole weight (``weight``, :mod:`.draws`).
+default) is exact everywhere and keeps noise small (with in-graph noise, Flipout on large weights: below):
+``weight`` where the layer kind shares weights across positions (Conv: kernels are small), ``local`` where it
+does not (Gemm: a row's outputs are fewer than the layer's weights). A dropout mask (MC dropout) is Bernoulli,
+not Gaussian: every variant draws it as ``weight`` does, from a uniform input per sample. So is a correlated
+Gaussian (``CORRELATED``: Kronecker-factored or dense Laplace): its moments are marginals only, so every variant
+draws the whole weight (``weight``, :mod:`.draws`).
+
+``flipout`` (Wen et al. 2018): a mean-field Gaussian weight viewed as a matrix [d0, J] (axis 0 by the rest; a
+Conv's im2col GEMM) draws ONE ε per call, shared by the S samples, and flips its sign per sample along the longer
+axis (a Conv: J = C/g·k², the input patch)::
+
+    Δ = sigma ⊙ ε  (ε: [d0, J], once per call),   W_s = mu + Δ ⊙ c_s,  c_s ∈ {±1}^J from uniforms [S, J]
+
+then the batched op as ``weight``. Each sample's weights are exactly the posterior's marginal (ε is symmetric),
+and two samples' perturbations are uncorrelated (E[c_s c_t] = 0), but not independent: they share |ε|, so the
+even part of the network's response to the noise is common to the S samples. Measured, the S = 16 predictive's
+Monte Carlo error is 0.99-1.03x that of S independent draws (tests/unit/test_flipout.py; a trained LeNet-5,
+docs/speed.md); on a kernel with few entries (4x1x3x3: 9 signs per sample) 1.06-1.10x. ``--noise flipout`` uses
+it on every such weight (Gemm stays ``local``, exact and independent per row); ``auto`` with ``rng="graph"`` on
+weights of at least :data:`FLIPOUT_MIN_WEIGHTS` numbers, independent draws below (LeNet-5 S = 16: conv2's
+400,000 normals per call become 25,000 plus 8,000 uniform signs). ``auto`` with host noise keeps independent
+draws (the pool makes numbers nearly free). With host noise Flipout's per-call ε is an input of S rows of
+ceil(n / S) numbers, its first n read.
 
 ``mixed``: ``local`` where it is exact and the weight is Gaussian (Gemm), the baked members elsewhere (Conv: S
 kernels drawn at export from the seeded streams of ``baked``, stored as constants in the batched form). Exact
@@ -48,6 +68,7 @@ Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -56,7 +77,7 @@ import onnx
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import NOISE_VARIANTS
 from edgebnn.exporters._graph import Builder, P, set_metadata
-from edgebnn.exporters.draws import draw_emitter
+from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
@@ -64,6 +85,10 @@ from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import DropoutMask, Encoding
 
 ROWS = "batch_x_samples"
+# auto with in-graph noise: Flipout for weights of at least this many numbers; smaller ones draw independently per
+# sample (S·n numbers, cheap) where Flipout's few sign bits (a 4x1x3x3 kernel: 13 per sample) would leave the
+# samples measurably dependent (MC error 1.06-1.10x independent draws, docs/speed.md)
+FLIPOUT_MIN_WEIGHTS = 1024
 RNGS = ("host", "graph")  # where a noise graph's standard noise is drawn
 
 
@@ -89,9 +114,17 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
     def noise_input(name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
         """Standard noise: a graph input the host fills, or (``rng="graph"``) a seeded random op, shaped
-        [S, *dims] per sample, or like ``like`` ([B·S, *dims]) per row."""
+        [S, *dims] per sample, like ``like`` ([B·S, *dims]) per row, or [*dims] once per call (``call``: a host
+        input of S rows of ceil(n / S) numbers, its first n read)."""
         if any(r["name"] == name for r in records):  # a shared input (NoiseNeed.shared): made once
             return P + name if rng == "graph" else name
+        if per == "call" and rng == "host":
+            n = math.prod(dims)
+            rows = noise_input(name, [-(-n // samples)], "sample", dist)
+            q = P + name + "/"
+            flat = b.add("Reshape", [rows, b.i64(q + "flat_shape", -1)], q + "flat")
+            first = b.add("Slice", [flat, b.i64(q + "start", 0), b.i64(q + "end", n)], q + "first")
+            return b.add("Reshape", [first, b.i64(q + "shape", *dims)], P + name)
         if rng == "graph":
             op = {"normal": "RandomNormal", "uniform": "RandomUniform"}[dist]
             attrs = {"seed": float(seed + len(records)), "dtype": onnx.TensorProto.FLOAT}
@@ -99,7 +132,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             if per == "row":
                 assert like is not None
                 return b.add(op + "Like", [like], P + name, **attrs)
-            return b.add(op, [], P + name, shape=[samples, *dims], **attrs)
+            return b.add(op, [], P + name, shape=list(dims) if per == "call" else [samples, *dims], **attrs)
         records.append({"name": name, "shape": [-1 if per == "row" else samples, *dims], "per": per, "dist": dist})
         return b.input(name, [ROWS if per == "row" else samples, *dims])
 
@@ -132,12 +165,13 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         b.add("Add", [mean, b.add("Mul", [std, eps], p + "scaled")], node.output[0])
 
     def weight(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
-               shapes: dict[str, list[int]], wide: bool) -> None:
-        """W_s drawn in the graph per sample, then the layer kind's batched op (as ``baked``)."""
+               shapes: dict[str, list[int]], wide: bool, ws: str | None = None) -> None:
+        """W_s drawn in the graph per sample (or given: ``ws``), then the layer kind's batched op (as ``baked``);
+        a Bayesian bias draws per sample."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
         bias_w = encoded.get(bias) if bias else None
-        ws = draw(w.name, w.encoding, p, "")
+        ws = ws or draw(w.name, w.encoding, p, "")
         out_dim = kind.out_dim(node, w.encoding.shape)
         bias_s = None
         if bias_w is not None:
@@ -146,6 +180,31 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
         kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
 
+    def flipout(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+                shapes: dict[str, list[int]], wide: bool) -> None:
+        """Flipout (Wen et al. 2018) on the weight viewed as a matrix [d0, J] (axis 0 by the rest: a Conv's
+        im2col GEMM): ``W_s = mu + (sigma ⊙ ε) ⊙ f_s`` with ONE ε per call and random signs per sample f_s along
+        the longer of the two axes (J for a Conv: C/g·k² signs per sample), then the layer kind's batched op (as
+        ``weight``); a bias draws independently per sample. Two ops over the S members (a Mul by the signs and the
+        Add of mu), as the independent draw's ``mu + sigma ⊙ ε_s``; signs on both axes (r_s c_sᵀ) took a third
+        (docs/speed.md)."""
+        p = f"{P}{w.name}/"
+        enc, shape = w.encoding, [int(d) for d in w.encoding.shape]
+        d0, rest = shape[0], math.prod(shape[1:])
+        eps = noise_input(f"noise/{w.name}", [d0, rest], "call")
+        sigma = b.add("Reshape", [decode(b, enc, "stddev", p + "sigma"), b.i64(p + "matrix", d0, rest)], p + "sigma_m")
+        delta = b.add("Mul", [sigma, eps], p + "delta")  # [d0, J]: the call's one draw
+        n, dims = (rest, (samples, 1, rest)) if rest >= d0 else (d0, (samples, d0, 1))
+        u = noise_input(f"noise/{w.name}.flip", [n], "sample", "uniform")
+        sign = b.add("Where", [b.add("Less", [u, b.f32(p + "half", 0.5)], p + "neg"), b.f32(p + "minus", -1.0),
+                               b.f32(p + "plus", 1.0)], p + "sign")  # [S, n]: -1 where u < 1/2
+        sign = b.add("Reshape", [sign, b.i64(p + "sign_shape", *dims)], p + "sign_r")
+        flipped = b.add("Mul", [delta, sign], p + "flipped")  # [S, d0, J]
+        mu = b.add("Reshape", [decode(b, enc, "mean", p + "mu"), b.i64(p + "mu_shape", d0, rest)], p + "mu_m")
+        ws = b.add("Reshape", [b.add("Add", [mu, flipped], p + "W_m"), b.i64(p + "ws_shape", samples, *shape)],
+                   p + "W_s")
+        weight(b, node, kind, w, shapes, wide, ws)
+
     def local_or_mask(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                       shapes: dict[str, list[int]], wide: bool) -> None:
         """``local``: Gaussian layers propagate their moments; a dropout mask is drawn (it is Bernoulli)."""
@@ -153,7 +212,19 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
     def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
              shapes: dict[str, list[int]], wide: bool) -> None:
+        if rng == "graph":  # numbers drawn in the graph cost ~11-17 ns each: Flipout where weights are shared
+            flipout_auto(b, node, kind, w, shapes, wide)
+            return
         (local if kind.LOCAL_EXACT and not w.encoding.CORRELATED else weight)(b, node, kind, w, shapes, wide)
+
+    def flipout_auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+                     shapes: dict[str, list[int]], wide: bool) -> None:
+        """``local`` where it is exact, Flipout where a mean-field Gaussian weight is shared across positions."""
+        if kind.LOCAL_EXACT and not w.encoding.CORRELATED:
+            local(b, node, kind, w, shapes, wide)
+        else:
+            (flipout if flips(w) and (variant == "flipout" or w.encoding.size >= FLIPOUT_MIN_WEIGHTS) else weight)(
+                b, node, kind, w, shapes, wide)
 
     def shared(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                shapes: dict[str, list[int]], wide: bool) -> None:
@@ -169,7 +240,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         """Whether the layer has S weight sets (the batched op, which takes an input shared by every sample)."""
         return variant == "weight" or not (w.encoding.GAUSSIAN and (kind.LOCAL_EXACT or variant == "local"))
 
-    rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed}[variant]
+    rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed,
+               "flipout": flipout_auto}[variant]
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights,
                                           progress=progress)
     mode = "shared" if variant == "shared" else "noise"
@@ -181,6 +253,13 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
                  noise_inputs=[] if in_graph else records, layers=layers, rng=rng if in_graph else None,
                  **store_metadata(b))
     return out if weights == "fp32" else compact_names(out)
+
+
+def flips(w: EncodedWeight) -> bool:
+    """Whether Flipout draws ``w``: a mean-field Gaussian (``mean + stddev ⊙ ε``) with two axes or more."""
+    enc = w.encoding
+    return (enc.GAUSSIAN and not enc.CORRELATED and len(enc.shape) >= 2
+            and draw_emitter(enc) is gaussian_draw)
 
 
 def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str) -> None:
