@@ -3,8 +3,8 @@ on the same GPU, NVML energy per predictive, and the numerics against onnxruntim
 
 For a machine with an NVIDIA GPU and a CUDA build of torch (no TensorRT needed, onnxruntime may be CPU-only). The
 model is LeNet-5 with a synthetic posterior shaped like the trained digits CNN's (``edgebnn.models``), lowered
-``fixed``; every mode is exported at S = 16 for the CPU target (the torch runner interprets the ONNX) and timed at
-batch 1 and 32:
+``fixed``; every mode is exported at S = 16 for the CPU target (the torch runner interprets the ONNX; ``noise_graph``
+is the CPU's default artifact, noise drawn in the graph) and timed at batch 1 and 32:
 
 * ``latency_ms``: the profiler's protocol (``edgebnn.targets.profiler.measure``): warm-up, then timed runs that each
   end when the GPU has finished; runs are chosen so each window lasts at least ``--window`` seconds (NVML's energy
@@ -14,7 +14,7 @@ batch 1 and 32:
 * ``ratios``: p50 latency over the float deterministic net's (one pass) and the float BNN's (S sampled passes, torch
   drawing fresh weights on the GPU as bayesian-torch does) p50, same GPU, same batch;
 * ``numerics``: the largest |Δ| of each output between torch on the GPU and onnxruntime on the CPU for the same input
-  (and, for ``noise``, the same host noise).
+  (and, for ``noise``, the same host noise; none for graphs that draw their own numbers).
 
 Without a GPU (``--device cpu``, what ``tests/unit/test_device_check.py`` runs) the same JSON is written from torch on
 the CPU, with the energy null and its reason: that checks the script, not a GPU.
@@ -35,7 +35,10 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("baked", "noise", "analytic")
+# name -> export options: the exact modes, host noise (same noise into torch and onnxruntime: comparable), and the
+# CPU's default artifact (noise drawn in the graph: torch and onnxruntime draw different numbers, so no numerics)
+MODES = {"baked": {"mode": "baked"}, "noise": {"mode": "noise", "rng": "host"},
+         "noise_graph": {"mode": "noise", "rng": "graph"}, "analytic": {"mode": "analytic"}}
 
 
 def build_model(seed: int = 0) -> Any:
@@ -52,7 +55,7 @@ def graphs(model: Any, samples: int) -> dict[str, Any]:
     """The exported modes and the two float baselines, as ONNX protos."""
     from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic
 
-    out = {mode: export_onnx(model, samples, mode=mode, device="cpu", rng="host") for mode in MODES}
+    out = {name: export_onnx(model, samples, device="cpu", **options) for name, options in MODES.items()}
     out["float_deterministic"] = float_deterministic(model)
     out["float_bnn"] = float_bnn(model)
     return out
@@ -126,8 +129,8 @@ def run(device: str, samples: int, batches: list[int], window_s: float, min_runs
                     runner = TorchRunner(proto, device=device)
                     timing = _timed(runner, feed, samples if name == "float_bnn" else 1, batch, window_s, meter,
                                     min_runs)
-                    entry = {**timing, "numerics_max_abs": None if name == "float_bnn" else
-                             _numerics(proto, runner, feed)}
+                    drawn = name in ("float_bnn", "noise_graph")  # random ops in the graph: other draws
+                    entry = {**timing, "numerics_max_abs": None if drawn else _numerics(proto, runner, feed)}
                 except Exception as e:  # a mode the torch runner cannot run is reported, not fatal
                     entry = {"error": f"{type(e).__name__}: {e}"}
                 row["graphs"][name] = entry

@@ -242,7 +242,8 @@ TORCH_OPS: dict[str, Callable[..., Any]] = {
     # elementwise                                          # y = f(x) as in the ONNX operator spec
     "Add": _binary("add"), "Sub": _binary("sub"), "Mul": _binary("mul"), "Div": _div, "Mod": _mod,
     "Pow": _binary("pow"), "Max": _variadic("maximum"), "Min": _variadic("minimum"),
-    "Sum": _variadic("add"),
+    "Sum": _variadic("add"), "Less": _binary("lt"), "Greater": _binary("gt"), "Equal": _binary("eq"),
+    "Where": lambda t, a, w, c, x, y: t.where(c.to(x.device), x, y.to(x.device)),
     "Neg": lambda t, a, w, x: -x, "Abs": lambda t, a, w, x: x.abs(), "Exp": lambda t, a, w, x: x.exp(),
     "Log": lambda t, a, w, x: x.log(), "Sqrt": lambda t, a, w, x: x.sqrt(), "Erf": lambda t, a, w, x: t.erf(x),
     "Relu": lambda t, a, w, x: t.relu(x), "Sigmoid": lambda t, a, w, x: t.sigmoid(x),

@@ -26,13 +26,14 @@ def _module():
 def _check(report: dict, batches: list[int]) -> None:
     assert [row["batch"] for row in report["rows"]] == batches
     for row in report["rows"]:
-        assert set(row["graphs"]) == {"baked", "noise", "analytic", "float_deterministic", "float_bnn"}
+        modes = {"baked", "noise", "noise_graph", "analytic"}
+        assert set(row["graphs"]) == modes | {"float_deterministic", "float_bnn"}
         for name, g in row["graphs"].items():
             assert "error" not in g, (name, g)
             assert g["latency_ms"]["p50"] > 0 and g["runs"] >= 2
-            if name != "float_bnn":  # the same graph, the same input (and host noise): float32 round-off apart
+            if name not in ("float_bnn", "noise_graph"):  # same graph, input and host noise: round-off apart
                 assert max(g["numerics_max_abs"].values()) < 1e-4, (name, g["numerics_max_abs"])
-        assert set(row["ratios_p50"]) == {"baked", "noise", "analytic"}
+        assert set(row["ratios_p50"]) == modes
 
 
 def test_device_check_on_the_cpu(tmp_path: Path) -> None:
