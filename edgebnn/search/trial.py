@@ -123,7 +123,8 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
 
     c = job.config
     result: dict[str, Any] = {"number": job.number, "state": "failed", "config": c.to_dict(), "metrics": None,
-                              "bytes": None, "artifact_bytes": None, "ir_bytes": None, "deployed": None,
+                              "bytes": None, "artifact_bytes": None, "engine_bytes": None, "ir_bytes": None,
+                              "deployed": None,
                               "compression_ratio": None, "ir_compression_ratio": None,
                               "latency_ms": None, "energy_mj": None, "energy_reason": None, "error": None,
                               "profile_error": None}
@@ -145,11 +146,31 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
         metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
     deployed = deployed_bytes(onnx_bytes, float_bnn_bytes=int(report["float_bnn_bytes"]),
                               ebnn_bytes=int(report["ebnn_bytes"]))
-    result.update(state="complete", metrics=metrics, bytes=deployed.file_bytes, artifact_bytes=deployed.file_bytes,
+    try:
+        engine = engine_bytes(proto, job.device)
+    except Exception as e:  # the builder refused this trial's graph: a failed trial, with TensorRT's reason
+        result["error"] = _one_line(e)
+        return result, None
+    size = deployed.file_bytes if engine is None else engine  # what the device loads: on rtx, the engine
+    result.update(state="complete", metrics=metrics, bytes=size, artifact_bytes=size, engine_bytes=engine,
                   ir_bytes=int(report["total_bytes"]), deployed=deployed.to_dict(),
-                  compression_ratio=deployed.ratio_float_bnn,
+                  compression_ratio=int(report["float_bnn_bytes"]) / size,
                   ir_compression_ratio=report["float_bnn_bytes"] / report["total_bytes"], n=ev["n"])
     return result, onnx_bytes
+
+
+def engine_bytes(proto: Any, device: str) -> int | None:
+    """The bytes of the engine TensorRT for RTX builds from ``proto`` when ``device`` builds its engines ahead of
+    time (``rtx``); None elsewhere (onnxruntime loads the ONNX itself; Jetson builds on the board)."""
+    from edgebnn.devices import get_device
+
+    profile = get_device(device)
+    if profile.builder != "tensorrt-rtx":
+        return None
+    from edgebnn.exporters.tensorrt import compile_engine
+
+    with tempfile.TemporaryDirectory(prefix="edgebnn-search-") as tmp:
+        return int(compile_engine(proto, Path(tmp) / "trial.engine", profile.name)["engine_bytes"])
 
 
 def profile_trial(result: dict[str, Any], onnx_bytes: bytes | None, job: TrialJob) -> dict[str, Any]:

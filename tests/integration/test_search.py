@@ -396,6 +396,19 @@ def test_a_trial_exports_the_form_export_writes_for_its_device(files, device, fo
     assert read_metadata(onnx.load_from_string(proto), "trial").form == form
 
 
+def test_an_rtx_trial_minimizes_the_engine_it_builds(files):
+    """On rtx the device loads the engine TensorRT for RTX builds (here, no GPU): a trial's bytes are its bytes."""
+    pytest.importorskip("tensorrt_rtx")
+    from edgebnn.search.trial import evaluate_trial
+
+    root, model = files
+    job = TrialJob(0, TrialConfig("fixed", "4", 2, 4, "analytic", "ir", "off"), str(model), str(root / "val.npz"),
+                   None, 0, "rtx", runs=1, warmup=0)
+    result, proto = evaluate_trial(job)
+    assert result["error"] is None and proto is not None
+    assert result["bytes"] == result["engine_bytes"] > result["deployed"]["file_bytes"]
+
+
 def test_a_weight_format_the_device_cannot_run_is_refused(files, tmp_path):
     with pytest.raises(InvalidOptionError, match=r"^--weights int4: jetson-orin-nano \(TensorRT 10.3\) takes fp32 or "
                                                  r"int8; search with --weights fp32,int8$"):
