@@ -405,12 +405,24 @@ def _parses_and_builds(proto: Any, tmp: Path) -> bool:
     return True
 
 
-def _raw_build(path: Path) -> None:
-    """TensorRT-RTX alone, without edgebnn's check in front (what a user's plain build does)."""
+def _raw_build(path: Path, shapes: dict | None = None) -> int:
+    """TensorRT-RTX alone, without edgebnn's check in front (what a user's plain build does); the engine's bytes."""
     from edgebnn.exporters.tensorrt import _build
 
     trt_module = import_builder(get_device("rtx"))
-    _build(trt_module, path, path.with_suffix(".engine"), 256, None, None, {})
+    return len(_build(trt_module, path, path.with_suffix(".engine"), 256, None, None, shapes or {})[0])
+
+
+@pytest.mark.parametrize(("mode", "weights"), [("baked", "int8"), ("noise", "ir"), ("analytic", "ir")])
+def test_the_engine_is_the_builders_own(mode: str, weights: str, tmp_path: Path) -> None:
+    """A plain TensorRT-RTX build (builder defaults, batch 1) of the ONNX edgebnn compiled gives an engine of the
+    same size within 2x: edgebnn adds a profile and a manifest, not bytes."""
+    ir = edgebnn.lower(MODELS["vi_lenet5"](), "fixed")
+    proto = export_onnx(ir, S, mode=mode, weights=weights, device="rtx", rng="host")
+    manifest = compile_engine(proto, tmp_path / "m.engine", "rtx")
+    shapes = {name: (p["min"], p["opt"], p["max"]) for name, p in (manifest["shape_profile"] or {}).items()}
+    plain = _raw_build(engine_onnx_path(tmp_path / "m.engine"), shapes)
+    assert 0.5 <= plain / manifest["engine_bytes"] <= 2.0, (plain, manifest["engine_bytes"])
 
 
 @pytest.mark.parametrize("case", list(CASES))
