@@ -58,11 +58,11 @@ def test_the_default_export_on_the_cpu_is_the_compact_self_contained_graph(lower
     # the Python API writes the same default
     api = edgebnn.export(ir.load(lowered), tmp_path / "api.onnx", samples=S)
     assert api.read_bytes() == out.read_bytes()
-    # TensorRT devices keep baked (their default is the TensorRT issue's to change)
+    # TensorRT devices keep baked (docs/tensorrt.md: exact, deterministic, runs on the data alone)
     rtx = tmp_path / "rtx.engine"
     r = run("export", lowered, "--target", "tensorrt", "--device", "rtx", "--samples", S, "--dry-run", "-o", rtx)
-    if r.exit_code == 0:
-        assert read_metadata(onnx.load(str(rtx.with_suffix(".onnx"))), "rtx").mode == "baked"
+    assert r.exit_code == 0, r.output
+    assert read_metadata(onnx.load(str(tmp_path / "rtx.engine.onnx")), "rtx").mode == "baked"
 
 
 def test_a_file_larger_than_the_fp32_bnn_names_a_command_that_runs_and_is_smaller(lowered, tmp_path):
