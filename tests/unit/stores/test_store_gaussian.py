@@ -43,5 +43,7 @@ def test_a_runtime_without_the_decode_gets_the_float_store():
     from edgebnn.passes import lower
 
     enc = lower(synthetic_linear(), "fixed", seed=0).model.encoded_weight("fc.weight").encoding
-    assert store_for(enc, "ir", ("tensorrt",)) is FLOAT
+    assert store_for(enc, "ir", ("some-runtime",)) is FLOAT
     assert store_for(enc, "ir", ("onnxruntime",)) is not FLOAT
+    # TensorRT-RTX parses and builds every store's decode (tests/integration/test_tensorrt_rtx.py)
+    assert store_for(enc, "ir", ("tensorrt",)) is not FLOAT
