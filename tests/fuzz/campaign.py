@@ -66,6 +66,10 @@ class Target:
     codes: tuple[int, ...] = (0, 2)  # compare exits 1 when the two distributions differ (documented)
     folder: tuple[str, ...] = ()  # other base files copied beside the mutant (shards)
 
+    @property
+    def format(self) -> str:
+        return self.name.split("-")[0]
+
 
 def _eval(data: str) -> Argv:
     return lambda m, d, b: ["eval", str(b["model.onnx"]), "--data", str(m if data == "m" else b[data])]
@@ -124,9 +128,12 @@ TARGETS: list[Target] = [
            lambda m, d, b: ["eval", str(b["model.onnx"]), "--data", str(m.parent)], folder=("x_000.npy",)),
     # weights: .safetensors and .pt
     Target("safetensors-lower", "tiny.safetensors", "w.safetensors",
-           lambda m, d, b: ["lower", *TINY, "--weights", str(m), "-o", str(d / "o.ebnn")], 6, torch=True),
+           lambda m, d, b: ["lower", *TINY, "--weights", str(m), "-o", str(d / "o.ebnn")], 3, torch=True),
     Target("pt-lower", "tiny.pt", "w.pt",
-           lambda m, d, b: ["lower", *TINY, "--weights", str(m), "-o", str(d / "o.ebnn")], 2, torch=True),
+           lambda m, d, b: ["lower", *TINY, "--weights", str(m), "-o", str(d / "o.ebnn")], torch=True),
+    Target("laplace-lower", "laplace.pt", "la.pt",
+           lambda m, d, b: ["lower", "--model", "fuzz_factories:plain", "--input-shape", "1,1,8,8", "--weights",
+                            str(b["plain.safetensors"]), "--laplace", str(m), "-o", str(d / "o.ebnn")], torch=True),
     # JSON inputs: --config, --bench-results
     Target("json-lower-config", "config.json", "c.json",
            lambda m, d, b: ["lower", *TINY, "--weights", str(b["tiny.safetensors"]), "--config", str(m),
@@ -138,17 +145,20 @@ TARGETS: list[Target] = [
 FORMATS = ("ebnn", "onnx", "npz", "safetensors")
 
 
-def targets(names: str | None = None, torch: bool = True) -> list[Target]:
-    """The targets whose name starts with one of the comma-separated prefixes ``names`` (all by default)."""
+def targets(names: str | None = None, torch: bool = True, bases: dict[str, Path] | None = None) -> list[Target]:
+    """The targets whose name starts with one of the comma-separated prefixes ``names`` (all by default), those
+    that need torch only with ``torch``, and only those whose base file exists in ``bases``."""
     prefixes = tuple(names.split(",")) if names else ("",)
-    return [t for t in TARGETS if t.name.startswith(prefixes) and (torch or not t.torch)]
+    return [t for t in TARGETS if t.name.startswith(prefixes) and (torch or not t.torch)
+            and (bases is None or t.base in bases)]
 
 
 # -- the valid files ----------------------------------------------------------------------------------------
 
 
-def build_bases(out: Path, torch: bool = True) -> dict[str, Path]:
-    """One valid file per format in ``out`` (small: the lane mutates each many times)."""
+def build_bases(out: Path, torch: bool = True, laplace: bool = True) -> dict[str, Path]:
+    """One valid file per format in ``out`` (small: the lane mutates each many times); the laplace-torch state
+    only with ``laplace`` (importing laplace-torch and fitting takes seconds)."""
     import numpy as np
     from hostile import digits_shaped
 
@@ -188,6 +198,18 @@ def build_bases(out: Path, torch: bool = True) -> dict[str, Path]:
         save_file(state, str(out / "tiny.safetensors"))
         th.save(state, str(out / "tiny.pt"))
         b["tiny.safetensors"], b["tiny.pt"] = out / "tiny.safetensors", out / "tiny.pt"
+        if laplace and importlib.util.find_spec("laplace") is not None:
+            import laplace
+            from fuzz_factories import plain
+
+            net = plain()
+            save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(out / "plain.safetensors"))
+            data = th.utils.data.TensorDataset(th.from_numpy(x), th.from_numpy(y))
+            la = laplace.Laplace(net, "classification", subset_of_weights="last_layer", hessian_structure="diag",
+                                 prior_precision=1.0)
+            la.fit(th.utils.data.DataLoader(data, batch_size=12))
+            th.save(la.state_dict(), str(out / "laplace.pt"))
+            b["plain.safetensors"], b["laplace.pt"] = out / "plain.safetensors", out / "laplace.pt"
     return b
 
 
@@ -327,11 +349,19 @@ class Mutant:
     seed: int | None = None  # None: not generated (a regression file)
 
 
-def mutants(seed: int, count: int, chosen: list[Target], bases: dict[str, Path]) -> Iterator[Mutant]:
-    """``count`` mutants of seed ``seed``, targets drawn by weight (the same list for the same arguments)."""
+def mutants(seed: int, count: int, chosen: list[Target], bases: dict[str, Path], balance: bool = False,
+            ) -> Iterator[Mutant]:
+    """``count`` mutants of seed ``seed``, targets drawn by weight (the same list for the same arguments); with
+    ``balance``, each format (a target name's first word) gets the same share, split by weight among its targets."""
     pick = random.Random(f"edgebnn-fuzz-targets/{seed}")
+    weights = [float(t.weight) for t in chosen]
+    if balance:
+        total = Counter[str]()
+        for t in chosen:
+            total[t.format] += t.weight
+        weights = [t.weight / total[t.format] for t in chosen]
     for i in range(count):
-        t = pick.choices(chosen, [t.weight for t in chosen])[0]
+        t = pick.choices(chosen, weights)[0]
         yield _mutant(t, seed, i, bases)
 
 
@@ -343,7 +373,7 @@ def quota_mutants(seed: int, quota: dict[str, int], bases: dict[str, Path]) -> I
     then spends seconds in torch.onnx.export, which a lane cannot afford and ``make fuzz`` covers.
     """
     i = 0
-    for t in TARGETS:
+    for t in targets(bases=bases):
         for _ in range(quota.get(t.name, 0)):
             yield _mutant(t, seed, i, bases, edges=t.torch)
             i += 1
@@ -375,8 +405,8 @@ def stage(m: Mutant, job_dir: Path, bases: dict[str, Path]) -> Path:
 
 
 def run_campaign(seed: int, count: int, *, workers: int = 1, names: str | None = None, torch: bool = True,
-                 quota: dict[str, int] | None = None, extra: list[Path] = (), timeout: float = HANG_S,
-                 keep: Path | None = None, work: Path | None = None,
+                 balance: bool = False, quota: dict[str, int] | None = None, extra: list[Path] = (),
+                 timeout: float = HANG_S, keep: Path | None = None, work: Path | None = None,
                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run mutants on ``workers`` worker processes; the summary (counts, failures, rate).
 
@@ -385,12 +415,14 @@ def run_campaign(seed: int, count: int, *, workers: int = 1, names: str | None =
     """
     tmp = Path(tempfile.mkdtemp(prefix="edgebnn-fuzz-", dir=work))
     try:
-        bases = build_bases(tmp / "bases", torch=torch)
+        wanted = targets(names, torch=torch) if quota is None else [t for t in TARGETS if quota.get(t.name)]
+        bases = build_bases(tmp / "bases", torch=torch, laplace=any(t.base == "laplace.pt" for t in wanted))
         generated = (quota_mutants(seed, quota, bases) if quota is not None
-                     else mutants(seed, count, targets(names, torch=torch), bases))
+                     else mutants(seed, count, targets(names, torch=torch, bases=bases), bases, balance))
         replays = (Mutant(-1, target_of(p), p.name, p.read_bytes()) for p in extra
-                   if torch or not target_of(p).torch)
-        return _run(itertools.chain(generated, replays), bases, tmp, seed, workers, timeout, keep, log)
+                   if target_of(p).base in bases)
+        summary = _run(itertools.chain(generated, replays), bases, tmp, seed, workers, timeout, keep, log)
+        return {"targets": [t.name for t in targets(names, torch=torch, bases=bases)], **summary}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -403,7 +435,7 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
     counts: Counter[str] = Counter()
     by_target: dict[str, Counter[str]] = {}
     failures: list[dict[str, Any]] = []
-    seconds: list[float] = []
+    slowest: dict[str, Any] = {"seconds": 0.0}
     spent: Counter[str] = Counter()
     t0 = time.perf_counter()
 
@@ -437,8 +469,9 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
                     v = verdict(m.target, result)
                     counts[v] += 1
                     by_target.setdefault(m.target.name, Counter())[v] += 1
-                    seconds.append(result["seconds"])
                     spent[m.target.name] += result["seconds"]
+                    if result["seconds"] > slowest["seconds"]:
+                        slowest = {"seconds": round(result["seconds"], 2), "target": m.target.name, "index": m.index}
                     done += 1
                     if v not in ("ok", "exit2"):
                         failures.append(_failure(m, v, result, keep))
@@ -453,7 +486,7 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
     return {"seed": seed, "mutants": done, "workers": workers, "wall_s": round(wall, 1),
             "mutants_per_s": round(done / wall, 2) if wall else None, "counts": dict(counts),
             "by_target": {k: dict(v) for k, v in sorted(by_target.items())},
-            "by_format": _by_format(by_target), "slowest_s": round(max(seconds, default=0.0), 2),
+            "by_format": _by_format(by_target), "slowest": slowest,
             "seconds_by_target": {k: round(v, 2) for k, v in spent.most_common()},
             "failures": failures}
 
@@ -484,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutants", type=int, default=1000)
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     p.add_argument("--targets", default=None, help="comma-separated target name prefixes (default: all)")
+    p.add_argument("--balance", action="store_true", help="the same share of mutants for each format")
     p.add_argument("--no-torch", action="store_true", help="skip the lower targets (they need torch)")
     p.add_argument("--timeout", type=float, default=HANG_S, help="seconds before a mutant counts as a hang")
     p.add_argument("--keep", type=Path, default=None, help="folder for the failing mutants' bytes")
@@ -496,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     print(f"edgebnn fuzz: seed {seed}, {args.mutants} mutants, {args.workers} workers", flush=True)
     summary = run_campaign(seed, args.mutants, workers=args.workers, names=args.targets, torch=torch,
-                           timeout=args.timeout, keep=args.keep, log=lambda s: print(s, flush=True))
+                           balance=args.balance, timeout=args.timeout, keep=args.keep,
+                           log=lambda s: print(s, flush=True))
     text = json.dumps(summary, indent=2)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -11,3 +11,8 @@ from edgebnn.nn import BayesLinear
 def tiny() -> nn.Module:
     """[B, 1, 8, 8] digits -> Flatten -> BayesLinear(64, 10) logits."""
     return nn.Sequential(nn.Flatten(), BayesLinear(64, 10))
+
+
+def plain() -> nn.Module:
+    """The MAP network of the fuzz lane's laplace-torch state: [B, 1, 8, 8] -> Flatten -> Linear(64, 10)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))

@@ -29,6 +29,7 @@ LANE_SEED = 20261127
 PER_TARGET = 5  # mutants per torch-free target (each runs in well under a second)
 PER_TORCH_TARGET = 1  # lower imports through torch.onnx.export: seconds per mutant that loads
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+SLOW_TARGETS = {"laplace-lower"}  # importing laplace-torch and fitting the base state: make fuzz runs it, the lane not
 
 
 def _explain(summary: dict) -> str:
@@ -38,7 +39,7 @@ def _explain(summary: dict) -> str:
 
 @pytest.fixture(scope="module")
 def lane(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    quota = {t.name: PER_TORCH_TARGET if t.torch else PER_TARGET for t in TARGETS}
+    quota = {t.name: PER_TORCH_TARGET if t.torch else PER_TARGET for t in TARGETS if t.name not in SLOW_TARGETS}
     return run_campaign(LANE_SEED, 0, workers=2, torch=HAS_TORCH, quota=quota, extra=REGRESSIONS,
                         timeout=120, work=tmp_path_factory.mktemp("fuzz"))
 
@@ -49,8 +50,9 @@ def test_every_mutant_ends_in_status_0_or_2_with_one_short_message(lane):
 
 def test_the_lane_covers_every_target_and_both_outcomes(lane):
     """Every target ran; the corpus is not all refusals (bases that fail would make every mutant 'pass')."""
-    want = {t.name for t in TARGETS if HAS_TORCH or not t.torch}
-    assert set(lane["by_target"]) == want
+    expected = {t.name for t in TARGETS if (HAS_TORCH or not t.torch) and t.name not in SLOW_TARGETS}
+    assert set(lane["targets"]) == expected
+    assert set(lane["by_target"]) == expected
     assert lane["counts"].get("ok", 0) >= 10 and lane["counts"].get("exit2", 0) >= 50, lane["counts"]
     assert {"ebnn", "onnx", "npz", "safetensors" if HAS_TORCH else "npy"} <= set(lane["by_format"])
 
