@@ -24,7 +24,8 @@ from mutate import OPERATORS, mutate
 pytestmark = pytest.mark.fuzz
 
 HERE = Path(__file__).parent
-REGRESSIONS = sorted((HERE / "regressions").iterdir())
+REGRESSIONS = sorted(p for p in (HERE / "regressions").iterdir() if p.is_file())
+STUDY = HERE / "regressions" / "study"  # search study files (Optuna journals): base.jsonl, and what broke its loader
 LANE_SEED = 20261127
 PER_TARGET = 5  # mutants per torch-free target (each runs in well under a second)
 PER_TORCH_TARGET = 1  # lower imports through torch.onnx.export: seconds per mutant that loads
@@ -110,3 +111,49 @@ def test_npz_with_a_flipped_bit_in_compressed_data_is_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {bad}['x']: unreadable"), result.stderr
     assert not (tmp_path / "e.json").exists()
+
+
+# -- the search study file (an Optuna journal), through its loader ---------------------------------------
+
+
+STUDY_SETTINGS = {"model": "m.ebnn", "seed": 0, "objectives": ["bytes", "nll"]}  # what base.jsonl was made with
+
+
+def _open_each(paths: list[Path]) -> dict[str, int]:
+    """``open_study`` on each file: it gives the study or raises an EdgeBNNError; anything else propagates."""
+    pytest.importorskip("optuna")
+    from edgebnn.errors import EdgeBNNError
+    from edgebnn.search.study import open_study
+
+    out = {"ok": 0, "refused": 0}
+    for path in paths:
+        try:
+            open_study(path, STUDY_SETTINGS, ["minimize", "minimize"])
+            out["ok"] += 1
+        except EdgeBNNError as e:
+            assert str(path) in str(e) and "\n" not in str(e), str(e)
+            out["refused"] += 1
+    return out
+
+
+def test_study_file_base_opens(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes((STUDY / "base.jsonl").read_bytes())
+    assert _open_each([path]) == {"ok": 1, "refused": 0}
+
+
+def test_study_file_mutants_open_or_are_refused_in_one_line(tmp_path):
+    """Optuna's journal replay raised UnicodeDecodeError, TypeError and AssertionError("Should not reach") on
+    corrupt files (kept in regressions/study); 300 mutants of the lane's seed and those files."""
+    base = (STUDY / "base.jsonl").read_bytes()
+    paths = []
+    for i in range(300):
+        path = tmp_path / f"m{i}.jsonl"
+        path.write_bytes(mutate(base, LANE_SEED, i)[0])
+        paths.append(path)
+    for kept in sorted(STUDY.glob("*-s*-i*.jsonl")):
+        path = tmp_path / kept.name
+        path.write_bytes(kept.read_bytes())
+        paths.append(path)
+    counts = _open_each(paths)
+    assert counts["ok"] >= 10 and counts["refused"] >= 100, counts
