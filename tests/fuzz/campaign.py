@@ -321,6 +321,31 @@ class Worker:
         self.proc = None
 
 
+class FreshProcess(Worker):
+    """Each job in a new ``python -m edgebnn`` process, exactly what a user's shell sees (slower: an interpreter
+    and its imports per mutant). Cross-checks the in-process workers: warnings printed once per process, output at
+    exit, anything CliRunner would hide."""
+
+    def run(self, argv: list[str], job_dir: Path, timeout: float) -> dict[str, Any]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")])
+        env.pop("PYTHONWARNINGS", None)
+        before = _snapshot(job_dir)
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run([sys.executable, "-m", "edgebnn", *argv], capture_output=True, text=True, env=env,
+                               preexec_fn=_cap_memory, cwd=str(HERE), timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return {"code": None, "crash": "hang", "stderr": "", "traceback": None,
+                    "seconds": time.perf_counter() - t0, "changed": False}
+        crash = f"signal {-r.returncode}" if r.returncode < 0 else None
+        return {"code": r.returncode, "crash": crash, "stderr": r.stderr, "stdout_tail": r.stdout[-400:],
+                "traceback": None, "seconds": time.perf_counter() - t0, "changed": _snapshot(job_dir) != before}
+
+    def stop(self) -> None:
+        pass
+
+
 def verdict(target: Target, result: dict[str, Any]) -> str:
     """``ok`` (exit 0 or a documented status), ``exit2`` (a clean refusal), or what went wrong."""
     if result.get("crash"):
@@ -406,7 +431,7 @@ def stage(m: Mutant, job_dir: Path, bases: dict[str, Path]) -> Path:
 
 def run_campaign(seed: int, count: int, *, workers: int = 1, names: str | None = None, torch: bool = True,
                  balance: bool = False, quota: dict[str, int] | None = None, extra: list[Path] = (),
-                 timeout: float = HANG_S, keep: Path | None = None, work: Path | None = None,
+                 timeout: float = HANG_S, keep: Path | None = None, work: Path | None = None, fresh: bool = False,
                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run mutants on ``workers`` worker processes; the summary (counts, failures, rate).
 
@@ -421,21 +446,22 @@ def run_campaign(seed: int, count: int, *, workers: int = 1, names: str | None =
                      else mutants(seed, count, targets(names, torch=torch, bases=bases), bases, balance))
         replays = (Mutant(-1, target_of(p), p.name, p.read_bytes()) for p in extra
                    if target_of(p).base in bases)
-        summary = _run(itertools.chain(generated, replays), bases, tmp, seed, workers, timeout, keep, log)
+        summary = _run(itertools.chain(generated, replays), bases, tmp, seed, workers, timeout, keep, log, fresh)
         return {"targets": [t.name for t in targets(names, torch=torch, bases=bases)], **summary}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, workers: int, timeout: float,
-         keep: Path | None, log: Callable[[str], None] | None) -> dict[str, Any]:
+         keep: Path | None, log: Callable[[str], None] | None, fresh: bool = False) -> dict[str, Any]:
     import concurrent.futures as cf
 
-    pool = [Worker() for _ in range(workers)]
+    pool = [FreshProcess() if fresh else Worker() for _ in range(workers)]
     counts: Counter[str] = Counter()
     by_target: dict[str, Counter[str]] = {}
     failures: list[dict[str, Any]] = []
     slowest: dict[str, Any] = {"seconds": 0.0}
+    most_lines = 0  # of an exit-2 message (stdout and stderr)
     spent: Counter[str] = Counter()
     t0 = time.perf_counter()
 
@@ -470,6 +496,9 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
                     counts[v] += 1
                     by_target.setdefault(m.target.name, Counter())[v] += 1
                     spent[m.target.name] += result["seconds"]
+                    if result.get("code") == 2:
+                        text = result.get("stdout_tail", "") + result["stderr"]
+                        most_lines = max(most_lines, len(text.strip().splitlines()))
                     if result["seconds"] > slowest["seconds"]:
                         slowest = {"seconds": round(result["seconds"], 2), "target": m.target.name, "index": m.index}
                     done += 1
@@ -487,6 +516,7 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
             "mutants_per_s": round(done / wall, 2) if wall else None, "counts": dict(counts),
             "by_target": {k: dict(v) for k, v in sorted(by_target.items())},
             "by_format": _by_format(by_target), "slowest": slowest,
+            "most_lines_on_exit2": most_lines,
             "seconds_by_target": {k: round(v, 2) for k, v in spent.most_common()},
             "failures": failures}
 
@@ -518,6 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     p.add_argument("--targets", default=None, help="comma-separated target name prefixes (default: all)")
     p.add_argument("--balance", action="store_true", help="the same share of mutants for each format")
+    p.add_argument("--fresh", action="store_true", help="one new python -m edgebnn process per mutant (slow, exact)")
     p.add_argument("--no-torch", action="store_true", help="skip the lower targets (they need torch)")
     p.add_argument("--timeout", type=float, default=HANG_S, help="seconds before a mutant counts as a hang")
     p.add_argument("--keep", type=Path, default=None, help="folder for the failing mutants' bytes")
@@ -530,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     print(f"edgebnn fuzz: seed {seed}, {args.mutants} mutants, {args.workers} workers", flush=True)
     summary = run_campaign(seed, args.mutants, workers=args.workers, names=args.targets, torch=torch,
-                           balance=args.balance, timeout=args.timeout, keep=args.keep,
+                           balance=args.balance, timeout=args.timeout, keep=args.keep, fresh=args.fresh,
                            log=lambda s: print(s, flush=True))
     text = json.dumps(summary, indent=2)
     if args.json:
