@@ -153,7 +153,7 @@ class _Member:
                 with np.load(self.path, allow_pickle=False) as z:
                     whole = np.asarray(z[self.key]).reshape(self.shape)
             except _READ_ERRORS as e:  # a bad CRC, broken deflate data, a member shorter than its header says
-                raise InvalidOptionError(f"{self.where}: unreadable array data ({_reason(e)})") from e
+                raise InvalidOptionError(f"{self.where}: unreadable .npz member ({_reason(e)})") from e
             for start in range(0, self.shape[0], size):
                 yield whole[start : start + size]
             return

@@ -5,6 +5,13 @@ Operators (AFL-style havoc, on whole files): bit flips, random bytes, "interesti
 bytes; one to three are stacked. Positions are drawn half uniformly over the file and half within its first or
 last 512 bytes, where the headers live (a zip's central directory and an ONNX model's metadata are at the end),
 so a large float payload does not soak up every mutation.
+
+Why a plain seeded mutator rather than Hypothesis (which the property tests use): the inputs are whole files
+whose interest lies in being *almost* valid. Mutating a valid file reaches the loaders' deep checks (manifest,
+tensors, zip members), where bytes generated from scratch fail at the first magic number; a mutant must replay
+from ``(seed, index)`` alone in another process (the campaign runs commands in worker processes to survive
+native crashes, which Hypothesis's in-process shrinking and example database do not fit); and a failing file
+is kept as it is, as a regression case, rather than shrunk.
 """
 
 from __future__ import annotations
