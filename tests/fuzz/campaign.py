@@ -128,7 +128,7 @@ TARGETS: list[Target] = [
            lambda m, d, b: ["eval", str(b["model.onnx"]), "--data", str(m.parent)], folder=("x_000.npy",)),
     # weights: .safetensors and .pt
     Target("safetensors-lower", "tiny.safetensors", "w.safetensors",
-           lambda m, d, b: ["lower", *TINY, "--weights", str(m), "-o", str(d / "o.ebnn")], 3, torch=True),
+           lambda m, d, b: ["lower", *TINY, "--weights", str(m), "-o", str(d / "o.ebnn")], 2, torch=True),
     Target("pt-lower", "tiny.pt", "w.pt",
            lambda m, d, b: ["lower", *TINY, "--weights", str(m), "-o", str(d / "o.ebnn")], torch=True),
     Target("laplace-lower", "laplace.pt", "la.pt",
