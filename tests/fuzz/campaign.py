@@ -2,9 +2,9 @@
 
 A campaign builds one valid file per format (``bases``), then for mutant ``i`` of seed ``s`` picks a target
 (a command line reading one file, :data:`TARGETS`), mutates that target's file with :func:`mutate.mutate` and
-runs the command. The contract a mutant must keep (README, "Bad files"): exit status 0, or 2 with at most three
-lines on stderr and nothing written; never a traceback, another exit status, a signal (a native crash of
-onnxruntime, numpy or torch underneath) or a hang.
+runs the command. The contract a mutant must keep (README, "Bad files"): exit status 0, or 2 with at most
+three lines of output ending in ``error: ...`` and nothing written; never a traceback, another exit status, a
+signal (a native crash of onnxruntime, numpy or torch underneath) or a hang.
 
 Commands run in worker processes (``python campaign.py --worker``), many per process through click's
 ``CliRunner`` (fast: no interpreter start per mutant); the parent sends one job at a time to each worker and
@@ -12,7 +12,9 @@ waits with a deadline, so a native crash only kills that worker (recorded with i
 restarted) and a hang is killed and recorded. A failing mutant's bytes are kept under ``--keep`` for a
 regression case (``tests/fuzz/regressions``).
 
-    python tests/fuzz/campaign.py --seed 123 --mutants 1000 --workers 2 --keep fuzz-out   # make fuzz
+    python tests/fuzz/campaign.py --seed 123 --mutants 10000 --keep fuzz-out        # make fuzz (random seed)
+    python tests/fuzz/campaign.py --seed 31000 --mutants 1000 --balance --targets ebnn,onnx,npz,safetensors
+    python tests/fuzz/campaign.py --seed 31001 --mutants 120 --fresh --targets ebnn,onnx,npz   # a process each
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ Argv = Callable[[Path, Path, dict[str, Path]], list[str]]
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """One command reading one user file: ``argv(mutant, job_dir, bases)``; the mutant is a copy of
-    ``bases[base]`` written to ``job_dir / name`` (``name`` may be inside a folder of other base files)."""
+    """One command reading one user file: ``argv(mutant, job_dir, bases)``; the mutant of ``bases[base]`` is
+    written to ``job_dir / file`` (``file`` may be in a folder, beside copies of the base files ``folder``).
+    ``weight``: its share of a campaign's mutants."""
 
     name: str
     base: str
@@ -71,8 +74,8 @@ class Target:
         return self.name.split("-")[0]
 
 
-def _eval(data: str) -> Argv:
-    return lambda m, d, b: ["eval", str(b["model.onnx"]), "--data", str(m if data == "m" else b[data])]
+def _eval_data(m: Path, d: Path, b: dict[str, Path]) -> list[str]:
+    return ["eval", str(b["model.onnx"]), "--data", str(m)]
 
 
 TINY = ["--model", "fuzz_factories:tiny", "--input-shape", "1,1,8,8"]
@@ -112,8 +115,8 @@ TARGETS: list[Target] = [
            lambda m, d, b: ["profile", str(b["model.ebnn"]), "--onnx", str(m), "-S", "2", "--runs", "2",
                             "--warmup", "0", "--power-meter", "none"]),
     # .npz / .npy: the user's data
-    Target("npz-eval", "data.npz", "d.npz", _eval("m"), 3),
-    Target("npz-eval-compressed", "data_compressed.npz", "d.npz", _eval("m"), 3),
+    Target("npz-eval", "data.npz", "d.npz", _eval_data, 3),
+    Target("npz-eval-compressed", "data_compressed.npz", "d.npz", _eval_data, 3),
     Target("npz-eval-ood", "data_compressed.npz", "ood.npz",
            lambda m, d, b: ["eval", str(b["model.onnx"]), "--data", str(b["data.npz"]), "--ood-data", str(m)], 2),
     Target("npz-calibrate", "data_compressed.npz", "d.npz",
@@ -524,7 +527,7 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
 def _by_format(by_target: dict[str, Counter[str]]) -> dict[str, int]:
     out: Counter[str] = Counter()
     for name, c in by_target.items():
-        out[name.split("-")[0]] += sum(c.values())
+        out[next(t for t in TARGETS if t.name == name).format] += sum(c.values())
     return dict(out)
 
 
