@@ -20,6 +20,7 @@ import math
 import os
 import struct
 import tokenize
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
@@ -189,7 +190,9 @@ def _header(f: IO[bytes], where: str, data_bytes: int) -> tuple[tuple[int, ...],
         raise InvalidOptionError(f"{where}: unreadable .npy header (format version {version})")
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     try:
-        shape, _, dtype = read(f)
+        with warnings.catch_warnings():  # "created on Python 2": a mutated header; the checks below decide
+            warnings.simplefilter("ignore")
+            shape, _, dtype = read(f)
         offset = f.tell()
     except _READ_ERRORS as e:
         raise InvalidOptionError(f"{where}: unreadable .npy header ({_reason(e)})") from e

@@ -49,7 +49,7 @@ from mutate import mutate  # noqa: E402
 
 HANG_S = 60.0  # the goal: no mutant runs longer
 ADDRESS_SPACE = 8 << 30  # a worker trying to allocate a hostile declared size fails loudly, not lazily
-MAX_LINES = 3
+MAX_LINES = 1  # the README's promise (the issue allows 3): one line, no warning before it
 
 Argv = Callable[[Path, Path, dict[str, Path]], list[str]]
 
@@ -488,6 +488,7 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
     failures: list[dict[str, Any]] = []
     slowest: dict[str, Any] = {"seconds": 0.0}
     most_lines = 0  # of an exit-2 message (stdout and stderr)
+    longest: dict[str, Any] = {}
     spent: Counter[str] = Counter()
     t0 = time.perf_counter()
 
@@ -524,7 +525,9 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
                     spent[m.target.name] += result["seconds"]
                     if result.get("code") == 2:
                         text = result.get("stdout_tail", "") + result["stderr"]
-                        most_lines = max(most_lines, len(text.strip().splitlines()))
+                        if len(text.strip().splitlines()) > most_lines:
+                            most_lines = len(text.strip().splitlines())
+                            longest = {"target": m.target.name, "index": m.index, "text": text.strip()[-2000:]}
                     if result["seconds"] > slowest["seconds"]:
                         slowest = {"seconds": round(result["seconds"], 2), "target": m.target.name, "index": m.index}
                     done += 1
@@ -542,7 +545,7 @@ def _run(jobs: Iterator[Mutant], bases: dict[str, Path], tmp: Path, seed: int, w
             "mutants_per_s": round(done / wall, 2) if wall else None, "counts": dict(counts),
             "by_target": {k: dict(v) for k, v in sorted(by_target.items())},
             "by_format": _by_format(by_target), "slowest": slowest,
-            "most_lines_on_exit2": most_lines,
+            "most_lines_on_exit2": most_lines, "longest_exit2": longest,
             "seconds_by_target": {k: round(v, 2) for k, v in spent.most_common()},
             "failures": failures}
 

@@ -54,7 +54,7 @@ def test_the_lane_covers_every_target_and_both_outcomes(lane):
     expected = {t.name for t in TARGETS if (HAS_TORCH or not t.torch) and t.name not in SLOW_TARGETS}
     assert set(lane["targets"]) == expected
     assert set(lane["by_target"]) == expected
-    assert lane["counts"].get("ok", 0) >= 10 and lane["counts"].get("exit2", 0) >= 50, lane["counts"]
+    assert lane["counts"].get("ok", 0) >= 5 and lane["counts"].get("exit2", 0) >= 50, lane["counts"]
     assert {"ebnn", "onnx", "npz", "safetensors" if HAS_TORCH else "npy"} <= set(lane["by_format"])
 
 
