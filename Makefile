@@ -13,7 +13,7 @@ LAPLACE_LIBS ?= laplace-torch==0.3 asdfghjkl==0.1a4 backpack-for-pytorch==1.7.1 
 	einops==0.8.2 unfoldNd==0.2.3 einconv==0.1.0 linear-operator==0.6.1 opt-einsum==3.4.0 torchmetrics==1.9.0 \
 	lightning-utilities==0.15.3
 
-.PHONY: install demo test test-fast lint bench clean device-check
+.PHONY: install demo test test-fast lint bench fuzz clean device-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,8 +48,17 @@ DEVICE_CHECK_OUT ?= device_check.json
 device-check:
 	PYTHONPATH=. python3 bench/device_check.py --out $(DEVICE_CHECK_OUT)
 
+# Fuzz every loader with FUZZ_MUTANTS corrupted files (random seed unless FUZZ_SEED=N; printed, so a run
+# repeats with it); failing mutants are kept in fuzz-out/ for a regression case (tests/fuzz/regressions/).
+FUZZ_MUTANTS ?= 10000
+FUZZ_SEED ?=
+FUZZ_WORKERS ?=
+fuzz: $(STAMP)
+	$(PY) tests/fuzz/campaign.py --mutants $(FUZZ_MUTANTS) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED)) \
+		$(if $(FUZZ_WORKERS),--workers $(FUZZ_WORKERS)) --keep fuzz-out --json fuzz-out/summary.json
+
 bench: $(STAMP)
 	$(PY) bench/compression.py
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .ruff_cache
+	rm -rf $(VENV) demo-out fuzz-out .pytest_cache .ruff_cache

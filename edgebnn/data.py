@@ -16,8 +16,13 @@ targets ``(N,)`` or ``(N, D)`` (regression), integer masks ``(N, *spatial)`` (se
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import struct
+import tokenize
+import warnings
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,19 +150,39 @@ class _Member:
         an .npz member is read whole, once (keep .npz shards smaller than memory).
         """
         if self.key is not None:
-            with np.load(self.path, allow_pickle=False) as z:
-                whole = np.asarray(z[self.key]).reshape(self.shape)
+            try:
+                with np.load(self.path, allow_pickle=False) as z:
+                    whole = np.asarray(z[self.key]).reshape(self.shape)
+            except _READ_ERRORS as e:  # a bad CRC, broken deflate data, a member shorter than its header says
+                raise InvalidOptionError(f"{self.where}: unreadable .npz member ({_reason(e)})") from e
             for start in range(0, self.shape[0], size):
                 yield whole[start : start + size]
             return
         for start in range(0, self.shape[0], size):
-            mapped = np.load(self.path, mmap_mode="r", allow_pickle=False).reshape(self.shape)
+            try:
+                mapped = np.load(self.path, mmap_mode="r", allow_pickle=False).reshape(self.shape)
+            except _READ_ERRORS as e:  # the file changed since its header was checked
+                raise InvalidOptionError(f"{self.where}: unreadable array data ({_reason(e)})") from e
             yield np.array(mapped[start : start + size])
             del mapped
 
 
-def _header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """(shape, dtype) from a .npy header, refusing object arrays (they would need pickle)."""
+# What reading a corrupt .npy/.npz raises (zipfile, zlib, numpy's header and data readers, mmap): a bad CRC or
+# deflate stream, a header numpy cannot parse, fewer bytes than the header declares.
+_READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error,
+                NotImplementedError, RuntimeError, struct.error, SyntaxError, TypeError, OverflowError,
+                tokenize.TokenError)
+_DEFLATE_RATIO = 1100  # deflate expands at most ~1032:1; a member declaring more is lying about its size
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return (text[:200] + "...") if len(text) > 200 else text or type(e).__name__
+
+
+def _header(f: IO[bytes], where: str, data_bytes: int) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """(shape, dtype) from a .npy header, refusing object arrays (they would need pickle) and a shape that
+    does not match the ``data_bytes`` stored after the header (checked before anything is allocated)."""
     if f.read(6) != _NPY_MAGIC:
         raise InvalidOptionError(f"{where}: not a .npy array (no NUMPY header)")
     version = tuple(f.read(2))
@@ -165,12 +190,20 @@ def _header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
         raise InvalidOptionError(f"{where}: unreadable .npy header (format version {version})")
     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
     try:
-        shape, _, dtype = read(f)
-    except (ValueError, OSError, EOFError) as e:
-        raise InvalidOptionError(f"{where}: unreadable .npy header ({e})") from e
+        with warnings.catch_warnings():  # "created on Python 2": a mutated header; the checks below decide
+            warnings.simplefilter("ignore")
+            shape, _, dtype = read(f)
+        offset = f.tell()
+    except _READ_ERRORS as e:
+        raise InvalidOptionError(f"{where}: unreadable .npy header ({_reason(e)})") from e
     if dtype.hasobject:
         raise InvalidOptionError(f"{where}: not a plain numeric array (object arrays need pickle, which is refused)")
-    return tuple(int(d) for d in shape), dtype
+    shape = tuple(int(d) for d in shape)
+    declared = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if declared != data_bytes - offset:
+        raise InvalidOptionError(f"{where}: corrupt .npy: the header declares {dtype} {shape} ({declared} bytes) but "
+                                 f"{data_bytes - offset} bytes follow it")
+    return shape, dtype
 
 
 def _npy_member(path: Path) -> _Member:
@@ -179,32 +212,56 @@ def _npy_member(path: Path) -> _Member:
             if not f.read(1):
                 raise InvalidOptionError(f"{path}: empty file")
             f.seek(0)
-            shape, dtype = _header(f, str(path))
+            shape, dtype = _header(f, str(path), os.fstat(f.fileno()).st_size)
     except OSError as e:
         raise InvalidOptionError(f"{path}: cannot read ({e.strerror or e})") from e
     return _Member(path, None, shape, dtype)
 
 
 def _npz_members(path: Path) -> dict[str, _Member]:
-    """Every array of an .npz, by key (headers only; nothing is loaded)."""
+    """Every array of an .npz, by key (headers and the zip directory only; no array data is read)."""
     try:
         with path.open("rb") as f:
             head = f.read(4)
-        if not head:
-            raise InvalidOptionError(f"{path}: empty file")
-        if head not in _ZIP_MAGIC:
-            raise InvalidOptionError(f"{path}: not an .npz file (not a zip archive)")
-        out = {}
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise InvalidOptionError(f"{path}: cannot read ({e.strerror or e})") from e
+    if not head:
+        raise InvalidOptionError(f"{path}: empty file")
+    if head not in _ZIP_MAGIC:
+        raise InvalidOptionError(f"{path}: not an .npz file (not a zip archive)")
+    try:
         with zipfile.ZipFile(path) as zf:
-            for name in zf.namelist():
-                if name.endswith(".npy"):
-                    key = name[: -len(".npy")]
-                    with zf.open(name) as f:
-                        shape, dtype = _header(f, f"{path}['{key}']")
-                    out[key] = _Member(path, key, shape, dtype)
-    except (OSError, zipfile.BadZipFile) as e:
-        raise InvalidOptionError(f"{path}: unreadable .npz file ({e})") from e
-    return out
+            infos = [i for i in zf.infolist() if i.filename.endswith(".npy")]
+            return {i.filename[: -len(".npy")]: _npz_member(path, zf, i, size) for i in infos}
+    except InvalidOptionError:
+        raise
+    except _READ_ERRORS as e:
+        raise InvalidOptionError(f"{path}: unreadable .npz file ({_reason(e)})") from e
+
+
+def _npz_member(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo, archive_bytes: int) -> _Member:
+    key = info.filename[: -len(".npy")]
+    where = f"{path}['{key}']"
+    _check_zip_member(info, archive_bytes, where)
+    try:
+        with zf.open(info) as f:
+            shape, dtype = _header(f, where, info.file_size)
+    except _READ_ERRORS as e:
+        raise InvalidOptionError(f"{where}: unreadable .npz member ({_reason(e)})") from e
+    return _Member(path, key, shape, dtype)
+
+
+def _check_zip_member(info: zipfile.ZipInfo, archive_bytes: int, where: str) -> None:
+    """Refuse sizes a member cannot have, before numpy allocates what its header declares."""
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise InvalidOptionError(f"{where}: unsupported zip compression method {info.compress_type} (np.savez writes "
+                                 "stored or deflated members)")
+    stored = info.compress_type == zipfile.ZIP_STORED
+    if (info.compress_size > archive_bytes or (stored and info.file_size != info.compress_size)
+            or info.file_size > info.compress_size * _DEFLATE_RATIO + 1024):
+        raise InvalidOptionError(f"{where}: corrupt .npz: the zip directory says {info.compress_size} bytes stored, "
+                                 f"{info.file_size} unpacked, in a {archive_bytes}-byte file")
 
 
 Array = _Member | np.ndarray

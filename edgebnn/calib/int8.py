@@ -272,7 +272,7 @@ def calibrate_ensemble(
     from edgebnn.devices import get_device
     from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.trt_compat import check_trt_compat
-    from edgebnn.runtime.session import read_export
+    from edgebnn.runtime.session import Session, read_export
 
     config = config or Int8Config()
     profile = get_device(device)
@@ -280,6 +280,7 @@ def calibrate_ensemble(
         raise InvalidOptionError(f"--device {device}: the compatibility check needs a TensorRT device (rtx, jetson)")
     proto, meta, where = read_export(model_path)
     _check_calibratable(meta, where)
+    Session(model_path)  # onnxruntime refuses a broken graph here, in one line, before the quantizer sees it
     if Path(output).resolve() == Path(model_path).resolve():
         raise InvalidOptionError(f"-o {output}: would overwrite the float model it is calibrated from")
     input_shape = tuple(meta.input_shape[1:])

@@ -121,9 +121,14 @@ class LayerAdapter(Protocol):
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
-    """Numerically stable log1p(exp(x)), the rho -> sigma map of edgebnn, bayesian-torch and blitz."""
-    x = np.asarray(x, dtype=np.float64)
-    return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(np.float32)
+    """Numerically stable log1p(exp(x)), the rho -> sigma map of edgebnn, bayesian-torch and blitz.
+
+    A NaN or infinite rho (a corrupt checkpoint) gives a NaN or infinite sigma quietly: the importer refuses it
+    in one line naming the layer, which a numpy warning printed before it would spoil.
+    """
+    with np.errstate(all="ignore"):
+        x = np.asarray(x, dtype=np.float64)
+        return (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))).astype(np.float32)
 
 
 def to_numpy(t: Any) -> np.ndarray:

@@ -19,7 +19,7 @@ from edgebnn.ir._model import (
     make_encoding_node,
     tensor_to_array,
 )
-from edgebnn.ir._serde import from_bytes, load, save, serialized_size, to_bytes
+from edgebnn.ir._serde import check_text, from_bytes, load, save, serialized_size, to_bytes
 from edgebnn.ir._verify import verify
 from edgebnn.ir.encodings import ENCODINGS, Encoding, GaussianWeight, register_encoding
 from edgebnn.ir.mlp import gaussian_mlp
@@ -37,6 +37,7 @@ __all__ = [
     "GaussianWeight",
     "Manifest",
     "attrs_of",
+    "check_text",
     "from_bytes",
     "gaussian_mlp",
     "load",

@@ -134,7 +134,31 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return proto
 
 
+def check_text(proto: Message, where: str) -> None:
+    """Refuse a model whose text fields (names, op types, metadata) are not UTF-8.
+
+    Protobuf parses such a field as ``bytes``; onnx's checker and onnxruntime then fail on it with a
+    ``UnicodeDecodeError`` of their own (onnxruntime's message quotes the raw bytes), so it is refused here,
+    before any native library sees the model.
+
+    Raises:
+        InvalidArtifactError: Naming the field, e.g. ``graph.node.input``.
+    """
+    stack: list[tuple[Message, str]] = [(proto, "")]
+    while stack:
+        msg, path = stack.pop()
+        for fd, value in msg.ListFields():
+            if fd.type == fd.TYPE_STRING:
+                values = [value] if isinstance(value, (str, bytes)) else value
+                if any(isinstance(v, bytes) for v in values):
+                    raise InvalidArtifactError(f"{where}: corrupt file: {path}{fd.name} is not UTF-8 text")
+            elif fd.type == fd.TYPE_MESSAGE:
+                values = [value] if isinstance(value, Message) else value
+                stack.extend((v, f"{path}{fd.name}.") for v in values)
+
+
 def _model_of(proto: onnx.ModelProto, where: str) -> BNNModel:
+    check_text(proto, where)
     if not proto.graph.node:
         raise InvalidArtifactError(f"{where}: not an .ebnn file (no graph)")
     props = {p.key: p.value for p in proto.metadata_props}

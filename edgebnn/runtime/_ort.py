@@ -17,6 +17,8 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 from edgebnn.errors import ArtifactRuntimeError
 
 _RUNNING = re.compile(r"running (?P<op>[\w.]+) node\. Name:'(?P<node>[^']*)' Status Message: (?P<why>.*)", re.S)
@@ -56,3 +58,14 @@ def ort_errors(where: str) -> Iterator[None]:
         if not is_ort_error(e):
             raise
         raise ArtifactRuntimeError(describe(where, e)) from e
+
+
+def check_finite(outputs: list[np.ndarray], where: str) -> None:
+    """Refuse NaN or infinite outputs of finite inputs: a corrupt weight (a flipped exponent bit) gives them, and
+    every metric downstream would fail on them or hide them."""
+    for out in outputs:
+        bad = ~np.isfinite(np.asarray(out, dtype=np.float64))
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0]) if bad.ndim else 0
+            raise ArtifactRuntimeError(f"{where}: the model gave NaN or infinite outputs (first at row {row}) for "
+                                       "finite inputs; its weights may be corrupt")

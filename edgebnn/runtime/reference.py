@@ -18,7 +18,7 @@ from edgebnn.exporters.families import check_family
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import draw_weight
 from edgebnn.metrics import AnyPredictive
-from edgebnn.runtime._ort import ort_errors
+from edgebnn.runtime._ort import check_finite, ort_errors
 from edgebnn.tasks import predictive_from_samples
 
 
@@ -34,7 +34,7 @@ def session(proto_bytes: bytes, threads: int = 0) -> ort.InferenceSession:
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = threads
-    return ort.InferenceSession(proto_bytes, opts, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(proto_bytes, opts, providers=["CPUExecutionProvider"], enable_fallback=0)
 
 
 def check_input(model: BNNModel, x: np.ndarray) -> np.ndarray:
@@ -67,7 +67,9 @@ class Reference:
                 chunks = [self.session.run(None, {in_name: x[i : i + batch_size], **feed_w})[0]
                           for i in range(0, len(x), batch_size)]
             out.append(np.concatenate(chunks))
-        return np.stack(out)
+        logits = np.stack(out)
+        check_finite(list(logits), self.model.where)  # per sample: [N, ...], rows first
+        return logits
 
     def predict(self, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
         """The task's predictive of ``samples`` posterior draws (:func:`edgebnn.tasks.predictive_from_samples`)."""

@@ -23,8 +23,9 @@ import onnxruntime as ort
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
+from edgebnn.ir import check_text
 from edgebnn.metrics import AnyPredictive, Predictive, RegressionPredictive
-from edgebnn.runtime._ort import ort_errors
+from edgebnn.runtime._ort import check_finite, ort_errors
 from edgebnn.tasks import REGRESSION
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -37,6 +38,7 @@ def read_export(source: Source) -> tuple[onnx.ModelProto, ExportMetadata, str]:
         InvalidArtifactError: Unreadable, not ONNX, or its ``edgebnn.export`` metadata is missing or malformed.
     """
     proto, _, where = load_onnx(source)
+    check_text(proto, where)  # before onnx or onnxruntime see it: they fail on non-UTF-8 names with a traceback
     return proto, read_metadata(proto, where), where
 
 
@@ -65,8 +67,10 @@ class Session:
         if threads:
             opts.intra_op_num_threads = threads
         with ort_errors(self.where):  # onnxruntime's failures as one line naming the artifact and the op
+            # enable_fallback=0: a model onnxruntime refuses is not retried on another provider after a banner on
+            # stdout; its error is the one line.
             self._sess = ort.InferenceSession(proto.SerializeToString(), opts,
-                                              providers=providers or ["CPUExecutionProvider"])
+                                              providers=providers or ["CPUExecutionProvider"], enable_fallback=0)
         self.input_name = self.meta.input_name
         self.input_shape = tuple(self.meta.input_shape[1:])
         self.noise_inputs = [dict(r) for r in self.meta.noise_inputs or ()]
@@ -99,10 +103,10 @@ class Session:
         elif noise:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
         with ort_errors(self.where):
-            if self.task.name == REGRESSION:
-                return RegressionPredictive(*self._sess.run(list(self.task.outputs), feed))
-            probs, entropy, mi = self._sess.run(["probs", "entropy", "mutual_info"], feed)
-        return Predictive(probs, entropy, mi)
+            names = list(self.task.outputs) if self.task.name == REGRESSION else ["probs", "entropy", "mutual_info"]
+            outs = self._sess.run(names, feed)
+        check_finite(outs, self.where)
+        return RegressionPredictive(*outs) if self.task.name == REGRESSION else Predictive(*outs)
 
     def _check_input(self, x: Any) -> np.ndarray:
         x = np.asarray(x)

@@ -14,7 +14,6 @@ before its batch, never on how many processes ran or where the search was interr
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,11 @@ def import_optuna() -> Any:
         raise MissingDependencyError("edgebnn search needs optuna: pip install 'edgebnn[search]'") from e
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
+
+
+def _reason(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:150]}" if text else type(e).__name__
 
 
 def file_digest(path: str | Path) -> str:
@@ -72,20 +76,29 @@ def open_study(path: str | Path, settings: dict[str, Any], directions: list[str]
     path = Path(path)
     if not path.parent.is_dir():
         raise InvalidOptionError(f"--study {path}: directory {path.parent} does not exist")
+    existing = path.is_file() and path.stat().st_size > 0
     try:
         storage = JournalStorage(JournalFileBackend(str(path)))
         if any(s.study_name == STUDY_NAME for s in storage.get_all_studies()):
             study = optuna.load_study(study_name=STUDY_NAME, storage=storage)  # appends nothing
+        elif existing:  # never append to a file that is not ours (or is torn or corrupt)
+            raise InvalidArtifactError(f"--study {path}: not an edgebnn search study file (it holds no study "
+                                       f"{STUDY_NAME!r})")
         else:
             study = optuna.create_study(study_name=STUDY_NAME, storage=storage, directions=directions)
-    except (ValueError, KeyError, json.JSONDecodeError) as e:
-        raise InvalidArtifactError(f"--study {path}: not an edgebnn search study file ({e})") from e
-    stored = study.user_attrs.get(SETTINGS_KEY)
+        stored = study.user_attrs.get(SETTINGS_KEY)
+        if stored is None and not study.trials:
+            study.set_user_attr(SETTINGS_KEY, settings)  # a new study (this replays the file once more)
+            stored = settings
+    # What Optuna's journal replay raises on a corrupt file: bad JSON or UTF-8, logs of the wrong shape, its own
+    # "Should not reach" assertion.
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, AssertionError) as e:
+        raise InvalidArtifactError(f"--study {path}: not an edgebnn search study file ({_reason(e)})") from e
     if stored is None:
-        if study.trials:
-            raise InvalidArtifactError(f"--study {path}: holds trials of a study edgebnn did not make")
-        study.set_user_attr(SETTINGS_KEY, settings)
-    elif stored != settings:
+        raise InvalidArtifactError(f"--study {path}: holds trials of a study edgebnn did not make")
+    if not isinstance(stored, dict):
+        raise InvalidArtifactError(f"--study {path}: not an edgebnn search study file (its settings are not an object)")
+    if stored != settings:
         differ = sorted(k for k in settings.keys() | stored.keys() if settings.get(k) != stored.get(k))
         raise InvalidOptionError(f"--study {path}: was made by another search (differs in {', '.join(differ)}); "
                                  "give a new --study file to start over")

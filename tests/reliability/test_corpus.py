@@ -568,6 +568,36 @@ def _(ctx: Ctx) -> Bad:
                ("--split val", "digits only", str(data)))
 
 
+def _npy_claiming(shape: tuple[int, ...], rows: np.ndarray) -> bytes:
+    """A .npy whose header declares ``shape`` but whose data is ``rows`` (fewer bytes): numpy would allocate
+    the declared size before finding out."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + rows.astype("<f4").tobytes()
+
+
+@case("data-npy-shard-header-declares-2^40-rows")
+def _(ctx: Ctx) -> Bad:
+    folder = ctx.tmp / "shards"
+    folder.mkdir()
+    (folder / "x_000.npy").write_bytes(_npy_claiming((1 << 40, 1, 8, 8), X8))
+    np.save(folder / "y_000.npy", Y4)
+    return Bad(["eval", str(saved(ctx, digits_shaped())), "-S", "2", "--data", str(folder)],
+               (str(folder / "x_000.npy"), "corrupt .npy: the header declares float32", "but 1024 bytes follow it"))
+
+
+@case("data-npz-member-header-declares-2^40-rows")
+def _(ctx: Ctx) -> Bad:
+    bad = ctx.tmp / "bad.npz"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("x.npy", _npy_claiming((1 << 40, 1, 8, 8), X8))
+        zf.writestr("y.npy", _npy_bytes(Y4))
+    return Bad(["eval", str(saved(ctx, digits_shaped())), "-S", "2", "--data", str(bad)],
+               (f"{bad}['x']", "corrupt .npy: the header declares float32", "but 1024 bytes follow it"))
+
+
 @case("data-calibrate-folder-nan")
 def _(ctx: Ctx) -> Bad:
     folder = ctx.tmp / "calib"
