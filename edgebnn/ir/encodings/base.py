@@ -150,7 +150,8 @@ class Encoding(ABC):
     def moments(self) -> tuple[np.ndarray, np.ndarray]:
         """Posterior ``(mean, variance)`` per weight, float32, shaped ``self.shape``."""
         sd = self.stddev()
-        return self.mean(), sd * sd
+        with np.errstate(over="ignore"):  # a huge σ (a corrupt file) squares to inf; the runtimes refuse inf outputs
+            return self.mean(), sd * sd
 
     def noise_needs(self) -> tuple[NoiseNeed, ...] | None:
         """Standard noise one draw consumes, when it is ``mean + stddev ⊙ ε`` weight by weight (``GAUSSIAN``);
