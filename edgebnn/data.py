@@ -507,6 +507,9 @@ def _check_shards(shards: list[_Shard], want: tuple[int, ...] | None, targets: T
         if s.x.dtype.kind != "f":
             raise InvalidOptionError(f"{s.where}: dtype {s.x.dtype} is not floating point; save the inputs as "
                                      "float32, preprocessed exactly as the model expects")
+        if s.x.dtype != np.float32:  # float64 is numpy's default: often raw, unpreprocessed data
+            raise InvalidOptionError(f"{s.where}: dtype {s.x.dtype}; the model takes float32 inputs: save them as "
+                                     "x.astype(np.float32), preprocessed exactly as the model expects")
         shape = tuple(s.x.shape)
         if len(shape) < 2 or shape[0] == 0:
             raise InvalidOptionError(f"{s.where}: shape {shape}: expected (N, ...) with N >= 1 rows")

@@ -144,11 +144,14 @@ def test_wrong_input_is_refused_in_one_line_that_names_the_fix(lowered, tmp_path
     x = rng.uniform(0, 1, (20, 1, 6, 6)).astype(np.float32)
     y = rng.integers(0, 3, 20)
     np.savez(tmp_path / "ok.npz", x=x, y=y)
-    np.savez(tmp_path / "raw.npz", x=(x * 16).astype(np.float64), y=y)  # the raw 0..16 pixel scale
+    np.savez(tmp_path / "raw.npz", x=x * 16, y=y)  # the raw 0..16 pixel scale
+    np.savez(tmp_path / "f64.npz", x=x.astype(np.float64), y=y)
     assert run("eval", onnx_path, "--data", tmp_path / "ok.npz").exit_code == 0
     assert run("eval", onnx_path, "--data", tmp_path / "ok.npz", "--samples", S).exit_code == 0  # its own S
     line = one_line_error(run("eval", onnx_path, "--data", tmp_path / "ok.npz", "--samples", 64))
     assert f"S = {S} built in" in line and "drop --samples" in line
+    line = one_line_error(run("eval", onnx_path, "--data", tmp_path / "f64.npz"))
+    assert "dtype float64" in line and "x.astype(np.float32)" in line
     for artifact in (onnx_path, lowered):  # the export carries the range the IR recorded
         line = one_line_error(run("eval", artifact, "--data", tmp_path / "raw.npz", "--json", tmp_path / "e.json"))
         assert "far outside [0, 1]" in line and "preprocess" in line
