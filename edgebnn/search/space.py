@@ -97,7 +97,8 @@ class TrialConfig:
         sigma_bits: Bits of the σ code (0: one σ per layer); None for a scheme without one.
         samples: Ensemble size S.
         mode: Export mode.
-        weights: Member weight format (``fp32`` outside ``baked`` mode); ``ir`` (a family's space only): the
+        weights: Member weight format (outside ``baked`` mode every trial stores the IR's own codes, as
+            ``edgebnn export`` does by default); ``ir`` (a family's space only): the
             IR's own codes, which a lowered deep ensemble's baked members keep (its member-code store).
         hoist: ``off`` or ``auto``.
 
@@ -192,7 +193,7 @@ class SearchSpace:
         samples = trial.suggest_categorical("samples", self.samples)
         modes = modes_for(scheme, self.modes)
         mode = modes[0] if len(modes) == 1 else trial.suggest_categorical(f"mode[{','.join(modes)}]", modes)
-        weights = "fp32"
+        weights = "ir"  # noise/shared/analytic: the IR's own codes, what `edgebnn export` writes by default
         if mode == "baked" and len(self.weights) > 1:
             weights = trial.suggest_categorical("weights", self.weights)
         elif mode == "baked":
