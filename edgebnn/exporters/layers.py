@@ -34,10 +34,12 @@ side on the output axis, no copies of its input and no grouping::
 Integer kernels (``Builder.form == "integer"``, int8 / int4 constant Gemm weights): int8 quantizes the activation
 per call (DynamicQuantizeLinear: uint8, per tensor) and runs MatMulInteger (u8 x s8, int32 accumulation), then
 one float multiply by (activation scale x weight scale) per output channel and the bias. int4 runs onnxruntime's
-MatMulNBits, whose weight is 2-D: one op per member on the sample-major input, or one on the members side by side
-for a shared input::
+MatMulNBits, whose weight is 2-D. Both run one op per member on the sample-major input (int8: each member's
+activation quantized on its own; onnxruntime pre-packs only a 2-D constant MatMulInteger weight), or one on the
+members side by side for a shared input::
 
-    Gemm, int4 members:  [S, B, in] -> Split into S -> S MatMulNBits (W_s as [out, in] blocks) -> Concat [S, B, out]
+    Gemm, int8 / int4 members:  [S, B, in] -> Split into S -> S MatMulInteger (W_s as [in, out]) or MatMulNBits
+                                (W_s as [out, in] blocks) -> Concat [S, B, out]
 
 Conv weights are folded to fp32 in that form (onnxruntime's ConvInteger measured slower than its fp32 Conv).
 
@@ -244,17 +246,22 @@ class Gemm(LayerKind):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, n_in)], p + "x")
         xt = b.add("Transpose", [x], p + "x_t", perm=[1, 0, 2])  # [S, B, in]: each member's weights read once
-        if integer_kernel(b, w, fmt) and fmt == "int4":
-            assert isinstance(w, np.ndarray)  # MatMulNBits takes a 2-D weight: one op per member
+        if integer_kernel(b, w, fmt):
+            # one op per member on a 2-D weight (Split, S ops, Concat): MatMulNBits takes only a 2-D weight, and
+            # onnxruntime pre-packs a constant MatMulInteger weight only when it is 2-D (the [S, in, out] one was
+            # re-packed on every call: 3x slower at batch 1, docs/speed.md); each member's activation is quantized
+            # on its own (its own uint8 range)
+            assert isinstance(w, np.ndarray)
             xs = [f"{p}x{s}" for s in range(samples)]
             b.nodes.append(onnx.helper.make_node("Split", [xt, b.i64(p + "split", *[1] * samples)], xs, axis=0))
-            y = b.add("Concat", [_nbits_op(b, xs[s], w[s], grid, f"{p}m{s}/", f"{p}y{s}") for s in range(samples)],
-                      p + "xw", axis=0)
-        elif integer_kernel(b, w, fmt):
-            assert isinstance(w, np.ndarray)  # one scale per member and output: quantized as [S·out, in]
-            q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
-            y = _integer_op(b, "MatMulInteger", xt, q.reshape(samples, n_out, n_in).transpose(0, 2, 1),
-                            scale.reshape(samples, 1, n_out), p, p + "xw")
+            if fmt == "int4":
+                ys = [_nbits_op(b, xs[s], w[s], grid, f"{p}m{s}/", f"{p}y{s}") for s in range(samples)]
+            else:  # one scale per member and output
+                q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
+                q, scale = q.reshape(samples, n_out, n_in), scale.reshape(samples, n_out)
+                ys = [_integer_op(b, "MatMulInteger", xs[s], q[s].T, scale[s], f"{p}m{s}/", f"{p}y{s}")
+                      for s in range(samples)]
+            y = b.add("Concat", ys, p + "xw", axis=0)
         else:
             y = b.add("MatMul", [xt, _const(b, w, p + "W", fmt, grid)], p + "xw")
         if bias is not None:
