@@ -427,6 +427,70 @@ def sink_wide_outputs(b: Builder, shapes: dict[str, list[int]], elementwise: fro
             b.nodes.remove(r)
 
 
+
+WIDE_BINARY = frozenset({"Add", "Sub", "Mul"})
+
+
+def run_wide(b: Builder, samples: int, elementwise: frozenset[str], keep: frozenset[str]) -> None:
+    """Keep per-channel work between batched Conv layers on the wide layout [B, S·O, *sp] (after
+    :func:`sink_wide_outputs`, for what it leaves: values with several consumers, BatchNormalization, Add).
+
+    A value ``f = Reshape(w)`` from a Conv's wide output (a ``WIDE_OUT`` Reshape) is the same memory as ``w``
+    read as [B·S, O, *sp]. An op whose data inputs are all such values (same dims) and that works per channel
+    (unary ``elementwise``; BatchNormalization with constant statistics, tiled S times: channel s·O + o is member
+    s's channel o; Add / Sub / Mul of two such values) runs on the wide values instead, its output read back
+    through a new ``WIDE_OUT`` Reshape; a Reshape of such a value to [-1, S·C, *sp] (the next batched Conv's
+    fold) reads the wide value directly, and Reshapes left without consumers go. onnxruntime then folds the
+    BatchNormalization into the Conv, fuses the Relu and the residual Add (NCHWc Sum) into it, and keeps the
+    blocked layout between Convs (ResNet-20 baked, docs/speed.md). ``keep``: values read later (the logits)."""
+    inits = {t.name: t for t in b.inits}
+    wide: dict[str, tuple[str, tuple[int, ...]]] = {}  # folded value -> (wide value, folded dims)
+    nodes: list[onnx.NodeProto] = []
+    for u in b.nodes:
+        if u.op_type == "Reshape" and u.name.endswith(WIDE_OUT) and u.input[1] in inits:
+            wide[u.output[0]] = (u.input[0], tuple(numpy_helper.to_array(inits[u.input[1]]).tolist()))
+            nodes.append(u)
+            continue
+        data = [x for x in u.input[:2 if u.op_type in WIDE_BINARY else 1]]
+        dims = {wide[x][1] for x in data if x in wide}
+        params = list(u.input[1:]) if u.op_type == "BatchNormalization" else []
+        ok = (len(dims) == 1 and all(x in wide for x in data) and len(u.output) == 1 and (
+            u.op_type in elementwise or (u.op_type in WIDE_BINARY and len(u.input) == 2)
+            or (u.op_type == "BatchNormalization" and all(x in inits for x in params))))
+        if not ok:
+            nodes.append(u)
+            continue
+        out = u.output[0]
+        tiled = [b.f32(f"{out}/{WIDE_OUT}/{k}", np.tile(numpy_helper.to_array(inits[x]), samples))
+                 for k, x in enumerate(params)]
+        w_out = f"{out}/{WIDE_OUT}/y"
+        nodes.append(onnx.helper.make_node(u.op_type, [wide[x][0] for x in data] + tiled, [w_out], name=u.name,
+                                           domain=u.domain, **attrs_of(u)))
+        (d,) = dims
+        nodes.append(onnx.helper.make_node("Reshape", [w_out, b.i64(f"{out}/{WIDE_OUT}/shape", *d)], [out],
+                                           name=f"{out}/{WIDE_OUT}"))
+        wide[out] = (w_out, d)
+    inits = {t.name: t for t in b.inits}
+    same: dict[str, str] = {}
+    for u in nodes:  # the next Conv's fold reads the wide value: [B·S, C, *sp] -> [B, S·C, *sp] is a view
+        if u.op_type == "Reshape" and u.input[0] in wide and u.input[1] in inits:
+            to = numpy_helper.to_array(inits[u.input[1]])
+            d = wide[u.input[0]][1]
+            if to[0] == -1 and 0 not in to and to[1] == samples * d[1] and tuple(to[2:]) == d[2:] \
+                    and u.output[0] not in keep:  # [B, S·C, *sp] already: the Reshape goes, its readers read w
+                same[u.output[0]] = wide[u.input[0]][0]
+    nodes = [n for n in nodes if n.output[0] not in same]
+    for n in nodes:
+        n.input[:] = [same.get(x, x) for x in n.input]
+    while True:  # Reshapes nobody reads
+        used = {x for n in nodes for x in n.input} | keep
+        dead = [n for n in nodes if n.op_type == "Reshape" and n.name.endswith(WIDE_OUT) and n.output[0] not in used]
+        if not dead:
+            break
+        nodes = [n for n in nodes if n not in dead]
+    b.nodes[:] = nodes
+
+
 @register_layer
 class ConvTranspose(Conv):
     """ConvTranspose of any rank: [N, C, *spatial] with a weight [C, O/group, *kernel].
