@@ -368,3 +368,28 @@ def test_sample_major_integer_members_quantize_each_members_activation_on_its_ow
         w = (consts[f"ens/W2/m{s}/Wq"].astype(np.int32) - 128) * consts[f"ens/W2/m{s}/w_scale"].astype(np.float64)
         want = (q.astype(np.float64) * s_x) @ w
         np.testing.assert_allclose(xw[s], want, atol=ROUNDOFF * max(1.0, np.abs(want).max()))
+
+
+def test_baked_per_channel_work_between_batched_convs_runs_on_the_wide_layout():
+    """ResNet-20 baked: BatchNormalization (statistics tiled S times), Relu and the residual Adds between batched
+    Convs run on the Convs' wide outputs [B, S·O, H, W] (none reads the [B·S, O, H, W] Reshape; onnxruntime then
+    folds and fuses them into the Convs), and the predictive is the reference runtime's to round-off."""
+    import torch
+
+    from edgebnn.importers import import_model
+    from edgebnn.metrics import predictive_from_logits
+    from edgebnn.models import FACTORIES, synthetic_posterior
+    from edgebnn.runtime.reference import sample_logits
+
+    torch.manual_seed(0)
+    model = import_model(synthetic_posterior(FACTORIES["resnet20"](), 0.2), (1, 3, 32, 32), where="resnet20")
+    proto = export_onnx(model, 3, seed=2)
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    per_channel = [n for n in proto.graph.node if n.op_type in ("BatchNormalization", "Add", "Relu")
+                   and producer.get(n.input[0]) is not None]
+    assert len(per_channel) > 40
+    assert not [n for n in per_channel if any(producer[x].op_type == "Reshape" for x in n.input if x in producer)]
+    x = np.random.default_rng(1).random((2, 3, 32, 32), dtype=np.float32)
+    ref = predictive_from_logits(sample_logits(model, x, 3, seed=2))
+    for got, want in zip(_run(proto, x), (ref.probs, ref.entropy, ref.mutual_info), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)  # float32 round-off through 20 layers (fp64 reference)
