@@ -15,7 +15,8 @@ Batched forms (S samples, one op per layer)::
     Conv, any rank (group g):  [B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Conv(W_s as [S·O, C/g, *k],
                                 group S·g, bias b_s as [S·O]) -> [B, S·O, *sp'] -> Reshape [B·S, O, *sp']
                                 (baked, fewer than SPLIT_BELOW channels per group: Split -> S Convs -> Concat)
-                                then Relu / MaxPool run before that last Reshape (sink_wide_outputs)
+                                then Relu / MaxPool run before that last Reshape (sink_wide_outputs); baked:
+                                BatchNormalization, Relu, residual Add on [B, S·O, *sp] too (run_wide)
     Gemm (members stream once): [B·S, in] -> Reshape [B, S, in] -> Transpose [S, B, in] -> MatMul W_s [S, in, out]
                                 -> + b_s [S, 1, out] -> Transpose [B, S, out] -> Reshape [B·S, out]
 
