@@ -189,7 +189,8 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
         # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
         b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"
     rewrite = baked_layers(model, samples, seed, weights)
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress,
+                                          wide=True)
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}")
     if (b.int4_layout == "channels" and choice.form == "qdq") or wrote_members(b):

@@ -15,7 +15,8 @@ Batched forms (S samples, one op per layer)::
     Conv, any rank (group g):  [B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Conv(W_s as [S·O, C/g, *k],
                                 group S·g, bias b_s as [S·O]) -> [B, S·O, *sp'] -> Reshape [B·S, O, *sp']
                                 (baked, fewer than SPLIT_BELOW channels per group: Split -> S Convs -> Concat)
-                                then Relu / MaxPool run before that last Reshape (sink_wide_outputs)
+                                then Relu / MaxPool run before that last Reshape (sink_wide_outputs); baked:
+                                BatchNormalization, Relu, residual Add on [B, S·O, *sp] too (run_wide)
     Gemm (members stream once): [B·S, in] -> Reshape [B, S, in] -> Transpose [S, B, in] -> MatMul W_s [S, in, out]
                                 -> + b_s [S, 1, out] -> Transpose [B, S, out] -> Reshape [B·S, out]
 
@@ -34,10 +35,12 @@ side on the output axis, no copies of its input and no grouping::
 Integer kernels (``Builder.form == "integer"``, int8 / int4 constant Gemm weights): int8 quantizes the activation
 per call (DynamicQuantizeLinear: uint8, per tensor) and runs MatMulInteger (u8 x s8, int32 accumulation), then
 one float multiply by (activation scale x weight scale) per output channel and the bias. int4 runs onnxruntime's
-MatMulNBits, whose weight is 2-D: one op per member on the sample-major input, or one on the members side by side
-for a shared input::
+MatMulNBits, whose weight is 2-D. Both run one op per member on the sample-major input (int8: each member's
+activation quantized on its own; onnxruntime pre-packs only a 2-D constant MatMulInteger weight), or one on the
+members side by side for a shared input::
 
-    Gemm, int4 members:  [S, B, in] -> Split into S -> S MatMulNBits (W_s as [out, in] blocks) -> Concat [S, B, out]
+    Gemm, int8 / int4 members:  [S, B, in] -> Split into S -> S MatMulInteger (W_s as [in, out]) or MatMulNBits
+                                (W_s as [out, in] blocks) -> Concat [S, B, out]
 
 Conv weights are folded to fp32 in that form (onnxruntime's ConvInteger measured slower than its fp32 Conv).
 
@@ -244,17 +247,22 @@ class Gemm(LayerKind):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, samples, n_in)], p + "x")
         xt = b.add("Transpose", [x], p + "x_t", perm=[1, 0, 2])  # [S, B, in]: each member's weights read once
-        if integer_kernel(b, w, fmt) and fmt == "int4":
-            assert isinstance(w, np.ndarray)  # MatMulNBits takes a 2-D weight: one op per member
+        if integer_kernel(b, w, fmt):
+            # one op per member on a 2-D weight (Split, S ops, Concat): MatMulNBits takes only a 2-D weight, and
+            # onnxruntime pre-packs a constant MatMulInteger weight only when it is 2-D (the [S, in, out] one was
+            # re-packed on every call: 3x slower at batch 1, docs/speed.md); each member's activation is quantized
+            # on its own (its own uint8 range)
+            assert isinstance(w, np.ndarray)
             xs = [f"{p}x{s}" for s in range(samples)]
             b.nodes.append(onnx.helper.make_node("Split", [xt, b.i64(p + "split", *[1] * samples)], xs, axis=0))
-            y = b.add("Concat", [_nbits_op(b, xs[s], w[s], grid, f"{p}m{s}/", f"{p}y{s}") for s in range(samples)],
-                      p + "xw", axis=0)
-        elif integer_kernel(b, w, fmt):
-            assert isinstance(w, np.ndarray)  # one scale per member and output: quantized as [S·out, in]
-            q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
-            y = _integer_op(b, "MatMulInteger", xt, q.reshape(samples, n_out, n_in).transpose(0, 2, 1),
-                            scale.reshape(samples, 1, n_out), p, p + "xw")
+            if fmt == "int4":
+                ys = [_nbits_op(b, xs[s], w[s], grid, f"{p}m{s}/", f"{p}y{s}") for s in range(samples)]
+            else:  # one scale per member and output
+                q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
+                q, scale = q.reshape(samples, n_out, n_in), scale.reshape(samples, n_out)
+                ys = [_integer_op(b, "MatMulInteger", xs[s], q[s].T, scale[s], f"{p}m{s}/", f"{p}y{s}")
+                      for s in range(samples)]
+            y = b.add("Concat", ys, p + "xw", axis=0)
         else:
             y = b.add("MatMul", [xt, _const(b, w, p + "W", fmt, grid)], p + "xw")
         if bias is not None:
@@ -418,6 +426,70 @@ def sink_wide_outputs(b: Builder, shapes: dict[str, list[int]], elementwise: fro
         if after is not None and 0 not in after:  # a Reshape of a Reshape is the second one (no copied dims)
             users[0].input[0] = r.input[0]
             b.nodes.remove(r)
+
+
+
+WIDE_BINARY = frozenset({"Add", "Sub", "Mul"})
+
+
+def run_wide(b: Builder, samples: int, elementwise: frozenset[str], keep: frozenset[str]) -> None:
+    """Keep per-channel work between batched Conv layers on the wide layout [B, S·O, *sp] (after
+    :func:`sink_wide_outputs`, for what it leaves: values with several consumers, BatchNormalization, Add).
+
+    A value ``f = Reshape(w)`` from a Conv's wide output (a ``WIDE_OUT`` Reshape) is the same memory as ``w``
+    read as [B·S, O, *sp]. An op whose data inputs are all such values (same dims) and that works per channel
+    (unary ``elementwise``; BatchNormalization with constant statistics, tiled S times: channel s·O + o is member
+    s's channel o; Add / Sub / Mul of two such values) runs on the wide values instead, its output read back
+    through a new ``WIDE_OUT`` Reshape; a Reshape of such a value to [-1, S·C, *sp] (the next batched Conv's
+    fold) reads the wide value directly, and Reshapes left without consumers go. onnxruntime then folds the
+    BatchNormalization into the Conv, fuses the Relu and the residual Add (NCHWc Sum) into it, and keeps the
+    blocked layout between Convs (ResNet-20 baked, docs/speed.md). ``keep``: values read later (the logits)."""
+    inits = {t.name: t for t in b.inits}
+    wide: dict[str, tuple[str, tuple[int, ...]]] = {}  # folded value -> (wide value, folded dims)
+    nodes: list[onnx.NodeProto] = []
+    for u in b.nodes:
+        if u.op_type == "Reshape" and u.name.endswith(WIDE_OUT) and u.input[1] in inits:
+            wide[u.output[0]] = (u.input[0], tuple(numpy_helper.to_array(inits[u.input[1]]).tolist()))
+            nodes.append(u)
+            continue
+        data = [x for x in u.input[:2 if u.op_type in WIDE_BINARY else 1]]
+        dims = {wide[x][1] for x in data if x in wide}
+        params = list(u.input[1:]) if u.op_type == "BatchNormalization" else []
+        ok = (len(dims) == 1 and all(x in wide for x in data) and len(u.output) == 1 and (
+            u.op_type in elementwise or (u.op_type in WIDE_BINARY and len(u.input) == 2)
+            or (u.op_type == "BatchNormalization" and all(x in inits for x in params))))
+        if not ok:
+            nodes.append(u)
+            continue
+        out = u.output[0]
+        tiled = [b.f32(f"{out}/{WIDE_OUT}/{k}", np.tile(numpy_helper.to_array(inits[x]), samples))
+                 for k, x in enumerate(params)]
+        w_out = f"{out}/{WIDE_OUT}/y"
+        nodes.append(onnx.helper.make_node(u.op_type, [wide[x][0] for x in data] + tiled, [w_out], name=u.name,
+                                           domain=u.domain, **attrs_of(u)))
+        (d,) = dims
+        nodes.append(onnx.helper.make_node("Reshape", [w_out, b.i64(f"{out}/{WIDE_OUT}/shape", *d)], [out],
+                                           name=f"{out}/{WIDE_OUT}"))
+        wide[out] = (w_out, d)
+    inits = {t.name: t for t in b.inits}
+    same: dict[str, str] = {}
+    for u in nodes:  # the next Conv's fold reads the wide value: [B·S, C, *sp] -> [B, S·C, *sp] is a view
+        if u.op_type == "Reshape" and u.input[0] in wide and u.input[1] in inits:
+            to = numpy_helper.to_array(inits[u.input[1]])
+            d = wide[u.input[0]][1]
+            if to[0] == -1 and 0 not in to and to[1] == samples * d[1] and tuple(to[2:]) == d[2:] \
+                    and u.output[0] not in keep:  # [B, S·C, *sp] already: the Reshape goes, its readers read w
+                same[u.output[0]] = wide[u.input[0]][0]
+    nodes = [n for n in nodes if n.output[0] not in same]
+    for n in nodes:
+        n.input[:] = [same.get(x, x) for x in n.input]
+    while True:  # Reshapes nobody reads
+        used = {x for n in nodes for x in n.input} | keep
+        dead = [n for n in nodes if n.op_type == "Reshape" and n.name.endswith(WIDE_OUT) and n.output[0] not in used]
+        if not dead:
+            break
+        nodes = [n for n in nodes if n not in dead]
+    b.nodes[:] = nodes
 
 
 @register_layer

@@ -15,7 +15,15 @@ from onnx import numpy_helper
 
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
-from edgebnn.exporters.layers import LAYERS, LayerKind, bias_name, integer_kernel, layer_kind, sink_wide_outputs
+from edgebnn.exporters.layers import (
+    LAYERS,
+    LayerKind,
+    bias_name,
+    integer_kernel,
+    layer_kind,
+    run_wide,
+    sink_wide_outputs,
+)
 from edgebnn.exporters.recurrent import MOVES_BATCH, batch_axes, fold_on_axis
 from edgebnn.exporters.stores import decode
 from edgebnn.exporters.stores.members import member_codes
@@ -92,7 +100,7 @@ def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32"
 
 def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite, b: Builder,
                            hoist: str | float = "off", weights: str = "fp32", takes_shared: TakesShared | None = None,
-                           progress: Callable[[int, int], None] | None = None,
+                           progress: Callable[[int, int], None] | None = None, wide: bool = False,
                            ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """Copy deterministic nodes, let ``rewrite`` emit each sampled layer (a registered layer kind), add the
     predictive head.
@@ -107,6 +115,8 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     node before the first sampled layer runs on the B input rows; the sample axis starts there. Values
     computed before that point and used after it are folded to B·S rows then; ``Shape`` nodes read the
     folded input so batch arithmetic sees B·S.
+
+    ``wide``: per-channel work between batched Convs stays on their wide output (:func:`.layers.run_wide`).
 
     Returns the float skeleton (for its graph input, opsets and output) and ``{"sampled", "hoisted"}`` layer
     names for the export report.
@@ -190,6 +200,8 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
         logits = fold(logits)  # every layer was hoisted: S identical members
     _stay_sample_major(b)
     sink_wide_outputs(b, shapes, ELEMENTWISE)
+    if wide:
+        run_wide(b, samples, ELEMENTWISE, frozenset({logits}))
     sampled_head(b, logits, samples, model.manifest.num_classes, model.manifest.task_spec(model.where))
     sampled = {layer_of[n] for n in encoded if n not in quiet}
     return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}

@@ -204,7 +204,7 @@ def test_auto_on_cpu_runs_only_dense_layers_above_the_threshold_in_integer_kerne
     model = lower(_mlp(), "fixed", seed=0).model  # members at S=8: 8·16·8·4 = 4 KiB, 6 KiB, 1.5 KiB of fp32
     monkeypatch.setattr(forms, "INTEGER_MIN_BYTES", 2048)
     proto = export_onnx(model, 8, seed=2, weights="int8", device="cpu")
-    assert [n.op_type for n in proto.graph.node].count("MatMulInteger") == 2  # fc1, fc2; fc3 folded
+    assert [n.op_type for n in proto.graph.node].count("MatMulInteger") == 1 + 8  # fc1 (wide), fc2 (S ops); fc3 folded
     proto = export_onnx(model, 8, seed=2, weights="int4", device="cpu")
     assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1 + 8  # fc1 (wide), fc2 (S ops); fc3 folded
 
@@ -342,3 +342,54 @@ def test_consecutive_sample_major_gemms_skip_the_round_trip_to_batch_major():
     ref = predictive_from_logits(sample_logits(model, x, 4, seed=2))
     for got, want in zip(_run(proto, x), (ref.probs, ref.entropy, ref.mutual_info), strict=True):
         np.testing.assert_allclose(got, want, atol=ROUNDOFF)
+
+
+def test_sample_major_integer_members_quantize_each_members_activation_on_its_own():
+    """int8 sampled Gemm members run as Split -> one MatMulInteger per member on a 2-D weight (the only kind
+    onnxruntime pre-packs) -> Concat. Each member's activation is quantized with its own uint8 range, so member
+    s computes (x_q,s · s_x,s) @ (q_s · scale_s) whatever the other members hold: equal to that float arithmetic up
+    to float32 round-off (the int32 sums are exact), on onnxruntime's fused graph."""
+    samples = 4
+    model = lower(_mlp(), "fixed", seed=0).model
+    proto = export_onnx(model, samples, seed=2, weights="int8", form="integer")
+    consts = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    mm = [n for n in proto.graph.node if n.op_type == "MatMulInteger"]
+    assert len(mm) == 1 + 2 * samples  # fc1 (wide, one op), fc2 and fc3 (one op per member)
+    assert all(consts[n.input[1]].ndim == 2 for n in mm)
+    probe = onnx.ModelProto()
+    probe.CopyFrom(proto)
+    probe.graph.output.extend(helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, None)
+                              for v in ("ens/W2/x_t", "ens/W2/xw"))
+    x = np.random.default_rng(4).normal(size=(5, 8)).astype(np.float32)
+    x_t, xw = _run(probe, x)[-2:]  # [S, B, 16], [S, B, 12]
+    assert xw.shape == (samples, 5, 12)
+    for s in range(samples):
+        q, s_x = _dynamic_quantize(x_t[s])
+        w = (consts[f"ens/W2/m{s}/Wq"].astype(np.int32) - 128) * consts[f"ens/W2/m{s}/w_scale"].astype(np.float64)
+        want = (q.astype(np.float64) * s_x) @ w
+        np.testing.assert_allclose(xw[s], want, atol=ROUNDOFF * max(1.0, np.abs(want).max()))
+
+
+def test_baked_per_channel_work_between_batched_convs_runs_on_the_wide_layout():
+    """ResNet-20 baked: BatchNormalization (statistics tiled S times), Relu and the residual Adds between batched
+    Convs run on the Convs' wide outputs [B, S·O, H, W] (none reads the [B·S, O, H, W] Reshape; onnxruntime then
+    folds and fuses them into the Convs), and the predictive is the reference runtime's to round-off."""
+    import torch
+
+    from edgebnn.importers import import_model
+    from edgebnn.metrics import predictive_from_logits
+    from edgebnn.models import FACTORIES, synthetic_posterior
+    from edgebnn.runtime.reference import sample_logits
+
+    torch.manual_seed(0)
+    model = import_model(synthetic_posterior(FACTORIES["resnet20"](), 0.2), (1, 3, 32, 32), where="resnet20")
+    proto = export_onnx(model, 3, seed=2)
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    per_channel = [n for n in proto.graph.node if n.op_type in ("BatchNormalization", "Add", "Relu")
+                   and producer.get(n.input[0]) is not None]
+    assert len(per_channel) > 40
+    assert not [n for n in per_channel if any(producer[x].op_type == "Reshape" for x in n.input if x in producer)]
+    x = np.random.default_rng(1).random((2, 3, 32, 32), dtype=np.float32)
+    ref = predictive_from_logits(sample_logits(model, x, 3, seed=2))
+    for got, want in zip(_run(proto, x), (ref.probs, ref.entropy, ref.mutual_info), strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)  # float32 round-off through 20 layers (fp64 reference)
