@@ -5,6 +5,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny torch ops: intra-op threads spin on a shared CPU (thread start-up dominates thousands of forwards of
+    these small models; 50x slower at 2 threads). Modules that need it: ``pytestmark = usefixtures(...)``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def digits_data():
     from edgebnn.data import digits

@@ -29,13 +29,7 @@ from edgebnn.runtime.reference import predict  # noqa: E402
 T, F, CLASSES = 6, 2, 3
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """torch's intra-op threads spin on a shared CPU (50x slower forwards of these tiny models at 2 threads)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/integration/conftest.py
 
 
 def signals(n: int, seed: int = 0) -> np.ndarray:

@@ -28,13 +28,7 @@ S, REF, BLOCKS = 64, 4000, 62  # exported members; torch reference draws; S-size
 RHO = -1.5  # posterior sigma = log1p(exp(-1.5)) ~ 0.2: an epistemic spread the tests can see
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny torch ops: thread start-up would dominate 4000 forward passes on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/integration/conftest.py
 
 
 def _seed(n: int = 0) -> None:
