@@ -53,12 +53,12 @@ from google.protobuf.message import DecodeError
 from edgebnn._io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from edgebnn.devices import DEVICES, DeviceProfile, get_device
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
+from edgebnn.exporters.noise import ROWS  # axis 0 of a host-noise input: batch x S rows
 from edgebnn.exporters.trt_compat import check_trt_compat, format_findings, has_errors
 
 DEFAULT_WORKSPACE_MIB = 1024
 MANIFEST_FORMAT = "edgebnn-tensorrt-manifest"
 MANIFEST_VERSION = 2
-ROWS = "batch_x_samples"  # axis 0 of a host-noise input: batch x S rows (edgebnn.exporters.noise.ROWS)
 
 # builder name -> (Python module, how to get it)
 BUILDERS: dict[str, tuple[str, str]] = {
@@ -104,11 +104,6 @@ def import_builder(profile: DeviceProfile) -> Any:
         return __import__(module)
     except ImportError as e:
         raise MissingDependencyError(f"TensorRT Python package not found: {module}; {how}") from e
-
-
-def _import_tensorrt() -> Any:
-    """``import tensorrt`` (the runtime of engines built by the board's TensorRT)."""
-    return import_builder(get_device("jetson"))
 
 
 def _check_options(profile: DeviceProfile, workspace_mib: int, dla_core: int | None, batches: Sequence[int]) -> None:
@@ -159,8 +154,7 @@ def trtexec_command(
     timing_cache: str | Path | None = None,
     shape_profile: Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]] | None = None,
 ) -> list[str]:
-    """The trtexec command line equivalent to :func:`build_engine` (``tensorrt_rtx`` ships it as
-    ``tensorrt_rtx``; JetPack as ``trtexec``; the flags are the same).
+    """The trtexec command line equivalent to :func:`build_engine` (JetPack ships trtexec; the pip wheels do not).
 
     Args:
         onnx_path: TensorRT-ready ONNX model.
