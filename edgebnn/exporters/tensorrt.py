@@ -414,7 +414,11 @@ def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str,
     with tempfile.TemporaryDirectory(dir=engine_path.parent, prefix=".edgebnn-build-") as tmp:
         staged = Path(tmp) / engine_path.name
         atomic_write_bytes(engine_onnx_path(staged), proto.SerializeToString(deterministic=True))
-        manifest = build_engine(engine_onnx_path(staged), staged, device, dry_run=dry_run, **build)
+        try:
+            manifest = build_engine(engine_onnx_path(staged), staged, device, dry_run=dry_run, **build)
+        except EdgeBNNError as e:  # name the user's files, not the staging folder
+            message = str(e).replace(str(Path(tmp)), str(engine_path.parent))
+            raise type(e)(message) from e
         for where in (engine_onnx_path, manifest_path, trtexec_path, *(() if dry_run else (Path,))):
             os.replace(where(staged), where(engine_path))
     return manifest
