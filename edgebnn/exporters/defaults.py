@@ -6,8 +6,8 @@ IR's own packed codes (``--weights ir``) and the noise drawn in the graph (``--r
 self-contained file about the size of the ``.ebnn``, where ``baked`` would store S fp32 members (on the digits CNN
 lowered with ``fixed``: 18 KiB against 861 KiB, and the fp32 BNN's 107 KiB). A deep ensemble exports ``baked``
 (its only exact mode, each member once); an IR ``--noise auto`` cannot draw (a codebook's mixture, SWAG's low-rank
-part) tries ``--noise weight``, then ``baked``. TensorRT profiles keep ``baked`` (no random ops, no in-graph
-decode there).
+part) tries ``--noise weight``, then ``baked``. TensorRT profiles keep ``baked``: exact, deterministic, the data its
+only input (TensorRT ignores random ops' seeds; engine sizes per mode in docs/tensorrt.md).
 
 :func:`smallest_export` tries, in memory, the sampling exports a device runs and returns the flags of the
 smallest file: what ``edgebnn export`` names when the file it wrote is larger than the fp32 BNN.
