@@ -91,8 +91,8 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             refuses a weight format the device cannot run.
         progress: called as ``progress(done, total)`` while the graph is built (a progress bar).
         rng: noise/shared: ``host`` (standard noise as graph inputs that ``Session`` fills: reproducible),
-            ``graph`` (seeded RandomNormal/RandomUniform(Like) inside: the data is the only input; refused for
-            devices without random ops, TensorRT), or ``auto`` (``graph`` where the device runs random ops).
+            ``graph`` (seeded RandomNormal/RandomUniform(Like) inside: the data is the only input; TensorRT builds
+            them unseeded), or ``auto`` (``graph`` where the device runs random ops with their seeds, else host).
     """
     check_samples(samples)
     if weights not in STORE_CHOICES:
