@@ -188,6 +188,7 @@ class _Checker:
         self.functions = {(f.domain, f.name): f for f in model.functions}
         self.consts: dict[str, TensorProto] = {}
         self.producers: dict[str, onnx.NodeProto] = {}
+        self.consumer_ops: dict[str, set[str]] = {}  # value -> op types that read it
         self.value_types: dict[str, onnx.TypeProto] = {}
         graph = model.graph
         for vi in [*graph.input, *graph.value_info, *graph.output]:
@@ -197,6 +198,8 @@ class _Checker:
         for node, _ in self._nodes():
             for out in node.output:
                 self.producers[out] = node
+            for value in node.input:
+                self.consumer_ops.setdefault(value, set()).add(node.op_type)
             if node.op_type == "Constant" and node.domain in _DEFAULT_DOMAINS:
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None:
@@ -238,7 +241,7 @@ class _Checker:
             if tensor.data_type in _UNIMPORTED_WEIGHT_TYPES:
                 self.add("error", name, "initializer", f"TensorRT imports no {_type_name(tensor.data_type)} weights")
             elif tensor.data_type in _QUANTIZED_CONSTANT_TYPES:
-                others = {n.op_type for n, _ in self._nodes() if name in n.input} - _QDQ
+                others = self.consumer_ops.get(name, set()) - _QDQ
                 if others:
                     self.add("error", name, "initializer", f"a {_type_name(tensor.data_type)} constant may only "
                                                            f"feed Q/DQ nodes in TensorRT (it feeds "

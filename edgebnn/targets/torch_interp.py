@@ -321,9 +321,7 @@ class TorchProgram:
         """Run a node whose inputs are all constants (a store's decode of packed codes, a shape computation) once,
         at construction: its outputs join the constants, so a call runs only what depends on the inputs."""
         fn, attrs, where, inputs, outputs = step
-        args = [self.consts[name] if name else None for name in inputs]
-        while args and args[-1] is None:
-            args.pop()
+        args = _args(self.consts, inputs)
         with self.torch.inference_mode():
             out = fn(self.torch, attrs, where, *args)
         for name, value in zip(outputs, out, strict=False) if attrs["_outputs"] > 1 else [(outputs[0], out)]:
@@ -340,15 +338,20 @@ class TorchProgram:
         """Run the graph on ``{input name: tensor}``; returns the outputs in graph order."""
         env: dict[str, Any] = {**self.consts, **feed}
         for fn, attrs, where, inputs, outputs in self.program:
-            args = [env[name] if name else None for name in inputs]
-            while args and args[-1] is None:
-                args.pop()
-            out = fn(self.torch, attrs, where, *args)
+            out = fn(self.torch, attrs, where, *_args(env, inputs))
             if attrs["_outputs"] > 1:
                 env.update(zip(outputs, out, strict=False))
             else:
                 env[outputs[0]] = out
         return [env[name] for name in self.output_names]
+
+
+def _args(env: Mapping[str, Any], inputs: list[str]) -> list[Any]:
+    """A node's input values: None for an omitted optional input, trailing omitted ones dropped."""
+    args = [env[name] if name else None for name in inputs]
+    while args and args[-1] is None:
+        args.pop()
+    return args
 
 
 def _constant_value(node: onnx.NodeProto, where: str) -> np.ndarray:

@@ -32,6 +32,9 @@ def _check(report: dict, batches: list[int]) -> None:
             assert "error" not in g, (name, g)
             assert g["latency_ms"]["p50"] > 0 and g["runs"] >= 2
             if name not in ("float_bnn", "noise_graph"):  # same graph, input and host noise: round-off apart
+                # float32 sums of up to 800 terms in another order (torch vs onnxruntime kernels), then a softmax
+                # and its entropy: ~1e-6 expected (5e-7 measured, here and on an H100); 1e-4 leaves room for
+                # BLAS differences and still fails on any wrong op (a wrong draw or weight moves probs by > 1e-2)
                 assert max(g["numerics_max_abs"].values()) < 1e-4, (name, g["numerics_max_abs"])
         assert set(row["ratios_p50"]) == modes
 

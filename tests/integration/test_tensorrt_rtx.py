@@ -49,11 +49,13 @@ pytestmark = pytest.mark.slow
 # -- models: one per family, task and layer kind, small and untrained (a build checks ops, not accuracy) ---------
 
 
-def _vi(model: Any, shape: tuple[int, ...], **kw: Any) -> Any:
-    from edgebnn.models import synthetic_posterior
+def _vi(model: str | Callable[[], Any], shape: tuple[int, ...], **kw: Any) -> Any:
+    """A model with edgebnn's Bayesian layers (a zoo name or a factory), given the synthetic digits posterior."""
+    from edgebnn.models import FACTORIES, synthetic_posterior
 
     torch.manual_seed(0)
-    return edgebnn.from_torch(synthetic_posterior(model()), shape, **kw)
+    build = FACTORIES[model] if isinstance(model, str) else model
+    return edgebnn.from_torch(synthetic_posterior(build()), shape, **kw)
 
 
 def _resnet18_stem() -> Any:
@@ -185,9 +187,9 @@ def _swag() -> Any:
 
 
 MODELS: dict[str, Callable[[], Any]] = {
-    "vi_digits_cnn": lambda: _vi(__import__("edgebnn.models").models.digits_cnn, (1, 1, 8, 8)),
-    "vi_lenet5": lambda: _vi(__import__("edgebnn.models").models.lenet5, (1, 1, 28, 28)),
-    "vi_resnet20": lambda: _vi(__import__("edgebnn.models").models.resnet20, (1, 3, 32, 32)),
+    "vi_digits_cnn": lambda: _vi("digits_cnn", (1, 1, 8, 8)),
+    "vi_lenet5": lambda: _vi("lenet5", (1, 1, 28, 28)),
+    "vi_resnet20": lambda: _vi("resnet20", (1, 3, 32, 32)),
     "vi_resnet18_stem": lambda: _vi(_resnet18_stem, (1, 3, 32, 32)),
     "bt_conv1d": _conv1d,
     "vi_regression": lambda: _vi(_regression, (1, 8), task="regression"),
