@@ -306,6 +306,25 @@ def test_graph_rng_builds_with_the_ignored_seed_said(workdir: Path) -> None:
     assert export_onnx(ir, S, mode="noise", device="rtx").graph.input[1:]  # rtx's default stays host noise
 
 
+@pytest.mark.parametrize("op", ["RandomNormal", "RandomNormalLike"])
+def test_random_fills_are_drawn_at_run_time_not_folded_into_the_engine(op: str, tmp_path: Path) -> None:
+    """16 or 4,000,000 random numbers give engines of the same size (4,000,000 folded floats would add 16 MB): the
+    Fill layer draws when the engine runs. Whether it draws afresh on every run needs a GPU (docs/tensorrt.md)."""
+    sizes = []
+    for n in (16, 4_000_000):
+        node = (helper.make_node(op, [], ["r"], shape=[1, n], seed=1.0) if op == "RandomNormal"
+                else helper.make_node(op, ["x"], ["r"], seed=1.0))
+        graph = helper.make_graph([node, helper.make_node("Add", ["x", "r"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 10
+        manifest = compile_engine(model, tmp_path / f"r{n}.engine", "rtx")
+        assert manifest["network"]["random_fills"] == 1 and any("seed" in w for w in manifest["builder_warnings"])
+        sizes.append(manifest["engine_bytes"])
+    assert abs(sizes[1] - sizes[0]) < 1 << 20, sizes
+
+
 def test_compute_capability_turing_refuses_fp32_gemm_in_one_line(workdir: Path) -> None:
     ir = MODELS["vi_regression"]()
     proto = export_onnx(ir, S, mode="baked", device="rtx")
