@@ -86,7 +86,7 @@ from edgebnn.ir.encodings import DropoutMask, Encoding
 
 ROWS = "batch_x_samples"
 # auto with in-graph noise: Flipout for weights of at least this many numbers; smaller ones draw independently per
-# sample (S·n numbers, cheap) where Flipout's few sign bits (a 4x1x3x3 kernel: 13 per sample) would leave the
+# sample (S·n numbers, cheap) where Flipout's few sign bits (a 4x1x3x3 kernel: 9 per sample) would leave the
 # samples measurably dependent (MC error 1.06-1.10x independent draws, docs/speed.md)
 FLIPOUT_MIN_WEIGHTS = 1024
 RNGS = ("host", "graph")  # where a noise graph's standard noise is drawn
