@@ -340,13 +340,14 @@ class _Certifier:
 
 
 def _layer_rows(model: LoweredModel, cand: Candidate, stopped: str | None) -> list[dict[str, Any]]:
-    """Per layer of the chosen lowering: its scheme, bits, options, bytes and why (the chain step chosen)."""
+    """Per layer of the chosen lowering: its scheme, bits, options, bytes and why (the chain step chosen; why the
+    next was not is the certification's ``stopped``)."""
     from edgebnn.api._greedy import _layers_of
 
     names, _ = _layers_of(model)
     by_name = {r["name"]: r for r in model.lowering_report["layers"]}
     plans = {w: p for p in cand.config.plan(model) for w in p.weights}
-    why = f"chain: {cand.label}" + (f"; {stopped}" if stopped else "; the last candidate")
+    why = f"chain: {cand.label}" + ("" if stopped else " (the chain's last candidate)")
     out = []
     for layer, weights in names.items():
         rows = [by_name[w] for w in weights if w in by_name]
