@@ -350,22 +350,20 @@ def agreeing_bound(metric: str, rows: int, confidence: float) -> float | None:
 
 
 def rows_to_resolve(metric: str, limit: float, floor: Bound, confidence: float) -> int | None:
-    """About how many inputs a limit needs when ``floor`` (the bound of the float BNN's own weights sampled as
-    the device samples them, or of a lowering agreeing everywhere) is outside it: a bound's margin over the
-    observed change shrinks as 1/sqrt(n) (accuracy's pseudo-inputs as 1/n). None when no number of inputs
-    can: a limit on the wrong side of the float BNN's own change."""
-    allowance = worse(metric, limit) - max(worse(metric, floor.delta), 0.0)
+    """About how many inputs ``limit`` needs when ``floor``, the bound of the float BNN's own weights against
+    themselves (another draw of the device's noise: a change of 0 on the population), is outside it. A bound's
+    margin over the measured change shrinks as 1/sqrt(n); accuracy's pseudo-inputs alone need t / |limit| inputs.
+    None when no number of inputs can: a limit that asks the lowering to improve on the float BNN (or to match it
+    exactly)."""
+    from scipy import stats
+
+    allowance = worse(metric, limit)
     if allowance <= 0:
         return None
-    margin = worse(metric, floor.bound) - worse(metric, floor.delta)
     n = floor.rows
-    if margin <= 0:
-        return n
+    margin = max(worse(metric, floor.bound) - worse(metric, floor.delta), 0.0)
     need = math.ceil(n * (margin / allowance) ** 2)
-    lowest = agreeing_bound(metric, n, confidence)
-    if lowest is not None:  # a lowering agreeing everywhere: t / sqrt((n+1)(n+2)) <= allowance
-        from scipy import stats
-
+    if metric in BOUNDED_METRICS:  # a lowering agreeing everywhere: about t / n <= allowance
         need = max(need, math.ceil(float(stats.t.ppf(confidence, max(n, 2))) / allowance))
     return max(need, n + 1)
 

@@ -32,9 +32,10 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from edgebnn.api._evaluate import Progress, _eval_data, lowering_quality
-from edgebnn.api._greedy import BUDGET_START, PATH_STEP, _BudgetSearch, deployed_size, start_config
+from edgebnn.api._greedy import _RECIPES, BUDGET_START, PATH_STEP, _BudgetSearch, deployed_size, start_config
 from edgebnn.api._model import lower
 from edgebnn.errors import InvalidOptionError
+from edgebnn.passes.config import parse_scheme
 
 if TYPE_CHECKING:
     import numpy as np
@@ -148,6 +149,7 @@ class Candidate:
     config: LowerConfig
     model: LoweredModel
     file_bytes: int
+    fallback: bool = False  # a post-training ternary/binary's fixed-point fallback, tried before it
 
 
 def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
@@ -210,9 +212,10 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
     if not floor.kept:
         raise _unresolvable(budget, rows, floor, floor_what)
     warnings: list[str] = []
-    search = None
+    search, fallbacks = None, 0
     if order == "chain":
         candidates = _chain(float_ir, config, samples, data_options)
+        fallbacks = sum(c.fallback for c in candidates)
     else:
         sel, sel_ood = rows.selection()
         search = _BudgetSearch(float_ir, config, budget, sel, sel_ood, samples, progress, data_options)
@@ -236,6 +239,10 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
     if chosen is None:
         raise _not_certified(budget, rows, candidates, tested, stopped)
     cand, cert, what = chosen
+    if search is None and cand.fallback and len(tested) > fallbacks:
+        last = parse_scheme(config.scheme)[-1]
+        warnings.append(f"post-training {config.scheme} breaks the budget ({stopped}); {last} reaches its paper's "
+                        f"accuracy when trained for it: {_RECIPES[last]}; kept {cand.label}")
     lowered = cand.model
     report = lowered.lowering_report
     if search is not None:
@@ -262,11 +269,18 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
 
 def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: dict[str, Any]) -> list[Candidate]:
     """The ``chain`` order's candidates, largest deployed file first, each at least :data:`PATH_STEP` smaller than
-    the one before (module docstring); chosen from the weights alone."""
+    the one before (module docstring); chosen from the weights alone. A post-training ``ternary`` or ``binary``
+    start is preceded by the variance rule's ``fixed`` at its three finest noise fractions (``X`` -> ``fixed``), its
+    fallback when the post-training codes break the budget."""
     from edgebnn.passes import LayerOverride
-    from edgebnn.passes.config import config_fields, data_fields, parse_scheme
+    from edgebnn.passes.config import config_fields, data_fields
 
     base = start_config(float_ir, config)
+    names = parse_scheme(base.scheme)
+    head: list[Candidate] = []
+    if names[-1] in _RECIPES:
+        fixed = dataclasses.replace(base, scheme="+".join([*names[:-1], "fixed"]), bits="auto", options={})
+        head = [dataclasses.replace(c, fallback=True) for c in _chain(float_ir, fixed, samples, data_options)[:3]]
 
     def takes(scheme: str) -> set[str]:
         return set().union(*(config_fields(n)[0] for n in parse_scheme(scheme)))
@@ -307,7 +321,7 @@ def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: 
                   for b in widths if b < base.bits]
     else:
         steps = [("as given", {})]
-    out: list[Candidate] = []
+    out: list[Candidate] = list(head)
     for label, options in steps:
         try:
             cfg = with_options(**options)
@@ -370,7 +384,7 @@ def _unresolvable(budget: Budget, rows: Rows, floor: Certificate, what: dict[str
     for b in floor.broken:
         need = rows_to_resolve(b.metric, b.limit, b, budget.confidence)
         total = None if need is None else int(need / (1 - rows.fraction) + 0.999)
-        how = (f"no number of rows would: the float BNN changes it by {b.delta:+.4f} against itself" if total is None
+        how = ("no number of rows would: it asks the lowering to do better than the float BNN itself" if total is None
                else f"about {total} validation rows would" + (f" ({need} to certify)" if rows.fraction else ""))
         parts.append(f"{b.metric}={b.limit:+g} is finer than {n} rows resolve at {budget.confidence:.0%} confidence: "
                      f"the float BNN's own weights, sampled again as the device samples them ({what['runtime']}), "

@@ -144,7 +144,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
                                               noise_var=noise_var, regression_head=regression_head,
                                               calibrate=calibrate_data, calibrate_inputs=calibrate_inputs)
     except BudgetNotMetError as e:
-        print_closest(console, e.closest)
+        if e.closest.get("config") is not None:  # none for a budget finer than the rows resolve: the line says all
+            print_closest(console, e.closest)
         raise
     if config_file and Path(config_file).suffix == ".ebnn" and model.manifest.input_range is None:
         model.manifest.input_range = load_ir(config_file).manifest.input_range  # the replay keeps what eval checks
