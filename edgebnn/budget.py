@@ -351,18 +351,17 @@ def agreeing_bound(metric: str, rows: int, confidence: float) -> float | None:
 
 def rows_to_resolve(metric: str, limit: float, floor: Bound, confidence: float) -> int | None:
     """About how many inputs ``limit`` needs when ``floor``, the bound of the float BNN's own weights against
-    themselves (another draw of the device's noise: a change of 0 on the population), is outside it. A bound's
-    margin over the measured change shrinks as 1/sqrt(n); accuracy's pseudo-inputs alone need t / |limit| inputs.
-    None when no number of inputs can: a limit that asks the lowering to improve on the float BNN (or to match it
-    exactly)."""
+    themselves (another draw of the device's noise: a population change of 0), is outside it. The bound of a change
+    of 0 (its measured value is noise too) shrinks as 1/sqrt(n); accuracy's pseudo-inputs alone need t / |limit|
+    inputs. None when no number of inputs can: a limit that asks the lowering to improve on the float BNN (or to
+    match it exactly)."""
     from scipy import stats
 
     allowance = worse(metric, limit)
     if allowance <= 0:
         return None
     n = floor.rows
-    margin = max(worse(metric, floor.bound) - worse(metric, floor.delta), 0.0)
-    need = math.ceil(n * (margin / allowance) ** 2)
+    need = math.ceil(n * (max(worse(metric, floor.bound), 0.0) / allowance) ** 2)
     if metric in BOUNDED_METRICS:  # a lowering agreeing everywhere: about t / n <= allowance
         need = max(need, math.ceil(float(stats.t.ppf(confidence, max(n, 2))) / allowance))
     return max(need, n + 1)

@@ -2,14 +2,14 @@
 
 With a budget, the search data is split at random (seeded by the search seed; :data:`SELECT_FRACTION` select)
 the way ``lower --budget`` splits it (:class:`edgebnn.api._budget.Rows`). Every trial is measured on the selection
-rows, where NSGA-II chooses. Then, from the selection figures alone, the candidates are fixed: the completed trials
-within :data:`SELECT_SLACK` times the budget whose bytes and budget usage no other such trial beats on both, largest
-first, each at least :data:`~edgebnn.api._greedy.PATH_STEP` smaller than the one before (a monotone order: the
-larger, the less budget it uses). On the certification rows they are tested in that order, each trial's own export
-run as the device runs it against the float BNN's default export (:func:`edgebnn.api._certify.certify`: one-sided
-bounds per metric at the budget's confidence), stopping at the first one not certified: fixed-sequence testing,
-so the number of trials costs no confidence. ``best`` is the last one certified: with probability at least the
-confidence it keeps the budget on new data exchangeable with the search data (docs/uncertainty_budget.md).
+rows, where NSGA-II chooses. Then, from the selection figures alone, the candidates are fixed: the completed
+trials within the budget there and smaller than the fp32 BNN (all of them when none is), largest first (the first
+ones are the fallbacks of the smaller), each at least :data:`~edgebnn.api._greedy.PATH_STEP` smaller than the one
+before. On the certification rows they are tested in that order, each trial's own export run as the device runs it
+against the float BNN's default export (:func:`edgebnn.api._certify.certify`: one-sided bounds per metric at the
+budget's confidence), stopping at the first one not certified: fixed-sequence testing, so the number of trials
+costs no confidence. ``best`` is the last one certified: with probability at least the confidence it keeps the
+budget on new data exchangeable with the search data (docs/uncertainty_budget.md).
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 SELECT_FRACTION = 0.5
 """The share of the search data (at random) the trials are measured on; the rest certify."""
-SELECT_SLACK = 2.0
-"""A trial is a candidate when its selection figures use at most this many times each allowance."""
 MAX_ROWS = 4000
 """At most this many rows of the search data (and of the OOD data) are read, the first ones."""
 
@@ -33,35 +31,26 @@ def rows_spec(budget: Mapping[str, float], seed: int) -> tuple[float, int, int] 
     return (SELECT_FRACTION, seed, MAX_ROWS) if budget else None
 
 
-def candidates(trials: Sequence[Mapping[str, Any]], baseline: Mapping[str, float],
-               budget: Budget) -> list[Mapping[str, Any]]:
+def candidates(trials: Sequence[Mapping[str, Any]], baseline: Mapping[str, float], budget: Budget,
+               fp32_bytes: int | None = None) -> list[Mapping[str, Any]]:
     """The trials to certify, in order (module docstring), from their selection figures only."""
-    import dataclasses
-
     from edgebnn.api._greedy import PATH_STEP
-    from edgebnn.budget import worse
     from edgebnn.search.objectives import OBJECTIVES
 
-    loose = dataclasses.replace(budget, limits={k: v * SELECT_SLACK if worse(k, v) > 0 else v
-                                                for k, v in budget.limits.items()})
-    scored = []
+    within = []
     for t in trials:
         if t.get("state") != "complete":
             continue
         values = {k: OBJECTIVES[k].value(t) for k in budget.limits}
-        if any(v is None for v in values.values()):
-            continue
         deltas = {k: float(v) - baseline[k] for k, v in values.items() if v is not None}
-        if not loose.violations(deltas):
-            scored.append((int(t["bytes"]), budget.usage(deltas), int(t["number"]), t))
-    scored.sort(key=lambda s: (-s[0], s[1], s[2]))  # largest first
-    front: list[tuple[int, float, int, Mapping[str, Any]]] = []
-    for size, usage, number, t in reversed(scored):  # smallest first: keep those using less than every smaller one
-        if not front or usage < front[-1][1]:
-            front.append((size, usage, number, t))
+        if len(deltas) == len(values) and not budget.violations(deltas):
+            within.append(t)
+    smaller = [t for t in within if fp32_bytes and int(t["bytes"]) < fp32_bytes]
+    within = smaller or within  # files larger than the fp32 BNN only when nothing smaller is within the budget
+    within.sort(key=lambda t: (-int(t["bytes"]), int(t["number"])))  # largest first: the first ones are fallbacks
     order: list[Mapping[str, Any]] = []
-    for size, _, _, t in reversed(front):  # largest first, thinned
-        if not order or size <= (1 - PATH_STEP) * int(order[-1]["bytes"]):
+    for t in within:
+        if not order or int(t["bytes"]) <= (1 - PATH_STEP) * int(order[-1]["bytes"]):
             order.append(t)
     return order
 
@@ -102,7 +91,7 @@ def certify_best(settings: Any, trials: Sequence[Mapping[str, Any]], baseline: M
     out: dict[str, Any] = {"best": None, "closest": None,
                            "certification": {"confidence": budget.confidence, **rows.describe(),
                                              "select_fraction": SELECT_FRACTION, "tested": [], "stopped": None}}
-    order = candidates(trials, baseline["metrics"], budget)
+    order = candidates(trials, baseline["metrics"], budget, int(baseline["bytes"]))
     if not order:
         _, reason, closest = choose_best(trials, baseline["metrics"], budget.to_dict())
         out.update(best_reason=f"{reason} (on the {len(rows.select_idx)} selection rows)", closest=closest)

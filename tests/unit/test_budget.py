@@ -165,15 +165,15 @@ def test_confidence_is_a_probability_named_in_one_line() -> None:
 def test_rows_to_resolve_grows_as_the_square_of_the_margin() -> None:
     from edgebnn.budget import Bound, rows_to_resolve
 
-    floor = Bound("nll", 0.001, 0.005, 0.002, "t", 200)  # margin 0.004 on 200 rows, budget 0.002
-    assert rows_to_resolve("nll", 0.002, floor, 0.9) == 800  # the margin halves with 4x the rows
+    floor = Bound("nll", 0.001, 0.004, 0.002, "t", 200)  # the float BNN against itself: bound 0.004 on 200 rows
+    assert rows_to_resolve("nll", 0.002, floor, 0.9) == 800  # the bound of a change of 0 halves with 4x the rows
     assert rows_to_resolve("nll", -0.01, floor, 0.9) is None  # asks for better than the float BNN itself
     assert rows_to_resolve("nll", 0.0, floor, 0.9) is None
     acc = Bound("accuracy", 0.0, -0.0064, -0.005, "t, Agresti-Min", 200)
     assert rows_to_resolve("accuracy", -0.005, acc, 0.9) >= 257  # t / (n + 1.5) <= 0.005
 
 
-def test_search_certifies_its_trials_largest_first_each_using_more_budget() -> None:
+def test_search_certifies_the_trials_within_budget_largest_first() -> None:
     from edgebnn.search.certify import candidates
 
     base = {"nll": 0.20, "ece": 0.02}
@@ -181,9 +181,13 @@ def test_search_certifies_its_trials_largest_first_each_using_more_budget() -> N
     def trial(number, size, nll, state="complete"):
         return {"number": number, "state": state, "bytes": size, "metrics": {"nll": nll, "ece": 0.02}}
 
-    trials = [trial(0, 1000, 0.20), trial(1, 900, 0.21), trial(2, 800, 0.205),  # 1: larger and worse than 2
-              trial(3, 700, 0.24), trial(4, 690, 0.25),  # 4: under 3% smaller than 3
-              trial(5, 500, 0.31),  # over twice the allowance: not a candidate
-              trial(6, 400, 0.2, state="failed")]
-    order = candidates(trials, base, Budget.parse("nll=+0.05"))
-    assert [t["number"] for t in order] == [0, 2, 3]
+    trials = [trial(0, 2000, 0.20),  # larger than the fp32 BNN (1500 bytes): never a candidate
+              trial(1, 1000, 0.21), trial(2, 900, 0.22), trial(3, 800, 0.205),
+              trial(4, 790, 0.24),  # under 3% smaller than 3: thinned out
+              trial(5, 700, 0.26),  # outside the budget on the selection rows
+              trial(6, 600, 0.249), trial(7, 400, 0.2, state="failed")]
+    order = candidates(trials, base, Budget.parse("nll=+0.05"), fp32_bytes=1500)
+    assert [t["number"] for t in order] == [1, 2, 3, 6]
+    # a model so small that every export is larger than its fp32 BNN: the files larger than it are the candidates
+    assert [t["number"] for t in candidates(trials, base, Budget.parse("nll=+0.05"), fp32_bytes=100)] == [0, 1, 2,
+                                                                                                         3, 6]
