@@ -46,13 +46,14 @@ class ExportChoice:
 
 def _candidates(model: BNNModel, device: str | None, noise: str) -> list[tuple[str, str]]:
     """(mode, noise variant) to try, in order, for ``--mode auto`` on ``device``."""
-    from edgebnn.exporters.families import LOW_RANK, ensemble_members
+    from edgebnn.exporters.families import default_samples, ensemble_members, refusal
 
     profile = export_device(device or "cpu")
     if ensemble_members(model) is not None or profile.export_mode == "baked":
         return [("baked", noise)]
-    kinds = {n.op_type for n in model.proto.graph.node if n.domain == "ai.edgebnn"}
-    variants = [noise] if noise != "auto" else ["weight"] if kinds & LOW_RANK else ["auto", "weight"]
+    samples = default_samples(model, 16)
+    variants = [noise] if noise != "auto" else [  # a variant the family refuses (SWAG: only weight draws) is skipped
+        v for v in ("auto", "weight") if v == "weight" or refusal(model, profile.export_mode, samples, v) is None]
     return [*((profile.export_mode, v) for v in variants), ("baked", noise)]
 
 

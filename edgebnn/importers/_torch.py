@@ -75,12 +75,10 @@ class PlainLayers:
 
 
 def _adapters() -> list[LayerAdapter]:
-    from edgebnn.importers import bayesian_torch, blitz, edgebnn_layers, recipes, torchbnn
+    """Every registered family's torch adapters (the built-in libraries', then plug-ins'), first match wins."""
+    from edgebnn.plugins import adapters
 
-    return [
-        edgebnn_layers.ADAPTER, recipes.VNQ_ADAPTER, recipes.BC_ADAPTER, recipes.EBP_ADAPTER, recipes.TIED_ADAPTER,
-        bayesian_torch.ADAPTER, torchbnn.ADAPTER, blitz.ADAPTER,
-    ]
+    return adapters()
 
 
 def _torch() -> Any:
@@ -112,10 +110,11 @@ def find_bayesian_layers(model: Any) -> tuple[dict[str, LayerPosterior], set[str
         own = [n for n, _ in module.named_parameters(recurse=False)]
         suspicious = [n for n in own if _BAYESIAN_PARAM.search(n)]
         if suspicious:
+            known = sorted({a.library for a in adapters})
             raise UnsupportedLayerError(
                 f"layer {path or '<root>'!r} ({type(module).__module__}.{type(module).__name__}) has "
-                f"Bayesian-looking parameters {suspicious} but no importer knows it "
-                "(supported: edgebnn, bayesian-torch, torchbnn, blitz)"
+                f"Bayesian-looking parameters {suspicious} but no importer knows it (importers: {', '.join(known)}); "
+                "a plug-in adds one (docs/extending.md): install it, or load its module with --plugin MODULE"
             )
     return found, libraries
 
@@ -239,9 +238,10 @@ def import_model(
     if mc_dropout:  # the plain layers' weights as σ = 0 Gaussians: lowering schemes encode them too
         posteriors = deterministic_posteriors(model, posteriors)
     if not posteriors and not mc_dropout:
+        known = ", ".join(sorted({a.library for a in _adapters()}))
         raise UnsupportedLayerError(
-            f"{where}: no Bayesian layers found (supported: edgebnn, bayesian-torch, torchbnn, blitz; "
-            "--mc-dropout for a model with dropout)"
+            f"{where}: no Bayesian layers found (importers: {known}; --mc-dropout for a model with dropout; "
+            "--plugin MODULE loads a plug-in's importer)"
         )
 
     returns_tuple: dict[str, bool] = {}
@@ -490,8 +490,11 @@ def _attach_posteriors(
     new_nodes = []
     encoded: dict[str, tuple[str, Any]] = {}
     for path, post in posteriors.items():
+        given = dict(encodings)  # a family's own encodings of this layer (its adapter's, or a plain model's)
+        given.update({f"{path}.{role}": enc for role, enc in (("weight", post.weight_encoding),
+                                                               ("bias", post.bias_encoding)) if enc is not None})
         pairs = [("weight", post.weight_mu, post.weight_sigma)]
-        if post.bias_mu is not None and (post.bias_sigma is not None or f"{path}.bias" in encodings):
+        if post.bias_mu is not None and (post.bias_sigma is not None or f"{path}.bias" in given):
             sigma_b = post.bias_sigma if post.bias_sigma is not None else np.zeros_like(post.bias_mu)
             pairs.append(("bias", post.bias_mu, sigma_b))
         for role, mu, sigma in pairs:
@@ -508,7 +511,11 @@ def _attach_posteriors(
                     "(the exporter transformed it)"
                 )
             graph.initializer.remove(inits[name])
-            encoded[name] = (path, encodings[name] if name in encodings else GaussianWeight(mu, sigma))
+            enc = given[name] if name in given else GaussianWeight(mu, sigma)
+            if tuple(enc.shape) != tuple(mu.shape):
+                raise UnsupportedLayerError(f"{where}: layer {path!r}: its {role} encoding {enc.op_type} has shape "
+                                            f"{list(enc.shape)}, the layer's {role} {list(mu.shape)}")
+            encoded[name] = (path, enc)
             new_nodes.append(make_encoding_node(graph, name, path, encoded[name][1]))
     for path, mask in masks.items():
         name = path + MASK_SUFFIX

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 import numpy as np
 
 from edgebnn.errors import InvalidWeightsError, UnsupportedLayerError
+from edgebnn.ir.encodings import Encoding
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,11 @@ class LayerPosterior:
     ``[in, out/groups, *kernel]``, BatchNorm ``[channels]`` (the affine scale; ``bias`` is the shift, and
     ``running_mean``/``running_var``/``eps`` normalise as in eval mode). Conv geometry tuples have one
     entry per spatial axis; empty ones are filled with torch's defaults.
+
+    A layer whose posterior is not mean-field Gaussian (a plug-in family's) gives its weight's (and bias's)
+    encoding as ``weight_encoding`` / ``bias_encoding``: the IR stores those (of the same shapes), and ``weight_mu`` /
+    ``bias_mu`` are their means (the posterior-mean network the skeleton is exported from); ``weight_sigma`` /
+    ``bias_sigma`` their marginal ``stddev()`` (checked for shape; give ``bias_sigma`` for a bias encoding).
     """
 
     path: str
@@ -55,6 +61,8 @@ class LayerPosterior:
     running_mean: np.ndarray | None = None
     running_var: np.ndarray | None = None
     eps: float = 1e-5
+    weight_encoding: Encoding | None = None
+    bias_encoding: Encoding | None = None
 
     @property
     def rank(self) -> int:
