@@ -230,18 +230,19 @@ def _snapshot() -> dict[str, set[str]]:
     return {"families": set(FAMILIES), "encodings": set(ENCODINGS), "tasks": set(HEADS)}
 
 
-def _import(name: str, module: str, source: str) -> None:
-    """Import one plug-in module and record what it registered (once per module)."""
+def _import(name: str, module: str, source: str, origin: str) -> None:
+    """Import one plug-in module and record what it registered (once per module); ``origin`` says where it was
+    named, for messages."""
     if module in LOADED:
         return
     before = _snapshot()
     try:
         importlib.import_module(module)
     except EdgeBNNError as e:
-        raise PluginError(f"plug-in {name!r} ({source}: {module}): {e}") from e
+        raise PluginError(f"plug-in {name!r} ({origin}): {e}") from e
     except Exception as e:
         what = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise PluginError(f"plug-in {name!r} ({source}: {module}) failed to import: {type(e).__name__}"
+        raise PluginError(f"plug-in {name!r} ({origin}) failed to import: {type(e).__name__}"
                           + (f": {what}" if what else "")) from e
     after = _snapshot()
     LOADED[module] = Plugin(name, module, source, {k: sorted(after[k] - before[k]) for k in after
@@ -261,17 +262,18 @@ def load(modules: Iterable[str] = ()) -> list[Plugin]:
     """
     if not _state["started"]:
         _state["started"] = True
-        _import("edgebnn", BUILTIN, "built-in")
+        _import("edgebnn", BUILTIN, "built-in", f"built-in: {BUILTIN}")
         for ep in _entry_points():
             dist = getattr(ep, "dist", None)
-            origin = f"{dist.name} {dist.version}" if dist is not None else "an installed package"
-            _import(ep.name, ep.value.split(":")[0], f"entry point {GROUP}: {ep.name} = {ep.value}, from {origin}")
+            package = f"{dist.name} {dist.version}" if dist is not None else "an installed package"
+            source = f"entry point {GROUP}: {ep.name} = {ep.value}, from {package}"
+            _import(ep.name, ep.value.split(":")[0], source, source)
         for module in _named(os.environ.get(ENV, "")):
-            _import(module, module, ENV)
+            _import(module, module, ENV, f"{ENV}: {module}")
     for module in modules:
         if not module or not all(part.isidentifier() for part in module.split(".")):
             raise InvalidOptionError(f"--plugin {module!r}: give an importable module name (my_package.my_family)")
-        _import(module, module, "--plugin")
+        _import(module, module, "--plugin", f"--plugin: {module}")
     return list(LOADED.values())
 
 

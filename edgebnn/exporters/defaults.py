@@ -75,9 +75,13 @@ def export_auto(model: BNNModel, samples: int, *, mode: str = AUTO_MODE, noise: 
                 raise
             refused.append(f"--mode {m}{f' --noise {variant}' if variant != 'auto' else ''}: {e}")
             continue
-        why = f"the default on {device or 'cpu'}" + (": the IR's codes in one graph" if m == "noise" else "")
-        if refused:
-            why += " (" + "; ".join(refused) + ")"
+        where = device or "cpu"
+        if not refused:
+            why = f"the default on {where}" + (": the IR's codes in one graph" if m == "noise" else "")
+        elif m == candidates[0][0]:  # the default mode, with another --noise variant
+            why = f"the default on {where}, with --noise {variant}, because " + "; ".join(refused)
+        else:
+            why = f"the default on {where} is --mode {candidates[0][0]}, which cannot export it: " + "; ".join(refused)
         return proto, ExportChoice(m, variant, why)
     raise AssertionError("unreachable: the last candidate raises")
 

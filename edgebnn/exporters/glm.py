@@ -3,13 +3,14 @@
 When the only sampled layer of an IR is the final Gemm ``f = W φ + b`` (the graph's logits) on features φ that
 deterministic layers computed (a last-layer posterior: laplace-torch's ``*LLLaplace``, or any BNN with only its
 last layer Bayesian), the logits are exactly Gaussian, ``f ~ N(M φ + m_b, Σ_f)``. The diagonal of ``Σ_f`` is
-exact per family (the encoding's own covariance, not a mean-field one)::
+exact per family (the encoding's own covariance, not a mean-field one: its family's
+:attr:`~edgebnn.plugins.Analytic.last_layer`, :mod:`edgebnn.families.laplace`)::
 
-    mean-field W (GaussianWeight and the other per-weight encodings, from moments()):
+    mean-field W (every encoding of independent weights, from moments()):
         var_k = Σ_i φ_i² Var W[k, i]
-    Kronecker-factored W = M + Q_o (Z ⊙ D) Q_iᵀ (KronGaussianWeight), u = Q_iᵀ φ:
+    Kronecker-factored W = M + Q_o (Z ⊙ D) Q_iᵀ (the Laplace family's), u = Q_iᵀ φ:
         var_k = Σ_p Q_o[k, p]² Σ_q D[p, q]² u_q²                       (two MatMuls on u², no [K·n]² matrix)
-    dense W = M + reshape(L z) (DenseGaussianWeight, L [K·n, r]):
+    dense W = M + reshape(L z) (the Laplace family's, L [K·n, r]):
         var_k = Σ_r (Σ_i L[k·n + i, r] φ_i)²                            (one MatMul, square, sum)
     bias b (any family): + Var b_k, its marginal (∂f_k/∂b = e_k)
 

@@ -57,10 +57,11 @@ kernels drawn at export from the seeded streams of ``baked``, stored as constant
 sampling with the least run-time noise: the host draws only the Gemm pre-activations' B·S rows, and the kernels
 cost what ``baked`` costs (on LeNet-5, S=16, batch 1: 3.4k numbers per call instead of 44.6k, docs/speed.md).
 
-``shared`` (stochastic weight sharing, 2DGBNN): a ``CodebookWeight`` layer takes K standard-normal numbers
-per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry, ``W_s = c[:, index]``; outliers
-draw independently (input ``noise/<weight>.outliers``) and blended weights pick their entry with a uniform
-input (``noise/<weight>.blend``), exactly as ``CodebookWeight.sample`` does. Other layers follow ``auto``.
+``shared`` (stochastic weight sharing, 2DGBNN): a codebook layer (:mod:`edgebnn.families.codebook`) takes K
+standard-normal numbers per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry,
+``W_s = c[:, index]``; outliers draw independently (input ``noise/<weight>.outliers``) and blended weights pick
+their entry with a uniform input (``noise/<weight>.blend``), exactly as the encoding's ``sample`` does. Other layers
+follow ``auto``.
 
 Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape with -1 for the B·S rows,
 ``per`` = ``row`` or ``sample``); :class:`edgebnn.runtime.Session` fills them, from :class:`NoisePool` by default

@@ -36,6 +36,7 @@ from edgebnn.errors import (
 from edgebnn.importers._shapes import fold_shape_computations, static_feature_shapes
 from edgebnn.importers.base import LayerAdapter, LayerPosterior
 from edgebnn.importers.mc_dropout import (
+    between_masks,
     deterministic_posteriors,
     dropout_modules,
     mask_encodings,
@@ -53,7 +54,7 @@ from edgebnn.ir import (
     make_encoding_node,
     verify,
 )
-from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask, Encoding
+from edgebnn.ir.encodings import MASK_SUFFIX, Encoding
 from edgebnn.tasks import CLASSIFICATION, REGRESSION, REGRESSION_HEADS, SEGMENTATION, TASK_ALIASES, TASKS, Task
 
 OPSET = 18
@@ -206,7 +207,7 @@ def import_model(
         output_index: which element to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         where: how errors name the model (e.g. the factory string).
         mc_dropout: keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at prediction (MC dropout): each
-            becomes a :class:`~edgebnn.ir.encodings.DropoutMask` on its input, and its plain Linear/Conv weights
+            becomes a dropout mask on its input (:mod:`edgebnn.families.dropout`), and its plain Linear/Conv weights
             ``GaussianWeight`` with σ = 0 (:mod:`.mc_dropout`).
         layers: a plain torch model's layers with their weights given as encodings (deep ensembles, SWAG:
             :class:`PlainLayers`) instead of Bayesian layers found by the adapters.
@@ -218,7 +219,7 @@ def import_model(
             ``mean_logvar`` for a tuple or an even width without ``noise_var``, else ``mean``.
 
     Returns:
-        The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one ``DropoutMask`` per dropout
+        The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one dropout mask per dropout
         layer with ``mc_dropout``.
     """
     torch = _torch()
@@ -296,7 +297,7 @@ def import_model(
         libraries.add("torch-mc-dropout")
     for path, between in rnn_shapes.items():  # one module per layer, a mask between layers
         _set_submodule(mean_model, path, split_rnn(rnns[path], between, mask_layer))
-        masks.update({drop: DropoutMask(between, float(rnns[path].dropout)) for drop in mask_paths(path, rnns[path])})
+        masks.update(between_masks(mask_paths(path, rnns[path]), between, float(rnns[path].dropout)))
         libraries.add("torch-mc-dropout")
 
     from torch import nn
@@ -472,7 +473,7 @@ def _strip_prefix(graph: onnx.GraphProto, prefix: str) -> None:
 
 
 def _attach_posteriors(
-    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, DropoutMask], prefix: str,
+    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, Encoding], prefix: str,
     manifest: Manifest, where: str, encodings: Mapping[str, Encoding],
 ) -> BNNModel:
     graph = proto.graph

@@ -6,7 +6,8 @@ deviations as float32 numpy arrays in torch's layout, plus the convolution geome
 statistics. The helpers below (:func:`loaded`, :func:`describe`, :func:`conv_posterior`) are shared by
 the adapters. The generic machinery in
 ``edgebnn.importers._torch`` swaps each layer for a deterministic twin holding the means, exports the
-skeleton to ONNX and attaches the posteriors as ``GaussianWeight`` nodes.
+skeleton to ONNX and attaches the posteriors as encoding nodes (mean-field Gaussians, or the encodings an adapter
+gives: a plug-in family's).
 """
 
 from __future__ import annotations

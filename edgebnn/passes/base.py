@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
-from edgebnn.ir import BNNModel, EncodedWeight, Encoding, GaussianWeight, verify
+from edgebnn.ir import BNNModel, EncodedWeight, Encoding, GaussianWeight, encoding_class, verify
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.ir.encodings.sigmacode import MAX_SIGMA_BITS
 from edgebnn.plugins import family_of
@@ -302,6 +302,16 @@ def family_lowerings(op_type: str) -> Mapping[str, FamilyLowering] | None:
     scheme with none."""
     family = family_of(op_type)
     return None if family is None else family.lowerings.get(op_type)
+
+
+def lowers(op_type: str, scheme: str) -> bool:
+    """Whether the pass ``scheme`` encodes a weight of ``op_type`` (its family's lowering, or a mean-field Gaussian,
+    which every scheme's pass lowers) rather than refusing or skipping it."""
+    table = family_lowerings(op_type)
+    if table is not None:
+        return scheme in table
+    cls = encoding_class(op_type)
+    return cls is not None and issubclass(cls, GaussianWeight)
 
 
 def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
