@@ -142,8 +142,8 @@ def test_a_plugin_that_fails_to_load_is_one_line_naming_its_entry_point(tmp_path
     (dist / "entry_points.txt").write_text("[edgebnn.plugins]\nbroken = broken_example\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     line = one_line_error(edgebnn_cli("plugins", cwd=tmp_path, env=env))
-    assert line == ("error: plug-in 'broken' (entry point edgebnn.plugins: broken = broken_example, from broken-example "
-                    "0.1) failed to import: ImportError: needs a library this machine lacks")
+    assert line == ("error: plug-in 'broken' (entry point edgebnn.plugins: broken = broken_example, from "
+                    "broken-example 0.1) failed to import: ImportError: needs a library this machine lacks")
     elsewhere = tmp_path / "elsewhere"  # python -m puts the working folder on the path: not the broken package's
     elsewhere.mkdir()
     line = one_line_error(edgebnn_cli("--plugin", "no_such_family", "plugins", cwd=elsewhere))
