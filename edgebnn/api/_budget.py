@@ -299,9 +299,10 @@ def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: 
     last = parse_scheme(base.scheme)[-1]
     sigma0 = base.options.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", None))
     from edgebnn.api._greedy import _layers_of
-    from edgebnn.passes.base import FAMILY_LOWERINGS
+    from edgebnn.passes.base import family_lowerings
 
-    family = any(kinds & FAMILY_LOWERINGS.keys() for kinds in _layers_of(float_ir)[1].values())  # codes its own σ
+    family = any(family_lowerings(kind) is not None  # a family's lowering codes its own σ
+                 for kinds in _layers_of(float_ir)[1].values() for kind in kinds)
     sigmas: list[int | None] = (list(range(sigma0, -1, -1)) if "sigma_bits" in takes(base.scheme) and sigma0
                                 and not family else [None])
     steps: list[tuple[str, dict[str, Any]]] = []

@@ -6,8 +6,8 @@ budget (allowances :data:`SELECT_SLACK` times wider: the certification rows, not
 measuring each candidate's point estimates with the reference runtime (S samples, the config's seed). When the
 start breaks the budget, layers first get more bits, the variance rule's ``fixed``, or float, best improvement per
 byte first. :meth:`_BudgetSearch.path` is the walk thinned to steps of :data:`PATH_STEP`, with wider fallbacks
-first: the order the certification tests in. A posterior family's layer moves only among the schemes
-:mod:`edgebnn.passes` registers for its encodings, with no σ-code move.
+first: the order the certification tests in. A posterior family's layer moves only among the schemes its family
+declares for its encodings (:attr:`edgebnn.families.Family.lowerings`), with no σ-code move.
 """
 
 from __future__ import annotations
@@ -322,11 +322,11 @@ def _layers_of(model: BNNModel) -> tuple[dict[str, list[str]], dict[str, frozens
 def _accepts(kinds: frozenset[str], scheme: str) -> bool:
     """Whether every pass of ``scheme`` lowers every posterior-family encoding among ``kinds`` (the lowerings
     :mod:`edgebnn.passes` registers; a Gaussian layer takes every scheme)."""
-    from edgebnn.passes.base import FAMILY_LOWERINGS
+    from edgebnn.passes.base import family_lowerings
     from edgebnn.passes.config import parse_scheme
 
-    return all(name in FAMILY_LOWERINGS[kind] for kind in kinds if kind in FAMILY_LOWERINGS
-               for name in parse_scheme(scheme))
+    tables = [t for t in map(family_lowerings, kinds) if t is not None]
+    return all(name == "float" or name in table for table in tables for name in parse_scheme(scheme))
 
 
 def _valid(setting: _Setting, kinds: frozenset[str] = frozenset()) -> bool:
@@ -352,8 +352,9 @@ def _setting(scheme: str, bits: int | str, options: dict[str, Any]) -> _Setting:
 
 def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset()) -> list[tuple[str, _Setting]]:
     """One layer's smaller settings: a bit less, a σ code a bit smaller, fixed -> codebook, X -> prune+X (those
-    the layer's encodings take: a family's lowering codes its covariance itself, and only its registered schemes)."""
-    from edgebnn.passes.base import FAMILY_LOWERINGS
+    the layer's encodings take: a family's lowering codes its covariance itself, and only the schemes its family
+    declares)."""
+    from edgebnn.passes.base import family_lowerings
     from edgebnn.passes.config import PASSES, parse_scheme
 
     scheme, forced, options = setting
@@ -361,7 +362,7 @@ def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset(
     last = names[-1]
     moves = [(f"{bits - 1} bits", _setting(scheme, bits - 1, opts))]
     sigma_bits = opts.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", 0))
-    if sigma_bits and not kinds & FAMILY_LOWERINGS.keys():
+    if sigma_bits and all(family_lowerings(kind) is None for kind in kinds):
         moves.append((f"{sigma_bits - 1}-bit σ code", _setting(scheme, forced, opts | {"sigma_bits": sigma_bits - 1})))
     if last == "fixed":
         moves.append(("codebook", _setting(scheme.replace("fixed", "codebook"), bits, opts)))
