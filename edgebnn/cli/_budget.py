@@ -12,7 +12,7 @@ from rich.table import Table
 from edgebnn.budget import DEFAULT_CONFIDENCE, LABELS, check_confidence
 
 CONFIDENCE_HELP = ("With --budget: the probability that the chosen lowering keeps the budget on new data from the "
-                   "same distribution as the --eval/--data rows (default 0.9). Each metric's change is bounded at "
+                   "same distribution as the --eval/--data rows. Each metric's change is bounded at "
                    "this confidence over the rows (docs/uncertainty_budget.md); higher asks for more rows or "
                    "less compression.")
 
