@@ -205,7 +205,8 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
 
 
 def float_deterministic(model: BNNModel) -> onnx.ModelProto:
-    """Posterior-mean fp32 network with a Softmax head (output ``probs``): one pass."""
+    """Posterior-mean fp32 network ending in the task's one-pass output ``probs`` (a classifier's softmax): one
+    pass."""
     proto = model.float_model()
     _softmax_output(proto, model)
     set_metadata(proto, model, mode="float_deterministic", samples=1, seed=None)
