@@ -318,6 +318,8 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
     if choice.reason:
         console.print(f"mode: {mode} ({choice.reason})", highlight=False)
     meta = read_metadata(proto, output)
+    for note in meta.approximations or ():  # what analytic's moments drop, as the family states it
+        console.print(f"approximates: {note}", highlight=False, soft_wrap=True)
     layers = meta.layers
     if layers:
         console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
@@ -396,13 +398,29 @@ def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: s
     best = smallest_export(model, samples, device, seed=seed)
     head = f"larger than the fp32 BNN ({fmt_bytes(size)} vs {fmt_bytes(ref)})"
     if best is None or best[1] >= size:
-        console.print(f"{head}: no export {device} runs is smaller; lower the IR first (edgebnn lower --scheme "
-                      "fixed)", highlight=False, markup=False, soft_wrap=True)
+        console.print(f"{head}: no export {device} runs is smaller; {_lower_hint(model)}", highlight=False,
+                      markup=False, soft_wrap=True)
         return
     command = export_command(file, output, samples=samples, device=device, flags=best[0])
-    still = "" if best[1] <= ref else "; still larger: lower the IR first (edgebnn lower --scheme fixed)"
+    still = "" if best[1] <= ref else f"; still larger: {_lower_hint(model)}"
     console.print(f"{head}; the smallest for {device}: {command} ({fmt_bytes(best[1])}{still})", highlight=False,
                   markup=False, soft_wrap=True)
+
+
+def _lower_hint(model: Any) -> str:
+    """What would make the IR itself smaller, true for its families: lowering it with ``fixed`` where every layer
+    takes it, fewer bits where it is lowered already, else which layers no scheme lowers."""
+    from edgebnn.ir import DOMAIN
+    from edgebnn.passes.base import lowers
+
+    kinds = sorted({n.op_type for n in model.proto.graph.node if n.domain == DOMAIN})
+    if model.manifest.scheme != "float":
+        return (f"the IR is lowered already ({model.manifest.scheme}); fewer bits make it smaller (edgebnn lower ... "
+                "--bits 4, or --budget)")
+    kept = [k for k in kinds if not lowers(k, "fixed")]
+    if kept:
+        return f"its {', '.join(kept)} layers have no fixed lowering (edgebnn plugins lists each family's lowerings)"
+    return "lower the IR first (edgebnn lower --scheme fixed)"
 
 
 def export_command(file: str, output: str, *, samples: int, device: str, flags: list[str],

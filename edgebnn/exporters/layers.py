@@ -576,7 +576,7 @@ class BatchNormalization(LayerKind):
 
 @register_layer
 class DropoutMul(LayerKind):
-    """``Mul(x, mask)`` of an MC-dropout layer (:class:`edgebnn.ir.encodings.DropoutMask`, value ``*.dropout_mask``):
+    """``Mul(x, mask)`` of an MC-dropout layer (:mod:`edgebnn.families.dropout`, value ``*.dropout_mask``):
     a mask [*features] or [C, 1, ...] per sample on the activation.
 
     Over the sample axis (exact, elementwise)::

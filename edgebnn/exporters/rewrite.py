@@ -26,7 +26,7 @@ from edgebnn.exporters.layers import (
 )
 from edgebnn.exporters.recurrent import MOVES_BATCH, batch_axes, fold_on_axis
 from edgebnn.exporters.stores import decode
-from edgebnn.exporters.stores.members import member_codes
+from edgebnn.exporters.stores.registry import member_codes
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import draw_weight
 from edgebnn.tasks import sampled_head

@@ -10,6 +10,7 @@ register the same way a plug-in's does (docs/extending.md).
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -270,7 +271,9 @@ def known_tasks() -> str:
 
 
 def task_class(name: str, where: str, error: type[EdgeBNNError] = InvalidArtifactError) -> type[Task]:
-    """The task registered as ``name`` (or an alias).
+    """The task registered as ``name`` (or an alias); on a miss, the plug-ins are loaded (:func:`edgebnn.plugins.load`:
+    the entry points and ``$EDGEBNN_PLUGINS``, imported by name, as it sits above the tasks) and it is looked up
+    again.
 
     Args:
         name: The task's name.
@@ -283,6 +286,9 @@ def task_class(name: str, where: str, error: type[EdgeBNNError] = InvalidArtifac
             and how to load the one missing.
     """
     found = _lookup(name)
+    if found is None:
+        importlib.import_module("edgebnn.plugins").load()
+        found = _lookup(name)
     if found is None:
         raise error(f"{where}: task {name!r} is not known to this edgebnn (known: {known_tasks()}); {PLUGIN_HINT}")
     return found

@@ -38,7 +38,7 @@ import onnx
 from onnx import numpy_helper
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.ir.encodings import Encoding
+from edgebnn.ir.encodings import Encoding, Grid
 
 INT32 = onnx.TensorProto.INT32
 FLOAT = onnx.TensorProto.FLOAT
@@ -72,6 +72,14 @@ class Store(ABC):
     @abstractmethod
     def nbytes(self, enc: Encoding) -> int:
         """Bytes of the initializers this store writes for ``enc`` (mean and spread; not the graph around them)."""
+
+    # whether :meth:`members` writes baked members as codes (a family whose draws lie on its codes' grid)
+    writes_members: ClassVar[bool] = False
+
+    def members(self, b: Builder, enc: Encoding, name: str, value: np.ndarray, grid: Grid) -> str | None:
+        """``baked``: the member tensor ``value`` (drawn members of ``enc`` in a layer's batched layout, on ``grid``)
+        as the value ``name`` written from codes, or None to write it fp32 (the default)."""
+        return None
 
 
 def scalar(b: Builder, name: str, value: int) -> str:

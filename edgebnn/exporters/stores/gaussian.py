@@ -1,4 +1,4 @@
-"""``GaussianWeight`` stored compactly on request (``--weights int8`` / ``int4``), for any encoding's floats.
+"""Any posterior's mean and σ stored compactly on request (``--weights int8`` / ``int4``).
 
 A float posterior has no integer codes of its own, so this store quantizes at export:
 
