@@ -255,10 +255,13 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                                       "members for Conv (mixed).")
 @click.option("--weights", "weight_format", type=click.Choice(STORE_CHOICES), default="ir",
               show_default=True,
-              help="ir: noise/shared/analytic store μ and σ as the IR's own packed codes, decoded in the graph once "
-                   "per call (baked: fp32 members). fp32, int8, int4: baked stores each member's weights so (int8 "
-                   "+ DequantizeLinear per output channel; int4 per output channel on onnxruntime devices, "
-                   "block-wise on Gemm weights for TensorRT, opset 21); the other modes re-quantize μ and σ.")
+              help="How every weight tensor the graph stores is written, in every mode. ir: the IR's own codes "
+                   "where its encoding has them (a lowering's packed μ and σ codes; a lowered deep ensemble's "
+                   "members), decoded in the graph once per call, fp32 where it has none (baked members of a "
+                   "Gaussian are draws off any grid). fp32: every tensor fp32. int8, int4: every tensor coded at "
+                   "export (members and means: int8 + DequantizeLinear per output channel, int4 per output channel "
+                   "on onnxruntime devices, block-wise on Gemm weights for TensorRT, opset 21; μ and σ: per-channel "
+                   "integers and a log-domain σ code).")
 @click.option("--rng", type=click.Choice(RNG_CHOICES), default="auto", show_default=True,
               help="noise/shared mode: graph draws the noise inside the graph (seeded RandomNormal(Like): one graph "
                    "input, any onnxruntime); host takes it as graph inputs that edgebnn.runtime.Session fills "

@@ -44,7 +44,7 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.devices import DeviceProfile, export_device
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, RNG_CHOICES, STORE_CHOICES, WEIGHT_FORMATS, check_samples
-from edgebnn.exporters._graph import Builder, P, set_metadata
+from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.families import check_family
 from edgebnn.exporters.forms import FormChoice, choose_form
@@ -186,19 +186,19 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
-    b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
-    b.store_choice = "ir" if stores == "ir" else "fp32"  # hoisted fp32 means (--hoist): the IR's own codes
-    if profile is not None and profile.on_tensorrt:
-        b.store_runtimes = (TRT,)
-    if weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt:
+    channels = weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt
+    b = Builder(fmt=ExportFormat(
+        weights="ir" if stores == "ir" else "fp32",  # hoisted fp32 means (--hoist), members on a grid: the IR's codes
+        runtimes=(TRT,) if profile is not None and profile.on_tensorrt else None,
+        form=choice.form, integer_min_bytes=choice.integer_min_bytes,
         # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
-        b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"
+        int4_layout="channels" if channels else "blocks", samples=samples if channels else 1))
     rewrite = baked_layers(model, samples, seed, weights)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress,
                                           wide=True)
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}")
-    if (b.int4_layout == "channels" and choice.form == "qdq") or wrote_members(b):
+    if (b.fmt.int4_layout == "channels" and choice.form == "qdq") or wrote_members(b):
         out = compact_names(out)  # the compact storage form: short value names (the graph is what is left)
     compact = None
     if weights != "fp32" and choice.form in ("folded", "integer"):

@@ -78,7 +78,7 @@ import onnx
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import NOISE_VARIANTS
-from edgebnn.exporters._graph import Builder, P, set_metadata
+from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
@@ -111,8 +111,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
     if rng not in RNGS:
         raise InvalidOptionError(f"--rng {rng}: choose {' or '.join(RNGS)}")
     records: list[dict] = []
-    b = Builder()
-    b.store_choice, b.store_runtimes = weights, runtimes
+    b = Builder(fmt=ExportFormat(weights=weights, runtimes=runtimes))
 
     def noise_input(name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
         """Standard noise: a graph input the host fills, or (``rng="graph"``) a seeded random op, shaped

@@ -50,7 +50,7 @@ class CodebookStore(Store):
         own = self._own(enc)
         if own.size:
             # TensorRT imports no uint16/uint32 weights: int32 there (4 bytes an outlier instead of 2)
-            dtype = np.int32 if TRT in (b.store_runtimes or ()) else index_dtype(enc.size)
+            dtype = np.int32 if TRT in (b.fmt.runtimes or ()) else index_dtype(enc.size)
             at = b.add("Cast", [b.const(name + ".own_index", own.astype(dtype))], name + "/own", to=INT64)
             flat = b.add("ScatterElements", [flat, at, b.f32(name + ".own", values.reshape(-1)[own])],
                          name + "/flat", axis=0)
@@ -73,7 +73,7 @@ def codebook_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, st
     sample shared by its weights (2DGBNN)."""
     assert isinstance(enc, CodebookWeight)
     p += tag
-    if b.store_choice == "ir" and enc.bits:  # the IR's packed B-bit indices, unpacked in the graph (int32)
+    if b.fmt.weights == "ir" and enc.bits:  # the IR's packed B-bit indices, unpacked in the graph (int32)
         idx = unpack_codes(b, enc.packed, enc.bits, enc.size, p + "idx")
         b.stored[p + "idx"] = enc.op_type
     else:

@@ -36,7 +36,11 @@ PLUGIN_HINT = "install or load the plug-in that defines it (--plugin MODULE)"
 class GraphBuilder(Protocol):
     """What a head needs of the exporter's graph builder (:class:`edgebnn.exporters._graph.Builder`)."""
 
-    store_choice: str  # how the moments are stored: "fp32", or a compact store (its quadrature built in the graph)
+    @property
+    def store_choice(self) -> str:
+        """How the moments are stored: "fp32", or a compact store (a head then builds its constants in the graph)."""
+        ...
+
     outputs: list[onnx.ValueInfoProto] | None  # the graph outputs, set once the head is added
 
     def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:

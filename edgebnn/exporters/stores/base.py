@@ -84,9 +84,8 @@ class Store(ABC):
 
 def scalar(b: Builder, name: str, value: int) -> str:
     """An int32 scalar initializer (shape ``[]``: ``Range`` takes scalars only)."""
-    if name not in b._names:
-        b._names.add(name)
-        b.inits.append(numpy_helper.from_array(np.array(value, np.int32), name))
+    if not b.has(name):  # not Builder.const: np.ascontiguousarray would make the scalar 1-D
+        b.adopt([numpy_helper.from_array(np.array(value, np.int32), name)])
     return name
 
 
@@ -126,9 +125,9 @@ class CodePool:
         for (bits, signed), items in sorted(self.groups.items()):
             p = f"{PREFIX}{'i' if signed else 'u'}{bits}"
             values = np.concatenate([v for _, v in items])
-            if bits > 8 and TRT in (b.store_runtimes or ()):
+            if bits > 8 and TRT in (b.fmt.runtimes or ()):
                 codes = _unpack_wide(b, values, bits, p, signed)
-            elif bits == 8 and signed and TRT in (b.store_runtimes or ()):
+            elif bits == 8 and signed and TRT in (b.fmt.runtimes or ()):
                 # TensorRT takes an int8 constant only into a DequantizeLinear (no Cast): scale 1 is the same values
                 one = b.f32(PREFIX + "one", 1.0)
                 codes = b.add("DequantizeLinear", [b.const(p, values.astype(np.int8)), one], p + "/c")
@@ -182,7 +181,7 @@ def _unpack(b: Builder, packed: np.ndarray, bits: int, n: int, p: str, signed: b
     hi = b.add("Gather", [byte, b.add("Add", [k, PREFIX + "1"], p + "/k1")], p + "/hi", axis=0)
     word = b.add("Add", [lo, b.add("Mul", [hi, scalar(b, PREFIX + "256", 256)], p + "/hi8")], p + "/w")
     pow2 = PREFIX + "pow2"
-    if pow2 not in b._names:
+    if not b.has(pow2):
         b.const(pow2, (1 << np.arange(8)).astype(np.int32))
     shift = b.add("Gather", [pow2, b.add("Mod", [bitpos, eight], p + "/r")], p + "/s", axis=0)
     code = b.add("Mod", [b.add("Div", [word, shift], p + "/d"), scalar(b, p + "/m", 1 << bits)], p + "/u")

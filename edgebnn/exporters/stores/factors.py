@@ -49,7 +49,7 @@ def factor(b: Builder, enc: Encoding, field: str, name: str, value: np.ndarray) 
     """The draw factor ``field`` of ``enc`` as the fp32 value ``name``: decoded from the codes of the store of the
     builder's choice where it is a :class:`FactorStore`, coded at export by the family's ``factors`` for ``--weights
     int8|int4``, else ``value`` (the factor, float32) as a constant."""
-    store: Store = store_for(enc, b.store_choice, b.store_runtimes)
+    store: Store = store_for(enc, b.fmt.weights, b.fmt.runtimes)
     family = family_of(enc.op_type)
     requant = isinstance(store, RequantStore) and family is not None and family.factors is not None
     if value.size < SMALL or not (isinstance(store, FactorStore) or requant):

@@ -36,22 +36,14 @@ def store_for(enc: Encoding, weights: str = "ir", runtimes: tuple[str, ...] | No
 
 def decode(b: Builder, enc: Encoding, what: str, name: str) -> str:
     """Emit ``enc``'s ``what`` (``mean``, ``stddev`` or ``variance``) as the fp32 value ``name``, written by the
-    store of the builder's ``store_choice`` (the float store where it does not run on ``b.store_runtimes``)."""
-    store = store_for(enc, b.store_choice, b.store_runtimes)
+    store of the builder's ``fmt.weights`` (the float store where it does not run on ``b.fmt.runtimes``)."""
+    store = store_for(enc, b.fmt.weights, b.fmt.runtimes)
     if enc.size < SMALL:  # a few numbers: fp32 constants are smaller than their decode's nodes
         store = FLOAT
     b.min_opset = max(b.min_opset, store.opset)
     b.stored[name] = store.op_type
     out: str = getattr(store, what)(b, enc, name)
     return out
-
-
-def member_codes(b: Builder, enc: Encoding) -> None:
-    """Let the builder write ``enc``'s baked members as codes (its ``draw_codes``) where the store of its choice
-    writes members (:meth:`.base.Store.members`); otherwise the builder writes fp32. Call before each baked layer."""
-    store = store_for(enc, b.store_choice, b.store_runtimes)
-    b.draw_codes = None if not store.writes_members else (
-        lambda bb, name, value, grid: store.members(bb, enc, name, value, grid))
 
 
 def wrote_members(b: Builder) -> bool:

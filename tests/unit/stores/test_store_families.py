@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from edgebnn.exporters._graph import Builder
+from edgebnn.exporters._graph import Builder, ExportFormat
 from edgebnn.exporters.sizes import deployed_bytes
 from edgebnn.exporters.stores import finish_stores, own_store, store_for
 from edgebnn.exporters.stores.factors import FactorStore, factor
@@ -79,8 +79,7 @@ def _run(b: Builder, outs: list[str], shapes: list[tuple[int, ...]]) -> list[np.
 
 
 def _factor_graph(enc: Encoding, choice: str) -> tuple[Builder, list[str], list[np.ndarray]]:
-    b = Builder()
-    b.store_choice = choice
+    b = Builder(fmt=ExportFormat(weights=choice))
     values = FIELDS[enc.op_type](enc)
     outs = [own_store(enc.op_type).mean(b, enc, "w/mean") if choice == "ir" else b.f32("w/mean", enc.mean())]
     outs += [factor(b, enc, field, f"w/{field}", np.ascontiguousarray(v)) for field, v in values.items()]
@@ -123,14 +122,12 @@ def test_fp32_writes_the_factors_as_floats_and_int8_codes_them():
 
     fixed = kron()
     enc = KronGaussianWeight(fixed.mean(), fixed.q_out, fixed.q_in, fixed.scale)
-    b = Builder()
-    b.store_choice = "fp32"
+    b = Builder(fmt=ExportFormat(weights="fp32"))
     out = factor(b, enc, "q_in_t", "w/q_in_t", np.ascontiguousarray(enc.q_in.T))
     np.testing.assert_array_equal(_run(b, [out], [enc.q_in.T.shape])[0], enc.q_in.T)
     assert b.stored == {"w/q_in_t": "float"}
     for choice in ("int8", "int4"):
-        b = Builder()
-        b.store_choice = choice
+        b = Builder(fmt=ExportFormat(weights=choice))
         outs = [factor(b, enc, "q_in_t", "w/q_in_t", np.ascontiguousarray(enc.q_in.T)),
                 factor(b, enc, "scale", "w/scale", enc.scale)]
         got = _run(b, outs, [enc.q_in.shape, enc.scale.shape])
