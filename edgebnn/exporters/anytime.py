@@ -77,6 +77,7 @@ def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise:
     if members is not None and rule.max_samples != members:
         raise InvalidOptionError(f"{model.where}: --max-samples {rule.max_samples}: a deep ensemble of {members} "
                                  f"members draws each member once (--max-samples {members})")
+    options.setdefault("rng", "auto")  # as edgebnn.export: noise drawn in the graph where the device seeds it
     total, c = rule.max_samples, rule.chunk
     first, choice = export_auto(model, c, mode=mode, noise=noise, device=device, progress=progress,
                                 window=(0, total), **options)
@@ -127,7 +128,7 @@ def member_logits(graph: onnx.GraphProto) -> str:
 
 
 class _Graph:
-    """Nodes and initializers of one graph (the Loop body, or the graph around it)."""
+    """Nodes and initializers of one graph (the graph around the chunks, a Loop body, an If branch)."""
 
     def __init__(self, opset: int) -> None:
         self.nodes: list[onnx.NodeProto] = []
@@ -155,11 +156,87 @@ class _Graph:
         return self.add(op, [x], out, axes=[axis], keepdims=keepdims)
 
 
+STATE = ("n", "active", "mean", "m2", "neg_h")  # per row: members seen, still drawing (1/0), mean p, M2, E[Σ p log p]
+
+
+def _state_info(names: list[str], classes: int) -> list[onnx.ValueInfoProto]:
+    dims = {"mean": ["batch", classes], "m2": ["batch", classes]}
+    return [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims.get(key, ["batch"]))
+            for key, name in zip(STATE, names, strict=True)]
+
+
+def _update(g: _Graph, p: str, logits3: str, c: int, old: list[str], new: list[str], coef: str, thresh: str) -> None:
+    """Merge one chunk of member logits ``logits3`` [B, c, K] into the running statistics ``old`` (names in
+    :data:`STATE` order) of the rows still drawing, apply the rule (``coef``: a_i, ``thresh``: ε² or never) and write
+    ``new``. Chan et al.'s pairwise update: n' = n + c, w = c / n', mean' = mean + d·w, M2' = M2 + M2_c + d²·n·w,
+    E' = E + (E_c - E)·w with d = chunk mean - mean."""
+    n, active, mean, m2, neg_h = old
+    ps = g.add("Softmax", [logits3], p + "p_s", axis=-1)
+    logps = g.add("LogSoftmax", [logits3], p + "logp_s", axis=-1)
+    ax1 = g.i64(p + "ax1", 1)
+    cmean = g.reduce("ReduceMean", ps, 1, p + "chunk_mean")
+    dev = g.add("Sub", [ps, g.add("Unsqueeze", [cmean, ax1], p + "chunk_mean3")], p + "dev")
+    cm2 = g.reduce("ReduceSum", g.add("Mul", [dev, dev], p + "dev2"), 1, p + "chunk_m2")
+    plogp = g.reduce("ReduceSum", g.add("Mul", [ps, logps], p + "plogp_s"), -1, p + "neg_h_s")
+    cneg = g.reduce("ReduceMean", plogp, 1, p + "chunk_neg_h")
+    c_f = g.f32(p + "c", float(c))
+    n_new = g.add("Add", [n, c_f], p + "n_new")
+    w = g.add("Div", [c_f, n_new], p + "w")
+    d = g.add("Sub", [cmean, mean], p + "d")
+    mean_new = g.add("Add", [mean, g.add("Mul", [d, g.add("Unsqueeze", [w, ax1], p + "w2d")], p + "dw")],
+                     p + "mean_new")
+    nw = g.add("Unsqueeze", [g.add("Mul", [n, w], p + "nw"), ax1], p + "nw2d")
+    m2_new = g.add("Add", [g.add("Add", [m2, cm2], p + "m2_sum"),
+                           g.add("Mul", [g.add("Mul", [d, d], p + "d2"), nw], p + "d2nw")], p + "m2_new")
+    neg_new = g.add("Add", [neg_h, g.add("Mul", [g.add("Sub", [cneg, neg_h], p + "dneg"), w], p + "dneg_w")],
+                    p + "neg_new")
+    on = g.add("Cast", [active], p + "on", to=TensorProto.BOOL)  # a settled row keeps its statistics
+    on2 = g.add("Unsqueeze", [on, ax1], p + "on2d")
+    g.add("Where", [on, n_new, n], new[0])
+    mean_out = g.add("Where", [on2, mean_new, mean], new[2])
+    m2_out = g.add("Where", [on2, m2_new, m2], new[3])
+    g.add("Where", [on, neg_new, neg_h], new[4])
+    # the rule (edgebnn.stopping): r² = a_i·M2 < ε² for every class, and the top class's interval alone
+    r2 = g.add("Mul", [m2_out, coef], p + "r2")
+    r = g.add("Sqrt", [r2], p + "r")
+    close = g.add("Less", [g.reduce("ReduceMax", r2, -1, p + "r2_max"), thresh], p + "close")
+    best_low = g.reduce("ReduceMax", g.add("Sub", [mean_out, r], p + "low"), -1, p + "best_low", keepdims=1)
+    reach = g.add("Cast", [g.add("GreaterOrEqual", [g.add("Add", [mean_out, r], p + "high"), best_low],
+                                 p + "reaches")], p + "reaches_f", to=TensorProto.FLOAT)
+    alone = g.add("Less", [g.reduce("ReduceSum", reach, -1, p + "n_reach"), g.f32(p + "one_half", 1.5)],
+                  p + "alone")
+    settled = g.add("Cast", [g.add("And", [close, alone], p + "settled_b")], p + "settled", to=TensorProto.FLOAT)
+    g.add("Mul", [active, g.add("Sub", [g.f32(p + "one", 1.0), settled], p + "unsettled")], new[1])
+
+
+def _any(g: _Graph, active: str, out: str) -> str:
+    """Whether any row is still drawing (a bool scalar: a Loop's or an If's condition)."""
+    return g.add("Greater", [g.reduce("ReduceMax", active, 0, out + "/max"), g.f32(out + "/zero", 0.0)], out)
+
+
+def _copy(node: onnx.NodeProto, rename: dict[str, str], prefix: str | None, seed_offset: float) -> onnx.NodeProto:
+    """``node`` reading ``rename``d inputs; with a ``prefix``, its outputs renamed too (recorded in ``rename``); a
+    random op's seed moved by ``seed_offset`` (so another copy draws other numbers)."""
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    for k, x in enumerate(copy.input):
+        copy.input[k] = rename.get(x, x)
+    if prefix is not None:
+        for k, x in enumerate(copy.output):
+            rename[x] = copy.output[k] = prefix + x
+    if seed_offset and node.op_type in RANDOM_OPS:
+        for a in copy.attribute:
+            if a.name == "seed":
+                a.f += seed_offset
+    return copy
+
+
 def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: int, per_row: set[str],
                   ) -> onnx.ModelProto:
-    """The Loop graph of the module docstring from the fixed export of each chunk (one graph when every chunk is the
-    same graph: noise drawn per iteration), under ``rule``; ``per_row``: the host noise inputs with one row per
-    (input, member) (the others have one per member). The metadata is the caller's."""
+    """The graph of the module docstring from the fixed export of each chunk under ``rule``: a Loop over one body
+    when every chunk is the same graph (noise drawn per iteration), else an If per chunk holding that chunk's
+    constants (baked members: no copy per call); ``per_row``: the host noise inputs with one row per (input,
+    member) (the others have one per member). The metadata is the caller's."""
     base = chunks[0]
     graph = base.graph
     opset = next(o.version for o in base.opset_import if o.domain in ("", "ai.onnx"))
@@ -168,9 +245,8 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
     noise_inputs = {i.name: i for i in graph.input[1:]}
     inits = {t.name: t for t in graph.initializer}
     differing = ({name for name, t in inits.items()
-                  if any(t.SerializeToString() != next(u for u in c.graph.initializer if u.name == name)
-                         .SerializeToString() for c in chunks[1:])} if len(chunks) > 1 else set())
-
+                  if any(t.SerializeToString() != next(u for u in ch.graph.initializer if u.name == name)
+                         .SerializeToString() for ch in chunks[1:])} if len(chunks) > 1 else set())
     producer = {o: n for n in graph.node for o in n.output}
     needed: set[int] = set()
     stack = [logits3]
@@ -181,132 +257,67 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
         needed.add(id(node))
         stack.extend(node.input)
     varying = set(differing) | set(noise_inputs)
-    body_nodes, outer_nodes = [], []
-    for node in graph.node:  # graph order is topological
+    drawn: list[int] = []  # positions (in graph order) of the nodes that change per chunk
+    outer = _Graph(opset)
+    for k, node in enumerate(graph.node):  # graph order is topological
         if id(node) not in needed:
             continue
         if node.op_type in RANDOM_OPS or any(x in varying for x in node.input):
             varying.update(node.output)
-            body_nodes.append(node)
+            drawn.append(k)
         else:
-            outer_nodes.append(node)
-
-    outer, body = _Graph(opset), _Graph(opset)
-    c, total, iterations = rule.chunk, rule.max_samples, rule.chunks
-    rename: dict[str, str] = {}
-    start = body.add("Mul", [S + "i", body.const(A + "chunk_i", np.array(c, np.int64))], A + "start")  # i·c
-    start1 = body.add("Unsqueeze", [start, body.i64(A + "ax0", 0)], A + "start1")
-    end1 = body.add("Add", [start1, body.i64(A + "chunk_1", c)], A + "end1")
-    for name in sorted(noise_inputs):  # chunk i's members of the S_max fixed export's noise
-        local = A + "noise/" + name
-        dims = [d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim[1:]]
-        if name in per_row:  # [B·S_max, *dims] -> [B, S_max, *dims] -> members i·c.. -> [B·c, *dims]
-            rows = body.add("Reshape", [name, body.i64(local + "/split", -1, total, *dims)], local + "/rows")
-            part = body.add("Slice", [rows, start1, end1, body.i64(local + "/axis", 1)], local + "/part")
-            body.add("Reshape", [part, body.i64(local + "/flat", -1, *dims)], local)
-        else:  # [S_max, *dims] -> [c, *dims]
-            body.add("Slice", [name, start1, end1, body.i64(local + "/axis", 0)], local)
-        rename[name] = local
-    for name in sorted(differing):  # chunk i's constants: row i of the stack
-        stacked = np.stack([numpy_helper.to_array(next(u for u in ch.graph.initializer if u.name == name))
-                            for ch in chunks])
-        outer.const(A + "chunks/" + name, stacked)
-        body.add("Gather", [A + "chunks/" + name, S + "i"], A + "const/" + name, axis=0)
-        rename[name] = A + "const/" + name
-    for node in body_nodes:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        for k, x in enumerate(copy.input):
-            copy.input[k] = rename.get(x, x)
-        body.nodes.append(copy)
-    outer.nodes.extend(outer_nodes)
-
-    # chunk statistics of the member probabilities p [B, c, K]
-    ps = body.add("Softmax", [logits3], A + "p_s", axis=-1)
-    logps = body.add("LogSoftmax", [logits3], A + "logp_s", axis=-1)
-    cmean = body.reduce("ReduceMean", ps, 1, A + "chunk_mean")
-    dev = body.add("Sub", [ps, body.add("Unsqueeze", [cmean, body.i64(A + "ax1", 1)], A + "chunk_mean3")],
-                   A + "dev")
-    cm2 = body.reduce("ReduceSum", body.add("Mul", [dev, dev], A + "dev2"), 1, A + "chunk_m2")
-    plogp = body.reduce("ReduceSum", body.add("Mul", [ps, logps], A + "plogp_s"), -1, A + "neg_h_s")
-    cneg = body.reduce("ReduceMean", plogp, 1, A + "chunk_neg_h")
-    # merge into the running statistics of the rows still drawing (Chan et al.): n' = n + c, w = c / n',
-    # mean' = mean + d·w, M2' = M2 + M2_c + d²·n·w, E' = E + (E_c - E)·w, with d = chunk mean - mean
-    n_new = body.add("Add", [S + "n", body.f32(A + "c", float(c))], A + "n_new")
-    w = body.add("Div", [A + "c", n_new], A + "w")
-    w2 = body.add("Mul", [S + "n", w], A + "nw")
-    ax1 = A + "ax1"
-    d = body.add("Sub", [cmean, S + "mean"], A + "d")
-    mean_new = body.add("Add", [S + "mean", body.add("Mul", [d, body.add("Unsqueeze", [w, ax1], A + "w2d")], A + "dw")],
-                        A + "mean_new")
-    m2_new = body.add("Add", [body.add("Add", [S + "m2", cm2], A + "m2_sum"),
-                              body.add("Mul", [body.add("Mul", [d, d], A + "d2"),
-                                               body.add("Unsqueeze", [w2, ax1], A + "nw2d")], A + "d2nw")],
-                      A + "m2_new")
-    neg_new = body.add("Add", [S + "neg_h", body.add("Mul", [body.add("Sub", [cneg, S + "neg_h"], A + "dneg"), w],
-                                                 A + "dneg_w")], A + "neg_new")
-    on = body.add("Cast", [S + "active"], A + "on", to=TensorProto.BOOL)
-    on2 = body.add("Unsqueeze", [on, ax1], A + "on2d")
-    n_out = body.add("Where", [on, n_new, S + "n"], S + "n_out")
-    mean_out = body.add("Where", [on2, mean_new, S + "mean"], S + "mean_out")
-    m2_out = body.add("Where", [on2, m2_new, S + "m2"], S + "m2_out")
-    neg_out = body.add("Where", [on, neg_new, S + "neg_h"], S + "neg_h_out")
-    # the rule (edgebnn.stopping): r² = a_i·M2 < ε² for every class, and the top class's interval alone
+            outer.nodes.append(node)  # decodes, constants, the input fold: once per call
+    total = rule.max_samples
     coef, thresh = rule.constants(classes)
-    a_i = body.add("Gather", [outer.const(A + "coef", coef), S + "i"], A + "a_i", axis=0)
-    t_i = body.add("Gather", [outer.const(A + "thresh", thresh), S + "i"], A + "t_i", axis=0)
-    r2 = body.add("Mul", [m2_out, a_i], A + "r2")
-    r = body.add("Sqrt", [r2], A + "r")
-    close = body.add("Less", [body.reduce("ReduceMax", r2, -1, A + "r2_max"), t_i], A + "close")
-    best_low = body.reduce("ReduceMax", body.add("Sub", [mean_out, r], A + "low"), -1, A + "best_low", keepdims=1)
-    reach = body.add("Cast", [body.add("GreaterOrEqual", [body.add("Add", [mean_out, r], A + "high"), best_low],
-                                       A + "reaches")], A + "reaches_f", to=TensorProto.FLOAT)
-    alone = body.add("Less", [body.reduce("ReduceSum", reach, -1, A + "n_reach"), body.f32(A + "one_half", 1.5)],
-                     A + "alone")
-    settled = body.add("Cast", [body.add("And", [close, alone], A + "settled_b")], A + "settled",
-                       to=TensorProto.FLOAT)
-    active_out = body.add("Mul", [S + "active", body.add("Sub", [body.f32(A + "one", 1.0), settled], A + "unsettled")],
-                          S + "active_out")
-    body.add("Greater", [body.reduce("ReduceMax", active_out, 0, A + "any_active"), body.f32(A + "zero", 0.0)],
-             S + "cond_out")
 
-    def vi(name: str, dtype: int, dims: list[Any]) -> onnx.ValueInfoProto:
-        return helper.make_tensor_value_info(name, dtype, dims)
+    def slices(g: _Graph, p: str, bounds: Callable[[], tuple[str, str]], rename: dict[str, str]) -> None:
+        """The chunk's members ``start .. end`` (``bounds()``: 1-D int64 values) of each host noise input, as
+        ``rename`` says."""
+        start, end = bounds() if noise_inputs else ("", "")
+        for name in sorted(noise_inputs):
+            local = p + "noise/" + name
+            dims = [d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim[1:]]
+            if name in per_row:  # [B·S_max, *dims] -> [B, S_max, *dims] -> members start.. -> [B·c, *dims]
+                rows = g.add("Reshape", [name, g.i64(local + "/split", -1, total, *dims)], local + "/rows")
+                part = g.add("Slice", [rows, start, end, g.i64(local + "/axis", 1)], local + "/part")
+                g.add("Reshape", [part, g.i64(local + "/flat", -1, *dims)], local)
+            else:  # [S_max, *dims] -> [c, *dims]
+                g.add("Slice", [name, start, end, g.i64(local + "/axis", 0)], local)
+            rename[name] = local
 
-    state = [("n", ["batch"]), ("active", ["batch"]), ("mean", ["batch", classes]), ("m2", ["batch", classes]),
-             ("neg_h", ["batch"])]
-    body_graph = helper.make_graph(
-        body.nodes, "anytime_chunk",
-        [vi(S + "i", TensorProto.INT64, []), vi(S + "cond", TensorProto.BOOL, []),
-         *(vi(S + name, TensorProto.FLOAT, dims) for name, dims in state)],
-        [vi(S + "cond_out", TensorProto.BOOL, []), *(vi(S + name + "_out", TensorProto.FLOAT, dims) for name, dims in state)],
-        body.inits)
-
-    # the initial state: zeros [B] / [B, K], every row active
+    # the initial state: zeros [B] / [B, K], every row drawing
     batch = outer.add("Slice", [outer.add("Shape", [data], A + "x_shape"), outer.i64(A + "s0", 0),
                                 outer.i64(A + "s1", 1)], A + "batch")
     rows_k = outer.add("Concat", [batch, outer.i64(A + "k", classes)], A + "batch_k", axis=0)
-    zeros_b = outer.add("ConstantOfShape", [batch], A + "zeros_b",
-                        value=numpy_helper.from_array(np.zeros(1, np.float32)))
-    ones_b = outer.add("ConstantOfShape", [batch], A + "ones_b", value=numpy_helper.from_array(np.ones(1, np.float32)))
-    zeros_bk = outer.add("ConstantOfShape", [rows_k], A + "zeros_bk",
-                         value=numpy_helper.from_array(np.zeros(1, np.float32)))
-    trips = outer.const(A + "chunks", np.array(iterations, np.int64))
-    go = outer.const(A + "go", np.array(True))
-    outer.nodes.append(helper.make_node(
-        "Loop", [trips, go, zeros_b, ones_b, zeros_bk, zeros_bk, zeros_b],
-        [A + "final/n", A + "final/active", A + "final/mean", A + "final/m2", A + "final/neg_h"], body=body_graph))
+
+    def fill(shape: str, value: float, out: str) -> str:
+        return outer.add("ConstantOfShape", [shape], out, value=numpy_helper.from_array(np.full(1, value, np.float32)))
+
+    zeros_b, zeros_bk = fill(batch, 0.0, A + "zeros_b"), fill(rows_k, 0.0, A + "zeros_bk")
+    state = [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
+    if len(chunks) == 1:  # one body, drawn afresh each iteration
+        state = _loop(outer, graph, drawn, state, logits3, rule, classes, coef, thresh, slices)
+    else:  # chunk i's constants in its own branch
+        state = _chain(outer, chunks, drawn, differing, state, logits3, rule, classes, coef, thresh, slices)
+
     # the head on the running statistics (the fixed head's formulas: tasks.classification)
-    probs = outer.add("Identity", [A + "final/mean"], "probs")
+    n, _, mean, _, neg_h_state = state
+    probs = outer.add("Identity", [mean], "probs")
     logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
     neg_h = outer.reduce("ReduceSum", outer.add("Mul", [probs, logp], A + "plogp"), -1, A + "neg_entropy")
     outer.add("Neg", [neg_h], "entropy")
-    mi = outer.add("Neg", [outer.add("Sub", [neg_h, A + "final/neg_h"], A + "neg_mi")], A + "mi_raw")
+    mi = outer.add("Neg", [outer.add("Sub", [neg_h, neg_h_state], A + "neg_mi")], A + "mi_raw")
     outer.add("Max", [mi, outer.f32(A + "mi_floor", 0.0)], "mutual_info")
-    outer.add("Cast", [A + "final/n"], SAMPLES_OUTPUT, to=TensorProto.INT64)
+    outer.add("Cast", [n], SAMPLES_OUTPUT, to=TensorProto.INT64)
 
-    used = {x for n in outer.nodes for x in n.input} | {x for n in body.nodes for x in n.input}
+    used = set()
+    for node in outer.nodes:
+        used.update(node.input)
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                used.update(x for sub in a.g.node for x in sub.input)
     kept = [t for name, t in inits.items() if name in used and name not in differing]
+    vi = helper.make_tensor_value_info
     inputs = [graph.input[0]]
     for name in sorted(noise_inputs):  # the S_max fixed export's noise shapes
         dims = [d.dim_param or d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim]
@@ -314,8 +325,80 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
         inputs.append(vi(name, TensorProto.FLOAT, dims))
     outputs = [vi("probs", TensorProto.FLOAT, ["batch", classes]), vi("entropy", TensorProto.FLOAT, ["batch"]),
                vi("mutual_info", TensorProto.FLOAT, ["batch"]), vi(SAMPLES_OUTPUT, TensorProto.INT64, ["batch"])]
-    out_graph = helper.make_graph(outer.nodes, f"edgebnn_anytime_{graph.name}", inputs, outputs,
-                                  kept + outer.inits)
+    out_graph = helper.make_graph(outer.nodes, f"edgebnn_anytime_{graph.name}", inputs, outputs, kept + outer.inits)
     out = helper.make_model(out_graph, opset_imports=list(base.opset_import), producer_name="edgebnn")
     out.ir_version = base.ir_version
     return out
+
+
+Slicer = Callable[[_Graph, str, Callable[[], tuple[str, str]], dict[str, str]], None]
+
+
+def _loop(outer: _Graph, graph: onnx.GraphProto, drawn: list[int], state: list[str], logits3: str,
+          rule: StoppingRule, classes: int, coef: np.ndarray, thresh: np.ndarray, slices: Slicer) -> list[str]:
+    """A Loop of at most S_max / c iterations over one chunk body; iteration i reads its members' noise and the
+    rule's constants at i. Returns the final state's names."""
+    body = _Graph(outer.opset)
+    it, cond = S + "i", S + "cond"
+
+    def bounds() -> tuple[str, str]:  # i·c .. i·c + c
+        start = body.add("Unsqueeze", [body.add("Mul", [it, body.const(A + "chunk_i", np.array(rule.chunk, np.int64))],
+                                                A + "start0"), body.i64(A + "ax0", 0)], A + "start")
+        return start, body.add("Add", [start, body.i64(A + "chunk_1", rule.chunk)], A + "end")
+
+    rename: dict[str, str] = {}
+    slices(body, A, bounds, rename)
+    body.nodes.extend(_copy(graph.node[k], rename, None, 0.0) for k in drawn)
+    a_i = body.add("Gather", [outer.const(A + "coef", coef), it], A + "a_i", axis=0)
+    t_i = body.add("Gather", [outer.const(A + "thresh", thresh), it], A + "t_i", axis=0)
+    old, new = [S + k for k in STATE], [S + k + "_out" for k in STATE]
+    _update(body, A, logits3, rule.chunk, old, new, a_i, t_i)
+    _any(body, new[1], S + "cond_out")
+    body_graph = helper.make_graph(
+        body.nodes, "anytime_chunk",
+        [helper.make_tensor_value_info(it, TensorProto.INT64, []),
+         helper.make_tensor_value_info(cond, TensorProto.BOOL, []), *_state_info(old, classes)],
+        [helper.make_tensor_value_info(S + "cond_out", TensorProto.BOOL, []), *_state_info(new, classes)],
+        body.inits)
+    final = [A + "final/" + k for k in STATE]
+    trips = outer.const(A + "chunks", np.array(rule.chunks, np.int64))
+    outer.nodes.append(helper.make_node("Loop", [trips, outer.const(A + "go", np.array(True)), *state], final,
+                                        body=body_graph))
+    return final
+
+
+SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP (If chain)
+
+
+def _chain(outer: _Graph, chunks: list[onnx.ModelProto], drawn: list[int], differing: set[str], state: list[str],
+           logits3: str, rule: StoppingRule, classes: int, coef: np.ndarray, thresh: np.ndarray,
+           slices: Slicer) -> list[str]:
+    """Chunk 0 inline, then one If per further chunk, run while any row is drawing, its constants inside its then
+    branch (the else branch passes the state on). Returns the final state's names."""
+    c = rule.chunk
+    for i, chunk in enumerate(chunks):
+        p = f"{A}c{i}/"
+        g = outer if i == 0 else _Graph(outer.opset)
+        rename: dict[str, str] = {}
+        slices(g, p, lambda g=g, p=p, i=i: (g.i64(p + "start", i * c), g.i64(p + "end", i * c + c)), rename)
+        for t in chunk.graph.initializer:
+            if t.name in differing:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(t)
+                copy.name = rename[t.name] = p + "const/" + t.name
+                g.inits.append(copy)
+        g.nodes.extend(_copy(chunk.graph.node[k], rename, p + "graph/", i * SEED_STEP) for k in drawn)
+        new = [p + k for k in STATE]
+        _update(g, p, rename[logits3], c, state, new, g.f32(p + "coef", float(coef[i])),
+                g.f32(p + "thresh", float(thresh[i])))
+        if i > 0:
+            keep = [p + "keep/" + k for k in STATE]
+            then = helper.make_graph(g.nodes, f"anytime_chunk{i}", [], _state_info(new, classes), g.inits)
+            other = helper.make_graph([helper.make_node("Identity", [x], [y])
+                                       for x, y in zip(state, keep, strict=True)],
+                                      f"anytime_done{i}", [], _state_info(keep, classes))
+            new = [p + "state/" + k for k in STATE]
+            outer.nodes.append(helper.make_node("If", [_any(outer, state[1], p + "drawing")], new, then_branch=then,
+                                                else_branch=other))
+        state = new
+    return state

@@ -84,7 +84,14 @@ class Session:
 
     @property
     def samples(self) -> int:
+        """S of a fixed export; an anytime export's largest sample count (``predict(x).samples``: what each input
+        used)."""
         return self.meta.samples
+
+    @property
+    def anytime(self) -> bool:
+        """Whether this is an anytime ensemble (``--samples auto``: each input draws until its predictive settles)."""
+        return self.meta.anytime is not None
 
     def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> AnyPredictive:
         """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``: a
@@ -104,7 +111,11 @@ class Session:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
         with ort_errors(self.where):
             names = list(self.task.outputs) if self.task.name == REGRESSION else ["probs", "entropy", "mutual_info"]
-            outs = self._sess.run(names, feed)
+            outs = self._sess.run(names + (["samples"] if self.anytime else []), feed)
+        if self.anytime:  # an anytime ensemble (--samples auto): the members each input used
+            *outs, used = outs
+            check_finite(outs, self.where)
+            return Predictive(*outs, samples=used)
         check_finite(outs, self.where)
         return RegressionPredictive(*outs) if self.task.name == REGRESSION else Predictive(*outs)
 
