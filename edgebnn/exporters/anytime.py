@@ -160,7 +160,7 @@ STATE = ("n", "active", "mean", "m2", "neg_h")  # per row: members seen, still d
 
 
 def _state_info(names: list[str], classes: int) -> list[onnx.ValueInfoProto]:
-    dims = {"mean": ["batch", classes], "m2": ["batch", classes]}
+    dims: dict[str, list[str | int | None]] = {"mean": ["batch", classes], "m2": ["batch", classes]}
     return [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims.get(key, ["batch"]))
             for key, name in zip(STATE, names, strict=True)]
 
@@ -380,7 +380,11 @@ def _chain(outer: _Graph, chunks: list[onnx.ModelProto], drawn: list[int], diffe
         p = f"{A}c{i}/"
         g = outer if i == 0 else _Graph(outer.opset)
         rename: dict[str, str] = {}
-        slices(g, p, lambda g=g, p=p, i=i: (g.i64(p + "start", i * c), g.i64(p + "end", i * c + c)), rename)
+
+        def bounds(g: _Graph = g, p: str = p, i: int = i) -> tuple[str, str]:  # members i·c .. i·c + c
+            return g.i64(p + "start", i * c), g.i64(p + "end", i * c + c)
+
+        slices(g, p, bounds, rename)
         for t in chunk.graph.initializer:
             if t.name in differing:
                 copy = onnx.TensorProto()
