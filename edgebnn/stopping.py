@@ -72,9 +72,10 @@ class StoppingRule:
         if self.min_samples < 2:
             raise InvalidOptionError(f"--min-samples {self.min_samples}: the rule needs at least 2 samples to estimate "
                                      "a spread")
-        if self.min_samples % c or self.max_samples % c:
-            raise InvalidOptionError(f"--chunk {c}: must divide --min-samples {self.min_samples} and --max-samples "
-                                     f"{self.max_samples} (samples are drawn {c} at a time)")
+        for name in ("max_samples", "min_samples"):
+            if getattr(self, name) % c:
+                raise InvalidOptionError(f"--chunk {c}: must divide --{name.replace('_', '-')} {getattr(self, name)} "
+                                         f"(samples are drawn {c} at a time)")
         if self.min_samples > self.max_samples:
             raise InvalidOptionError(f"--min-samples {self.min_samples}: more than --max-samples {self.max_samples}")
         if not (isinstance(self.epsilon, (int, float)) and 0.0 <= self.epsilon <= 1.0):

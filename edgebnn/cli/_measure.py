@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -21,6 +21,7 @@ from edgebnn.cli._common import (
     write_json,
 )
 from edgebnn.exporters import MODES
+from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
     TASK_COLUMNS,
     print_eval,
@@ -42,15 +43,16 @@ if TYPE_CHECKING:
 @click.option("--ood-data", default=None, metavar="FILE|DIR",
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
                    "of mutual information and entropy and FPR at 95% TPR.")
-@click.option("--samples", "-S", type=int, default=None,
-              help="S for an .ebnn (default 16; a deep ensemble: its M members); an .onnx has S built in (another "
-                   "--samples is refused).")
+@click.option("--samples", "-S", default=None, metavar="N|auto",
+              help="S for an .ebnn (default 16; a deep ensemble: its M members), or auto: its anytime predictive "
+                   "(edgebnn export --samples auto's rule); an .onnx has S built in (another --samples is refused). "
+                   "An anytime ensemble reports the samples each input used (mean, p50, p90; OOD too).")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD); segmentation: "
                    "also an image, its mask, the predicted mask and the MI map.")
-def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: int | None, seed: int,
+def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: str | None, seed: int,
              json_out: str | None, plot: str | None) -> None:
     """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx; for a
     regression model NLL, RMSE, MAE, interval coverage and the variance split, for a segmentation model pixel
@@ -62,12 +64,29 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
         if path:
             _check_output_dir(path)
     with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
-        report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed, ood_data=ood_data,
-                                   plot=plot, progress=progress)
+        report = evaluate_artifact(artifact, data=data, split=split, samples=parse_samples(samples), seed=seed,
+                                   ood_data=ood_data, plot=plot, progress=progress)
     print_eval(console, [report])
+    _print_samples_used(report)
     if plot:
         console.print(f"wrote {plot}")
     write_json(json_out, report, schemas.EVAL)
+
+
+def _print_samples_used(report: dict[str, Any]) -> None:
+    """An anytime ensemble's samples per input, in-distribution and OOD (eval)."""
+    used = report.get("samples_used")
+    if used is None:
+        return
+
+    def line(u: dict[str, Any]) -> str:
+        return f"mean {u['mean']:.2f}, p50 {u['p50']:g}, p90 {u['p90']:g} (of {report['samples']})"
+
+    ood = report.get("ood", {})
+    text = f"samples used: {line(used)}"
+    if "samples_used" in ood:
+        text += f"; OOD ({ood['data']}): {line(ood['samples_used'])}, {ood['samples_ratio']:.2f}x in-distribution"
+    console.print(text, highlight=False, soft_wrap=True)
 
 
 # -- profile ----------------------------------------------------------------------------------------------

@@ -50,6 +50,24 @@ S = A + "state/"  # the Loop body's inputs and outputs: iteration, condition, ru
 SAMPLES_OUTPUT = "samples"
 
 
+def rule_for(model: Any, *, min_samples: int | None = None, max_samples: int | None = None,
+             chunk: int | None = None, epsilon: float | None = None, delta: float | None = None) -> StoppingRule:
+    """The stopping rule of ``model`` with the options given and :class:`~edgebnn.stopping.StoppingRule`'s defaults
+    for the rest: at most 16 samples (a deep ensemble: its M members), 4 at a time and at least 4 (where 4 does not
+    divide the largest count: its largest divisor up to 4)."""
+    from edgebnn.exporters.families import ensemble_members
+
+    default = StoppingRule()
+    top = max_samples if max_samples is not None else ensemble_members(model) or default.max_samples
+    if chunk is None:
+        chunk = next((c for c in range(default.chunk, 1, -1) if top % c == 0), 1) if top >= 1 else 1
+    if min_samples is None:
+        min_samples = min(top, chunk * -(-default.min_samples // chunk))
+    return StoppingRule(min_samples=min_samples, max_samples=top, chunk=chunk,
+                        epsilon=default.epsilon if epsilon is None else epsilon,
+                        delta=default.delta if delta is None else delta)
+
+
 def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise: str = "auto",
                    device: str | None = None, progress: Callable[[int, int], None] | None = None,
                    **options: Any) -> tuple[onnx.ModelProto, Any]:
