@@ -288,24 +288,31 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
     total = rule.max_samples
     coef, thresh = rule.constants(classes)
 
+    # the batch B of the data: the initial state's shape, and the host noise rows B·S_max are cut by
+    batch = outer.add("Slice", [outer.add("Shape", [data], A + "x_shape"), outer.i64(A + "s0", 0),
+                                outer.i64(A + "s1", 1)], A + "batch")
+
     def slices(g: _Graph, p: str, bounds: Callable[[], tuple[str, str]], rename: dict[str, str]) -> None:
         """The chunk's members ``start .. end`` (``bounds()``: 1-D int64 values) of each host noise input, as
-        ``rename`` says."""
+        ``rename`` says. Shapes are static but for B, taken from the data (TensorRT-RTX 1.7's builder fails an
+        internal check on rows reshaped by -1)."""
         start, end = bounds() if noise_inputs else ("", "")
         for name in sorted(noise_inputs):
             local = p + "noise/" + name
             dims = [d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim[1:]]
             if name in per_row:  # [B·S_max, *dims] -> [B, S_max, *dims] -> members start.. -> [B·c, *dims]
-                rows = g.add("Reshape", [name, g.i64(local + "/split", -1, total, *dims)], local + "/rows")
+                split = g.add("Concat", [batch, g.i64(local + "/s_dims", total, *dims)], local + "/split", axis=0)
+                rows = g.add("Reshape", [name, split], local + "/rows")
                 part = g.add("Slice", [rows, start, end, g.i64(local + "/axis", 1)], local + "/part")
-                g.add("Reshape", [part, g.i64(local + "/flat", -1, *dims)], local)
-            else:  # [S_max, *dims] -> [c, *dims]
-                g.add("Slice", [name, start, end, g.i64(local + "/axis", 0)], local)
+                bc = g.add("Mul", [batch, g.i64(local + "/c", rule.chunk)], local + "/bc")
+                flat = g.add("Concat", [bc, g.i64(local + "/dims", *dims)], local + "/flat", axis=0)
+                g.add("Reshape", [part, flat], local)
+            else:  # [S_max, *dims] -> [c, *dims] (a static shape: TensorRT takes no dynamic Conv weights)
+                part = g.add("Slice", [name, start, end, g.i64(local + "/axis", 0)], local + "/part")
+                g.add("Reshape", [part, g.i64(local + "/shape", rule.chunk, *dims)], local)
             rename[name] = local
 
     # the initial state: zeros [B] / [B, K], every row drawing
-    batch = outer.add("Slice", [outer.add("Shape", [data], A + "x_shape"), outer.i64(A + "s0", 0),
-                                outer.i64(A + "s1", 1)], A + "batch")
     rows_k = outer.add("Concat", [batch, outer.i64(A + "k", classes)], A + "batch_k", axis=0)
 
     def fill(shape: str, value: float, out: str) -> str:
@@ -313,9 +320,11 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
 
     zeros_b, zeros_bk = fill(batch, 0.0, A + "zeros_b"), fill(rows_k, 0.0, A + "zeros_bk")
     state = [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
-    if len(chunks) == 1:  # one body, drawn afresh each iteration
+    if len(chunks) == 1 and not noise_inputs:  # one body, drawn afresh each iteration
         state = _loop(outer, graph, drawn, state, logits3, rule, classes, coef, thresh, slices)
-    else:  # chunk i's constants in its own branch
+    else:  # chunk i's constants, or its slice of the host noise, in its own branch (TensorRT-RTX 1.7's builder
+        # fails an internal check on a Loop body that slices a graph input by the iteration number)
+        chunks = chunks if len(chunks) > 1 else chunks * rule.chunks
         state = _chain(outer, chunks, drawn, differing, state, logits3, rule, classes, coef, thresh, slices)
 
     # the head on the running statistics (the fixed head's formulas: tasks.classification)
