@@ -337,12 +337,18 @@ def _plot(task: Task, sums: _Sums, in_mi: np.ndarray, ood_mi: np.ndarray | None,
         plots.plot_evaluation(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)
 
 
-def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, mode: str = "auto",
+def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int | str = 16, mode: str = "auto",
                      onnx_path: str | None = None, engine: str | None = None, baseline_runner: str = "auto",
                      bench_results: str | None = None, remote: str | None = None, remote_edgebnn: str = "edgebnn",
                      batch: int = 1, runs: int = 200, warmup: int = 20, threads: int = 2,
-                     power_meter: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     power_meter: str | None = None, progress: Callable[[str], None] | None = None,
+                     data: DataSource | None = None, ood_data: DataSource | None = None,
+                     inputs: int = 100) -> dict[str, Any]:
     """Profile an .ebnn's ensemble against its float baselines built from the same IR, on one target.
+
+    An anytime ensemble (``samples="auto"``, or an anytime ``onnx_path``) costs what its inputs make it draw: it is
+    timed per input on the first ``inputs`` rows of ``data`` (and of ``ood_data``), ``runs`` rounds, against the
+    fixed export at its largest count, det-S and the float BNN (:func:`edgebnn.targets.profiler.profile_anytime`).
 
     The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
     on the fly in ``mode`` (``auto``: on the CPU without ``bench_results`` what ``edgebnn export`` writes by default,
@@ -362,6 +368,18 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             f"{artifact}: profile builds the float baselines from the .ebnn the export came from; give both: "
             f"edgebnn profile {ir_name} --onnx {artifact}" + ("" if ir_path.is_file() else " (your .ebnn)"))
     model = load_ir(artifact)  # validated here, also before copying it to a remote machine
+    anytime_onnx = None
+    if onnx_path and not engine:
+        from edgebnn.runtime.session import read_export
+
+        proto, meta, _ = read_export(onnx_path)
+        anytime_onnx = proto if meta.anytime is not None else None
+    if samples == "auto" or anytime_onnx is not None:
+        return _profile_anytime(model, anytime_onnx, device=device, mode=mode, remote=remote, engine=engine,
+                                data=data, ood_data=ood_data, inputs=inputs, runs=runs, warmup=warmup,
+                                threads=threads, progress=progress)
+    if isinstance(samples, str):
+        raise InvalidOptionError(f"--samples {samples}: a positive integer, or auto")
     if remote:
         from edgebnn.targets.remote import profile_remote
 
@@ -396,3 +414,47 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
                      threads=threads, power_meter=power_meter, progress=progress)
     report["mode_reason"] = mode_reason
     return report
+
+
+def _profile_anytime(model: BNNModel, ensemble: Any, *, device: str, mode: str, remote: str | None,
+                     engine: str | None, data: DataSource | None, ood_data: DataSource | None, inputs: int,
+                     runs: int, warmup: int, threads: int, progress: Callable[[str], None] | None) -> dict[str, Any]:
+    """profile of an anytime ensemble (``ensemble``, or exported here with the rule's defaults): per input, on
+    ``inputs`` rows of the data, against the fixed export of the same mode at its largest count."""
+    from edgebnn.exporters.anytime import export_anytime, rule_for
+    from edgebnn.exporters.defaults import export_auto
+    from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.targets.profiler import profile_anytime
+
+    if remote or engine or device != "cpu":
+        raise InvalidOptionError("--samples auto: profile times an anytime ensemble per input with onnxruntime here "
+                                 "(--device cpu); an engine or a remote board is not profiled that way yet")
+    if data is None:
+        raise InvalidOptionError("--samples auto: an anytime ensemble's latency depends on its inputs; give --data "
+                                 "(in-distribution inputs; --ood-data adds unfamiliar ones)")
+    if inputs <= 0:
+        raise InvalidOptionError(f"--inputs {inputs}: must be positive")
+    if ensemble is None:
+        ensemble, _ = export_anytime(model, rule_for(model), mode=mode, device="cpu")
+    meta = read_metadata(ensemble, "ensemble")
+    fixed, _ = export_auto(model, meta.samples, mode=meta.mode, noise=meta.noise or "auto", device="cpu",
+                           rng=meta.rng or "host", **({"weights": meta.weights} if meta.weights else {}))
+    sets = {"in": _first_rows(dataset_for(model, data, split="test" if str(data) == "digits" else None), inputs)}
+    if ood_data is not None:
+        sets["ood"] = _first_rows(dataset_for(model, ood_data, labels=False, option="--ood-data"), inputs)
+    report = profile_anytime(model, ensemble, fixed, sets, device=device, rounds=runs, warmup=warmup,
+                             threads=threads, progress=progress)
+    report["data"] = {"in": str(data), **({"ood": str(ood_data)} if ood_data is not None else {})}
+    return report
+
+
+def _first_rows(dataset: Dataset, n: int) -> np.ndarray:
+    """The first ``n`` inputs of ``dataset`` (all, if it has fewer)."""
+    import numpy as np
+
+    rows = []
+    for x, _ in dataset.batches(min(n, 1024)):
+        rows.append(x)
+        if sum(len(r) for r in rows) >= n:
+            break
+    return np.concatenate(rows)[:n]

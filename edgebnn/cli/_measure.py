@@ -95,7 +95,13 @@ def _print_samples_used(report: dict[str, Any]) -> None:
 @main.command()
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
-@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--samples", "-S", default="16", show_default=True, metavar="N|auto",
+              help="Ensemble size S, or auto: the anytime ensemble (edgebnn export --samples auto), timed per input on "
+                   "--data (and --ood-data) against the fixed export at its largest count, det-S and the float BNN.")
+@click.option("--data", default=None, metavar="digits|FILE|DIR",
+              help="Anytime ensembles (--samples auto, or an anytime --onnx): the in-distribution inputs timed.")
+@click.option("--ood-data", default=None, metavar="FILE|DIR", help="Anytime ensembles: unfamiliar inputs timed too.")
+@click.option("--inputs", default=100, show_default=True, help="Anytime ensembles: how many inputs of each set.")
 @click.option("--mode", type=click.Choice(["auto", *MODES]), default="auto",
               show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
@@ -122,18 +128,26 @@ def _print_samples_used(report: dict[str, Any]) -> None:
               help="The edgebnn command on the --remote machine, e.g. ~/venv/bin/edgebnn.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the profile as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
-def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str | None, engine: str | None,
-            baseline_runner: str, bench_results: str | None, batch: int, runs: int, warmup: int, threads: int,
-            power_meter: str | None, remote: str | None, remote_edgebnn: str, json_out: str | None,
-            plot: str | None) -> None:
-    """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run."""
+def profile(artifact: str, device: str, samples: str, data: str | None, ood_data: str | None, inputs: int, mode: str,
+            onnx_path: str | None, engine: str | None, baseline_runner: str, bench_results: str | None, batch: int,
+            runs: int, warmup: int, threads: int, power_meter: str | None, remote: str | None, remote_edgebnn: str,
+            json_out: str | None, plot: str | None) -> None:
+    """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run.
+
+    An anytime ensemble (--samples auto) is timed per input (--runs rounds over --inputs inputs of --data)."""
+    wanted = parse_samples(samples)
     with console.status("profiling") as status:
         report = profile_artifact(
-            artifact, device=device, samples=samples, mode=mode, onnx_path=onnx_path, engine=engine,
-            baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
-            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs, warmup=warmup, threads=threads,
-            power_meter=power_meter, progress=lambda name: status.update(f"profiling {name}"),
+            artifact, device=device, samples=wanted if wanted is not None else 16, mode=mode, onnx_path=onnx_path,
+            engine=engine, baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
+            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs if wanted != "auto" else min(runs, 3),
+            warmup=warmup, threads=threads, power_meter=power_meter,
+            progress=lambda name: status.update(f"profiling {name}"), data=data, ood_data=ood_data, inputs=inputs,
         )
+    if "per_input" in report:
+        _print_anytime_profile(report)
+        write_json(json_out, report, report["schema"])
+        return
     print_profile(console, report)
     console.print("runners: " + "; ".join(f"{name} on {r.get('runner')} ({r.get('provider')})" for name, r in
                                          [("ensemble", report), *report["baselines"].items()]), highlight=False)
@@ -145,6 +159,28 @@ def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str 
 
         plot_profile(report, plot)
         console.print(f"wrote {plot}")
+
+
+def _print_anytime_profile(report: dict[str, Any]) -> None:
+    """Per-input latency of an anytime ensemble and what it is compared with, one table per input set."""
+    s = report["samples"]
+    for tag, part in report["per_input"].items():
+        table = Table(title=f"{'in-distribution' if tag == 'in' else 'OOD'} inputs ({part['n']}, batch 1, "
+                            f"{report['rounds']} rounds): latency per input, ms", title_justify="left")
+        for col in ("graph", "p50", "p90", "mean", "mean / anytime"):
+            table.add_column(col, justify="left" if col == "graph" else "right")
+        names = {"ensemble": f"anytime ({report['mode']}, {part['samples_used']['mean']:.2f} samples on average)",
+                 "fixed": f"fixed S={s} ({report['fixed_mode']})", f"det_{s}": f"det-{s} (float net, {s} copies)",
+                 "float_deterministic": "float net, one pass", "float_bnn": f"float BNN ({s} sampled passes)"}
+        mean = part["latency_ms"]["ensemble"]["mean"]
+        for key, label in names.items():
+            ms = part["latency_ms"][key]
+            table.add_row(label, f"{ms['p50']:.3f}", f"{ms['p90']:.3f}", f"{ms['mean']:.3f}", f"{ms['mean'] / mean:.2f}x")
+        console.print(table)
+    r = report["per_input"]["in"]["ratios"]
+    console.print(f"anytime mean latency (in-distribution): {r['vs_fixed']:.2f}x the fixed S={s} export, "
+                  f"{r[f'vs_det_{s}']:.2f}x det-{s}; {r['speedup_vs_float_bnn']:.1f}x faster than the float BNN "
+                  "(means over the same inputs; engine latency is not measured here)", highlight=False, soft_wrap=True)
 
 
 # -- compare ----------------------------------------------------------------------------------------------
@@ -199,7 +235,13 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
 @main.command()
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for the weights, IR, ONNX and JSON reports.")
-@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--samples", "-S", default="16", show_default=True, metavar="N|auto",
+              help="Ensemble size S, or auto: the anytime ensemble (edgebnn export --samples auto), timed per input on "
+                   "--data (and --ood-data) against the fixed export at its largest count, det-S and the float BNN.")
+@click.option("--data", default=None, metavar="digits|FILE|DIR",
+              help="Anytime ensembles (--samples auto, or an anytime --onnx): the in-distribution inputs timed.")
+@click.option("--ood-data", default=None, metavar="FILE|DIR", help="Anytime ensembles: unfamiliar inputs timed too.")
+@click.option("--inputs", default=100, show_default=True, help="Anytime ensembles: how many inputs of each set.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
