@@ -187,7 +187,7 @@ def _measure(predictors: Sequence[Callable[[np.ndarray], AnyPredictive]], datase
     return reports, sums, outs
 
 
-def samples_used(per_input: np.ndarray) -> dict[str, float]:
+def samples_used(per_input: np.ndarray) -> dict[str, Any]:
     """Summary of the members an anytime ensemble drew per input: mean, p50, p90, min, max and the share of inputs
     at each count (``at``: {count: share})."""
     import numpy as np

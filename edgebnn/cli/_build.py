@@ -318,25 +318,24 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.families import default_samples
     from edgebnn.exporters.metadata import read_metadata
-
     from edgebnn.stopping import parse_samples
 
     model = load_ir(file)
     wanted = parse_samples(samples)
     rule = _anytime_rule(model, wanted, min_samples=min_samples, max_samples=max_samples, chunk=chunk,
                          epsilon=epsilon, delta=delta)
-    samples = rule.max_samples if rule is not None else wanted if isinstance(wanted, int) else default_samples(model, 16)
+    size = rule.max_samples if rule is not None else wanted if isinstance(wanted, int) else default_samples(model, 16)
     _check_output_dir(output)
     where = device or ("cpu" if target == "onnx" else "rtx")
-    with _progress_bar(f"exporting the ensemble, S={'auto' if rule else samples}: layers") as progress:
-        options = {"mode": mode, "seed": seed, "noise": noise_variant, "weights": weight_format,
+    with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
+        options: dict[str, Any] = {"mode": mode, "seed": seed, "noise": noise_variant, "weights": weight_format,
                    "hoist": _parse_hoist(hoist), "form": form, "device": where, "progress": progress, "rng": rng}
         if rule is not None:
             from edgebnn.exporters.anytime import export_anytime
 
             proto, choice = export_anytime(model, rule, **options)
         else:
-            proto, choice = export_auto(model, samples, **options)
+            proto, choice = export_auto(model, size, **options)
     if rule is not None:
         from edgebnn.stopping import describe
 
@@ -366,10 +365,10 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     if target == "onnx":
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, "
-                      f"S={f'auto {rule.min_samples}..{samples}' if rule else samples})")
+                      f"S={f'auto {rule.min_samples}..{size}' if rule else size})")
         deployed = _print_deployed(output, meta.to_dict(), json_out)
         if rule is None:  # its suggestions are fixed-S exports
-            _say_if_larger(model, deployed, file=file, output=output, samples=samples, device=where, seed=seed)
+            _say_if_larger(model, deployed, file=file, output=output, samples=size, device=where, seed=seed)
         return
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.exporters.tensorrt import manifest_path as manifest_name

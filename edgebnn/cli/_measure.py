@@ -175,7 +175,8 @@ def _print_anytime_profile(report: dict[str, Any]) -> None:
         mean = part["latency_ms"]["ensemble"]["mean"]
         for key, label in names.items():
             ms = part["latency_ms"][key]
-            table.add_row(label, f"{ms['p50']:.3f}", f"{ms['p90']:.3f}", f"{ms['mean']:.3f}", f"{ms['mean'] / mean:.2f}x")
+            table.add_row(label, f"{ms['p50']:.3f}", f"{ms['p90']:.3f}", f"{ms['mean']:.3f}",
+                          f"{ms['mean'] / mean:.2f}x")
         console.print(table)
     r = report["per_input"]["in"]["ratios"]
     console.print(f"anytime mean latency (in-distribution): {r['vs_fixed']:.2f}x the fixed S={s} export, "

@@ -94,8 +94,9 @@ class Reference:
         for i in range(rule.chunks):
             logits = []
             for s in range(i * rule.chunk, (i + 1) * rule.chunk):
+                feed = {in_name: x[rows], **{name: w[s] for name, w in weights.items()}}
                 with ort_errors(self.model.where):
-                    logits.append(self.session.run(None, {in_name: x[rows], **{n: w[s] for n, w in weights.items()}})[0])
+                    logits.append(self.session.run(None, feed)[0])
             check_finite(logits, self.model.where)
             z = np.stack(logits).astype(np.float64)  # [c, rows, K]
             z -= z.max(-1, keepdims=True)

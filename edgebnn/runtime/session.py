@@ -113,9 +113,9 @@ class Session:
             names = list(self.task.outputs) if self.task.name == REGRESSION else ["probs", "entropy", "mutual_info"]
             outs = self._sess.run(names + (["samples"] if self.anytime else []), feed)
         if self.anytime:  # an anytime ensemble (--samples auto): the members each input used
-            *outs, used = outs
-            check_finite(outs, self.where)
-            return Predictive(*outs, samples=used)
+            probs, entropy, mutual_info, used = outs
+            check_finite([probs, entropy, mutual_info], self.where)
+            return Predictive(probs, entropy, mutual_info, samples=used)
         check_finite(outs, self.where)
         return RegressionPredictive(*outs) if self.task.name == REGRESSION else Predictive(*outs)
 

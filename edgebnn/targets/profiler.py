@@ -270,8 +270,9 @@ def profile_anytime(model: BNNModel, ensemble: onnx.ModelProto, fixed: onnx.Mode
             graphs = {name: {"p50": float(np.percentile(ms, 50)), "p90": float(np.percentile(ms, 90)),
                              "mean": float(ms.mean())} for name, ms in per_input.items()}
             mean = graphs["ensemble"]["mean"]
-            out[tag] = {"n": len(xs), "latency_ms": graphs, "samples_used": {
-                "mean": float(used.mean()), "p50": float(np.percentile(used, 50)), "p90": float(np.percentile(used, 90))},
+            summary = {"mean": float(used.mean()), "p50": float(np.percentile(used, 50)),
+                       "p90": float(np.percentile(used, 90))}
+            out[tag] = {"n": len(xs), "latency_ms": graphs, "samples_used": summary,
                 "ratios": {"of": "means over the same inputs, each input's median of the rounds",
                            "vs_fixed": mean / graphs["fixed"]["mean"], f"vs_{det_s}": mean / graphs[det_s]["mean"],
                            "vs_float_deterministic": mean / graphs["float_deterministic"]["mean"],
