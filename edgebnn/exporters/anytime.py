@@ -45,7 +45,7 @@ from edgebnn.tasks import CLASSIFICATION
 
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})
-A = "anytime/"  # prefix of every value this rewrite adds
+A = "at/"  # prefix of every value this rewrite adds (short: a chunk copy repeats it on every value)
 S = A + "state/"  # the Loop body's inputs and outputs: iteration, condition, running statistics
 SAMPLES_OUTPUT = "samples"
 
@@ -404,7 +404,7 @@ def _chain(outer: _Graph, chunks: list[onnx.ModelProto], drawn: list[int], diffe
     branch (the else branch passes the state on). Returns the final state's names."""
     c = rule.chunk
     for i, chunk in enumerate(chunks):
-        p = f"{A}c{i}/"
+        p = f"at{i}/"
         g = outer if i == 0 else _Graph(outer.opset)
         rename: dict[str, str] = {}
 
@@ -418,7 +418,7 @@ def _chain(outer: _Graph, chunks: list[onnx.ModelProto], drawn: list[int], diffe
                 copy.CopyFrom(t)
                 copy.name = rename[t.name] = p + "const/" + t.name
                 g.inits.append(copy)
-        g.nodes.extend(_copy(chunk.graph.node[k], rename, p + "graph/", i * SEED_STEP) for k in drawn)
+        g.nodes.extend(_copy(chunk.graph.node[k], rename, p + "g/", i * SEED_STEP) for k in drawn)
         new = [p + k for k in STATE]
         _update(g, p, rename[logits3], c, state, new, g.f32(p + "coef", float(coef[i])),
                 g.f32(p + "thresh", float(thresh[i])))
