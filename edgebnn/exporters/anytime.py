@@ -59,10 +59,12 @@ def rule_for(model: Any, *, min_samples: int | None = None, max_samples: int | N
 
     default = StoppingRule()
     top = max_samples if max_samples is not None else ensemble_members(model) or default.max_samples
-    if chunk is None:
-        chunk = next((c for c in range(default.chunk, 1, -1) if top % c == 0), 1) if top >= 1 else 1
-    if min_samples is None:
-        min_samples = min(top, chunk * -(-default.min_samples // chunk))
+    if chunk is None or min_samples is None:  # the largest chunk up to 4 that leaves a look before the top
+        pairs = [(c, c * -(-default.min_samples // c)) for c in range(default.chunk, 0, -1)
+                 if top % c == 0 and chunk in (None, c)]
+        c, m = next(((c, m) for c, m in pairs if m < top), (chunk or 1, min(2, top)))
+        chunk = chunk or c
+        min_samples = min_samples if min_samples is not None else m
     return StoppingRule(min_samples=min_samples, max_samples=top, chunk=chunk,
                         epsilon=default.epsilon if epsilon is None else epsilon,
                         delta=default.delta if delta is None else delta)
@@ -102,10 +104,6 @@ def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise:
     if choice.mode == "analytic":
         raise InvalidOptionError("--samples auto: analytic mode has no samples to save; give --samples N")
     meta = read_metadata(first, model.where)
-    if meta.noise_inputs and any(r["per"] not in ("row", "sample") or (r["per"] == "sample" and r["shape"][0] != c)
-                                 for r in meta.noise_inputs):
-        raise InvalidOptionError("--samples auto: --noise flipout with --rng host draws once per call; use --rng graph "
-                                 "or another --noise")
     chunks = [first]
     if rule.chunks > 1:
         again = dict(options, mode=choice.mode, noise=choice.noise, device=device)
