@@ -6,10 +6,12 @@ Rank-1 multiplicative Gaussian (Dusenberry et al. 2020) on a dense weight [out, 
 
     E[W] = M,   Var[W] = M² ⊙ ((1 + σ_r²)(1 + σ_s²)ᵀ − 1)   (r and s independent)
 
-The encoding (stored fields, validation, draws, moments) is registered with ``register_encoding``, its in-graph
-draw with ``register_draw``; every export mode then takes it: ``baked`` draws members with the encoding's
-``sample`` (the reference runtime's streams), ``noise --noise weight`` draws it in the graph from host noise,
-``analytic`` reads its moments (``noise --noise local``, exact only for Gaussian weights, refuses it).
+The family (its encoding: stored fields, validation, draws, moments; its in-graph draw; what analytic mode does with
+it) is registered once with the public ``edgebnn.families.register_family``; every export mode then takes it:
+``baked`` draws members with the encoding's ``sample`` (the reference runtime's streams), ``noise`` draws it in the
+graph from host noise (every variant draws it whole: it is not Gaussian weight by weight), ``analytic`` reads its
+moments, which drop the correlation of a row's and a column's weights: the family states that approximation and its
+measured bound, and the export records it. Only public names are imported (the plug-in interface).
 """
 
 from __future__ import annotations
@@ -22,20 +24,26 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.draws import register_draw
+from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.metadata import read_metadata
+from edgebnn.families import (
+    Analytic,
+    Encoding,
+    Family,
+    GraphBuilder,
+    NoiseNeed,
+    check_finite,
+    check_shape,
+    register_family,
+)
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, from_bytes, make_encoding_node, to_bytes
-from edgebnn.ir.encodings import Encoding, NoiseNeed, register_encoding
-from edgebnn.ir.encodings.base import check_finite, check_shape
 from edgebnn.runtime import Session
 from edgebnn.runtime.reference import predict
 
 ROUNDOFF = 1e-5  # the same float32 products in another order
 
 
-@register_encoding
 class Rank1GaussianWeight(Encoding):
     """W = M ⊙ (r sᵀ) with r ~ N(1, σ_r²) per output row and s ~ N(1, σ_s²) per input column (module docstring)."""
 
@@ -86,8 +94,7 @@ class Rank1GaussianWeight(Encoding):
         return NoiseNeed(".r", (self.shape[0],)), NoiseNeed(".s", (self.shape[1],))
 
 
-@register_draw(Rank1GaussianWeight.op_type)
-def rank1_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+def rank1_draw(b: GraphBuilder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """W_s = M ⊙ (1 + σ_r ε_r)[S, out, 1] ⊙ (1 + σ_s ε_s)[S, 1, in], from the host noise ``eps[".r"]``,
     ``eps[".s"]``."""
     assert isinstance(enc, Rank1GaussianWeight)
@@ -99,6 +106,12 @@ def rank1_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str],
     s3 = b.add("Unsqueeze", [s, b.i64(p + "ax1", 1)], p + "s3")
     rs = b.add("Mul", [r3, s3], p + "rs")
     return b.add("Mul", [b.f32(p + "mean", enc.m), rs], p + (tag + "s" if tag else "W_s"))
+
+
+# measured by test_analytic_states_its_approximation (mean |Δp| 0.019 against S = 1000, its Monte Carlo error 0.007)
+BOUND = "per-weight moments drop the row and column correlation: mean |Δp| <= 0.04 on the test MLP (S = 1000)"
+register_family(Family("rank1", (Rank1GaussianWeight,), "rank-1 multiplicative Gaussian (test)",
+                       draws={"Rank1GaussianWeight": rank1_draw}, analytic=Analytic("approximate", bound=BOUND)))
 
 
 def _model(seed: int = 0, n_in: int = 5, hidden: int = 6, classes: int = 4) -> BNNModel:
@@ -185,15 +198,42 @@ def test_noise_export_draws_the_weight_in_the_graph():
     np.testing.assert_allclose(got.probs, (p / p.sum(-1, keepdims=True)).mean(1), atol=ROUNDOFF)
 
 
-def test_analytic_reads_its_moments_and_local_noise_refuses_a_non_gaussian_weight():
+def test_analytic_states_its_approximation():
     """``analytic`` propagates the moments: close to the S = 1000 reference predictive. Measured mean |Δp| 0.019:
     the moment matching through the ReLU and the softmax quadrature (0.018 against S = 4000 too), plus the
-    reference's own Monte Carlo error (0.007 between two S = 1000 seeds); 0.04 is twice that. ``--noise local`` is
-    exact only for Gaussian weights, so it refuses this one in one line."""
+    reference's own Monte Carlo error (0.007 between two S = 1000 seeds); 0.04 is twice that. The family states the
+    approximation, and the export records it."""
     ir, x = _model(), _x(64)
-    got = Session(export_onnx(ir, 64, mode="analytic")).predict(x).probs
+    proto = export_onnx(ir, 64, mode="analytic")
+    got = Session(proto).predict(x).probs
     ref = predict(ir, x, 1000, seed=0).probs
     assert np.abs(got - ref).mean() < 0.04
-    with pytest.raises(InvalidOptionError, match="Rank1GaussianWeight, which --mode noise cannot draw") as e:
-        export_onnx(ir, 4, mode="noise", noise="local")
+    assert read_metadata(proto, "m").approximations == (f"rank1: {BOUND}",)
+
+
+def test_every_noise_variant_draws_it_whole():
+    """Not Gaussian weight by weight, so ``local`` and ``auto`` draw it with its own draw (one r and s per sample),
+    as ``weight`` does, where they run the Gaussian fc2 on its moments (one ε per row of B·S)."""
+    ir = _model()
+    for variant in ("local", "auto", "weight"):
+        records = {r["name"]: r for r in read_metadata(export_onnx(ir, 4, mode="noise", noise=variant), "m")
+                   .noise_inputs or ()}
+        assert records["noise/fc1.weight.r"]["shape"] == [4, 6] and records["noise/fc1.weight.s"]["shape"] == [4, 5]
+        assert records["noise/fc1.weight.r"]["per"] == "sample"
+        assert records["noise/fc2.weight"]["per"] == ("sample" if variant == "weight" else "row")
+
+
+def test_a_family_that_states_no_analytic_rule_is_refused_there():
+    """A family registered without ``analytic`` is never treated as independent weights: one line naming it."""
+
+    class Rank1Silent(Rank1GaussianWeight):
+        op_type = "Rank1SilentWeight"
+
+    register_family(Family("rank1-silent", (Rank1Silent,), draws={"Rank1SilentWeight": rank1_draw}))
+    rank1 = _model().encoded_weight("fc1.weight").encoding
+    assert isinstance(rank1, Rank1GaussianWeight)
+    ir = _model()
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Silent(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    with pytest.raises(Exception, match=r"rank1-silent.*--mode analytic.*states no analytic rule") as e:
+        export_onnx(ir, 4, mode="analytic")
     assert "\n" not in str(e.value)
