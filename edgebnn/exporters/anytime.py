@@ -6,23 +6,25 @@ mode, weight store, form and device rule of the fixed export holds unchanged ins
 
     fixed chunk graph (S = c)             anytime graph
     ─────────────────────────             ──────────────────────────────────────────────────────────────
-    decodes, constants, input fold   ->   outside the Loop, once per call (they do not change per chunk)
-    draws, sampled layers -> logits  ->   Loop body: chunk i's c members -> softmax -> chunk mean, M2, E[Σ p log p]
+    decodes, constants, input fold   ->   outside the chunks, once per call (they do not change per chunk)
+    draws, sampled layers -> logits  ->   chunk i: its c members -> softmax -> chunk mean, M2, E[Σ p log p],
     head (mean over S)               ->   merged into per-row running statistics (rows still drawing only);
                                           the rule (r_k² = a_i · M2_k < ε², intervals disjoint) settles rows;
-                                          the Loop ends when every row has settled, or after S_max / c chunks
+                                          the next chunk runs while any row is drawing, S_max / c chunks at most
                                           head on the running statistics; ``samples`` [B]: members each row used
 
-What changes between chunks is given to the body by the iteration index ``i``:
+Two forms of "the next chunk", by what changes between chunks:
 
-- ``noise --rng graph`` / ``shared``: the random ops are in the body and draw afresh each iteration (onnxruntime:
-  checked in tests/unit/test_anytime.py; a TensorRT Fill layer on a GPU: unverified, docs/tensorrt.md);
-- ``--rng host``: the noise inputs keep the shapes of the S_max fixed export ([S_max, ...] per sample,
-  [B·S_max, ...] per row, which :class:`edgebnn.runtime.Session` fills), and the body slices chunk i's
-  members ``i·c .. i·c + c - 1`` from them;
-- ``baked`` (and ``noise --noise mixed``'s baked kernels): chunk i is the fixed export of members ``i·c ..
-  i·c + c - 1`` of the S_max draw (``export_onnx(..., window=(i·c, S_max))``); the constants that differ
-  between chunks are stacked [S_max / c, ...] and the body gathers row i.
+- nothing but random draws (``noise`` / ``shared`` with ``--rng graph``): one ``Loop`` over one body, whose random
+  ops draw afresh each iteration (onnxruntime: checked in tests/unit/test_anytime.py; a TensorRT Fill layer on a
+  GPU: unverified, docs/tensorrt.md);
+- constants or inputs (``baked``, ``--noise mixed``'s baked kernels: chunk i is the fixed export of members
+  ``i·c .. i·c + c - 1`` of the S_max draw, ``export_onnx(..., window=(i·c, S_max))``; ``--rng host``: chunk i
+  slices those members from noise inputs that keep the S_max fixed export's shapes, which
+  :class:`edgebnn.runtime.Session` fills): chunk 0 inline, then one ``If`` per chunk holding its own constants and
+  slicing its noise at constant offsets (a Loop would copy each chunk's members per call, and TensorRT-RTX 1.7's
+  builder fails on noise sliced by the iteration number). Random ops in chunk i's copy draw with seed +
+  i·:data:`SEED_STEP`.
 
 With the rule off (``epsilon = 0``) every row runs S_max / c chunks: the same members (baked) or the same noise
 (host) as the fixed export at S_max, whose predictive it then equals to float round-off (tested).

@@ -7,6 +7,9 @@ the standard-normal noise inputs on the host (numpy, seedable) so callers never 
     sess = Session("model.onnx", seed=0)
     pred = sess.predict(x)          # pred.probs [B, K], pred.entropy [B], pred.mutual_info [B]
 
+An anytime export (``edgebnn export --samples auto``) adds ``pred.samples`` [B], the members each input drew before
+its predictive settled (:mod:`edgebnn.stopping`).
+
 A regression export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean``, ``variance``, ``aleatoric``,
 ``epistemic``, each [B, D]); a segmentation export per-pixel probs [B, C, *spatial] and maps [B, *spatial].
 """
