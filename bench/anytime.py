@@ -31,7 +31,9 @@ of 16 of them run through the rule as the reference runtime runs it (:class:`edg
 and each input's violation rate is the share of orders that stop with a class probability ε or more from that
 order's 16-member value, or another class. Reported per set: the mean rate (the promise averaged over inputs),
 the largest, and how many inputs are above δ by more than chance (one-sided binomial p < 0.001), for the default
-rule and ``--variants``.
+rule and ``--variants``; and, an order being one member set for every input as a baked export holds, the change of
+the MI-AUROC (test digits vs each OOD set) from those 16 members to the anytime predictive: mean and standard
+deviation over the orders.
 
 Prints one JSON line (schema ``edgebnn.bench.anytime/1``) and markdown tables (docs/speed.md, docs/anytime.md).
 Run from the repository root (about 25 minutes on 2 cores with the models cached for ``--parts quality``, 15 for
@@ -235,6 +237,7 @@ def guarantee(name: str, *, cache: Path | None, orders: int, variants: list[dict
               progress: Any) -> dict[str, Any]:
     """The rule's violation rate per input on real members (module docstring, ``--parts guarantee``)."""
     from scipy import stats
+    from sklearn.metrics import roc_auc_score
 
     from edgebnn.data import digits
     from edgebnn.exporters.anytime import rule_for
@@ -259,36 +262,51 @@ def guarantee(name: str, *, cache: Path | None, orders: int, variants: list[dict
         rule = rule_for(bnn, **options)
         label = ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
         rng = np.random.default_rng(1)
-        per_set = {}
-        for k, p_all in members.items():
-            bad = np.zeros(p_all.shape[1])
-            used = 0.0
-            for _ in range(orders):
-                p = p_all[rng.permutation(population)[:rule.max_samples]]
+        bad = {k: np.zeros(p.shape[1]) for k, p in members.items()}
+        used = dict.fromkeys(members, 0.0)
+        auroc: dict[str, list[float]] = {k: [] for k in members if k != "in"}
+        for _ in range(orders):
+            order = rng.permutation(population)[:rule.max_samples]  # one member set for every input, as baked
+            mi = {}
+            for k, p_all in members.items():
+                p = p_all[order]
                 state = RunningPredictive(p.shape[1], p.shape[2])
                 rows = np.arange(p.shape[1])
                 for i in range(rule.chunks):
                     state.add(rows, p[i * rule.chunk:(i + 1) * rule.chunk, rows])
                     rows = rows[~rule.settled(state.mean[rows], state.m2[rows], i, p.shape[2])]
                 full = p.mean(0)
-                bad += (np.abs(state.mean - full).max(-1) >= rule.epsilon) | (state.mean.argmax(-1) != full.argmax(-1))
-                used += state.n.mean() / orders
-            rate = bad / orders
-            above = stats.binom.sf(bad - 1, orders, rule.delta) < 1e-3
+                far = np.abs(state.mean - full).max(-1) >= rule.epsilon
+                bad[k] += far | (state.mean.argmax(-1) != full.argmax(-1))
+                used[k] += state.n.mean() / orders
+                full_h = -(full * np.log(np.maximum(full, 1e-12))).sum(-1)
+                mi[k] = (state.outputs()[2], full_h + (p * np.log(np.maximum(p, 1e-12))).sum(-1).mean(0))
+            for k in auroc:  # MI-AUROC change, anytime - these 16 members, test digits vs set k
+                labels = np.r_[np.zeros(len(mi["in"][0])), np.ones(len(mi[k][0]))]
+                auroc[k].append(roc_auc_score(labels, np.r_[mi["in"][0], mi[k][0]])
+                                - roc_auc_score(labels, np.r_[mi["in"][1], mi[k][1]]))
+        per_set = {}
+        for k, b in bad.items():
+            rate = b / orders
+            above = stats.binom.sf(b - 1, orders, rule.delta) < 1e-3
             per_set[k] = {"mean_rate": float(rate.mean()), "max_rate": float(rate.max()),
-                          "inputs_above_delta": int(above.sum()), "inputs": len(rate), "samples_used": used}
+                          "inputs_above_delta": int(above.sum()), "inputs": len(rate), "samples_used": used[k]}
+            if k in auroc:
+                per_set[k]["auroc_change"] = {"mean": float(np.mean(auroc[k])), "sd": float(np.std(auroc[k]))}
         out[label] = {"rule": rule.to_dict(), "sets": per_set}
     return out
 
 
 def guarantee_markdown(result: dict[str, Any]) -> str:
     lines = ["| model | rule | set | samples used | bad stops, mean over inputs | worst input | inputs above δ "
-             "(p < 0.001) |", "|---|---|---|---:|---:|---:|---:|"]
+             "(p < 0.001) | MI-AUROC change: mean ± sd over member sets |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for name, variants in result.get("guarantee", {}).items():
         for label, v in variants.items():
             for k, s in v["sets"].items():
+                change = s.get("auroc_change")
+                text = f"{change['mean']:+.4f} ± {change['sd']:.4f}" if change else ""
                 lines.append(f"| {name} | {label} | {k} | {s['samples_used']:.2f} | {s['mean_rate']:.4f} | "
-                             f"{s['max_rate']:.3f} | {s['inputs_above_delta']} of {s['inputs']} |")
+                             f"{s['max_rate']:.3f} | {s['inputs_above_delta']} of {s['inputs']} | {text} |")
     return "\n".join(lines)
 
 
