@@ -237,3 +237,78 @@ def test_a_family_that_states_no_analytic_rule_is_refused_there():
     with pytest.raises(Exception, match=r"rank1-silent.*--mode analytic.*states no analytic rule") as e:
         export_onnx(ir, 4, mode="analytic")
     assert "\n" not in str(e.value)
+
+
+class Rank1Undrawn(Rank1GaussianWeight):
+    """The same posterior in a family that gives no draw and declares only a ``fixed`` lowering."""
+
+    op_type = "Rank1UndrawnWeight"
+
+
+def _keep_rank1(pass_, weight, rng):
+    from edgebnn.families import LayerOutcome
+
+    return LayerOutcome(weight.encoding, "rank-1: kept")
+
+
+register_family(Family("rank1-undrawn", (Rank1Undrawn,), lowerings={"Rank1UndrawnWeight": {"fixed": _keep_rank1}},
+                       analytic=Analytic("approximate", bound=BOUND)))
+
+
+def _undrawn() -> BNNModel:
+    ir = _model()
+    rank1 = ir.encoded_weight("fc1.weight").encoding
+    assert isinstance(rank1, Rank1GaussianWeight)
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Undrawn(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    return ir
+
+
+def test_float_keeps_a_family_that_declares_other_lowerings_and_others_are_refused():
+    from edgebnn.errors import InvalidOptionError
+    from edgebnn.passes import lower
+
+    ir = _undrawn()
+    kept = lower(ir, "float").model.encoded_weight("fc1.weight").encoding
+    assert kept.op_type == "Rank1UndrawnWeight"
+    assert lower(ir, "fixed").model.encoded_weight("fc1.weight").encoding.op_type == "Rank1UndrawnWeight"
+    with pytest.raises(InvalidOptionError, match=r"Rank1UndrawnWeight, which mcq cannot lower; use --scheme fixed "
+                                                 r"or float"):
+        lower(ir, "mcq")
+
+
+def test_the_default_mode_says_why_it_is_not_the_devices_default():
+    """A family without a draw cannot export ``noise`` (cpu's default): ``--mode auto`` writes ``baked`` and its
+    reason names the default it could not take, never calls baked the default."""
+    from edgebnn.exporters.defaults import export_auto
+
+    _, choice = export_auto(_undrawn(), 4, device="cpu")
+    assert choice.mode == "baked"
+    assert choice.reason is not None and choice.reason.startswith(
+        "the default on cpu is --mode noise, which cannot export it: --mode noise: ")
+    assert "Rank1UndrawnWeight, which --mode noise cannot draw (its family has no in-graph draw)" in choice.reason
+
+
+def test_a_larger_export_names_the_lowering_that_exists(tmp_path):
+    """``export`` of a file larger than the fp32 BNN suggests ``lower --scheme fixed`` only where fixed lowers every
+    layer; this family's fixed lowering keeps it, so the hint says which layers no scheme shrinks."""
+    from click.testing import CliRunner
+
+    from edgebnn.cli import main
+    from edgebnn.ir import save
+
+    class Rank1Kept(Rank1GaussianWeight):
+        op_type = "Rank1KeptWeight"
+
+    register_family(Family("rank1-kept", (Rank1Kept,), draws={"Rank1KeptWeight": rank1_draw}, analytic=Analytic(
+        "approximate", bound=BOUND)))
+    ir = _model()
+    rank1 = ir.encoded_weight("fc1.weight").encoding
+    assert isinstance(rank1, Rank1GaussianWeight)
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Kept(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    save(ir, tmp_path / "m.ebnn")
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "m.ebnn"), "--mode", "baked", "--samples", "64", "-o",
+                                  str(tmp_path / "m.onnx")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "larger than the fp32 BNN" in flat and "lower the IR first" not in flat
+    assert "its Rank1KeptWeight layers have no fixed lowering" in flat
