@@ -340,14 +340,15 @@ def _plot(task: Task, sums: _Sums, in_mi: np.ndarray, ood_mi: np.ndarray | None,
 def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int | str = 16, mode: str = "auto",
                      onnx_path: str | None = None, engine: str | None = None, baseline_runner: str = "auto",
                      bench_results: str | None = None, remote: str | None = None, remote_edgebnn: str = "edgebnn",
-                     batch: int = 1, runs: int = 200, warmup: int = 20, threads: int = 2,
+                     batch: int = 1, runs: int | None = None, warmup: int = 20, threads: int = 2,
                      power_meter: str | None = None, progress: Callable[[str], None] | None = None,
                      data: DataSource | None = None, ood_data: DataSource | None = None,
                      inputs: int = 100) -> dict[str, Any]:
     """Profile an .ebnn's ensemble against its float baselines built from the same IR, on one target.
 
     An anytime ensemble (``samples="auto"``, or an anytime ``onnx_path``) costs what its inputs make it draw: it is
-    timed per input on the first ``inputs`` rows of ``data`` (and of ``ood_data``), ``runs`` rounds, against the
+    timed per input on the first ``inputs`` rows of ``data`` (and of ``ood_data``), ``runs`` rounds (default 3; a
+    fixed ensemble: ``runs`` timed runs, default 200), against the
     fixed export at its largest count, det-S and the float BNN (:func:`edgebnn.targets.profiler.profile_anytime`).
 
     The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
@@ -376,8 +377,9 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
         anytime_onnx = proto if meta.anytime is not None else None
     if samples == "auto" or anytime_onnx is not None:
         return _profile_anytime(model, anytime_onnx, device=device, mode=mode, remote=remote, engine=engine,
-                                data=data, ood_data=ood_data, inputs=inputs, runs=runs, warmup=warmup,
-                                threads=threads, progress=progress)
+                                data=data, ood_data=ood_data, inputs=inputs, runs=3 if runs is None else runs,
+                                warmup=warmup, threads=threads, progress=progress)
+    runs = 200 if runs is None else runs
     if isinstance(samples, str):
         raise InvalidOptionError(f"--samples {samples}: a positive integer, or auto")
     if remote:

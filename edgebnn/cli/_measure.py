@@ -118,7 +118,8 @@ def _print_samples_used(report: dict[str, Any]) -> None:
               help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu; "
                    "without it, auto means baked.")
 @click.option("--batch", default=1, show_default=True)
-@click.option("--runs", default=200, show_default=True, help="Timed runs per graph.")
+@click.option("--runs", type=int, default=None,
+              help="Timed runs per graph [200]; an anytime ensemble: rounds of every graph over its inputs [3].")
 @click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
 @click.option("--threads", default=2, show_default=True, help="onnxruntime/torch CPU threads.")
 @click.option("--power-meter", default=None, help="nvml, tegrastats, ina3221, jtop, rapl or none (default: auto).")
@@ -130,7 +131,8 @@ def _print_samples_used(report: dict[str, Any]) -> None:
 @click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
 def profile(artifact: str, device: str, samples: str, data: str | None, ood_data: str | None, inputs: int, mode: str,
             onnx_path: str | None, engine: str | None, baseline_runner: str, bench_results: str | None, batch: int,
-            runs: int, warmup: int, threads: int, power_meter: str | None, remote: str | None, remote_edgebnn: str,
+            runs: int | None, warmup: int, threads: int, power_meter: str | None, remote: str | None,
+            remote_edgebnn: str,
             json_out: str | None, plot: str | None) -> None:
     """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run.
 
@@ -140,7 +142,7 @@ def profile(artifact: str, device: str, samples: str, data: str | None, ood_data
         report = profile_artifact(
             artifact, device=device, samples=wanted if wanted is not None else 16, mode=mode, onnx_path=onnx_path,
             engine=engine, baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
-            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs if wanted != "auto" else min(runs, 3),
+            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs,
             warmup=warmup, threads=threads, power_meter=power_meter,
             progress=lambda name: status.update(f"profiling {name}"), data=data, ood_data=ood_data, inputs=inputs,
         )
