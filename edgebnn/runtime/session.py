@@ -7,6 +7,9 @@ the standard-normal noise inputs on the host (numpy, seedable) so callers never 
     sess = Session("model.onnx", seed=0)
     pred = sess.predict(x)          # pred.probs [B, K], pred.entropy [B], pred.mutual_info [B]
 
+An anytime export (``edgebnn export --samples auto``) adds ``pred.samples`` [B], the members each input drew before
+its predictive settled (:mod:`edgebnn.stopping`).
+
 A regression export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean``, ``variance``, ``aleatoric``,
 ``epistemic``, each [B, D]); a segmentation export per-pixel probs [B, C, *spatial] and maps [B, *spatial].
 """
@@ -84,7 +87,14 @@ class Session:
 
     @property
     def samples(self) -> int:
+        """S of a fixed export; an anytime export's largest sample count (``predict(x).samples``: what each input
+        used)."""
         return self.meta.samples
+
+    @property
+    def anytime(self) -> bool:
+        """Whether this is an anytime ensemble (``--samples auto``: each input draws until its predictive settles)."""
+        return self.meta.anytime is not None
 
     def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> AnyPredictive:
         """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``: a
@@ -104,7 +114,11 @@ class Session:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
         with ort_errors(self.where):
             names = list(self.task.outputs) if self.task.name == REGRESSION else ["probs", "entropy", "mutual_info"]
-            outs = self._sess.run(names, feed)
+            outs = self._sess.run(names + (["samples"] if self.anytime else []), feed)
+        if self.anytime:  # an anytime ensemble (--samples auto): the members each input used
+            probs, entropy, mutual_info, used = outs
+            check_finite([probs, entropy, mutual_info], self.where)
+            return Predictive(probs, entropy, mutual_info, samples=used)
         check_finite(outs, self.where)
         return RegressionPredictive(*outs) if self.task.name == REGRESSION else Predictive(*outs)
 

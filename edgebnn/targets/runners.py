@@ -166,7 +166,7 @@ class SessionRunner:
         p = self.session.predict(self._input(x))
         if isinstance(p, RegressionPredictive):
             return [p.mean, p.variance, p.aleatoric, p.epistemic]
-        return [p.probs, p.entropy, p.mutual_info]
+        return [p.probs, p.entropy, p.mutual_info, *([p.samples] if p.samples is not None else [])]
 
     def bind(self, x: Feed) -> Callable[[], Any]:
         arr = self._input(x)
