@@ -41,6 +41,7 @@ class Predictive:
     probs: np.ndarray  # [N, K]
     entropy: np.ndarray  # [N]
     mutual_info: np.ndarray  # [N]
+    samples: np.ndarray | None = None  # [N] members each input used (an anytime ensemble, --samples auto)
 
     def ood_scores(self) -> tuple[np.ndarray, np.ndarray]:
         """Per example (total, epistemic) uncertainty: entropy and mutual information (their image means for

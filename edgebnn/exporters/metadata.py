@@ -25,6 +25,9 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     precision, calibration        INT8 calibration (``calibrate``): "int8" and its settings
     task, task_options            the graph's task unless classification (:meth:`edgebnn.tasks.Task.record`;
                                   absent: classification), whose outputs are the task's
+    anytime         an anytime ensemble (``--samples auto``, :mod:`edgebnn.exporters.anytime`): its stopping rule
+                    (:meth:`edgebnn.stopping.StoppingRule.to_dict`); ``samples`` is then the largest count, and the
+                    outputs end with ``samples`` (members each input used)
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class ExportMetadata:
     task_options: Mapping[str, Any] | None = None
     input_range: tuple[float, float] | None = None
     approximations: tuple[str, ...] | None = None
+    anytime: Mapping[str, Any] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -232,6 +236,8 @@ def _check_graph(proto: onnx.ModelProto, meta: ExportMetadata, bad: str) -> None
     if not set(meta.outputs) <= outputs:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} are not all graph outputs ({sorted(outputs)})")
     want = ("probs",) if meta.is_baseline else meta.task_spec(bad).outputs
+    if meta.anytime is not None:
+        want = (*want, "samples")
     if tuple(meta.outputs) != want:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} of a {meta.mode} graph must be {list(want)}")
 
@@ -301,6 +307,7 @@ _CHECKS: dict[str, Any] = {
     "task": _is_text,
     "task_options": lambda v: isinstance(v, dict),
     "approximations": _is_text_list,
+    "anytime": lambda v: isinstance(v, dict) and _anytime_ok(v),
     "input_range": lambda v: isinstance(v, list) and len(v) == 2 and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v) and v[0] <= v[1],
 }
@@ -313,8 +320,21 @@ _DESCRIBE = {
     "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
     "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
     "input_range": "[min, max] of finite numbers", "approximations": "a list of non-empty strings",
+    "anytime": "a stopping rule (edgebnn.stopping)",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
+
+
+def _anytime_ok(v: dict[str, Any]) -> bool:
+    """A stopping rule :class:`edgebnn.stopping.StoppingRule` accepts."""
+    from edgebnn.errors import EdgeBNNError
+    from edgebnn.stopping import StoppingRule
+
+    try:
+        StoppingRule.from_dict(v, "<metadata>")
+    except EdgeBNNError:
+        return False
+    return True
 
 
 def _json_type(v: object) -> str:

@@ -10,6 +10,9 @@ the standard-normal noise inputs on the host (numpy, seedable) so callers never 
 The answer is the export's task's (:meth:`edgebnn.tasks.Task.predictive` of its graph outputs): a regression
 export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean``, ``variance``, ``aleatoric``, ``epistemic``,
 each [B, D]); a segmentation export per-pixel probs [B, C, *spatial] and maps [B, *spatial].
+
+An anytime export (``edgebnn export --samples auto``) adds ``pred.samples`` [B], the members each input drew before
+its predictive settled (:mod:`edgebnn.stopping`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.ir import check_text
-from edgebnn.metrics import AnyPredictive
+from edgebnn.metrics import AnyPredictive, Predictive
 from edgebnn.runtime._ort import check_finite, ort_errors
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -84,7 +87,14 @@ class Session:
 
     @property
     def samples(self) -> int:
+        """S of a fixed export; an anytime export's largest sample count (``predict(x).samples``: what each input
+        used)."""
         return self.meta.samples
+
+    @property
+    def anytime(self) -> bool:
+        """Whether this is an anytime ensemble (``--samples auto``: each input draws until its predictive settles)."""
+        return self.meta.anytime is not None
 
     def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> AnyPredictive:
         """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``, as the export's
@@ -103,7 +113,11 @@ class Session:
         elif noise:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
         with ort_errors(self.where):
-            outs = self._sess.run(list(self.task.outputs), feed)
+            outs = self._sess.run([*self.task.outputs, *(["samples"] if self.anytime else [])], feed)
+        if self.anytime:  # an anytime ensemble (--samples auto, softmax classifiers only): the members each input used
+            probs, entropy, mutual_info, used = outs
+            check_finite([probs, entropy, mutual_info], self.where)
+            return Predictive(probs, entropy, mutual_info, samples=used)
         check_finite(outs, self.where)
         return self.task.predictive(outs)
 
