@@ -225,9 +225,9 @@ _state = {"started": False}
 
 
 def _snapshot() -> dict[str, set[str]]:
-    from edgebnn.tasks import HEADS
+    from edgebnn.tasks import TASKS
 
-    return {"families": set(FAMILIES), "encodings": set(ENCODINGS), "tasks": set(HEADS)}
+    return {"families": set(FAMILIES), "encodings": set(ENCODINGS), "tasks": set(TASKS)}
 
 
 def _import(name: str, module: str, source: str, origin: str) -> None:

@@ -113,9 +113,7 @@ class _Sums:
     example (for a segmentation plot)."""
 
     def __init__(self, task: Task, classes: int) -> None:
-        from edgebnn.tasks import metric_sums
-
-        self.metrics = metric_sums(task, classes)
+        self.metrics = task.metrics(classes)
         self.entropy: list[np.ndarray] = []  # per input: total uncertainty (entropy; image mean; Gaussian entropy)
         self.mutual_info: list[np.ndarray] = []  # per input: epistemic (MI; image mean MI; epistemic variance)
         self.samples: list[np.ndarray] = []  # per input: the members an anytime ensemble drew (--samples auto)
@@ -126,14 +124,12 @@ class _Sums:
 
 
 def _stream(predictors: Iterable[Callable[[np.ndarray], AnyPredictive]], dataset: Dataset,
-            progress: Progress | None, *, labelled: bool = True, task: Task | None = None,
-            classes: int = 0) -> list[_Sums]:
+            progress: Progress | None, *, task: Task, classes: int, labelled: bool = True) -> list[_Sums]:
     """Run every predictor on every batch of ``dataset``; only metric sums and two floats per input are kept."""
     from edgebnn.data import DEFAULT_BATCH
-    from edgebnn.tasks import Task
 
     fns = list(predictors)
-    sums = [_Sums(task or Task(), classes) for _ in fns]
+    sums = [_Sums(task, classes) for _ in fns]
     done = 0
     for x, y in dataset.batches(DEFAULT_BATCH):
         for fn, acc in zip(fns, sums, strict=True):
@@ -155,7 +151,7 @@ def _stream(predictors: Iterable[Callable[[np.ndarray], AnyPredictive]], dataset
 
 
 def _measure(predictors: Sequence[Callable[[np.ndarray], AnyPredictive]], dataset: Dataset, ood: Dataset | None,
-             progress: Progress | None, task: Task | None = None, classes: int = 0,
+             progress: Progress | None, task: Task, classes: int,
              ) -> tuple[list[dict[str, Any]], list[_Sums], list[_Sums] | None]:
     """Each predictor's metrics on ``dataset`` (and its ``ood`` report against the ``ood`` inputs), with the sums."""
     import numpy as np
@@ -200,20 +196,18 @@ def samples_used(per_input: np.ndarray) -> dict[str, Any]:
 
 def dataset_for(model: BNNModel | Session, data: DataSource, *, split: str | None = None, labels: bool = True,
                 option: str = "--data") -> Dataset:
-    """Open ``data`` (:func:`edgebnn.data.load_data`) for ``model``: its input shape and class count are checked."""
-    from edgebnn.data import Targets, load_data
+    """Open ``data`` (:func:`edgebnn.data.load_data`) for ``model``: its input shape is checked, and its labels are
+    the targets of the model's task (:meth:`edgebnn.tasks.Task.targets`), checked against its class count."""
+    from edgebnn.data import load_data
     from edgebnn.ir import BNNModel
-    from edgebnn.tasks import REGRESSION, SEGMENTATION
 
     shape = tuple(model.manifest.input_shape[1:]) if isinstance(model, BNNModel) else model.input_shape
     task, classes = task_of(model)
     where = model.where
-    targets = (Targets("float", (task.dims or 1,)) if task.name == REGRESSION else
-               Targets("mask", tuple(task.shape[1:])) if task.name == SEGMENTATION and task.shape else Targets())
     # Files are checked against the model's input shape as they are opened (the message names the file).
     want = None if isinstance(data, str) and data == "digits" else shape
-    dataset = load_data(data, split=split, input_shape=want, num_classes=None if task.name == REGRESSION else classes,
-                        labels=labels, option=option, targets=targets)
+    dataset = load_data(data, split=split, input_shape=want, num_classes=classes, labels=labels, option=option,
+                        targets=task.targets(classes))
     if tuple(dataset.input_shape) != tuple(shape):
         raise InvalidOptionError(f"{where}: takes inputs {tuple(shape)}, {dataset.name} has {dataset.input_shape}")
     return dataset
@@ -309,8 +303,7 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
     report["n"] = dataset.n
     if rule is not None:
         report["anytime"] = dict(rule)
-    if task.name != "classification":
-        report["task"] = task.name
+    report.update(task.record(options=False))
     in_mi = np.concatenate(sums[0].mutual_info)
     ood_mi = None if outs is None else np.concatenate(outs[0].mutual_info)
     if plot:
@@ -320,18 +313,18 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
 
 
 def _plot(task: Task, sums: _Sums, in_mi: np.ndarray, ood_mi: np.ndarray | None, path: PathLike, title: str) -> None:
-    """eval --plot, by task: the reliability diagram (classification, segmentation's pixels) or interval coverage
-    (regression) beside the epistemic histogram; segmentation adds the first image, its mask and its MI map."""
+    """eval --plot, as the task says (:attr:`edgebnn.tasks.Task.plot`): the reliability diagram (classification,
+    segmentation's pixels) or interval coverage (regression) beside the epistemic histogram; segmentation adds the
+    first image, its mask and its MI map."""
     from edgebnn import plots
-    from edgebnn.metrics import RegressionPredictive
-    from edgebnn.tasks import REGRESSION, SEGMENTATION
+    from edgebnn.metrics import Predictive
 
-    if task.name == SEGMENTATION and sums.first is not None:
+    if task.plot == "maps" and sums.first is not None:
         x, y, pred = sums.first
-        assert not isinstance(pred, RegressionPredictive)
+        assert isinstance(pred, Predictive)
         plots.plot_segmentation(x[0], None if y is None else y[0], pred.probs[0].argmax(0), pred.mutual_info[0],
                                 sums.metrics.reliability(), path, title=title)
-    elif task.name == REGRESSION:
+    elif task.plot == "coverage":
         plots.plot_regression(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)
     else:
         plots.plot_evaluation(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)

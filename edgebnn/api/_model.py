@@ -36,9 +36,10 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
             plain Linear/Conv weights as σ = 0 Gaussians (lowering schemes encode them; exports run them once). A
             plain torch model needs nothing else.
         task: What the output is: ``classification`` ([B, K] logits), ``regression`` ([B, D] means, or
-            [B, 2D] / a tuple of means and log-variances) or ``segmentation`` (``dense``: [B, C, H, W] or
-            [B, C, L] logits). None: [B, K >= 3] is classification, a >= 3-D output segmentation; a 1- or 2-wide
-            head is refused with a hint (it could be either).
+            [B, 2D] / a tuple of means and log-variances), ``segmentation`` (``dense``: [B, C, H, W] or
+            [B, C, L] logits), or a task a plug-in registered (:data:`edgebnn.tasks.TASKS`). None: [B, K >= 3]
+            is classification, a >= 3-D output segmentation; a 1- or 2-wide head is refused with a hint (it could
+            be either).
         noise_var: Regression, mean-only head: the observation noise variance σ² (aleatoric), or None.
         regression_head: ``mean`` or ``mean_logvar``; default ``mean_logvar`` for a (mean, log-variance) tuple
             or an even width without ``noise_var``, else ``mean``.

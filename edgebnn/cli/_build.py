@@ -96,9 +96,10 @@ if TYPE_CHECKING:
               help="Laplace: torch.save(la.state_dict(), STATE) of a fitted laplace-torch classification posterior of "
                    "this network (Diag/Kron on all weights, Diag/Kron/Full on the last layer; loaded with "
                    "weights_only=True): its saved class is rebuilt on the model and imported exactly.")
-@click.option("--task", type=click.Choice(["classification", "regression", "segmentation", "dense"]), default=None,
-              help="What the output is. Default: [B, K>=3] logits are classification, [B, C, H, W] / [B, C, L] "
-                   "segmentation; a 1- or 2-wide output must say (regression: means, or means and log-variances).")
+@click.option("--task", default=None, metavar="TASK",
+              help="What the output is: classification, regression, segmentation (dense), or a plug-in's task. "
+                   "Default: [B, K>=3] logits are classification, [B, C, H, W] / [B, C, L] segmentation; a 1- or "
+                   "2-wide output must say (regression: means, or means and log-variances).")
 @click.option("--noise-var", type=float, default=None,
               help="--task regression with a mean-only head: the observation noise variance (aleatoric).")
 @click.option("--regression-head", type=click.Choice(["mean", "mean_logvar"]), default=None,

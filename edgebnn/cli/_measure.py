@@ -23,7 +23,7 @@ from edgebnn.cli._common import (
 from edgebnn.exporters import MODES
 from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
-    TASK_COLUMNS,
+    eval_columns,
     print_eval,
     print_profile,
 )
@@ -217,7 +217,7 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
                                    alpha=alpha, seed=seed, progress=progress)
     where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
     table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
-    keys = TASK_COLUMNS[report.get("task", "classification")]
+    keys = eval_columns(report)
     for col in ("artifact", "S", *keys):
         table.add_column(col, justify="left" if col == "artifact" else "right")
     for side in (report["a"], report["b"]):

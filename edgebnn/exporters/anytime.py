@@ -43,7 +43,6 @@ from onnx import TensorProto, helper, numpy_helper
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters.metadata import read_metadata, write_metadata
 from edgebnn.stopping import StoppingRule
-from edgebnn.tasks import CLASSIFICATION
 
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})
@@ -92,7 +91,7 @@ def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise:
     if mode == "analytic":
         raise InvalidOptionError("--samples auto --mode analytic: analytic mode draws no samples (one pass computes "
                                  "the predictive), so there are none to save; give --samples N")
-    if task.name != CLASSIFICATION:
+    if not task.softmax_classifier:
         raise InvalidOptionError(f"{model.where}: --samples auto: the rule bounds class probabilities, so it takes a "
                                  f"classifier; this is a {task.name} model: give --samples N")
     members = ensemble_members(model)

@@ -54,7 +54,6 @@ from edgebnn.exporters.stores import compact_names, finish_stores, store_metadat
 from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.exporters.stores.registry import wrote_members
 from edgebnn.ir import DOMAIN, BNNModel
-from edgebnn.tasks import REGRESSION
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
@@ -215,7 +214,8 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
 
 
 def float_deterministic(model: BNNModel) -> onnx.ModelProto:
-    """Posterior-mean fp32 network with a Softmax head (output ``probs``): one pass."""
+    """Posterior-mean fp32 network ending in the task's one-pass output ``probs`` (a classifier's softmax): one
+    pass."""
     proto = model.float_model()
     _softmax_output(proto, model)
     set_metadata(proto, model, mode="float_deterministic", samples=1, seed=None)
@@ -266,15 +266,12 @@ def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
 
 
 def _softmax_output(proto: onnx.ModelProto, model: BNNModel) -> None:
-    """The one-pass output ``probs``: softmax over the classes (axis 1 of per-pixel logits); a regression
-    baseline passes its raw output through (it is timed, never read as probabilities)."""
+    """The one-pass output ``probs``, as the task ends a baseline (:meth:`edgebnn.tasks.Task.baseline_output`: a
+    classifier's softmax over the classes; a regression passes its raw output through: it is timed, never read as
+    probabilities)."""
     graph = proto.graph
     logits = graph.output[0]
-    task = model.manifest.task_spec(model.where)
-    if task.name == REGRESSION:
-        graph.node.append(helper.make_node("Identity", [logits.name], ["probs"]))
-    else:
-        graph.node.append(helper.make_node("Softmax", [logits.name], ["probs"], axis=1 if task.shape else -1))
+    graph.node.append(model.manifest.task_spec(model.where).baseline_output(logits.name))
     dims = [d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim]
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, dims or None))

@@ -20,7 +20,7 @@ from edgebnn.ir.encodings import draw_weight
 from edgebnn.metrics import AnyPredictive, Predictive
 from edgebnn.runtime._ort import check_finite, ort_errors
 from edgebnn.stopping import RunningPredictive, StoppingRule
-from edgebnn.tasks import CLASSIFICATION, predictive_from_samples
+from edgebnn.tasks import predictive_from_samples
 
 
 def sample_weights(model: BNNModel, samples: int, seed: int) -> dict[str, np.ndarray]:
@@ -82,7 +82,7 @@ class Reference:
 
         Member s is draw s of ``rule.max_samples`` (:func:`sample_weights`), the members the baked anytime export
         of this seed holds, in its order; a settled input stops running members."""
-        if self.task.name != CLASSIFICATION:
+        if not self.task.softmax_classifier:
             raise InvalidOptionError(f"{self.model.where}: --samples auto takes a classifier (the rule bounds class "
                                      f"probabilities); this is a {self.task.name} model")
         x = check_input(self.model, x)
