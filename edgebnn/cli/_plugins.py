@@ -24,10 +24,11 @@ def plugins(as_json: str | None) -> None:
       EDGEBNN_PLUGINS=my_package.my_family edgebnn lower ...
     """
     from edgebnn.plugins import families, load
+    from edgebnn.tasks import TASKS
 
     loaded = load()
     report: dict[str, Any] = {"plugins": [p.describe() for p in loaded],
-                              "families": [f.describe() for f in families()]}
+                              "families": [f.describe() for f in families()], "tasks": sorted(TASKS)}
     table = Table(title="plug-ins loaded", title_justify="left")
     for column in ("name", "module", "from", "registered"):
         table.add_column(column)
@@ -44,4 +45,5 @@ def plugins(as_json: str | None) -> None:
                      ", ".join(f["draws"]) or "-", ", ".join(f["stores"]) or "-", ", ".join(lowerings) or "-",
                      ", ".join(f["analytic"]))
     console.print(fams)
+    console.print(f"tasks: {', '.join(report['tasks'])}", highlight=False)
     write_json(as_json, report, PLUGINS)

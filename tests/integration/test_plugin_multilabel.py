@@ -248,3 +248,27 @@ def test_inspect_and_the_float_baseline(trained) -> None:
         for layer in (net[0], net[2]):
             layer.use_mean = False
     np.testing.assert_allclose(got, want, atol=1e-5)  # float32 round-off of two 64-32-3 networks
+
+
+def test_a_fresh_process_takes_the_task_through_its_entry_point(trained) -> None:
+    """Out of process, with nothing imported by hand: the installed package's entry point registers the task, so
+    ``eval`` of a multi-label export reads its labels and reports its metrics; ``plugins`` says where it came from."""
+    import os
+    import subprocess
+
+    _, _, d, _, _ = trained
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "EDGEBNN_PLUGINS"}
+        return subprocess.run([sys.executable, "-m", "edgebnn", *argv], capture_output=True, text=True, cwd=d,
+                              env=env, timeout=600, check=False)
+
+    r = run("plugins", "--json", "plugins.json")
+    assert r.returncode == 0, r.stderr
+    plugin = next(p for p in json.loads((d / "plugins.json").read_text())["plugins"] if p["name"] == "multilabel")
+    assert plugin["source"].startswith("entry point edgebnn.plugins: multilabel = edgebnn_example.multilabel")
+    assert plugin["registered"]["tasks"] == ["multilabel"]
+    r = run("eval", "noise.onnx", "--data", "val.npz", "--json", "eval.json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads((d / "eval.json").read_text())
+    assert 0.8 < report["accuracy"] <= 1 and report["nll"] > 0  # per-label accuracy of a trained MLP: 0.9+ here
