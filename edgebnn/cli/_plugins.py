@@ -42,7 +42,8 @@ def plugins(as_json: str | None) -> None:
     for f in report["families"]:
         lowerings = sorted({s for schemes in f["lowerings"].values() for s in schemes})
         fams.add_row(f["name"], "\n".join(f["encodings"]), "\n".join(f["importers"]) or "-",
-                     "own" if f["draws"] else "μ + σ ε" if f["gaussian_draws"] else "-", "yes" if f["stores"] else "-", ", ".join(lowerings) or "-",
+                     "own" if f["draws"] else "μ + σ ε" if f["gaussian_draws"] else "-",
+                     "yes" if f["stores"] else "-", ", ".join(lowerings) or "-",
                      ", ".join(f["analytic"]))
     console.print(fams)
     console.print(f"tasks: {', '.join(report['tasks'])}", highlight=False)
