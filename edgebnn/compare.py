@@ -9,8 +9,9 @@ examples. The test therefore calibrates itself by simulation (a parametric boots
                                           deterministic (analytic) artifact
     T = mean_ik d_ik² / v_ik             (a mean squared z-score; E[T] ≈ 1 under the null)
 
-The compared quantity follows the task (:class:`edgebnn.tasks.Task`): mean probabilities (classification;
-per pixel for segmentation) or the predictive mean (regression, members' means μ_s in v).
+The compared quantity is the task's (:meth:`edgebnn.tasks.Task.point` and :meth:`~edgebnn.tasks.Task.members`):
+mean probabilities (classification; per pixel for segmentation; per label for a sigmoid multi-label task) or the
+predictive mean (regression, members' means μ_s in v).
 
 Under the null (both artifacts sample the IR's posterior) T's distribution is simulated from R pairs of
 independent S_A- and S_B-member reference ensembles (a deterministic side is replaced by a 256-member
@@ -26,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.metrics import AnyPredictive, Predictive, log_softmax
-from edgebnn.tasks import REGRESSION, SEGMENTATION, Task, metric_sums, predictive_from_samples
+from edgebnn.metrics import AnyPredictive
+from edgebnn.tasks import Task
 
 if TYPE_CHECKING:
     from edgebnn.data import DataSource
@@ -60,23 +61,27 @@ def _side(side: Any, x: np.ndarray, samples: int, seed: int) -> tuple[AnyPredict
     return predict(side, x, samples, seed), samples, side
 
 
-def _point(pred: AnyPredictive) -> np.ndarray:
-    """The compared quantity per example, flattened: mean probabilities, or the regression mean."""
-    values = pred.probs if isinstance(pred, Predictive) else pred.mean
+def _task(side: Any) -> Task:
+    """The task of a :class:`~edgebnn.runtime.Session` or an IR."""
+    from edgebnn.runtime import Session
+
+    return side.task if isinstance(side, Session) else side.manifest.task_spec(side.where)
+
+
+def _point(task: Task, pred: AnyPredictive) -> np.ndarray:
+    """The compared quantity per example, flattened (the task's: mean probabilities, the regression mean)."""
+    values = task.point(pred)
     return values.reshape(len(values), -1)
 
 
 def _members(task: Task, outputs: np.ndarray) -> np.ndarray:
     """Each member's own value of the compared quantity, ``[S, N, -1]`` (from ``[S, N, ...]`` outputs)."""
-    if task.name == REGRESSION:
-        values = outputs[..., : task.dims]
-    else:
-        values = np.exp(log_softmax(outputs.astype(np.float64), axis=2 if task.name == SEGMENTATION else -1))
+    values = task.members(outputs)
     return values.reshape(len(values), values.shape[1], -1)
 
 
 def _report(task: Task, classes: int, pred: AnyPredictive, y: np.ndarray) -> dict[str, Any]:
-    sums = metric_sums(task, classes)
+    sums = task.metrics(classes)
     sums.add_predictive(pred, y)
     return dict(sums.report())
 
@@ -103,15 +108,18 @@ def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str
     assert y is not None  # labels=True
     pred_a, sa, ir_a = _side(side_a, x, samples, seed)
     pred_b, sb, ir_b = _side(side_b, x, samples, seed + 1)
-    pa, pb = _point(pred_a), _point(pred_b)
     model = load_ir(ir) if ir else (ir_a or ir_b)
     if model is None:
         raise InvalidOptionError("both artifacts are exports: pass --ir MODEL.ebnn, the IR they came from")
-    if pa.shape != pb.shape or type(pred_a) is not type(pred_b):
-        raise InvalidOptionError(f"{a} and {b} give predictions of different shapes {pa.shape} vs {pb.shape}")
-
     ref = Reference(model)
     task, classes = ref.task, model.manifest.num_classes
+    tasks = [_task(side) for side in (side_a, side_b)]
+    if tasks != [task, task]:
+        raise InvalidOptionError(f"{a}, {b} and {model.where} are of different tasks "
+                                 f"({', '.join(t.name for t in (*tasks, task))}): compare the artifacts of one model")
+    pa, pb = _point(task, pred_a), _point(task, pred_b)
+    if pa.shape != pb.shape or type(pred_a) is not type(pred_b):
+        raise InvalidOptionError(f"{a} and {b} give predictions of different shapes {pa.shape} vs {pb.shape}")
     member_p = _members(task, ref.logits(x, REF_MEMBERS, seed=seed + 2))
     scale = sum(1.0 / s for s in (sa, sb) if s)
     if scale == 0:
@@ -125,7 +133,7 @@ def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str
     null = []
     for r in range(null_runs):
         base = seed + 1000 + 2 * r  # null draws: streams disjoint from the artifacts' own (seed, seed + 1)
-        draws = [_point(predictive_from_samples(task, ref.logits(x, s or DETERMINISTIC_STANDIN, seed=base + i)))
+        draws = [_point(task, task.reduce(ref.logits(x, s or DETERMINISTIC_STANDIN, seed=base + i)))
                  for i, s in enumerate((sa, sb))]
         null.append(statistic(*draws))
         if progress:
@@ -143,7 +151,7 @@ def compare_artifacts(a: str, b: str, data: DataSource = "digits", *, split: str
         "alpha": alpha,
         "same_distribution": p_value > alpha,
         "max_abs_prob_diff": float(np.abs(pa - pb).max()),  # regression: of the predictive means
-        **({"task": task.name} if task.name != "classification" else {}),
+        **task.record(options=False),
         **dataset.describe(),
     }
 

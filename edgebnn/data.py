@@ -9,8 +9,9 @@ every run and machine.
 labels, or a folder of ``.npy``/``.npz`` shards streamed in batches (``--data`` of ``eval``, ``compare``,
 ``calibrate`` and ``lower --eval``; ``--ood-data`` of ``eval``). Nothing is ever unpickled.
 
-Labels follow the model's task (:class:`Targets`): integer class indices ``(N,)`` (classification), float
-targets ``(N,)`` or ``(N, D)`` (regression), integer masks ``(N, *spatial)`` (segmentation).
+Labels follow the model's task (:class:`Targets`, which the task gives): integer class indices ``(N,)``
+(:class:`ClassLabels`, classification), float targets ``(N,)`` or ``(N, D)`` (:class:`FloatTargets`, regression),
+integer masks ``(N, *spatial)`` (:class:`ClassMasks`, segmentation), or a plug-in task's own.
 """
 
 from __future__ import annotations
@@ -35,25 +36,127 @@ from edgebnn.errors import InvalidOptionError
 SPLIT_NAMES = ("train", "val", "test")
 
 
-@dataclass(frozen=True)
 class Targets:
-    """What one label is: ``class`` (an integer index), ``float`` (a regression target of ``shape``, ``()`` or
-    ``(D,)``), or ``mask`` (integer class indices of ``shape``, the spatial dims)."""
+    """What one label of a data set is and how the loader checks it; a task gives its own
+    (:meth:`edgebnn.tasks.Task.targets`).
 
-    kind: str = "class"
+    The loader asks :meth:`dtype_error` and :meth:`accepts` of every labels file as it is opened (headers only),
+    then :meth:`cast` and :meth:`check` of every batch as it is read. Subclass it for a task's own labels
+    (docs/extending.md): every message names the file (``where``) and, for a value, the row.
+
+    Attributes:
+        shape: One label's shape (no batch axis).
+    """
+
     shape: tuple[int, ...] = ()
 
+    def describe(self, n: int) -> str:
+        """What a labels array of ``n`` rows must be, e.g. ``(300,): one integer label per input``."""
+        return f"({', '.join(map(str, (n, *self.shape)))}): labels"
+
     def accepts(self, shape: tuple[int, ...]) -> bool:
-        """Whether one label of ``shape`` fits (a float target of one value may drop its axis)."""
-        return shape == self.shape or (self.kind == "float" and self.shape in ((1,), ()) and shape in ((1,), ()))
+        """Whether one label of ``shape`` (no batch axis) fits."""
+        return shape == self.shape
+
+    def dtype_error(self, dtype: np.dtype[Any]) -> str | None:
+        """Why labels of ``dtype`` are refused (the message's tail after the file and dtype), or None."""
+        return None if dtype.kind in "iu" else "labels must be integers"
+
+    def cast(self, y: np.ndarray) -> np.ndarray:
+        """One batch of labels as the metrics take them (int64 by default)."""
+        return y.astype(np.int64, copy=False)
+
+    def check(self, y: np.ndarray, classes: int | None, where: str, start: int) -> None:
+        """Refuse (one line naming ``where`` and the row) a batch ``y`` (cast) whose first row is row ``start``.
+
+        Args:
+            y: The batch, as :meth:`cast` gives it.
+            classes: The model's class count (``load_data``'s ``num_classes``), or None.
+            where: The labels file and key, for messages.
+            start: The row number of ``y[0]`` in that file.
+
+        Raises:
+            InvalidOptionError: A label the task cannot take.
+        """
+
+
+def _outside_classes(k: int | None) -> str:
+    return f"the model's {k} classes (0..{k - 1})" if k is not None else "class indices (>= 0)"
+
+
+def _first_outside(y: np.ndarray, k: int | None) -> int | None:
+    """The first row of ``y`` holding a class index outside ``0..k-1`` (``>= 0`` without ``k``), or None."""
+    outside = np.asarray((y < 0) | (y >= k) if k is not None else y < 0)
+    bad = outside.reshape(len(y), -1).any(axis=1)
+    return int(bad.argmax()) if bad.any() else None
+
+
+@dataclass(frozen=True)
+class ClassLabels(Targets):
+    """One integer class index per input, ``(N,)``, in ``0..classes-1`` (classification)."""
 
     def describe(self, n: int) -> str:
-        dims = ", ".join(map(str, (n, *self.shape)))
-        return {"class": f"({n},): one integer label per input", "float": f"({dims}): float targets",
-                "mask": f"({dims}): an integer class mask per input"}[self.kind]
+        return f"({n},): one integer label per input"
+
+    def dtype_error(self, dtype: np.dtype[Any]) -> str | None:
+        if dtype.kind in "iu":
+            return None
+        hint = "; a float target is a regression: import the model with task='regression'" if dtype.kind == "f" else ""
+        return f"labels must be integer class indices{hint}"
+
+    def check(self, y: np.ndarray, classes: int | None, where: str, start: int) -> None:
+        i = _first_outside(y, classes)
+        if i is not None:
+            raise InvalidOptionError(f"{where}: label {int(y[i])} at row {start + i} is outside "
+                                     f"{_outside_classes(classes)}")
 
 
-CLASS_LABELS = Targets()
+@dataclass(frozen=True)
+class ClassMasks(Targets):
+    """An integer class mask per input, ``(N, *shape)`` (the spatial dims), in ``0..classes-1`` (segmentation)."""
+
+    shape: tuple[int, ...] = ()
+
+    def describe(self, n: int) -> str:
+        return f"({', '.join(map(str, (n, *self.shape)))}): an integer class mask per input"
+
+    def dtype_error(self, dtype: np.dtype[Any]) -> str | None:
+        return None if dtype.kind in "iu" else "labels must be an integer mask per input"
+
+    def check(self, y: np.ndarray, classes: int | None, where: str, start: int) -> None:
+        i = _first_outside(y, classes)
+        if i is not None:
+            row = y[i].reshape(-1)
+            wrong = int(row[(row < 0) | (row >= (classes if classes is not None else row.max() + 1))][0])
+            raise InvalidOptionError(f"{where}: mask label {wrong} at row {start + i} is outside "
+                                     f"{_outside_classes(classes)}")
+
+
+@dataclass(frozen=True)
+class FloatTargets(Targets):
+    """Finite float targets of ``shape`` per input, ``()`` or ``(D,)``; one value may drop its axis (regression)."""
+
+    shape: tuple[int, ...] = ()
+
+    def describe(self, n: int) -> str:
+        return f"({', '.join(map(str, (n, *self.shape)))}): float targets"
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        return shape == self.shape or (self.shape in ((1,), ()) and shape in ((1,), ()))
+
+    def dtype_error(self, dtype: np.dtype[Any]) -> str | None:
+        return None if dtype.kind in "iuf" else "regression targets must be numbers"
+
+    def cast(self, y: np.ndarray) -> np.ndarray:
+        return y.astype(np.float64, copy=False)
+
+    def check(self, y: np.ndarray, classes: int | None, where: str, start: int) -> None:
+        finite = np.isfinite(y.reshape(len(y), -1)).all(axis=1)
+        if not finite.all():
+            raise InvalidOptionError(f"{where}: NaN or infinite target at row {start + int(finite.argmin())}")
+
+
+CLASS_LABELS = ClassLabels()
 
 
 @dataclass(frozen=True)
@@ -376,11 +479,13 @@ class Dataset:
         return {"data": self.name, "split": self.split, "n": self.n}
 
     def batches(self, size: int = DEFAULT_BATCH) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
-        """Yield ``(x, y)`` batches of at most ``size`` rows, in order: x float32, y int64 (None without labels).
+        """Yield ``(x, y)`` batches of at most ``size`` rows, in order: x float32, y as the targets cast it
+        (:meth:`Targets.cast`: int64 class labels, float64 regression targets; None without labels).
 
         Raises:
-            InvalidOptionError: A batch holds NaN or infinite inputs, or a label outside ``0..num_classes-1``
-                (the message names the file, key and row).
+            InvalidOptionError: A batch holds NaN or infinite inputs, or a label the targets refuse
+                (:meth:`Targets.check`: a class outside ``0..num_classes-1``, a NaN target; the message names the
+                file, key and row).
         """
         if size < 1:
             raise InvalidOptionError(f"batch size must be at least 1, got {size}")
@@ -393,34 +498,13 @@ class Dataset:
                     raise InvalidOptionError(f"{shard.where}: NaN or infinite input at row {start + int(bad.argmax())}")
                 y = None
                 if ys is not None:
-                    y = next(ys)
-                    y = y.astype(np.float64 if self.targets.kind == "float" else np.int64, copy=False)
-                    self._check_labels(shard, start, y)
+                    y = self.targets.cast(next(ys))
+                    self.targets.check(y, self.num_classes, shard.y_where, start)
                 yield np.ascontiguousarray(x, dtype=np.float32), y
                 start += len(x)
 
-    def _check_labels(self, shard: _Shard, start: int, y: np.ndarray) -> None:
-        if self.targets.kind == "float":
-            finite = np.isfinite(y.reshape(len(y), -1)).all(axis=1)
-            if not finite.all():
-                row = start + int(finite.argmin())
-                raise InvalidOptionError(f"{shard.y_where}: NaN or infinite target at row {row}")
-            return
-        k = self.num_classes
-        outside = np.asarray((y < 0) | (y >= k) if k is not None else y < 0)
-        bad = outside.reshape(len(y), -1).any(axis=1)
-        if bad.any():
-            i = int(bad.argmax())
-            classes = f"the model's {k} classes (0..{k - 1})" if k is not None else "class indices (>= 0)"
-            if self.targets.kind == "mask":
-                row = y[i].reshape(-1)
-                wrong = int(row[(row < 0) | (row >= (k if k is not None else row.max() + 1))][0])
-                raise InvalidOptionError(f"{shard.y_where}: mask label {wrong} at row {start + i} is outside {classes}")
-            classes = f"the model's {k} classes (0..{k - 1})" if k is not None else "class indices (>= 0)"
-            raise InvalidOptionError(f"{shard.y_where}: label {int(y[i])} at row {start + i} is outside {classes}")
-
     def arrays(self, limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        """All rows (or the first ``limit``) in memory: ``(x float32, y int64 or None)``."""
+        """All rows (or the first ``limit``) in memory: ``(x float32, y as the targets cast it, or None)``."""
         xs: list[np.ndarray] = []
         ys: list[np.ndarray] = []
         for x, y in self.batches():
@@ -458,11 +542,12 @@ def load_data(source: DataSource, *, split: str | None = None, input_shape: Sequ
         source: The data, as above.
         split: Digits split (``train``, ``val``, ``test``); digits only.
         input_shape: Shape of one model input without the batch axis; checked against every file.
-        num_classes: The model's class count; labels outside it are refused as they are read.
+        num_classes: The model's class count, given to the targets' checks (class labels outside it are refused
+            as they are read).
         labels: Whether labels are needed (False: inputs only, e.g. OOD or calibration data).
         option: The option named in messages (``--data``, ``--ood-data``, ``--eval``).
-        targets: What one label is (:class:`Targets`: class indices by default; float regression targets or
-            integer masks for those tasks).
+        targets: What one label is and how it is checked (:class:`Targets`: class indices by default; the
+            model's task gives its own, :meth:`edgebnn.tasks.Task.targets`).
 
     Returns:
         The :class:`Dataset`.
@@ -517,13 +602,9 @@ def _check_shards(shards: list[_Shard], want: tuple[int, ...] | None, targets: T
         if shape[1:] != item:
             raise InvalidOptionError(f"{s.where}: shape {shape}, the model takes (N, {', '.join(map(str, item))})")
         if s.y is not None:
-            if targets.kind == "float" and s.y.dtype.kind not in "iuf":
-                raise InvalidOptionError(f"{s.y_where}: dtype {s.y.dtype}; regression targets must be numbers")
-            if targets.kind != "float" and s.y.dtype.kind not in "iu":
-                what = "an integer mask per input" if targets.kind == "mask" else "integer class indices"
-                hint = ("; a float target is a regression: import the model with task='regression'"
-                        if s.y.dtype.kind == "f" and targets.kind == "class" else "")
-                raise InvalidOptionError(f"{s.y_where}: dtype {s.y.dtype}; labels must be {what}{hint}")
+            wrong = targets.dtype_error(s.y.dtype)
+            if wrong:
+                raise InvalidOptionError(f"{s.y_where}: dtype {s.y.dtype}; {wrong}")
             if s.y.shape[:1] != (shape[0],) or not targets.accepts(tuple(s.y.shape[1:])):
                 raise InvalidOptionError(f"{s.y_where}: shape {tuple(s.y.shape)}, expected "
                                          f"{targets.describe(shape[0])}")

@@ -7,7 +7,7 @@ For S sampled networks with class probabilities p_s:
 ECE uses 15 equal-width bins of the max probability.
 
 The task (:class:`edgebnn.tasks.Task`, recorded in the IR manifest and the export metadata) says what the
-network's output is and how S member outputs reduce to a predictive:
+network's output is and how S member outputs reduce to a predictive; the built-in ones:
 
     classification  logits [N, K]        probs, entropy, mutual_info as above
     segmentation    logits [N, C, *sp]   the same per pixel: probs [N, C, *sp], entropy/mutual_info [N, *sp]
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-EPS = 1e-12
-ECE_BINS = 15
+EPS = 1e-12  # probabilities are clamped to it before a log
+ECE_BINS = 15  # equal-width bins of the confidence
 COVERAGE_LEVELS = (0.5, 0.9, 0.95)
 CALIBRATION_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
 VARIANCE_FLOOR = 1e-12
@@ -41,6 +41,7 @@ class Predictive:
     probs: np.ndarray  # [N, K]
     entropy: np.ndarray  # [N]
     mutual_info: np.ndarray  # [N]
+    samples: np.ndarray | None = None  # [N] members each input used (an anytime ensemble, --samples auto)
 
     def ood_scores(self) -> tuple[np.ndarray, np.ndarray]:
         """Per example (total, epistemic) uncertainty: entropy and mutual information (their image means for
@@ -69,6 +70,7 @@ AnyPredictive = Predictive | RegressionPredictive
 
 
 def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log softmax of ``logits`` over ``axis``, stable for any finite logits."""
     z = logits - logits.max(axis=axis, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
 
@@ -107,6 +109,7 @@ def bin_sums(probs: np.ndarray, y: np.ndarray, bins: int) -> np.ndarray:
 
 
 def ece_from_sums(sums: np.ndarray) -> float:
+    """The expected calibration error of :func:`bin_sums` (summed over batches): Σ_b |correct_b − confidence_b| / n."""
     count, conf, correct = sums
     used = count > 0
     return float((np.abs(correct[used] - conf[used])).sum() / count.sum())

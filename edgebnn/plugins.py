@@ -146,8 +146,9 @@ class Family:
     def describe(self) -> dict[str, Any]:
         """What ``edgebnn plugins`` prints of it."""
         return {"name": self.name, "summary": self.summary, "encodings": list(self.op_types),
-                "draws": sorted(self.draws), "stores": sorted(self.stores),
-                "lowerings": {op: sorted(s) for op, s in sorted(self.lowerings.items())},
+                "draws": sorted(self.draws), "gaussian_draws": sorted(c.op_type for c in self.encodings if c.GAUSSIAN),
+                "stores": sorted(self.stores),
+                "lowerings": {op: sorted({*s, "float"}) for op, s in sorted(self.lowerings.items())},
                 "importers": sorted({str(getattr(a, "library", type(a).__name__)) for a in self.adapters}),
                 "analytic": sorted({self.analytic_for_kind()})}
 
@@ -225,9 +226,9 @@ _state = {"started": False}
 
 
 def _snapshot() -> dict[str, set[str]]:
-    from edgebnn.tasks import HEADS
+    from edgebnn.tasks import TASKS
 
-    return {"families": set(FAMILIES), "encodings": set(ENCODINGS), "tasks": set(HEADS)}
+    return {"families": set(FAMILIES), "encodings": set(ENCODINGS), "tasks": set(TASKS)}
 
 
 def _import(name: str, module: str, source: str, origin: str) -> None:

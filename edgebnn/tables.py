@@ -14,6 +14,7 @@ from rich.table import Table
 
 from edgebnn._io import atomic_write_json
 from edgebnn._version import __version__
+from edgebnn.tasks import DEFAULT_TASK, Task, task_class
 
 
 def write_json(console: Console, path: str | Path | None, report: dict[str, Any], schema: str) -> None:
@@ -46,12 +47,10 @@ def _header(console: Console, rows: list[tuple[str, str]]) -> None:
 
 
 def _model_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The source row of an IR manifest or an export's metadata (read and checked: its task is a known one)."""
     shape = manifest.get("input_shape") or []
-    task, options = manifest.get("task", "classification"), manifest.get("task_options") or {}
-    what = (f"{manifest.get('num_classes', '?')} classes" if task == "classification" else
-            f"regression of {options.get('dims', '?')} value(s), {options.get('head', '?')} head"
-            + (f", noise variance {options['noise_var']:g}" if options.get("noise_var") is not None else "")
-            if task == "regression" else f"{task} {tuple(options.get('shape') or ())}")
+    what = Task.parse(manifest.get("task"), manifest.get("task_options"), "manifest").describe(
+        int(manifest.get("num_classes", 0)))
     return [("source", f"{manifest.get('source_library', '?')} · input {tuple(shape)} · {what}")]
 
 
@@ -265,25 +264,27 @@ def _artifact_table(console: Console, title: str, columns: tuple[str, ...], name
     return table, notes
 
 
+def eval_columns(report: dict[str, Any]) -> tuple[str, ...]:
+    """The metric columns of an ``eval`` or ``compare`` report's task (:attr:`edgebnn.tasks.Task.columns`)."""
+    return task_class(report.get("task") or DEFAULT_TASK, "report").columns
+
+
 def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
-    """Accuracy/NLL/ECE/Brier rows (one per artifact), and the OOD detection metrics when present."""
+    """The task's metric rows (one per artifact; a classifier's accuracy/NLL/ECE/Brier), the task's line under
+    them (:meth:`edgebnn.tasks.Task.summary`), and the OOD detection metrics when present."""
     first = reports[0]
     title = f"{first['data']}/{first['split']}" if first.get("split") else str(first["data"])
     names = [Path(r["artifact"]).name for r in reports]
-    keys = TASK_COLUMNS[first.get("task", "classification")]
+    keys = eval_columns(first)
     rows = [[r["runtime"], *(f"{r[k]:.4f}" for k in keys), str(r["samples"])] for r in reports]
     table, notes = _artifact_table(console, f"{title} (n={first['n']})", ("artifact", "runtime", *keys, "S"),
                                    names, rows)
     console.print(table)
     notes.print(console)
     for r in reports:
-        if r.get("task") == "regression":
-            cover = " · ".join(f"{k}%: {v:.3f}" for k, v in r["coverage"].items())
-            console.print(f"{Path(r['artifact']).name}: coverage {cover} · variance {r['variance']:.4g} = "
-                          f"aleatoric {r['aleatoric']:.4g} + epistemic {r['epistemic']:.4g}", highlight=False)
-        elif r.get("task") == "segmentation":
-            ious = " ".join("-" if v is None else f"{v:.3f}" for v in r["iou"])
-            console.print(f"{Path(r['artifact']).name}: IoU per class {ious}", highlight=False)
+        line = task_class(r.get("task") or DEFAULT_TASK, "report").summary(r)
+        if line:
+            console.print(f"{Path(r['artifact']).name}: {line}", highlight=False)
     oods = [r for r in reports if r.get("ood")]
     if not oods:
         return
@@ -302,10 +303,6 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
 _EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True),
               ("rmse", "RMSE", True), ("mae", "MAE", True), ("calibration_error", "calibration error", True),
               ("pixel_accuracy", "pixel accuracy", False), ("mean_iou", "mean IoU", False))
-# eval's metric columns per task (edgebnn.tasks.Task; reports without "task" are classification)
-TASK_COLUMNS = {"classification": ("accuracy", "nll", "ece", "brier"),
-                "regression": ("nll", "rmse", "mae", "calibration_error"),
-                "segmentation": ("pixel_accuracy", "mean_iou", "nll", "ece")}
 
 
 def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any] | None = None, *,

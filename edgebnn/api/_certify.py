@@ -11,7 +11,7 @@ deterministic export (``baked``, ``analytic``) is run once per input.
 
 For a classifier the metrics are computed from per-input arrays (NLL, Brier and accuracy as per-input values,
 ECE as per-input bin contributions, the MI-AUROC from ranks), so a bootstrap of 2000 resamples is a few matrix
-products. Other tasks are resampled through their own metric accumulators (:func:`edgebnn.tasks.metric_sums`).
+products. Other tasks are resampled through their own metric accumulators (:meth:`edgebnn.tasks.Task.metrics`).
 """
 
 from __future__ import annotations
@@ -249,12 +249,10 @@ def _generic_bound(metric: str, limit: float, confidence: float, reference: Evid
     accumulation per resample."""
     from edgebnn.budget import MEAN_METRICS, bootstrap_bound, mean_bound
     from edgebnn.errors import InvalidOptionError
-    from edgebnn.tasks import metric_sums
-
     n = reference.rows
 
     def value(ev: Evidence, inputs: np.ndarray) -> float:
-        acc = metric_sums(ev.task, ev.classes)
+        acc = ev.task.metrics(ev.classes)
         rows = (inputs[:, None] * ev.draws + np.arange(ev.draws)).ravel()
         acc.add_predictive(_take(ev.pred, rows), np.repeat(y[inputs], ev.draws, axis=0))
         report = acc.report()

@@ -113,11 +113,10 @@ class _Sums:
     example (for a segmentation plot)."""
 
     def __init__(self, task: Task, classes: int) -> None:
-        from edgebnn.tasks import metric_sums
-
-        self.metrics = metric_sums(task, classes)
+        self.metrics = task.metrics(classes)
         self.entropy: list[np.ndarray] = []  # per input: total uncertainty (entropy; image mean; Gaussian entropy)
         self.mutual_info: list[np.ndarray] = []  # per input: epistemic (MI; image mean MI; epistemic variance)
+        self.samples: list[np.ndarray] = []  # per input: the members an anytime ensemble drew (--samples auto)
         self.first: tuple[np.ndarray, np.ndarray | None, AnyPredictive] | None = None
 
     def report(self) -> dict[str, Any]:
@@ -125,14 +124,12 @@ class _Sums:
 
 
 def _stream(predictors: Iterable[Callable[[np.ndarray], AnyPredictive]], dataset: Dataset,
-            progress: Progress | None, *, labelled: bool = True, task: Task | None = None,
-            classes: int = 0) -> list[_Sums]:
+            progress: Progress | None, *, task: Task, classes: int, labelled: bool = True) -> list[_Sums]:
     """Run every predictor on every batch of ``dataset``; only metric sums and two floats per input are kept."""
     from edgebnn.data import DEFAULT_BATCH
-    from edgebnn.tasks import Task
 
     fns = list(predictors)
-    sums = [_Sums(task or Task(), classes) for _ in fns]
+    sums = [_Sums(task, classes) for _ in fns]
     done = 0
     for x, y in dataset.batches(DEFAULT_BATCH):
         for fn, acc in zip(fns, sums, strict=True):
@@ -140,6 +137,9 @@ def _stream(predictors: Iterable[Callable[[np.ndarray], AnyPredictive]], dataset
             if labelled and y is not None:
                 acc.metrics.add_predictive(pred, y)
             total, epistemic = pred.ood_scores()
+            used = getattr(pred, "samples", None)
+            if used is not None:
+                acc.samples.append(used)
             acc.entropy.append(total)
             acc.mutual_info.append(epistemic)
             if acc.first is None:
@@ -151,7 +151,7 @@ def _stream(predictors: Iterable[Callable[[np.ndarray], AnyPredictive]], dataset
 
 
 def _measure(predictors: Sequence[Callable[[np.ndarray], AnyPredictive]], dataset: Dataset, ood: Dataset | None,
-             progress: Progress | None, task: Task | None = None, classes: int = 0,
+             progress: Progress | None, task: Task, classes: int,
              ) -> tuple[list[dict[str, Any]], list[_Sums], list[_Sums] | None]:
     """Each predictor's metrics on ``dataset`` (and its ``ood`` report against the ``ood`` inputs), with the sums."""
     import numpy as np
@@ -173,32 +173,48 @@ def _measure(predictors: Sequence[Callable[[np.ndarray], AnyPredictive]], datase
         report["ood"] = {"data": ood.name, "n": ood.n,
                          **ood_report(np.concatenate(s.entropy), in_mi, np.concatenate(out.entropy), ood_mi),
                          "mean_mutual_info_in": float(in_mi.mean()), "mean_mutual_info_ood": float(ood_mi.mean())}
+        if out.samples:
+            report["ood"]["samples_used"] = samples_used(np.concatenate(out.samples))
+    for report, s in zip(reports, sums, strict=True):
+        if s.samples:
+            report["samples_used"] = samples_used(np.concatenate(s.samples))
+            if "ood" in report and "samples_used" in report["ood"]:
+                report["ood"]["samples_ratio"] = report["ood"]["samples_used"]["mean"] / report["samples_used"]["mean"]
     return reports, sums, outs
+
+
+def samples_used(per_input: np.ndarray) -> dict[str, Any]:
+    """Summary of the members an anytime ensemble drew per input: mean, p50, p90, min, max and the share of inputs
+    at each count (``at``: {count: share})."""
+    import numpy as np
+
+    counts, n = np.unique(per_input, return_counts=True)
+    return {"mean": float(per_input.mean()), "p50": float(np.percentile(per_input, 50)),
+            "p90": float(np.percentile(per_input, 90)), "min": int(per_input.min()), "max": int(per_input.max()),
+            "at": {str(int(c)): float(k / len(per_input)) for c, k in zip(counts, n, strict=True)}}
 
 
 def dataset_for(model: BNNModel | Session, data: DataSource, *, split: str | None = None, labels: bool = True,
                 option: str = "--data") -> Dataset:
-    """Open ``data`` (:func:`edgebnn.data.load_data`) for ``model``: its input shape and class count are checked."""
-    from edgebnn.data import Targets, load_data
+    """Open ``data`` (:func:`edgebnn.data.load_data`) for ``model``: its input shape is checked, and its labels are
+    the targets of the model's task (:meth:`edgebnn.tasks.Task.targets`), checked against its class count."""
+    from edgebnn.data import load_data
     from edgebnn.ir import BNNModel
-    from edgebnn.tasks import REGRESSION, SEGMENTATION
 
     shape = tuple(model.manifest.input_shape[1:]) if isinstance(model, BNNModel) else model.input_shape
     task, classes = task_of(model)
     where = model.where
-    targets = (Targets("float", (task.dims or 1,)) if task.name == REGRESSION else
-               Targets("mask", tuple(task.shape[1:])) if task.name == SEGMENTATION and task.shape else Targets())
     # Files are checked against the model's input shape as they are opened (the message names the file).
     want = None if isinstance(data, str) and data == "digits" else shape
-    dataset = load_data(data, split=split, input_shape=want, num_classes=None if task.name == REGRESSION else classes,
-                        labels=labels, option=option, targets=targets)
+    dataset = load_data(data, split=split, input_shape=want, num_classes=classes, labels=labels, option=option,
+                        targets=task.targets(classes))
     if tuple(dataset.input_shape) != tuple(shape):
         raise InvalidOptionError(f"{where}: takes inputs {tuple(shape)}, {dataset.name} has {dataset.input_shape}")
     return dataset
 
 
 def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSource = "digits",
-                      split: str | None = None, samples: int | None = None, seed: int = 0,
+                      split: str | None = None, samples: int | str | None = None, seed: int = 0,
                       ood_data: DataSource | None = None, plot: PathLike | None = None,
                       progress: Progress | None = None) -> dict[str, Any]:
     """The task's metrics of an IR (reference runtime, S samples) or an exported ensemble: accuracy, NLL, ECE
@@ -214,7 +230,9 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
             (:func:`edgebnn.data.load_data`); ``y`` as the task takes it: class indices ``(N,)``, float targets
             ``(N,)``/``(N, D)``, or integer masks ``(N, *spatial)``.
         split: Digits split (default ``test``); digits only.
-        samples: S for an IR (an export has S built in; default 16, a deep ensemble's M members: M).
+        samples: S for an IR (an export has S built in; default 16, a deep ensemble's M members: M), or ``"auto"``:
+            the IR's anytime predictive (the stopping rule's defaults, :mod:`edgebnn.stopping`), as an anytime
+            export computes it.
         seed: Sampling seed for an IR, and of the host-drawn noise of a ``noise`` export.
         ood_data: Out-of-distribution inputs (``x`` only; any labels are ignored). Adds ``ood``:
             ``auroc_mutual_info``, ``auroc_entropy``, ``aupr_mutual_info``, ``fpr_at_95_tpr``
@@ -227,7 +245,9 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
         The ``edgebnn.eval/1`` report: ``artifact``, ``runtime``, ``data``, ``split``, the task's metrics
         (classification: ``accuracy``, ``nll``, ``ece``, ``brier``; others add ``task``), ``samples``, ``n``
         (and ``ood``: for segmentation on the image-mean MI and entropy, for regression on the mean epistemic
-        variance and Gaussian entropy).
+        variance and Gaussian entropy). An anytime ensemble (``--samples auto``) adds ``samples_used`` (mean, p50,
+        p90, min, max, ``at``: the share of inputs at each count; in ``ood`` too, with ``samples_ratio``, OOD mean
+        over in-distribution mean) and ``anytime`` (its stopping rule); ``samples`` is its largest count.
 
     Raises:
         InvalidOptionError: Bad data (named by file and key), inputs of another shape than the model's.
@@ -246,16 +266,31 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
         model, name = Session(artifact, seed=seed), str(artifact)
     else:
         model, name = load_ir(artifact), str(artifact)
+    rule = None
     if isinstance(model, Session):
+        if model.anytime and samples == "auto":
+            samples = None
         if samples is not None and samples != model.samples:
             raise InvalidOptionError(
                 f"{name}: --samples {samples}: this export has S = {model.samples} built in; drop --samples, or "
                 f"export the .ebnn again with --samples {samples} (or evaluate the .ebnn itself)")
         predict: Callable[[np.ndarray], AnyPredictive] = model.predict
-        samples, runtime = model.samples, f"onnxruntime ({model.mode})"
+        samples, runtime = model.samples, f"onnxruntime ({model.mode}{', anytime' if model.anytime else ''})"
+        rule = model.meta.anytime
+    elif samples == "auto":
+        from edgebnn.exporters.anytime import rule_for
+        from edgebnn.runtime.reference import Reference
+
+        anytime = rule_for(model)
+        ref = Reference(model)
+        predict, runtime, samples = (lambda x: ref.predict_anytime(x, anytime, seed)), "reference (anytime)", \
+            anytime.max_samples
+        rule = anytime.to_dict()
     else:
         from edgebnn.exporters.families import default_samples
 
+        if isinstance(samples, str):
+            raise InvalidOptionError(f"--samples {samples}: a positive integer, or auto")
         samples = samples if samples is not None else default_samples(model, 16)
         check_samples(samples)
         predict, runtime = _reference(model, samples, seed), "reference"
@@ -266,8 +301,9 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
     report: dict[str, Any] = {"artifact": name, "runtime": runtime, **dataset.describe(), **reports[0],
                               "samples": samples}
     report["n"] = dataset.n
-    if task.name != "classification":
-        report["task"] = task.name
+    if rule is not None:
+        report["anytime"] = dict(rule)
+    report.update(task.record(options=False))
     in_mi = np.concatenate(sums[0].mutual_info)
     ood_mi = None if outs is None else np.concatenate(outs[0].mutual_info)
     if plot:
@@ -277,29 +313,36 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
 
 
 def _plot(task: Task, sums: _Sums, in_mi: np.ndarray, ood_mi: np.ndarray | None, path: PathLike, title: str) -> None:
-    """eval --plot, by task: the reliability diagram (classification, segmentation's pixels) or interval coverage
-    (regression) beside the epistemic histogram; segmentation adds the first image, its mask and its MI map."""
+    """eval --plot, as the task says (:attr:`edgebnn.tasks.Task.plot`): the reliability diagram (classification,
+    segmentation's pixels) or interval coverage (regression) beside the epistemic histogram; segmentation adds the
+    first image, its mask and its MI map."""
     from edgebnn import plots
-    from edgebnn.metrics import RegressionPredictive
-    from edgebnn.tasks import REGRESSION, SEGMENTATION
+    from edgebnn.metrics import Predictive
 
-    if task.name == SEGMENTATION and sums.first is not None:
+    if task.plot == "maps" and sums.first is not None:
         x, y, pred = sums.first
-        assert not isinstance(pred, RegressionPredictive)
+        assert isinstance(pred, Predictive)
         plots.plot_segmentation(x[0], None if y is None else y[0], pred.probs[0].argmax(0), pred.mutual_info[0],
                                 sums.metrics.reliability(), path, title=title)
-    elif task.name == REGRESSION:
+    elif task.plot == "coverage":
         plots.plot_regression(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)
     else:
         plots.plot_evaluation(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)
 
 
-def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int = 16, mode: str = "auto",
+def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int | str = 16, mode: str = "auto",
                      onnx_path: str | None = None, engine: str | None = None, baseline_runner: str = "auto",
                      bench_results: str | None = None, remote: str | None = None, remote_edgebnn: str = "edgebnn",
-                     batch: int = 1, runs: int = 200, warmup: int = 20, threads: int = 2,
-                     power_meter: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                     batch: int = 1, runs: int | None = None, warmup: int = 20, threads: int = 2,
+                     power_meter: str | None = None, progress: Callable[[str], None] | None = None,
+                     data: DataSource | None = None, ood_data: DataSource | None = None,
+                     inputs: int = 100) -> dict[str, Any]:
     """Profile an .ebnn's ensemble against its float baselines built from the same IR, on one target.
+
+    An anytime ensemble (``samples="auto"``, or an anytime ``onnx_path``) costs what its inputs make it draw: it is
+    timed per input on the first ``inputs`` rows of ``data`` (and of ``ood_data``), ``runs`` rounds (default 3; a
+    fixed ensemble: ``runs`` timed runs, default 200), against the
+    fixed export at its largest count, det-S and the float BNN (:func:`edgebnn.targets.profiler.profile_anytime`).
 
     The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
     on the fly in ``mode`` (``auto``: on the CPU without ``bench_results`` what ``edgebnn export`` writes by default,
@@ -319,6 +362,19 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             f"{artifact}: profile builds the float baselines from the .ebnn the export came from; give both: "
             f"edgebnn profile {ir_name} --onnx {artifact}" + ("" if ir_path.is_file() else " (your .ebnn)"))
     model = load_ir(artifact)  # validated here, also before copying it to a remote machine
+    anytime_onnx = None
+    if onnx_path and not engine:
+        from edgebnn.runtime.session import read_export
+
+        proto, meta, _ = read_export(onnx_path)
+        anytime_onnx = proto if meta.anytime is not None else None
+    if samples == "auto" or anytime_onnx is not None:
+        return _profile_anytime(model, anytime_onnx, device=device, mode=mode, remote=remote, engine=engine,
+                                data=data, ood_data=ood_data, inputs=inputs, runs=3 if runs is None else runs,
+                                warmup=warmup, threads=threads, progress=progress)
+    runs = 200 if runs is None else runs
+    if isinstance(samples, str):
+        raise InvalidOptionError(f"--samples {samples}: a positive integer, or auto")
     if remote:
         from edgebnn.targets.remote import profile_remote
 
@@ -353,3 +409,47 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
                      threads=threads, power_meter=power_meter, progress=progress)
     report["mode_reason"] = mode_reason
     return report
+
+
+def _profile_anytime(model: BNNModel, ensemble: Any, *, device: str, mode: str, remote: str | None,
+                     engine: str | None, data: DataSource | None, ood_data: DataSource | None, inputs: int,
+                     runs: int, warmup: int, threads: int, progress: Callable[[str], None] | None) -> dict[str, Any]:
+    """profile of an anytime ensemble (``ensemble``, or exported here with the rule's defaults): per input, on
+    ``inputs`` rows of the data, against the fixed export of the same mode at its largest count."""
+    from edgebnn.exporters.anytime import export_anytime, rule_for
+    from edgebnn.exporters.defaults import export_auto
+    from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.targets.profiler import profile_anytime
+
+    if remote or engine or device != "cpu":
+        raise InvalidOptionError("--samples auto: profile times an anytime ensemble per input with onnxruntime here "
+                                 "(--device cpu); an engine or a remote board is not profiled that way yet")
+    if data is None:
+        raise InvalidOptionError("--samples auto: an anytime ensemble's latency depends on its inputs; give --data "
+                                 "(in-distribution inputs; --ood-data adds unfamiliar ones)")
+    if inputs <= 0:
+        raise InvalidOptionError(f"--inputs {inputs}: must be positive")
+    if ensemble is None:
+        ensemble, _ = export_anytime(model, rule_for(model), mode=mode, device="cpu")
+    meta = read_metadata(ensemble, "ensemble")
+    fixed, _ = export_auto(model, meta.samples, mode=meta.mode, noise=meta.noise or "auto", device="cpu",
+                           rng=meta.rng or "host", **({"weights": meta.weights} if meta.weights else {}))
+    sets = {"in": _first_rows(dataset_for(model, data, split="test" if str(data) == "digits" else None), inputs)}
+    if ood_data is not None:
+        sets["ood"] = _first_rows(dataset_for(model, ood_data, labels=False, option="--ood-data"), inputs)
+    report = profile_anytime(model, ensemble, fixed, sets, device=device, rounds=runs, warmup=warmup,
+                             threads=threads, progress=progress)
+    report["data"] = {"in": str(data), **({"ood": str(ood_data)} if ood_data is not None else {})}
+    return report
+
+
+def _first_rows(dataset: Dataset, n: int) -> np.ndarray:
+    """The first ``n`` inputs of ``dataset`` (all, if it has fewer)."""
+    import numpy as np
+
+    rows = []
+    for x, _ in dataset.batches(min(n, 1024)):
+        rows.append(x)
+        if sum(len(r) for r in rows) >= n:
+            break
+    return np.concatenate(rows)[:n]

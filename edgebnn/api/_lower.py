@@ -94,9 +94,10 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     model = load_weights(load_factory(model_spec), weights)
     if laplace is not None:
         from edgebnn.importers.laplace import load_laplace
+        from edgebnn.tasks import option_task
 
         extra = [o for o, on in (("--swag", swag is not None), ("--mc-dropout", mc_dropout),
-                                 ("--task", task not in (None, "classification"))) if on]
+                                 ("--task", task is not None and not option_task(task).softmax_classifier)) if on]
         if extra:
             raise InvalidOptionError(f"--laplace: the posterior is the Laplace state (a classifier's); drop "
                                      f"{', '.join(extra)}")

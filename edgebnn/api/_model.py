@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from edgebnn._lowered import LoweredModel
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
+    from edgebnn.stopping import StoppingRule
 
 def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None,
                mc_dropout: bool = False, task: str | None = None, noise_var: float | None = None,
@@ -35,9 +36,10 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
             plain Linear/Conv weights as σ = 0 Gaussians (lowering schemes encode them; exports run them once). A
             plain torch model needs nothing else.
         task: What the output is: ``classification`` ([B, K] logits), ``regression`` ([B, D] means, or
-            [B, 2D] / a tuple of means and log-variances) or ``segmentation`` (``dense``: [B, C, H, W] or
-            [B, C, L] logits). None: [B, K >= 3] is classification, a >= 3-D output segmentation; a 1- or 2-wide
-            head is refused with a hint (it could be either).
+            [B, 2D] / a tuple of means and log-variances), ``segmentation`` (``dense``: [B, C, H, W] or
+            [B, C, L] logits), or a task a plug-in registered (:data:`edgebnn.tasks.TASKS`). None: [B, K >= 3]
+            is classification, a >= 3-D output segmentation; a 1- or 2-wide head is refused with a hint (it could
+            be either).
         noise_var: Regression, mean-only head: the observation noise variance σ² (aleatoric), or None.
         regression_head: ``mean`` or ``mean_logvar``; default ``mean_logvar`` for a (mean, log-variance) tuple
             or an even width without ``noise_var``, else ``mean``.
@@ -130,16 +132,18 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
     return LoweredModel(result.model, result.report)
 
 
-def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = None, mode: str = "auto",
+def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | str | None = None, mode: str = "auto",
            weights: str = "ir", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
            form: str = "auto", device: str | None = None, progress: Progress | None = None,
-           rng: str = "auto") -> Path:
+           rng: str = "auto", rule: StoppingRule | None = None) -> Path:
     """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
 
     Args:
         model: The IR, or the path of an ``.ebnn``.
         path: The ``.onnx`` to write (atomically).
-        samples: Ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports).
+        samples: Ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports), or ``"auto"``:
+            an anytime ensemble that draws samples in chunks until each input's predictive has settled
+            (``rule``, :mod:`edgebnn.stopping`; docs/anytime.md), with an output ``samples`` per input.
         mode: ``auto`` (default: the device's default, which keeps the lowered compression; for ``cpu``, ``arm64``
             and no device: ``noise`` with the IR's codes and the noise drawn in the graph, a deep ensemble
             ``baked``: :mod:`edgebnn.exporters.defaults`), ``baked`` (S samples stored as constants;
@@ -159,6 +163,8 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = 
         rng: Noise/shared mode: ``host`` (noise inputs :class:`Session` fills: reproducible), ``graph`` (seeded
             random ops inside: the data is the only input) or ``auto`` (default: graph where ``device`` runs random
             ops, or no device is given).
+        rule: ``samples="auto"``: the :class:`~edgebnn.stopping.StoppingRule` (default: its defaults; a deep
+            ensemble's largest count is its M members).
 
     Returns:
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.
@@ -168,6 +174,16 @@ def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | None = 
     from edgebnn.exporters.families import default_samples
 
     ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
+    if samples == "auto" or rule is not None:
+        from edgebnn.exporters.anytime import export_anytime, rule_for
+
+        if samples not in ("auto", None):
+            raise InvalidOptionError(f"samples={samples!r} with a stopping rule: give samples='auto'")
+        proto, _ = export_anytime(ir_model, rule or rule_for(ir_model), mode=mode, seed=seed, noise=noise,
+                                  weights=weights, hoist=hoist, form=form, device=device, progress=progress, rng=rng)
+        return save_onnx(proto, path)
+    if isinstance(samples, str):
+        raise InvalidOptionError(f"samples={samples!r}: a positive integer, or 'auto'")
     samples = samples if samples is not None else default_samples(ir_model, 16)
     proto, _ = export_auto(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights, hoist=hoist,
                            form=form, device=device, progress=progress, rng=rng)

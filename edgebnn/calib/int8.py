@@ -206,8 +206,9 @@ def qdq_summary(model: onnx.ModelProto) -> dict[str, Any]:
 
 def _check_calibratable(meta: ExportMetadata, where: str) -> None:
     mode = meta.mode
-    if meta.task is not None and meta.task != "classification":
-        raise InvalidOptionError(f"{where}: a {meta.task} export: INT8 calibration measures a classifier "
+    task = meta.task_spec(where)
+    if not task.softmax_classifier:
+        raise InvalidOptionError(f"{where}: a {task.name} export: INT8 calibration measures a softmax classifier "
                                  "(accuracy, NLL, ECE before and after); export it fp32 or --weights int8")
     if meta.calibration:
         raise InvalidOptionError(f"{where}: already INT8-calibrated ({meta.calibration['method']}); "
@@ -231,7 +232,7 @@ def _evaluate(proto: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> tuple[dic
     from edgebnn.runtime import Session
 
     pred = Session(proto, threads=0).predict(x)
-    assert isinstance(pred, Predictive)  # _check_calibratable: classification exports only
+    assert isinstance(pred, Predictive)  # _check_calibratable: softmax classifiers only
     return classification_report(pred.probs, y), pred
 
 

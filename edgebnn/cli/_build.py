@@ -99,9 +99,10 @@ if TYPE_CHECKING:
               help="Laplace: torch.save(la.state_dict(), STATE) of a fitted laplace-torch classification posterior of "
                    "this network (Diag/Kron on all weights, Diag/Kron/Full on the last layer; loaded with "
                    "weights_only=True): its saved class is rebuilt on the model and imported exactly.")
-@click.option("--task", type=click.Choice(["classification", "regression", "segmentation", "dense"]), default=None,
-              help="What the output is. Default: [B, K>=3] logits are classification, [B, C, H, W] / [B, C, L] "
-                   "segmentation; a 1- or 2-wide output must say (regression: means, or means and log-variances).")
+@click.option("--task", default=None, metavar="TASK",
+              help="What the output is: classification, regression, segmentation (dense), or a plug-in's task. "
+                   "Default: [B, K>=3] logits are classification, [B, C, H, W] / [B, C, L] segmentation; a 1- or "
+                   "2-wide output must say (regression: means, or means and log-variances).")
 @click.option("--noise-var", type=float, default=None,
               help="--task regression with a mean-only head: the observation noise variance (aleatoric).")
 @click.option("--regression-head", type=click.Choice(["mean", "mean_logvar"]), default=None,
@@ -241,8 +242,19 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
-@click.option("--samples", "-S", type=int, default=None,
-              help="Ensemble size S (default 16; a deep ensemble's M members: M).")
+@click.option("--samples", "-S", default=None, metavar="N|auto",
+              help="Ensemble size S (default 16; a deep ensemble's M members: M), or auto: an anytime ensemble that "
+                   "draws samples in chunks and stops each input when more would not change its answer (every class "
+                   "probability within --epsilon of its --max-samples value and the same class, with probability "
+                   ">= 1 - --delta for Gaussian members; docs/anytime.md); outputs add samples, the members each "
+                   "input used.")
+@click.option("--min-samples", type=int, default=None, help="--samples auto: the fewest samples an input draws [4].")
+@click.option("--max-samples", type=int, default=None,
+              help="--samples auto: the most, whose predictive the rule keeps to [16; a deep ensemble: M].")
+@click.option("--chunk", type=int, default=None, help="--samples auto: samples drawn at a time [4].")
+@click.option("--epsilon", type=float, default=None,
+              help="--samples auto: tolerance on every class probability [0.1]; 0 switches the rule off.")
+@click.option("--delta", type=float, default=None, help="--samples auto: error probability of the rule [0.1].")
 @click.option("--mode", type=click.Choice([AUTO_MODE, *MODES]), default=AUTO_MODE,
               show_default=True,
               help="auto: the device's default, which keeps the lowered compression (cpu, arm64: noise with the IR's "
@@ -302,8 +314,10 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                    "is written beside it as model.engine.onnx, with model.engine.manifest.json).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False),
               help="Write the export report as JSON: the export metadata and the deployed bytes (key deployed).")
-def export(file: str, target: str, samples: int | None, mode: str, noise_variant: str, weight_format: str, rng: str,
-           hoist: str, form: str, seed: int, device: str | None, dry_run: bool, workspace_mib: int,
+def export(file: str, target: str, samples: str | None, min_samples: int | None, max_samples: int | None,
+           chunk: int | None, epsilon: float | None, delta: float | None, mode: str, noise_variant: str,
+           weight_format: str, rng: str, hoist: str, form: str, seed: int, device: str | None, dry_run: bool,
+           workspace_mib: int,
            dla_core: int | None, timing_cache: str | None, max_batch: int, min_batch: int, opt_batch: int | None,
            compute_capability: tuple[str, ...], output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
@@ -314,14 +328,28 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
     from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.families import default_samples
     from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.stopping import parse_samples
 
     model = load_ir(file)
-    samples = samples if samples is not None else default_samples(model, 16)
+    wanted = parse_samples(samples)
+    rule = _anytime_rule(model, wanted, min_samples=min_samples, max_samples=max_samples, chunk=chunk,
+                         epsilon=epsilon, delta=delta)
+    size = rule.max_samples if rule is not None else wanted if isinstance(wanted, int) else default_samples(model, 16)
     _check_output_dir(output)
     where = device or ("cpu" if target == "onnx" else "rtx")
-    with _progress_bar(f"exporting the ensemble, S={samples}: layers") as progress:
-        proto, choice = export_auto(model, samples, mode=mode, seed=seed, noise=noise_variant, weights=weight_format,
-                                    hoist=_parse_hoist(hoist), form=form, device=where, progress=progress, rng=rng)
+    with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
+        options: dict[str, Any] = {"mode": mode, "seed": seed, "noise": noise_variant, "weights": weight_format,
+                   "hoist": _parse_hoist(hoist), "form": form, "device": where, "progress": progress, "rng": rng}
+        if rule is not None:
+            from edgebnn.exporters.anytime import export_anytime
+
+            proto, choice = export_anytime(model, rule, **options)
+        else:
+            proto, choice = export_auto(model, size, **options)
+    if rule is not None:
+        from edgebnn.stopping import describe
+
+        console.print(f"anytime: {describe(rule, model.manifest.num_classes)}", highlight=False, soft_wrap=True)
     mode = choice.mode
     if choice.reason:
         console.print(f"mode: {mode} ({choice.reason})", highlight=False)
@@ -348,9 +376,11 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
                                    else "graph inputs the host fills (edgebnn.runtime.Session)"), highlight=False)
     if target == "onnx":
         save_onnx(proto, output)
-        console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, S={samples})")
+        console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, "
+                      f"S={f'auto {rule.min_samples}..{size}' if rule else size})")
         deployed = _print_deployed(output, meta.to_dict(), json_out)
-        _say_if_larger(model, deployed, file=file, output=output, samples=samples, device=where, seed=seed)
+        if rule is None:  # its suggestions are fixed-S exports
+            _say_if_larger(model, deployed, file=file, output=output, samples=size, device=where, seed=seed)
         return
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.exporters.tensorrt import manifest_path as manifest_name
@@ -372,6 +402,19 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
                       f"{manifest['tensorrt_version']}, built in {manifest['build_seconds']:.2f} s, "
                       f"batch {min_batch}..{max_batch})", highlight=False, markup=False)
     _print_deployed(str(onnx_path), meta.to_dict(), json_out, engine=manifest)
+
+
+def _anytime_rule(model: Any, samples: int | str | None, **given: Any) -> Any:
+    """The stopping rule of ``--samples auto`` from its options (None for a fixed S; the options refused then)."""
+    named = {k: v for k, v in given.items() if v is not None}
+    if samples != "auto":
+        if named:
+            flags = ", ".join("--" + k.replace("_", "-") for k in named)
+            raise InvalidOptionError(f"{flags}: only with --samples auto (an anytime ensemble)")
+        return None
+    from edgebnn.exporters.anytime import rule_for
+
+    return rule_for(model, **named)
 
 
 def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -21,8 +21,9 @@ from edgebnn.cli._common import (
     write_json,
 )
 from edgebnn.exporters import MODES
+from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
-    TASK_COLUMNS,
+    eval_columns,
     print_eval,
     print_profile,
 )
@@ -42,15 +43,16 @@ if TYPE_CHECKING:
 @click.option("--ood-data", default=None, metavar="FILE|DIR",
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
                    "of mutual information and entropy and FPR at 95% TPR.")
-@click.option("--samples", "-S", type=int, default=None,
-              help="S for an .ebnn (default 16; a deep ensemble: its M members); an .onnx has S built in (another "
-                   "--samples is refused).")
+@click.option("--samples", "-S", default=None, metavar="N|auto",
+              help="S for an .ebnn (default 16; a deep ensemble: its M members), or auto: its anytime predictive "
+                   "(edgebnn export --samples auto's rule); an .onnx has S built in (another --samples is refused). "
+                   "An anytime ensemble reports the samples each input used (mean, p50, p90; OOD too).")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False),
               help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD); segmentation: "
                    "also an image, its mask, the predicted mask and the MI map.")
-def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: int | None, seed: int,
+def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: str | None, seed: int,
              json_out: str | None, plot: str | None) -> None:
     """Accuracy, NLL, ECE (15 bins) and Brier of an .ebnn (reference runtime) or exported .onnx; for a
     regression model NLL, RMSE, MAE, interval coverage and the variance split, for a segmentation model pixel
@@ -62,12 +64,29 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
         if path:
             _check_output_dir(path)
     with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
-        report = evaluate_artifact(artifact, data=data, split=split, samples=samples, seed=seed, ood_data=ood_data,
-                                   plot=plot, progress=progress)
+        report = evaluate_artifact(artifact, data=data, split=split, samples=parse_samples(samples), seed=seed,
+                                   ood_data=ood_data, plot=plot, progress=progress)
     print_eval(console, [report])
+    _print_samples_used(report)
     if plot:
         console.print(f"wrote {plot}")
     write_json(json_out, report, schemas.EVAL)
+
+
+def _print_samples_used(report: dict[str, Any]) -> None:
+    """An anytime ensemble's samples per input, in-distribution and OOD (eval)."""
+    used = report.get("samples_used")
+    if used is None:
+        return
+
+    def line(u: dict[str, Any]) -> str:
+        return f"mean {u['mean']:.2f}, p50 {u['p50']:g}, p90 {u['p90']:g} (of {report['samples']})"
+
+    ood = report.get("ood", {})
+    text = f"samples used: {line(used)}"
+    if "samples_used" in ood:
+        text += f"; OOD ({ood['data']}): {line(ood['samples_used'])}, {ood['samples_ratio']:.2f}x in-distribution"
+    console.print(text, highlight=False, soft_wrap=True)
 
 
 # -- profile ----------------------------------------------------------------------------------------------
@@ -76,7 +95,13 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
 @main.command()
 @click.argument("artifact", type=click.Path(dir_okay=False))
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
-@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--samples", "-S", default="16", show_default=True, metavar="N|auto",
+              help="Ensemble size S, or auto: the anytime ensemble (edgebnn export --samples auto), timed per input on "
+                   "--data (and --ood-data) against the fixed export at its largest count, det-S and the float BNN.")
+@click.option("--data", default=None, metavar="digits|FILE|DIR",
+              help="Anytime ensembles (--samples auto, or an anytime --onnx): the in-distribution inputs timed.")
+@click.option("--ood-data", default=None, metavar="FILE|DIR", help="Anytime ensembles: unfamiliar inputs timed too.")
+@click.option("--inputs", default=100, show_default=True, help="Anytime ensembles: how many inputs of each set.")
 @click.option("--mode", type=click.Choice(["auto", *MODES]), default="auto",
               show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
@@ -93,7 +118,8 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
               help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu; "
                    "without it, auto means baked.")
 @click.option("--batch", default=1, show_default=True)
-@click.option("--runs", default=200, show_default=True, help="Timed runs per graph.")
+@click.option("--runs", type=int, default=None,
+              help="Timed runs per graph [200]; an anytime ensemble: rounds of every graph over its inputs [3].")
 @click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
 @click.option("--threads", default=2, show_default=True, help="onnxruntime/torch CPU threads.")
 @click.option("--power-meter", default=None, help="nvml, tegrastats, ina3221, jtop, rapl or none (default: auto).")
@@ -103,18 +129,27 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
               help="The edgebnn command on the --remote machine, e.g. ~/venv/bin/edgebnn.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the profile as JSON.")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
-def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str | None, engine: str | None,
-            baseline_runner: str, bench_results: str | None, batch: int, runs: int, warmup: int, threads: int,
-            power_meter: str | None, remote: str | None, remote_edgebnn: str, json_out: str | None,
-            plot: str | None) -> None:
-    """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run."""
+def profile(artifact: str, device: str, samples: str, data: str | None, ood_data: str | None, inputs: int, mode: str,
+            onnx_path: str | None, engine: str | None, baseline_runner: str, bench_results: str | None, batch: int,
+            runs: int | None, warmup: int, threads: int, power_meter: str | None, remote: str | None,
+            remote_edgebnn: str,
+            json_out: str | None, plot: str | None) -> None:
+    """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run.
+
+    An anytime ensemble (--samples auto) is timed per input (--runs rounds over --inputs inputs of --data)."""
+    wanted = parse_samples(samples)
     with console.status("profiling") as status:
         report = profile_artifact(
-            artifact, device=device, samples=samples, mode=mode, onnx_path=onnx_path, engine=engine,
-            baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
-            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs, warmup=warmup, threads=threads,
-            power_meter=power_meter, progress=lambda name: status.update(f"profiling {name}"),
+            artifact, device=device, samples=wanted if wanted is not None else 16, mode=mode, onnx_path=onnx_path,
+            engine=engine, baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
+            remote_edgebnn=remote_edgebnn, batch=batch, runs=runs,
+            warmup=warmup, threads=threads, power_meter=power_meter,
+            progress=lambda name: status.update(f"profiling {name}"), data=data, ood_data=ood_data, inputs=inputs,
         )
+    if "per_input" in report:
+        _print_anytime_profile(report)
+        write_json(json_out, report, report["schema"])
+        return
     print_profile(console, report)
     console.print("runners: " + "; ".join(f"{name} on {r.get('runner')} ({r.get('provider')})" for name, r in
                                          [("ensemble", report), *report["baselines"].items()]), highlight=False)
@@ -126,6 +161,29 @@ def profile(artifact: str, device: str, samples: int, mode: str, onnx_path: str 
 
         plot_profile(report, plot)
         console.print(f"wrote {plot}")
+
+
+def _print_anytime_profile(report: dict[str, Any]) -> None:
+    """Per-input latency of an anytime ensemble and what it is compared with, one table per input set."""
+    s = report["samples"]
+    for tag, part in report["per_input"].items():
+        table = Table(title=f"{'in-distribution' if tag == 'in' else 'OOD'} inputs ({part['n']}, batch 1, "
+                            f"{report['rounds']} rounds): latency per input, ms", title_justify="left")
+        for col in ("graph", "p50", "p90", "mean", "mean / anytime"):
+            table.add_column(col, justify="left" if col == "graph" else "right")
+        names = {"ensemble": f"anytime ({report['mode']}, {part['samples_used']['mean']:.2f} samples on average)",
+                 "fixed": f"fixed S={s} ({report['fixed_mode']})", f"det_{s}": f"det-{s} (float net, {s} copies)",
+                 "float_deterministic": "float net, one pass", "float_bnn": f"float BNN ({s} sampled passes)"}
+        mean = part["latency_ms"]["ensemble"]["mean"]
+        for key, label in names.items():
+            ms = part["latency_ms"][key]
+            table.add_row(label, f"{ms['p50']:.3f}", f"{ms['p90']:.3f}", f"{ms['mean']:.3f}",
+                          f"{ms['mean'] / mean:.2f}x")
+        console.print(table)
+    r = report["per_input"]["in"]["ratios"]
+    console.print(f"anytime mean latency (in-distribution): {r['vs_fixed']:.2f}x the fixed S={s} export, "
+                  f"{r[f'vs_det_{s}']:.2f}x det-{s}; {r['speedup_vs_float_bnn']:.1f}x faster than the float BNN "
+                  "(means over the same inputs; engine latency is not measured here)", highlight=False, soft_wrap=True)
 
 
 # -- compare ----------------------------------------------------------------------------------------------
@@ -159,7 +217,7 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
                                    alpha=alpha, seed=seed, progress=progress)
     where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
     table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
-    keys = TASK_COLUMNS[report.get("task", "classification")]
+    keys = eval_columns(report)
     for col in ("artifact", "S", *keys):
         table.add_column(col, justify="left" if col == "artifact" else "right")
     for side in (report["a"], report["b"]):
@@ -180,7 +238,13 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
 @main.command()
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for the weights, IR, ONNX and JSON reports.")
-@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
+@click.option("--samples", "-S", default="16", show_default=True, metavar="N|auto",
+              help="Ensemble size S, or auto: the anytime ensemble (edgebnn export --samples auto), timed per input on "
+                   "--data (and --ood-data) against the fixed export at its largest count, det-S and the float BNN.")
+@click.option("--data", default=None, metavar="digits|FILE|DIR",
+              help="Anytime ensembles (--samples auto, or an anytime --onnx): the in-distribution inputs timed.")
+@click.option("--ood-data", default=None, metavar="FILE|DIR", help="Anytime ensembles: unfamiliar inputs timed too.")
+@click.option("--inputs", default=100, show_default=True, help="Anytime ensembles: how many inputs of each set.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:

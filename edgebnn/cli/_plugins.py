@@ -24,10 +24,11 @@ def plugins(as_json: str | None) -> None:
       EDGEBNN_PLUGINS=my_package.my_family edgebnn lower ...
     """
     from edgebnn.plugins import families, load
+    from edgebnn.tasks import TASKS
 
     loaded = load()
     report: dict[str, Any] = {"plugins": [p.describe() for p in loaded],
-                              "families": [f.describe() for f in families()]}
+                              "families": [f.describe() for f in families()], "tasks": sorted(TASKS)}
     table = Table(title="plug-ins loaded", title_justify="left")
     for column in ("name", "module", "from", "registered"):
         table.add_column(column)
@@ -36,12 +37,14 @@ def plugins(as_json: str | None) -> None:
         table.add_row(p.name, p.module, p.source, what)
     console.print(table)
     fams = Table(title="posterior families", title_justify="left")
-    for column in ("family", "encodings", "importers", "draws", "stores", "lowerings", "analytic"):
-        fams.add_column(column)
+    for column in ("family", "encodings", "importers", "draw", "store", "lowerings", "analytic"):
+        fams.add_column(column, overflow="fold")
     for f in report["families"]:
         lowerings = sorted({s for schemes in f["lowerings"].values() for s in schemes})
-        fams.add_row(f["name"], ", ".join(f["encodings"]), ", ".join(f["importers"]) or "-",
-                     ", ".join(f["draws"]) or "-", ", ".join(f["stores"]) or "-", ", ".join(lowerings) or "-",
+        fams.add_row(f["name"], "\n".join(f["encodings"]), "\n".join(f["importers"]) or "-",
+                     "own" if f["draws"] else "μ + σ ε" if f["gaussian_draws"] else "-",
+                     "yes" if f["stores"] else "-", ", ".join(lowerings) or "-",
                      ", ".join(f["analytic"]))
     console.print(fams)
+    console.print(f"tasks: {', '.join(report['tasks'])}", highlight=False)
     write_json(as_json, report, PLUGINS)

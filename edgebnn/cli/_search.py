@@ -57,7 +57,9 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
 @click.option("--bits", "bits_choices", default=None, help="Bit widths to explore (default auto,3,4,6).")
 @click.option("--sigma-bits", "sigma_choices", default=None,
               help="Bits of the σ codes to explore (default 2,1,0; 0: one σ per layer).")
-@click.option("--samples", "samples_choices", default=None, help="Ensemble sizes S (default 4,8,16,32).")
+@click.option("--samples", "samples_choices", default=None,
+              help="Ensemble sizes S (default 4,8,16,32); auto among them: the anytime ensemble (export --samples "
+                   "auto; its latency is the mean over the search data's first --runs inputs).")
 @click.option("--modes", default=None, help="Export modes (default baked,noise,shared,analytic).")
 @click.option("--weights", "weight_choices", default=None,
               help="Weight formats (default: those the device runs: fp32,int8,int4; fp32,int8 on a Jetson); ir adds "
@@ -123,9 +125,11 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
                                ("samples", samples_choices, "--samples")):
         values = _choices(text, option)
         if values is not None:
-            if not all(v.isdigit() for v in values):
-                raise InvalidOptionError(f"{option} {text}: give comma-separated non-negative integers")
-            axes[axis] = tuple(int(v) for v in values)
+            auto = axis == "samples"  # --samples 4,8,auto: auto is the anytime ensemble
+            if not all(v.isdigit() or (auto and v == "auto") for v in values):
+                raise InvalidOptionError(f"{option} {text}: give comma-separated non-negative integers"
+                                         + (" or auto" if auto else ""))
+            axes[axis] = tuple(v if v == "auto" else int(v) for v in values)
     for path in (json_out, plot, export_best, study_path):
         if path:
             _check_output_dir(path)

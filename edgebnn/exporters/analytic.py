@@ -211,7 +211,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
             var[out] = None if vx is None else _reduce_max_variance(b, node, vx, p)
         elif op == "LogSoftmax" and out == base.graph.output[0].name:
             b.nodes.append(node)  # the head: the predictive's softmax of log-softmaxed logits is that of the logits
-            _check_last_axis(node, shapes, where(node), model.manifest.task_spec(model.where).shape is not None)
+            _check_last_axis(node, shapes, where(node), model.manifest.task_spec(model.where).softmax_axis)
             var[out] = var[node.input[0]]
         else:
             raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}; "
@@ -409,19 +409,23 @@ def _reduce_max_variance(b: Builder, node: onnx.NodeProto, v: str, p: str) -> st
     return b.add("ReduceMax", [v_at, *node.input[1:]], p + "v", **attrs)
 
 
-def _check_last_axis(node: onnx.NodeProto, shapes: dict[str, list[int]], where: str, dense: bool = False) -> None:
-    """A LogSoftmax head passes the logits' moments through only when it normalises over the classes (the last
-    axis; axis 1 of per-pixel logits).
+def _check_last_axis(node: onnx.NodeProto, shapes: dict[str, list[int]], where: str, softmax_axis: int | None,
+                     ) -> None:
+    """A LogSoftmax head passes the logits' moments through only when it normalises over the axis of the task's
+    softmax (:attr:`edgebnn.tasks.Task.softmax_axis`: the last axis of a classifier's logits, axis 1 of per-pixel
+    logits; a task whose predictive is no softmax takes none).
 
     softmax(log_softmax(z)) = softmax(z) for every draw z, so the quadrature head on the logits' (m, v) gives the
     predictive of the log-probabilities; (m, v) are not the log-probabilities' own moments (that would be
     wrong anywhere but before the head)."""
+    if softmax_axis is None:
+        raise UnsupportedLayerError(f"{where}: analytic mode takes a LogSoftmax head only where the task's predictive "
+                                    "is a softmax over its classes; use --mode baked or noise")
     axis = int(attrs_of(node).get("axis", -1))
-    rank = len(shapes.get(node.input[0], [0, 0]))
-    classes = (1, 1 - rank) if dense else (-1, rank - 1)
-    if axis not in classes:
+    rank = len(shapes.get(node.input[0], [0, 0])) or 2
+    if not -rank <= axis < rank or axis % rank != softmax_axis % rank:
         raise UnsupportedLayerError(f"{where}: analytic mode takes a LogSoftmax head over the "
-                                    f"{'class axis (1)' if dense else 'last axis'} only (got axis {axis}); "
+                                    f"{'class axis (1)' if softmax_axis == 1 else 'last axis'} only (got axis {axis}); "
                                     "use --mode baked or noise")
 
 

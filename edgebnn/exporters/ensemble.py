@@ -54,13 +54,12 @@ from edgebnn.exporters.stores import compact_names, finish_stores, store_metadat
 from edgebnn.exporters.stores.base import ORT, TRT
 from edgebnn.exporters.stores.registry import wrote_members
 from edgebnn.ir import DOMAIN, BNNModel
-from edgebnn.tasks import REGRESSION
 
 
 def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int = 0,
                 noise: str = "auto", weights: str = "ir", hoist: str | float = "off", form: str = "auto",
                 device: str | None = None, progress: Callable[[int, int], None] | None = None,
-                rng: str = "host") -> onnx.ModelProto:
+                rng: str = "host", window: tuple[int, int] | None = None) -> onnx.ModelProto:
     """The S-sample predictive ensemble of ``model`` as a standard ONNX model.
 
     Args:
@@ -94,19 +93,21 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
         rng: noise/shared: ``host`` (standard noise as graph inputs that ``Session`` fills: reproducible),
             ``graph`` (seeded RandomNormal/RandomUniform(Like) inside: the data is the only input; TensorRT builds
             them unseeded), or ``auto`` (``graph`` where the device runs random ops with their seeds, else host).
+        window: ``(first, total)``: baked members (and ``mixed``'s) are draws ``first .. first + samples - 1`` of the
+            ``total`` an S = ``total`` export draws: one chunk of an anytime ensemble (:mod:`.anytime`).
     """
     check_samples(samples)
     if weights not in STORE_CHOICES:
         raise InvalidOptionError(f"--weights {weights}: choose one of {', '.join(STORE_CHOICES)}")
     profile = export_device(device) if device is not None else None
     rng = _check_rng(rng, mode, profile)
-    check_family(model, mode, samples, noise)
+    check_family(model, mode, samples if window is None else window[1], noise)
     if mode == "baked":
         stores = weights if profile is None or profile.decodes else "fp32"  # hoisted means: the IR's codes
         weights = "fp32" if weights == "ir" else weights  # the members are draws: fp32 unless asked otherwise
         choice = choose_form(device, weights, form)
-        _check_baked_size(model, samples, weights)
-        out = _baked(model, samples, seed, weights, hoist, choice, progress, profile, stores)
+        _check_baked_size(model, samples if window is None else window[1], weights)
+        out = _baked(model, samples, seed, weights, hoist, choice, progress, profile, stores, window)
     else:
         if weights in WEIGHT_FORMATS:
             choose_form(device, weights, form)  # refuses a format the device does not run
@@ -121,7 +122,8 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
             from edgebnn.exporters.noise import export_noise
 
             out = export_noise(model, samples, variant="shared" if mode == "shared" else noise, hoist=hoist,
-                               seed=seed, progress=progress, weights=weights, rng=rng, runtimes=runtimes)
+                               seed=seed, progress=progress, weights=weights, rng=rng, runtimes=runtimes,
+                               window=window)
         elif mode == "analytic":
             from edgebnn.exporters.analytic import export_analytic
             from edgebnn.exporters.glm import check_analytic, export_glm, uses_glm
@@ -183,10 +185,10 @@ def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
 
 def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | float, choice: FormChoice,
            progress: Callable[[int, int], None] | None = None, profile: DeviceProfile | None = None,
-           stores: str = "fp32") -> onnx.ModelProto:
+           stores: str = "fp32", window: tuple[int, int] | None = None) -> onnx.ModelProto:
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
-    order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
-    written in ``form`` (:mod:`.forms`)."""
+    order; ``window``: a chunk of them, :func:`.rewrite.baked_layers`), stored as constants in the ``weights``
+    format (exactly, when the draws lie on the encoding's grid), written in ``form`` (:mod:`.forms`)."""
     channels = weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt
     b = Builder(fmt=ExportFormat(
         weights="ir" if stores == "ir" else "fp32",  # hoisted fp32 means (--hoist), members on a grid: the IR's codes
@@ -194,7 +196,7 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
         form=choice.form, integer_min_bytes=choice.integer_min_bytes,
         # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
         int4_layout="channels" if channels else "blocks", samples=samples if channels else 1))
-    rewrite = baked_layers(model, samples, seed, weights)
+    rewrite = baked_layers(model, samples, seed, weights, window)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress,
                                           wide=True)
     finish_stores(b)
@@ -212,7 +214,8 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
 
 
 def float_deterministic(model: BNNModel) -> onnx.ModelProto:
-    """Posterior-mean fp32 network with a Softmax head (output ``probs``): one pass."""
+    """Posterior-mean fp32 network ending in the task's one-pass output ``probs`` (a classifier's softmax): one
+    pass."""
     proto = model.float_model()
     _softmax_output(proto, model)
     set_metadata(proto, model, mode="float_deterministic", samples=1, seed=None)
@@ -263,15 +266,12 @@ def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
 
 
 def _softmax_output(proto: onnx.ModelProto, model: BNNModel) -> None:
-    """The one-pass output ``probs``: softmax over the classes (axis 1 of per-pixel logits); a regression
-    baseline passes its raw output through (it is timed, never read as probabilities)."""
+    """The one-pass output ``probs``, as the task ends a baseline (:meth:`edgebnn.tasks.Task.baseline_output`: a
+    classifier's softmax over the classes; a regression passes its raw output through: it is timed, never read as
+    probabilities)."""
     graph = proto.graph
     logits = graph.output[0]
-    task = model.manifest.task_spec(model.where)
-    if task.name == REGRESSION:
-        graph.node.append(helper.make_node("Identity", [logits.name], ["probs"]))
-    else:
-        graph.node.append(helper.make_node("Softmax", [logits.name], ["probs"], axis=1 if task.shape else -1))
+    graph.node.append(model.manifest.task_spec(model.where).baseline_output(logits.name))
     dims = [d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim]
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, dims or None))

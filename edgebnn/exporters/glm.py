@@ -43,7 +43,6 @@ from edgebnn.exporters.layers import layer_kind
 from edgebnn.ir import BNNModel, attrs_of
 from edgebnn.ir.encodings import Encoding
 from edgebnn.plugins import Analytic, family_of
-from edgebnn.tasks import Task, head_of
 
 # (builder, weight encoding [K, n], features φ [B, n], name prefix) -> Var f [B, K] from the weight
 WeightVariance = Callable[[Builder, Encoding, str, str], str]
@@ -99,8 +98,8 @@ def uses_glm(model: BNNModel) -> bool:
     Raises:
         InvalidOptionError: a correlated posterior on a layer that is not the last.
     """
-    if model.manifest.task_spec(model.where).name != "classification":
-        return False  # the GLM/probit head is a classifier's; other tasks integrate their own head (.heads)
+    if not model.manifest.task_spec(model.where).softmax_classifier:
+        return False  # the GLM/probit head is a softmax classifier's; other tasks integrate their own head
     node = _last_layer(model)
     correlated = any(analytic_rule(w.encoding).kind != "exact" and analytic_rule(w.encoding).last_layer is not None
                      for w in model.iter_encoded_weights())
@@ -137,7 +136,7 @@ def export_glm(model: BNNModel, samples: int, *, progress: Callable[[int, int], 
         p + "kappa")
     probs = b.add("Softmax", [b.add("Mul", [mean, kappa], p + "scaled")], "probs", axis=-1)
     _head(b, mean, var, probs, samples, classes, p)
-    b.outputs = head_of(Task()).outputs(Task(), classes)  # a classifier's: probs, entropy, mutual_info
+    b.outputs = model.manifest.task_spec(model.where).output_infos(classes)  # a classifier's: probs, entropy, mi
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_glm_Q{samples}")
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="glm-probit", quadrature_seed=0)
     return out

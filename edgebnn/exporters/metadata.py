@@ -23,8 +23,11 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     float_bnn_bytes, ebnn_bytes   the fp32 BNN's bytes (μ and σ of every Bayesian weight in fp32) and the
                     ``.ebnn``'s, so the file alone gives its size ratios (:mod:`edgebnn.exporters.sizes`)
     precision, calibration        INT8 calibration (``calibrate``): "int8" and its settings
-    task, task_options            a regression or segmentation graph (:class:`edgebnn.tasks.Task`; absent:
-                                  classification), whose outputs are the task's
+    task, task_options            the graph's task unless classification (:meth:`edgebnn.tasks.Task.record`;
+                                  absent: classification), whose outputs are the task's
+    anytime         an anytime ensemble (``--samples auto``, :mod:`edgebnn.exporters.anytime`): its stopping rule
+                    (:meth:`edgebnn.stopping.StoppingRule.to_dict`); ``samples`` is then the largest count, and the
+                    outputs end with ``samples`` (members each input used)
 """
 
 from __future__ import annotations
@@ -46,11 +49,10 @@ from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.exporters.forms import FORMS
 from edgebnn.ir import MANIFEST_KEY, BNNModel
-from edgebnn.tasks import CLASSIFICATION, Task
+from edgebnn.tasks import Task
 
 EXPORT_KEY = "edgebnn.export"
 BASELINE_MODES = ("float_deterministic", "float_bnn")  # one-pass float baselines, not ensembles
-OUTPUTS = ("probs", "entropy", "mutual_info")
 NOISE_PER = ("row", "sample")
 NOISE_DISTS = ("normal", "uniform")
 
@@ -89,6 +91,7 @@ class ExportMetadata:
     task_options: Mapping[str, Any] | None = None
     input_range: tuple[float, float] | None = None
     approximations: tuple[str, ...] | None = None
+    anytime: Mapping[str, Any] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -104,8 +107,7 @@ class ExportMetadata:
         if m.input_range is not None:
             extra.setdefault("input_range", (float(m.input_range[0]), float(m.input_range[1])))
         task = m.task_spec(model.where)
-        if task.name != CLASSIFICATION:
-            extra.update(task=task.name, task_options=task.options())
+        extra.update(task.record())
         return cls(mode=mode, samples=samples, seed=seed, scheme=m.scheme, source_library=m.source_library,
                    input_name=m.input_name, input_shape=tuple(m.input_shape), num_classes=m.num_classes,
                    outputs=("probs",) if mode in BASELINE_MODES else task.outputs, **extra)
@@ -206,6 +208,7 @@ def read_metadata(proto: onnx.ModelProto, where: str) -> ExportMetadata:
     if len(entries) > 1:
         raise InvalidArtifactError(f"{where}: {len(entries)} {EXPORT_KEY} metadata entries; an export has one")
     meta = ExportMetadata.from_json(entries[0], where)
+    meta.task_spec(where)  # a task no loaded module registered is named before anything else reads the graph
     _check_graph(proto, meta, f"{where}: {EXPORT_KEY} metadata")
     return meta
 
@@ -233,6 +236,8 @@ def _check_graph(proto: onnx.ModelProto, meta: ExportMetadata, bad: str) -> None
     if not set(meta.outputs) <= outputs:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} are not all graph outputs ({sorted(outputs)})")
     want = ("probs",) if meta.is_baseline else meta.task_spec(bad).outputs
+    if meta.anytime is not None:
+        want = (*want, "samples")
     if tuple(meta.outputs) != want:
         raise InvalidArtifactError(f"{bad}: outputs {list(meta.outputs)} of a {meta.mode} graph must be {list(want)}")
 
@@ -302,6 +307,7 @@ _CHECKS: dict[str, Any] = {
     "task": _is_text,
     "task_options": lambda v: isinstance(v, dict),
     "approximations": _is_text_list,
+    "anytime": lambda v: isinstance(v, dict) and _anytime_ok(v),
     "input_range": lambda v: isinstance(v, list) and len(v) == 2 and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v) and v[0] <= v[1],
 }
@@ -314,8 +320,21 @@ _DESCRIBE = {
     "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
     "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
     "input_range": "[min, max] of finite numbers", "approximations": "a list of non-empty strings",
+    "anytime": "a stopping rule (edgebnn.stopping)",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
+
+
+def _anytime_ok(v: dict[str, Any]) -> bool:
+    """A stopping rule :class:`edgebnn.stopping.StoppingRule` accepts."""
+    from edgebnn.errors import EdgeBNNError
+    from edgebnn.stopping import StoppingRule
+
+    try:
+        StoppingRule.from_dict(v, "<metadata>")
+    except EdgeBNNError:
+        return False
+    return True
 
 
 def _json_type(v: object) -> str:

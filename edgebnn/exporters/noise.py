@@ -96,9 +96,10 @@ RNGS = ("host", "graph")  # where a noise graph's standard noise is drawn
 
 def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
                  seed: int = 0, progress: Callable[[int, int], None] | None = None, weights: str = "fp32",
-                 rng: str = "host", runtimes: tuple[str, ...] | None = None) -> onnx.ModelProto:
-    """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``; with ``rng="graph"`` also the
-    first seed of the in-graph random ops).
+                 rng: str = "host", runtimes: tuple[str, ...] | None = None,
+                 window: tuple[int, int] | None = None) -> onnx.ModelProto:
+    """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``, ``window`` their draws as in
+    :func:`.rewrite.baked_layers`; with ``rng="graph"`` also the first seed of the in-graph random ops).
 
     ``weights``: how μ and σ are stored (:data:`.stores.STORE_CHOICES`; decoded once per call, shared by the S
     samples); ``runtimes``: where the decodes must run (the float store elsewhere). ``rng``: ``host`` (noise
@@ -232,7 +233,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
                shapes: dict[str, list[int]], wide: bool) -> None:
         (auto if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes, wide)
 
-    baked = baked_layers(model, samples, seed)
+    baked = baked_layers(model, samples, seed, window=window)
 
     def mixed(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
               shapes: dict[str, list[int]], wide: bool) -> None:

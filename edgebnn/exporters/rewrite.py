@@ -63,14 +63,19 @@ def quiet_weights(model: BNNModel, hoist: str | float) -> set[str]:
     return out
 
 
-def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32") -> LayerRewrite:
+def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32",
+                 window: tuple[int, int] | None = None) -> LayerRewrite:
     """The ``baked`` strategy: S members drawn at export from the reference runtime's streams ``[seed, i]``
     (weight ``i`` in graph order, jointly with its group: :func:`~edgebnn.ir.encodings.draw_weight`), emitted
     as constants in the layer kind's batched form, in the ``weights`` format (exact on the encoding's sample
-    grid)."""
+    grid). ``window=(first, total)``: the members are draws ``first .. first + S - 1`` of ``total`` (one chunk of
+    an anytime ensemble, :mod:`.anytime`)."""
     index = {name: i for i, name in enumerate(model.encoded_weight_names())}
 
     def draw(w: EncodedWeight) -> np.ndarray:
+        if window is not None:
+            first, total = window
+            return draw_weight(w.encoding, seed, index[w.name], total)[first:first + samples]
         return draw_weight(w.encoding, seed, index[w.name], samples)  # jointly with its group, if any
 
     def bias_samples(b: Builder, node: onnx.NodeProto, out_dim: int) -> np.ndarray | None:

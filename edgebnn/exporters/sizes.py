@@ -178,8 +178,9 @@ def deployed_bytes(source: onnx.ModelProto | bytes | str | os.PathLike[str], *, 
     proto, total, _ = load_onnx(source)
     meta = _metadata(proto)
     graph = proto.graph
-    tensors = dict(_tensors(graph))
-    classes = classify(graph, tensors)
+    flat = _flat(graph)  # an anytime export's chunks hold their constants in If branches / a Loop body
+    tensors = dict(_tensors(flat))
+    classes = classify(flat, tensors)
     parts = dict.fromkeys(CATEGORIES, 0)
     counts = dict.fromkeys(CATEGORIES, 0)
     for name, (_, cost) in tensors.items():
@@ -196,6 +197,21 @@ def deployed_bytes(source: onnx.ModelProto | bytes | str | os.PathLike[str], *, 
         ebnn_bytes=ebnn_bytes if ebnn_bytes is not None else meta.get("ebnn_bytes"),
         tensors={c: n for c, n in counts.items() if c != "graph"},
     )
+
+
+def _flat(graph: onnx.GraphProto) -> onnx.GraphProto:
+    """``graph`` with the nodes and initializers of its subgraphs (Loop bodies, If branches) appended, in order
+    (value names are unique across scopes); ``graph`` itself when it has none."""
+    subs = [a.g for n in graph.node for a in n.attribute if a.HasField("g")]
+    if not subs:
+        return graph
+    flat = onnx.GraphProto()
+    flat.CopyFrom(graph)
+    for sub in subs:
+        inner = _flat(sub)
+        flat.node.extend(inner.node)
+        flat.initializer.extend(inner.initializer)
+    return flat
 
 
 def _metadata(proto: onnx.ModelProto) -> dict[str, Any]:

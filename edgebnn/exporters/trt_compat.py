@@ -59,7 +59,7 @@ SUPPORTED_OPS = _ops(
     ConstantOfShape Conv ConvTranspose Cos CumSum DepthToSpace DequantizeLinear Div Dropout Einsum Elu Equal
     Erf Exp Expand Flatten Floor Gather GatherElements GatherND Gemm GlobalAveragePool GlobalMaxPool Greater
     GreaterOrEqual HardSigmoid HardSwish Identity If InstanceNormalization LayerNormalization LeakyRelu Less
-    LessOrEqual Log LogSoftmax MatMul Max MaxPool Mean Min Mul Neg Not Or Pad Pow PRelu QuantizeLinear
+    LessOrEqual Log LogSoftmax Loop MatMul Max MaxPool Mean Min Mul Neg Not Or Pad Pow PRelu QuantizeLinear
     RandomNormal RandomNormalLike RandomUniform RandomUniformLike Range Reciprocal ReduceL2 ReduceLogSumExp
     ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape Resize Shape Sigmoid
     Sign Sin Size Slice Softmax Softplus Softsign Split Sqrt Squeeze Sub Sum Tanh Tile TopK Transpose
@@ -195,6 +195,11 @@ class _Checker:
             self.value_types[vi.name] = vi.type
         for init in graph.initializer:
             self.consts[init.name] = init
+        for sub in self._subgraphs(graph):  # Loop bodies, If branches: their own constants (names are unique)
+            for init in sub.initializer:
+                self.consts[init.name] = init
+            for vi in [*sub.input, *sub.value_info, *sub.output]:
+                self.value_types[vi.name] = vi.type
         for node, _ in self._nodes():
             for out in node.output:
                 self.producers[out] = node
@@ -204,6 +209,14 @@ class _Checker:
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None:
                     self.consts[node.output[0]] = value
+
+    @staticmethod
+    def _subgraphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    yield sub
+                    yield from _Checker._subgraphs(sub)
 
     def add(self, severity: Severity, node: str, op: str, message: str) -> None:
         self.findings.append(Finding(severity, node, op, message))

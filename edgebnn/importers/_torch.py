@@ -55,7 +55,7 @@ from edgebnn.ir import (
     verify,
 )
 from edgebnn.ir.encodings import MASK_SUFFIX, Encoding
-from edgebnn.tasks import CLASSIFICATION, REGRESSION, REGRESSION_HEADS, SEGMENTATION, TASK_ALIASES, TASKS, Task
+from edgebnn.tasks import Task, option_task, task_of_output
 
 OPSET = 18
 INPUT_NAME = "input"
@@ -211,9 +211,10 @@ def import_model(
             ``GaussianWeight`` with σ = 0 (:mod:`.mc_dropout`).
         layers: a plain torch model's layers with their weights given as encodings (deep ensembles, SWAG:
             :class:`PlainLayers`) instead of Bayesian layers found by the adapters.
-        task: ``classification``, ``regression`` or ``segmentation`` (``dense``); None infers it where that
-            guesses nothing: [B, K >= 3] is classification, [B, C, *spatial] segmentation, and a 1- or 2-wide
-            head is refused with a hint (:func:`_task_of`).
+        task: a registered task (:data:`edgebnn.tasks.TASKS`: ``classification``, ``regression``,
+            ``segmentation`` (``dense``), or a plug-in's); None infers it where that guesses nothing: [B, K >= 3] is
+            classification, [B, C, *spatial] segmentation, and a 1- or 2-wide head is refused with a hint
+            (:func:`edgebnn.tasks.task_of_output`).
         noise_var: regression with a mean-only head: the observation noise variance (None: none).
         regression_head: ``mean`` or ``mean_logvar`` ([B, 2D], or a (mean, log-variance) tuple); default:
             ``mean_logvar`` for a tuple or an even width without ``noise_var``, else ``mean``.
@@ -223,9 +224,7 @@ def import_model(
         layer with ``mc_dropout``.
     """
     torch = _torch()
-    task = TASK_ALIASES.get(task, task) if task is not None else None
-    if task is not None and task not in TASKS:
-        raise InvalidOptionError(f"--task {task}: choose {', '.join(TASKS)}")
+    joins_pair = task is not None and option_task(task).joins_output_pair  # an unknown task: one line, before torch
     shape = tuple(int(d) for d in input_shape)
     if len(shape) < 2 or any(d <= 0 for d in shape):
         raise InvalidOptionError(f"--input-shape {','.join(map(str, shape))}: need batch,dims... of positive ints")
@@ -280,7 +279,7 @@ def import_model(
             f"{where}: forward of {type(model).__name__} returns a dict ({keys}); wrap the model so that forward "
             "returns the logits tensor (or a tuple with the logits at --output-index)"
         )
-    pair = task == REGRESSION and _mean_logvar_pair(out)
+    pair = joins_pair and _mean_logvar_pair(out)
     if isinstance(out, (tuple, list)) and not pair:
         if not 0 <= output_index < len(out):
             raise InvalidOptionError(f"{where}: forward returns {len(out)} outputs; output index {output_index}")
@@ -350,63 +349,15 @@ def _mean_logvar_pair(out: Any) -> bool:
 
 def _task_of(out: Any, batch: int, task: str | None, noise_var: float | None, regression_head: str | None,
              pair: bool, where: str) -> Task:
-    """The task of the output ``out`` (of the batch-2 probe): stated, or inferred where nothing is guessed.
-
-    [B, K >= 3] floats: classification; [B, C, *spatial]: segmentation; a 1- or 2-wide head is refused without
-    ``task`` (a regression head would otherwise be read as a classifier).
-    """
+    """The task of the output ``out`` (of the batch-2 probe): stated, or inferred where nothing is guessed
+    (:func:`edgebnn.tasks.task_of_output`)."""
     got = tuple(getattr(out, "shape", ()))
-    shown = "[" + ", ".join(str(d) for d in (batch, *got[1:])) + "]" if got else "no tensor"
     if not hasattr(out, "shape") or out.ndim < 2:
+        shown = "[" + ", ".join(str(d) for d in (batch, *got[1:])) + "]" if got else "no tensor"
         raise UnsupportedLayerError(f"{where}: the model output must be [batch, outputs] or [batch, classes, "
                                     f"*spatial], got {shown}")
-    if noise_var is not None and (not np.isfinite(noise_var) or noise_var < 0):
-        raise InvalidOptionError(f"--noise-var {noise_var}: must be a finite variance >= 0")
-    if (noise_var is not None or regression_head is not None) and task != REGRESSION:
-        raise InvalidOptionError(f"{where}: --noise-var / --regression-head apply to --task regression only")
-    width = int(out.shape[1])
-    if task is None:
-        if out.ndim >= 3:
-            task = SEGMENTATION
-        elif width == 1:
-            raise UnsupportedLayerError(
-                f"{where}: forward returns one output per example; state what it is: task='regression' (--task "
-                "regression) for a mean, or for a sigmoid (binary) classifier return "
-                "torch.cat([torch.zeros_like(z), z], 1) (its softmax is [1 - sigmoid(z), sigmoid(z)])"
-            )
-        elif width == 2:
-            raise UnsupportedLayerError(
-                f"{where}: forward returns 2 outputs per example {shown}; state what they are: "
-                "task='classification' (--task classification: 2-class logits) or task='regression' (--task "
-                "regression: a mean and a log-variance, or 2 means with --noise-var)"
-            )
-        else:
-            task = CLASSIFICATION
-    if task == SEGMENTATION:
-        if out.ndim < 3 or width < 2:
-            raise UnsupportedLayerError(f"{where}: task segmentation needs [batch, classes >= 2, *spatial] logits, "
-                                        f"got {shown}")
-        return Task(SEGMENTATION, shape=tuple(int(d) for d in out.shape[1:]))
-    if out.ndim != 2:
-        raise UnsupportedLayerError(f"{where}: task {task} needs a [batch, outputs] output, got {shown}"
-                                    + ("; per-pixel logits are task segmentation" if task == CLASSIFICATION else ""))
-    if task == CLASSIFICATION:
-        if width < 2:
-            raise UnsupportedLayerError(
-                f"{where}: forward returns one output per example; edgebnn exports a softmax predictive over >= 2 "
-                "classes: for a sigmoid (binary) classifier return torch.cat([torch.zeros_like(z), z], 1) (its "
-                "softmax is [1 - sigmoid(z), sigmoid(z)]); for regression pass task='regression'"
-            )
-        return Task()
-    head = regression_head or ("mean_logvar" if pair or (noise_var is None and width % 2 == 0) else "mean")
-    if head not in REGRESSION_HEADS:
-        raise InvalidOptionError(f"--regression-head {head}: choose {' or '.join(REGRESSION_HEADS)}")
-    if head == "mean_logvar" and (width % 2 or noise_var is not None):
-        raise InvalidOptionError(
-            f"{where}: a mean and log-variance head returns [batch, 2D] (got {shown})"
-            + (" and states no --noise-var (the log-variance is the noise)" if noise_var is not None else "")
-        )
-    return Task(REGRESSION, head, width // 2 if head == "mean_logvar" else width, noise_var)
+    return task_of_output((batch, *(int(d) for d in got[1:])), task, where, pair=pair, noise_var=noise_var,
+                          regression_head=regression_head)
 
 
 def _export(torch: Any, module: Any, example: Any, where: str) -> onnx.ModelProto:

@@ -24,7 +24,7 @@ from onnx import helper
 from edgebnn._version import __version__
 from edgebnn.errors import InvalidArtifactError
 from edgebnn.ir.encodings import ENCODINGS, Encoding
-from edgebnn.tasks import CLASSIFICATION, Task
+from edgebnn.tasks import DEFAULT_TASK, Task
 
 DOMAIN = "ai.edgebnn"
 DOMAIN_VERSION = 1
@@ -53,7 +53,7 @@ class Manifest:
     # What the output is (edgebnn.tasks.Task): absent in files written before tasks, and for classification,
     # so those files keep their bytes; ``num_classes`` is the output's width (regression: D or 2D) or, for
     # segmentation, its channel count C.
-    task: str = CLASSIFICATION
+    task: str = DEFAULT_TASK
     task_options: dict[str, Any] | None = None
     # [min, max] of the inputs the model was lowered with (lower --eval / --budget / --calibrate data): eval refuses
     # inputs far outside it (another scale). Absent when lowering saw no data, so those files keep their bytes.
@@ -61,7 +61,7 @@ class Manifest:
 
     def to_json(self) -> str:
         raw = asdict(self)
-        if self.task == CLASSIFICATION and self.task_options is None:
+        if self.task == DEFAULT_TASK and self.task_options is None:
             del raw["task"], raw["task_options"]
         if self.input_range is None:
             del raw["input_range"]

@@ -154,24 +154,7 @@ def _check_shapes(model: BNNModel, encoded: list[_Weight]) -> None:
             raise InvalidArtifactError(f"{at}: bias of shape {tuple(bias)} does not match {wshape[0]} output channels")
     out = shapes.get(graph.output[0].name)
     classes = model.manifest.num_classes
-    task = model.manifest.task_spec(where)
-    if task.shape is not None and out and len(out) == len(task.shape) + 1 and any(
-            d is not None and d != t for d, t in zip(out[1:], task.shape, strict=True)):
-        raise InvalidArtifactError(
-            f"{where}: graph output {graph.output[0].name!r} has shape {out[1:]}, the manifest's task says "
-            f"{list(task.shape)}"
-        )
-    if task.dims is not None and task.width() != classes:
-        raise InvalidArtifactError(f"{where}: a {task.head} regression head of {task.dims} value(s) is "
-                                   f"{task.width()} wide, the manifest says num_classes {classes}")
-    if task.shape is not None and out and out[1] is not None and out[1] != classes:
-        raise InvalidArtifactError(
-            f"{where}: graph output {graph.output[0].name!r} has {out[1]} classes, the manifest says {classes}"
-        )
-    if task.shape is None and out and out[-1] is not None and out[-1] != classes:
-        raise InvalidArtifactError(
-            f"{where}: graph output {graph.output[0].name!r} has {out[-1]} classes, the manifest says {classes}"
-        )
+    model.manifest.task_spec(where).check_output(out, classes, graph.output[0].name, where)
 
 
 def _infer_shapes(model: BNNModel, encoded: list[_Weight]) -> dict[str, Shape]:

@@ -277,9 +277,9 @@ class LayerPass(Pass):
                 rows.append(layer_row(weight, lowered.encoding, note=lowered.note, extra=lowered.extra))
                 continue
             if not isinstance(weight.encoding, GaussianWeight):
-                family = family_of(weight.encoding.op_type)
+                owner = family_of(weight.encoding.op_type)
                 reason = (f"kept as {weight.encoding.op_type}: {self.name} lowers mean-field Gaussian posteriors, and "
-                          f"the {family.name if family else 'unregistered'} family declares no {self.name} lowering "
+                          f"the {owner.name if owner else 'unregistered'} family declares no {self.name} lowering "
                           "for it")
                 rows.append(layer_row(weight, weight.encoding, skipped=reason))
                 continue

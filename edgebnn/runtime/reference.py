@@ -17,8 +17,9 @@ from edgebnn.exporters import check_samples
 from edgebnn.exporters.families import check_family
 from edgebnn.ir import BNNModel
 from edgebnn.ir.encodings import draw_weight
-from edgebnn.metrics import AnyPredictive
+from edgebnn.metrics import AnyPredictive, Predictive
 from edgebnn.runtime._ort import check_finite, ort_errors
+from edgebnn.stopping import RunningPredictive, StoppingRule
 from edgebnn.tasks import predictive_from_samples
 
 
@@ -74,6 +75,38 @@ class Reference:
     def predict(self, x: np.ndarray, samples: int, seed: int = 0) -> AnyPredictive:
         """The task's predictive of ``samples`` posterior draws (:func:`edgebnn.tasks.predictive_from_samples`)."""
         return predictive_from_samples(self.task, self.logits(x, samples, seed))
+
+    def predict_anytime(self, x: np.ndarray, rule: StoppingRule, seed: int = 0) -> Predictive:
+        """The anytime predictive (``--samples auto``): members in chunks of ``rule.chunk`` until each input's rule
+        settles (:mod:`edgebnn.stopping`), at most ``rule.max_samples``; ``.samples``: the members each input used.
+
+        Member s is draw s of ``rule.max_samples`` (:func:`sample_weights`), the members the baked anytime export
+        of this seed holds, in its order; a settled input stops running members."""
+        if not self.task.softmax_classifier:
+            raise InvalidOptionError(f"{self.model.where}: --samples auto takes a classifier (the rule bounds class "
+                                     f"probabilities); this is a {self.task.name} model")
+        x = check_input(self.model, x)
+        weights = sample_weights(self.model, rule.max_samples, seed)
+        in_name = self.model.manifest.input_name
+        classes = self.model.manifest.num_classes
+        state = RunningPredictive(len(x), classes)
+        rows = np.arange(len(x))
+        for i in range(rule.chunks):
+            logits = []
+            for s in range(i * rule.chunk, (i + 1) * rule.chunk):
+                feed = {in_name: x[rows], **{name: w[s] for name, w in weights.items()}}
+                with ort_errors(self.model.where):
+                    logits.append(self.session.run(None, feed)[0])
+            check_finite(logits, self.model.where)
+            z = np.stack(logits).astype(np.float64)  # [c, rows, K]
+            z -= z.max(-1, keepdims=True)
+            p = np.exp(z)
+            state.add(rows, p / p.sum(-1, keepdims=True))
+            rows = rows[~rule.settled(state.mean[rows], state.m2[rows], i, classes)]
+            if len(rows) == 0:
+                break
+        probs, entropy, mi, used = state.outputs()
+        return Predictive(probs, entropy, mi, samples=used)
 
 
 def sample_logits(model: BNNModel, x: np.ndarray, samples: int, seed: int = 0, batch_size: int = 1024) -> np.ndarray:

@@ -7,8 +7,12 @@ the standard-normal noise inputs on the host (numpy, seedable) so callers never 
     sess = Session("model.onnx", seed=0)
     pred = sess.predict(x)          # pred.probs [B, K], pred.entropy [B], pred.mutual_info [B]
 
-A regression export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean``, ``variance``, ``aleatoric``,
-``epistemic``, each [B, D]); a segmentation export per-pixel probs [B, C, *spatial] and maps [B, *spatial].
+The answer is the export's task's (:meth:`edgebnn.tasks.Task.predictive` of its graph outputs): a regression
+export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean``, ``variance``, ``aleatoric``, ``epistemic``,
+each [B, D]); a segmentation export per-pixel probs [B, C, *spatial] and maps [B, *spatial].
+
+An anytime export (``edgebnn export --samples auto``) adds ``pred.samples`` [B], the members each input drew before
+its predictive settled (:mod:`edgebnn.stopping`).
 """
 
 from __future__ import annotations
@@ -24,9 +28,8 @@ from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.ir import check_text
-from edgebnn.metrics import AnyPredictive, Predictive, RegressionPredictive
+from edgebnn.metrics import AnyPredictive, Predictive
 from edgebnn.runtime._ort import check_finite, ort_errors
-from edgebnn.tasks import REGRESSION
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
 
@@ -84,12 +87,19 @@ class Session:
 
     @property
     def samples(self) -> int:
+        """S of a fixed export; an anytime export's largest sample count (``predict(x).samples``: what each input
+        used)."""
         return self.meta.samples
 
+    @property
+    def anytime(self) -> bool:
+        """Whether this is an anytime ensemble (``--samples auto``: each input draws until its predictive settles)."""
+        return self.meta.anytime is not None
+
     def predict(self, x: np.ndarray, *, noise: dict[str, np.ndarray] | None = None) -> AnyPredictive:
-        """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``: a
-        :class:`~edgebnn.metrics.Predictive` (classification, segmentation) or a
-        :class:`~edgebnn.metrics.RegressionPredictive` (regression), as the export's task says.
+        """The S-sample predictive distribution for a batch ``x`` of shape ``(B, *input_shape)``, as the export's
+        task gives it (:meth:`edgebnn.tasks.Task.predictive`): a :class:`~edgebnn.metrics.Predictive`
+        (classification, segmentation) or a :class:`~edgebnn.metrics.RegressionPredictive` (regression).
 
         ``noise`` overrides the host-drawn noise of a ``noise`` graph (standard normal, float32, shapes as
         in ``self.noise_inputs`` with -1 meaning B·S rows).
@@ -103,10 +113,13 @@ class Session:
         elif noise:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
         with ort_errors(self.where):
-            names = list(self.task.outputs) if self.task.name == REGRESSION else ["probs", "entropy", "mutual_info"]
-            outs = self._sess.run(names, feed)
+            outs = self._sess.run([*self.task.outputs, *(["samples"] if self.anytime else [])], feed)
+        if self.anytime:  # an anytime ensemble (--samples auto, softmax classifiers only): the members each input used
+            probs, entropy, mutual_info, used = outs
+            check_finite([probs, entropy, mutual_info], self.where)
+            return Predictive(probs, entropy, mutual_info, samples=used)
         check_finite(outs, self.where)
-        return RegressionPredictive(*outs) if self.task.name == REGRESSION else Predictive(*outs)
+        return self.task.predictive(outs)
 
     def _check_input(self, x: Any) -> np.ndarray:
         x = np.asarray(x)

@@ -46,7 +46,10 @@ def largest_first(jobs: Sequence[TrialJob]) -> list[int]:
     longest first (LPT) makes a 6-trial batch on 2 workers end sooner; the results are still told in trial order,
     so the order changes the wall time only.
     """
-    return sorted(range(len(jobs)), key=lambda i: -jobs[i].config.samples)
+    def size(job: TrialJob) -> int:  # an anytime ensemble (auto): its largest count, 16
+        return job.config.samples if isinstance(job.config.samples, int) else 16
+
+    return sorted(range(len(jobs)), key=lambda i: -size(jobs[i]))
 
 
 class LocalExecutor(AbstractContextManager["LocalExecutor"]):

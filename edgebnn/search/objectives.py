@@ -22,6 +22,7 @@ from typing import Any
 
 from edgebnn.budget import Budget
 from edgebnn.errors import InvalidOptionError
+from edgebnn.tasks import option_task
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,6 @@ OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
 )}
 # the scalar metrics a trial keeps from its evaluation report (those its model's task reports)
 TRIAL_METRICS = ("accuracy", "nll", "ece", "brier", "rmse", "mae", "calibration_error", "mean_iou", "pixel_accuracy")
-TASK_METRICS = {"classification": ("accuracy", "nll", "ece", "brier"),
-                "regression": ("nll", "rmse", "mae", "calibration_error"),
-                "segmentation": ("pixel_accuracy", "mean_iou", "nll", "ece")}
-TASK_DEFAULT_OBJECTIVES = {"classification": ("bytes", "nll", "ece"), "regression": ("bytes", "nll", "rmse"),
-                           "segmentation": ("bytes", "nll", "mean_iou")}
 DEFAULT_OBJECTIVES = ("bytes", "nll", "ece")
 
 
@@ -97,15 +93,17 @@ def parse_objectives(text: str | Sequence[str], *, ood: bool = False) -> tuple[O
 
 def for_task(task: str, objectives: tuple[Objective, ...], budget: Mapping[str, float], *, defaulted: bool,
              ood: bool = False) -> tuple[Objective, ...]:
-    """The objectives of a model of ``task``: the default objectives become the task's defaults
-    (:data:`TASK_DEFAULT_OBJECTIVES`); a metric the task does not report is refused.
+    """The objectives of a model of ``task`` (its name): the default objectives become the task's defaults
+    (:attr:`edgebnn.tasks.Task.default_objectives`); a metric the task does not report
+    (:attr:`~edgebnn.tasks.Task.columns`) is refused.
 
     Raises:
         InvalidOptionError: An objective or budget metric that a ``task`` model does not report (one line).
     """
+    spec = option_task(task)
     if defaulted:
-        objectives = parse_objectives(TASK_DEFAULT_OBJECTIVES[task], ood=ood)
-    reported = (*TASK_METRICS[task], "auroc")
+        objectives = parse_objectives(spec.default_objectives, ood=ood)
+    reported = (*spec.columns, "auroc")
     for option, names in (("--objectives", [o.name for o in objectives if o.path[0] == "metrics"]),
                           ("--budget", list(budget))):
         wrong = [n for n in names if n not in reported]

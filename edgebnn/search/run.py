@@ -320,6 +320,7 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
         BudgetNotMetError: The report has no best trial.
     """
     from edgebnn.api import export, load_ir, lower
+    from edgebnn.exporters.families import default_samples
 
     best = report["best"]
     if best is None:
@@ -328,6 +329,7 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
     c = TrialConfig.from_dict(best["config"])
     seed = report["settings"]["seed"]
     lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value, **c.options)
+    top = c.samples if isinstance(c.samples, int) else default_samples(lowered, 16)  # auto: its largest count
     return export(lowered, path, samples=c.samples, mode=c.mode, weights=c.weights, seed=seed, hoist=c.hoist,
                   device=get_target(report["settings"]["device"]).name,
-                  noise=exact_noise(lowered, c.mode, c.samples) or "auto")
+                  noise=exact_noise(lowered, c.mode, top) or "auto", rng="host" if c.samples == "auto" else "auto")

@@ -49,7 +49,8 @@ DEFAULT_BITS = ("auto", "3", "4", "6")
 """auto (per layer, from the posterior variance) and the widths between the two that lose (2 bits: the digits CNN
 falls to 0.27-0.79 accuracy in every scheme) and the one rarely smallest within a budget (8)."""
 DEFAULT_SIGMA_BITS = (2, 1, 0)
-DEFAULT_SAMPLES = (4, 8, 16, 32)
+DEFAULT_SAMPLES: tuple[int | str, ...] = (4, 8, 16, 32)
+ANYTIME = "auto"  # a samples choice: the anytime ensemble (edgebnn export --samples auto)
 DEFAULT_HOIST = ("off", "auto")
 HOIST_CHOICES = ("off", "auto")
 NO_SIGMA_CODE = frozenset({"deep ensemble", "Laplace posterior"})
@@ -95,7 +96,8 @@ class TrialConfig:
         scheme: Lowering scheme (``fixed``, ``prune+fixed``, ...).
         bits: ``"auto"`` or a forced width (as a string, the way the CLI and the config take it).
         sigma_bits: Bits of the σ code (0: one σ per layer); None for a scheme without one.
-        samples: Ensemble size S.
+        samples: Ensemble size S, or ``"auto"``: an anytime ensemble (:mod:`edgebnn.stopping`, the rule's
+            defaults), which draws per input until its predictive settles; never with ``analytic`` (no samples).
         mode: Export mode.
         weights: Member weight format (outside ``baked`` mode every trial stores the IR's own codes, as
             ``edgebnn export`` does by default); ``ir`` (a family's space only): the
@@ -109,7 +111,7 @@ class TrialConfig:
     scheme: str
     bits: str
     sigma_bits: int | None
-    samples: int
+    samples: int | str
     mode: str
     weights: str
     hoist: str
@@ -146,7 +148,7 @@ class SearchSpace:
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
     bits: tuple[str, ...] = DEFAULT_BITS
     sigma_bits: tuple[int, ...] = DEFAULT_SIGMA_BITS
-    samples: tuple[int, ...] = DEFAULT_SAMPLES
+    samples: tuple[int | str, ...] = DEFAULT_SAMPLES
     modes: tuple[str, ...] = MODES
     weights: tuple[str, ...] = WEIGHT_FORMATS
     hoist: tuple[str, ...] = DEFAULT_HOIST
@@ -170,7 +172,8 @@ class SearchSpace:
                 raise InvalidOptionError(f"search space: scheme {scheme} takes none of the bits "
                                          f"{', '.join(self.bits)}")
         for s in self.samples:
-            check_samples(s)
+            if s != ANYTIME:
+                check_samples(s)  # type: ignore[arg-type]
         for axis, allowed in (("modes", MODES), ("weights", STORE_CHOICES), ("hoist", HOIST_CHOICES)):
             bad = sorted(set(getattr(self, axis)) - set(allowed))
             if bad:
@@ -192,6 +195,8 @@ class SearchSpace:
         sigma_bits = trial.suggest_categorical("sigma_bits", self.sigma_bits) if sigma_code else None
         samples = trial.suggest_categorical("samples", self.samples)
         modes = modes_for(scheme, self.modes)
+        if samples == ANYTIME and len(modes) > 1:  # analytic draws no samples: nothing to stop early
+            modes = tuple(m for m in modes if m != "analytic")
         mode = modes[0] if len(modes) == 1 else trial.suggest_categorical(f"mode[{','.join(modes)}]", modes)
         weights = "ir"  # noise/shared/analytic: the IR's own codes, what `edgebnn export` writes by default
         if mode == "baked" and len(self.weights) > 1:
@@ -199,7 +204,8 @@ class SearchSpace:
         elif mode == "baked":
             weights = self.weights[0]
         hoist = trial.suggest_categorical("hoist", self.hoist)
-        return TrialConfig(str(scheme), str(bits), None if sigma_bits is None else int(sigma_bits), int(samples),
+        return TrialConfig(str(scheme), str(bits), None if sigma_bits is None else int(sigma_bits),
+                           ANYTIME if samples == ANYTIME else int(samples),  # type: ignore[arg-type]
                            str(mode), str(weights), str(hoist))
 
 
@@ -263,7 +269,8 @@ def family_space(space: SearchSpace, model: BNNModel, default_weights: Sequence[
 
         sigma_bits = tuple(sorted({max(b, FAMILY_SIGMA_BITS) for b in sigma_bits}))
     def exact(mode: str) -> bool:  # exact at every S, and some scheme's encodings export in it
-        return (all(exact_noise(model, mode, s) is not None for s in samples)
+        return (all(exact_noise(model, mode, s if isinstance(s, int) else members or 16) is not None
+                    for s in samples)
                 and any(mode in modes_for(s) for s in schemes))
 
     modes = tuple(m for m in space.modes if exact(m))

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgebnn.search.objectives import TRIAL_METRICS
-from edgebnn.search.space import TrialConfig, exact_noise
+from edgebnn.search.space import ANYTIME, TrialConfig, exact_noise
 
 if TYPE_CHECKING:
     from edgebnn.data import Dataset
@@ -139,9 +139,17 @@ def trial_export(model: BNNModel, config: TrialConfig, seed: int, device: str) -
 
     c = config
     lowered = lower(model, c.scheme, seed=seed, bits=c.bits_value, **c.options)
-    proto = export_onnx(lowered, c.samples, mode=c.mode, seed=seed, weights=c.weights, hoist=c.hoist,
-                        device=device,  # the graph form export writes for the device
-                        noise=exact_noise(lowered, c.mode, c.samples) or "auto")  # SWAG: drawn per weight
+    if c.samples == ANYTIME:  # the anytime ensemble with the rule's defaults
+        from edgebnn.exporters.anytime import export_anytime, rule_for
+
+        rule = rule_for(lowered)
+        proto, _ = export_anytime(lowered, rule, mode=c.mode, seed=seed, weights=c.weights, hoist=c.hoist,
+                                  device=device, rng="host",
+                                  noise=exact_noise(lowered, c.mode, rule.max_samples) or "auto")
+    else:
+        proto = export_onnx(lowered, int(c.samples), mode=c.mode, seed=seed, weights=c.weights, hoist=c.hoist,
+                            device=device,  # the graph form export writes for the device
+                            noise=exact_noise(lowered, c.mode, int(c.samples)) or "auto")  # SWAG: per weight
     return lowered, proto
 
 
@@ -169,6 +177,8 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
         result["error"] = _one_line(e)
         return result, None
     metrics = {k: ev[k] for k in TRIAL_METRICS if k in ev}
+    if "samples_used" in ev:  # an anytime trial: the samples its inputs drew (mean)
+        metrics["samples_used"] = ev["samples_used"]["mean"]
     if "ood" in ev:
         metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
     deployed = deployed_bytes(onnx_bytes, float_bnn_bytes=int(report["float_bnn_bytes"]),
@@ -201,7 +211,9 @@ def engine_bytes(proto: Any, device: str) -> int | None:
 
 
 def profile_trial(result: dict[str, Any], onnx_bytes: bytes | None, job: TrialJob) -> dict[str, Any]:
-    """Time the exported ensemble on ``job.device`` (batch 1, median of ``job.runs``); returns the result."""
+    """Time the exported ensemble on ``job.device`` (batch 1, median of ``job.runs``); returns the result. An anytime
+    ensemble's cost depends on its input: it runs the search data's first ``job.runs`` inputs in turn (random
+    numbers would be unfamiliar inputs, which draw the most), and its latency is their mean."""
     if onnx_bytes is None or job.runs <= 0:
         return result
     import numpy as np
@@ -221,11 +233,22 @@ def profile_trial(result: dict[str, Any], onnx_bytes: bytes | None, job: TrialJo
             exe = target.compile(proto, options=CompileOptions(name=f"trial{job.number}", workdir=tmp,
                                                                threads=job.threads))
             x = np.random.default_rng(0).random(shape, dtype=np.float32)
+            call = exe.bind(x)
+            if meta.anytime is not None:
+                _, dataset, _ = open_inputs(job.model, job.data, job.ood_data)
+                rows = next(dataset.batches(max(1, job.runs)))[0]
+                calls = [exe.bind(rows[i:i + 1]) for i in range(len(rows))]
+                turn = iter(range(10**12))
+
+                def call() -> Any:
+                    return calls[next(turn) % len(calls)]()
+
             with target.open_meter(None) as meter:
-                m = measure(exe.bind(x), batch=1, runs=job.runs, warmup=job.warmup, meter=meter)
+                m = measure(call, batch=1, runs=job.runs, warmup=job.warmup, meter=meter)
     except Exception as e:  # no runtime for this device here: the trial keeps its metrics
         return {**result, "profile_error": _one_line(e)}
-    return {**result, "latency_ms": m.latency_ms["p50"], "energy_mj": m.energy.get("energy_mj_per_inference"),
+    stat = "mean" if meta.anytime is not None else "p50"  # an anytime ensemble: the mean over the inputs
+    return {**result, "latency_ms": m.latency_ms[stat], "energy_mj": m.energy.get("energy_mj_per_inference"),
             "energy_reason": m.energy.get("reason"), "runner": f"{exe.name} ({exe.provider})"}
 
 

@@ -217,6 +217,73 @@ def profile(
     return report
 
 
+def profile_anytime(model: BNNModel, ensemble: onnx.ModelProto, fixed: onnx.ModelProto,
+                    inputs: dict[str, np.ndarray], *, device: str = "cpu", rounds: int = 3, warmup: int = 3,
+                    threads: int = 2, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Per-input latency of an anytime ensemble (``--samples auto``), whose cost depends on the input, against the
+    fixed export at its largest count S, det-S (the float net on S copies of the input), one float pass and the
+    float BNN (S sampled passes), on each set of ``inputs`` (``{"in": x, "ood": x}``, batch 1).
+
+    Every input runs every graph once per round, in turn, ``rounds`` rounds; an input's latency is its median over
+    the rounds, and each graph's figures are the p50, p90 and mean over the inputs of a set (the mean is what a
+    stream of such inputs costs). Ratios compare means over the same inputs."""
+    from edgebnn.exporters.ensemble import float_bnn, float_deterministic
+    from edgebnn.exporters.metadata import read_metadata
+
+    meta = read_metadata(ensemble, "ensemble")
+    if meta.anytime is None:
+        raise InvalidOptionError("profile_anytime: the ensemble is not an anytime export (--samples auto)")
+    samples = meta.samples
+    if rounds <= 0 or warmup < 0:
+        raise InvalidOptionError(f"--runs {rounds} / --warmup {warmup}: must be positive")
+    target = get_target(device)
+    with tempfile.TemporaryDirectory(prefix="edgebnn-profile-") as tmp:
+        options = CompileOptions(workdir=tmp, threads=threads, max_batch=samples)
+        exes = {"ensemble": target.compile(ensemble, options=replace(options, name="ensemble")),
+                "fixed": target.compile(fixed, options=replace(options, name="fixed")),
+                "float_deterministic": target.compile(float_deterministic(model), runtime="onnxruntime",
+                                                      options=replace(options, name="float_deterministic")),
+                "float_bnn": target.compile(float_bnn(model), runtime="onnxruntime",
+                                            options=replace(options, name="float_bnn"))}
+        det_s = f"det_{samples}"
+        out: dict[str, Any] = {}
+        for tag, xs in inputs.items():
+            used = np.concatenate([exes["ensemble"].run(xs[i:i + 64])[3] for i in range(0, len(xs), 64)])
+            calls = [{"ensemble": exes["ensemble"].bind(x), "fixed": exes["fixed"].bind(x),
+                      det_s: exes["float_deterministic"].bind(np.repeat(x, samples, 0)),
+                      "float_deterministic": exes["float_deterministic"].bind(x),
+                      "float_bnn": _repeat(exes["float_bnn"].bind(x), samples)}
+                     for x in (xs[j:j + 1] for j in range(len(xs)))]
+            for fn in calls[0].values():
+                for _ in range(warmup):
+                    fn()
+            times = {name: np.zeros((rounds, len(xs))) for name in calls[0]}
+            for r in range(rounds):
+                if progress:
+                    progress(f"{tag} inputs, round {r + 1}/{rounds}")
+                for j, per_graph in enumerate(calls):
+                    for name, fn in per_graph.items():
+                        t0 = time.perf_counter()
+                        fn()
+                        times[name][r, j] = time.perf_counter() - t0
+            per_input = {name: np.median(t, axis=0) * 1e3 for name, t in times.items()}
+            graphs = {name: {"p50": float(np.percentile(ms, 50)), "p90": float(np.percentile(ms, 90)),
+                             "mean": float(ms.mean())} for name, ms in per_input.items()}
+            mean = graphs["ensemble"]["mean"]
+            summary = {"mean": float(used.mean()), "p50": float(np.percentile(used, 50)),
+                       "p90": float(np.percentile(used, 90))}
+            out[tag] = {"n": len(xs), "latency_ms": graphs, "samples_used": summary,
+                "ratios": {"of": "means over the same inputs, each input's median of the rounds",
+                           "vs_fixed": mean / graphs["fixed"]["mean"], f"vs_{det_s}": mean / graphs[det_s]["mean"],
+                           "vs_float_deterministic": mean / graphs["float_deterministic"]["mean"],
+                           "speedup_vs_float_bnn": graphs["float_bnn"]["mean"] / mean}}
+    return {"schema": SCHEMA, "edgebnn_version": __version__, "device": target.name, "runner": exes["ensemble"].name,
+            "provider": exes["ensemble"].provider, "mode": meta.mode, "anytime": dict(meta.anytime),
+            "samples": samples, "fixed_mode": read_metadata(fixed, "fixed").mode, "threads": threads, "batch": 1,
+            "rounds": rounds, "warmup": warmup, "artifact_bytes": exes["ensemble"].size_bytes,
+            "fixed_bytes": exes["fixed"].size_bytes, "per_input": out}
+
+
 def plot_profile(report: dict[str, Any], out_png: str) -> None:
     """Bar chart of p50 latency (and energy where measured) for the ensemble and its baselines."""
     import matplotlib

@@ -40,7 +40,7 @@ import onnx
 import onnxruntime as ort
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
-from edgebnn.metrics import RegressionPredictive
+from edgebnn.metrics import Predictive
 from edgebnn.runtime._ort import ort_errors
 from edgebnn.targets.torch_interp import TorchProgram, import_torch
 
@@ -164,9 +164,8 @@ class SessionRunner:
 
     def run(self, x: Feed) -> list[np.ndarray]:
         p = self.session.predict(self._input(x))
-        if isinstance(p, RegressionPredictive):
-            return [p.mean, p.variance, p.aleatoric, p.epistemic]
-        return [p.probs, p.entropy, p.mutual_info]
+        outs = [getattr(p, name) for name in self.session.task.outputs]  # the predictive's fields: the outputs
+        return [*outs, *([p.samples] if isinstance(p, Predictive) and p.samples is not None else [])]
 
     def bind(self, x: Feed) -> Callable[[], Any]:
         arr = self._input(x)

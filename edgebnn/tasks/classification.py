@@ -9,16 +9,20 @@ Analytic: the softmax integrated over the Gaussian logits with fixed quasi-Monte
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import helper
 
-from edgebnn.metrics import AnyPredictive, MetricSums, Predictive, predictive_from_logits
-from edgebnn.tasks.head import EPS_PROBS, VAR_FLOOR, GraphBuilder, Head, P, Points
-from edgebnn.tasks.spec import Task
+from edgebnn.data import ClassLabels, Targets
+from edgebnn.errors import UnsupportedLayerError
+from edgebnn.metrics import AnyPredictive, MetricSums, Predictive, log_softmax, predictive_from_logits
+from edgebnn.tasks.base import EPS_PROBS, VAR_FLOOR, GraphBuilder, Points, Task, probs_entropy_mi, register_task
+from edgebnn.tasks.base import PREFIX as P
 
 
-def _classification(b: GraphBuilder, logits: str, samples: int, task: Task, classes: int) -> None:
+def _classification(b: GraphBuilder, logits: str, samples: int, classes: int) -> None:
     """logits [B·S, K] -> probs [B, K], entropy [B], mutual_info [B].
 
     probs = mean_s softmax; entropy = -Σ probs·log(max(probs, 1e-12));
@@ -30,7 +34,7 @@ def _classification(b: GraphBuilder, logits: str, samples: int, task: Task, clas
     mean_entropy_mi(b, p, x3, -1, ax1, axk, axk)
 
 
-def _classification_analytic(b: GraphBuilder, logits: str, v: str | None, samples: int, task: Task, classes: int,
+def _classification_analytic(b: GraphBuilder, logits: str, v: str | None, samples: int, classes: int,
                              points: Points) -> None:
     """Gaussian logits (m, v) [B, K] -> the predictive, integrated at Q fixed points, as one MatMul:
     [m, √v] [B, 2K] @ [[I ... I], [diag z_1 ... diag z_Q]] = (m + √v ⊙ z_q)_q [B, Q·K]."""
@@ -42,7 +46,7 @@ def _classification_analytic(b: GraphBuilder, logits: str, v: str | None, sample
     matrix = (b.f32(P + "quadrature", quadrature_matrix_of(z)) if b.store_choice == "fp32"
               else _quadrature_in_graph(b, z))  # a compact export: the matrix from its points, in the graph
     lq = b.add("MatMul", [ms, matrix], P + "logits_q")
-    _classification(b, lq, samples, task, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K]
+    _classification(b, lq, samples, classes)  # [B, Q·K], row-major over (q, k): the head's [B, Q, K]
 
 
 def quadrature_matrix_of(z: np.ndarray) -> np.ndarray:
@@ -85,26 +89,63 @@ def mean_entropy_mi(b: GraphBuilder, p: str, x: str, class_axis: int, ax1: str, 
     b.add("Max", [mi, b.f32(p + "zero", 0.0)], "mutual_info")
 
 
-def _classification_outputs(task: Task, classes: int) -> list[onnx.ValueInfoProto]:
-    return [
-        helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", classes]),
-        helper.make_tensor_value_info("entropy", TensorProto.FLOAT, ["batch"]),
-        helper.make_tensor_value_info("mutual_info", TensorProto.FLOAT, ["batch"]),
-    ]
-
-
-def _reduce(task: Task, outputs: np.ndarray) -> AnyPredictive:
-    """[S, N, K] member logits -> probs, entropy, mutual_info (:func:`edgebnn.metrics.predictive_from_logits`)."""
-    return predictive_from_logits(outputs)
-
-
 class ClassificationSums(MetricSums):
-    """:class:`MetricSums` taking a :class:`Predictive` (the task-generic interface of :func:`metric_sums`)."""
+    """:class:`MetricSums` taking a :class:`Predictive` (:class:`edgebnn.tasks.MetricAccumulator`)."""
 
     def add_predictive(self, pred: AnyPredictive, y: np.ndarray) -> None:
         assert isinstance(pred, Predictive)
         self.add(pred.probs, y)
 
 
-HEAD = Head(_classification, _classification_analytic, _classification_outputs, _reduce,
-            lambda task, classes: ClassificationSums())
+@register_task
+class Classification(Task):
+    """Logits [N, K >= 2] -> probs, entropy, mutual_info (module docstring); integer class labels; accuracy, NLL,
+    ECE, Brier."""
+
+    name = "classification"
+    columns = ("accuracy", "nll", "ece", "brier")
+    default_objectives = ("bytes", "nll", "ece")
+    softmax_axis = -1
+    softmax_classifier = True
+
+    @classmethod
+    def from_output(cls, shape: tuple[int, ...], where: str, **options: Any) -> Task:
+        if len(shape) != 2:
+            raise UnsupportedLayerError(f"{where}: task classification needs a [batch, outputs] output, got "
+                                        f"{list(shape)}; per-pixel logits are task segmentation")
+        if shape[1] < 2:
+            raise UnsupportedLayerError(
+                f"{where}: forward returns one output per example; edgebnn exports a softmax predictive over >= 2 "
+                "classes: for a sigmoid (binary) classifier return torch.cat([torch.zeros_like(z), z], 1) (its "
+                "softmax is [1 - sigmoid(z), sigmoid(z)]); for regression pass task='regression'"
+            )
+        return cls()
+
+    def describe(self, classes: int) -> str:
+        return f"{classes} classes"
+
+    def sampled(self, b: GraphBuilder, outputs: str, samples: int, classes: int) -> None:
+        _classification(b, outputs, samples, classes)
+
+    def analytic(self, b: GraphBuilder, m: str, v: str | None, samples: int, classes: int, points: Points) -> None:
+        _classification_analytic(b, m, v, samples, classes, points)
+
+    def output_infos(self, classes: int) -> list[onnx.ValueInfoProto]:
+        return probs_entropy_mi([classes])
+
+    def baseline_output(self, output: str) -> onnx.NodeProto:
+        return helper.make_node("Softmax", [output], ["probs"], axis=-1)
+
+    def reduce(self, outputs: np.ndarray) -> AnyPredictive:
+        """[S, N, K] member logits -> probs, entropy, mutual_info (:func:`edgebnn.metrics.predictive_from_logits`)."""
+        return predictive_from_logits(outputs)
+
+    def members(self, outputs: np.ndarray) -> np.ndarray:
+        """Each member's class probabilities (softmax of its logits)."""
+        return np.exp(log_softmax(outputs.astype(np.float64), axis=-1))
+
+    def metrics(self, classes: int) -> ClassificationSums:
+        return ClassificationSums()
+
+    def targets(self, classes: int) -> Targets:
+        return ClassLabels()

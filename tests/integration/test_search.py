@@ -424,3 +424,28 @@ def test_a_weight_format_the_device_cannot_run_is_refused(files, tmp_path):
         run_search(settings(files, device="jetson", space=SearchSpace(weights=("fp32", "int8", "int4"))),
                    tmp_path / "s.jsonl", LocalExecutor(1))
     assert not (tmp_path / "s.jsonl").exists()
+
+
+def test_an_anytime_trial_exports_evaluates_and_times_its_rule(files):
+    """``--samples auto`` is one more choice of S: the trial exports the anytime ensemble (the rule's defaults),
+    records the samples its inputs drew and times it on the search data's inputs (not random numbers); the space
+    never pairs it with analytic, which draws no samples."""
+    import onnx
+
+    from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.search.space import ANYTIME
+    from edgebnn.search.trial import evaluate_trial, profile_trial
+
+    root, model = files
+    job = TrialJob(0, TrialConfig("fixed", "4", 2, ANYTIME, "baked", "fp32", "off"), str(model),
+                   str(root / "val.npz"), str(root / "ood.npz"), 0, "cpu", runs=4, warmup=0)
+    result, proto = evaluate_trial(job)
+    assert result["error"] is None and proto is not None
+    assert read_metadata(onnx.load_from_string(proto), "trial").anytime is not None
+    assert 4 <= result["metrics"]["samples_used"] <= 16
+    timed = profile_trial(result, proto, job)
+    assert timed["profile_error"] is None and timed["latency_ms"] > 0
+    space = SearchSpace(schemes=("fixed",), bits=("4",), samples=(ANYTIME,), modes=("baked", "analytic"))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    assert {space.suggest(study.ask()).mode for _ in range(8)} == {"baked"}
+    assert TrialConfig.from_dict(job.config.to_dict()) == job.config

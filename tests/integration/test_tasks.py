@@ -22,7 +22,7 @@ from edgebnn.exporters.ensemble import export_onnx
 from edgebnn.ir import BNNModel, Manifest, from_bytes, to_bytes
 from edgebnn.metrics import RegressionPredictive
 from edgebnn.runtime import Session
-from edgebnn.tasks import Task, predictive_from_samples
+from edgebnn.tasks import Classification, Regression, Segmentation, Task, predictive_from_samples
 
 S, REF, BLOCKS = 64, 4000, 62  # exported members; torch reference draws; S-sized blocks of it
 RHO = -1.5  # posterior sigma = log1p(exp(-1.5)) ~ 0.2: an epistemic spread the tests can see
@@ -239,7 +239,8 @@ def test_regression_options_are_checked() -> None:
         from_torch(MeanOnly(), (1, 3), task="regression", noise_var=-1.0)
     with pytest.raises(InvalidOptionError, match="apply to --task regression only"):
         from_torch(SegNet(), (1, 1, 6, 6), noise_var=0.1)
-    with pytest.raises(InvalidOptionError, match="--task blah"):
+    with pytest.raises(InvalidOptionError, match=r"^--task: task 'blah' is not known to this edgebnn \(known: "
+                       r"[^;]*classification, [^;]*regression, segmentation \(dense\)[^;]*\); install or load"):
         from_torch(MeanOnly(), (1, 3), task="blah")
     with pytest.raises(InvalidOptionError, match=r"a mean and log-variance head returns \[batch, 2D\]"):
         from_torch(LastLayerBayes(width=3), (1, 3), task="regression", regression_head="mean_logvar")
@@ -251,11 +252,11 @@ def test_regression_options_are_checked() -> None:
 def test_task_survives_save_and_old_manifests_are_classification(mean_only) -> None:
     ir = mean_only[0]
     again = from_bytes(to_bytes(ir), "m.ebnn")
-    assert again.manifest.task_spec() == ir.manifest.task_spec() == Task("regression", "mean", 2, 0.05)
+    assert again.manifest.task_spec() == ir.manifest.task_spec() == Regression("mean", 2, 0.05)
     # a manifest without a task (every file written before tasks) reads as classification
     raw = json.loads(ir.manifest.to_json())
     del raw["task"], raw["task_options"]
-    assert Manifest.from_json(json.dumps(raw), "old.ebnn").task_spec() == Task()
+    assert Manifest.from_json(json.dumps(raw), "old.ebnn").task_spec() == Classification()
 
 
 def _pixel_checks(ir: BNNModel, draws: np.ndarray, x: np.ndarray, modes: list[str]) -> None:
@@ -276,7 +277,7 @@ def test_segmentation_bayesian_conv_matches_torch() -> None:
     _seed(4)
     model = SegNet()
     ir = from_torch(model, (1, 1, 6, 6))  # a >= 3-D output is a dense prediction without saying so
-    assert ir.manifest.task_spec() == Task("segmentation", shape=(3, 6, 6))
+    assert ir.manifest.task_spec() == Segmentation((3, 6, 6))
     x = np.random.default_rng(2).random((6, 1, 6, 6), dtype=np.float32)
     _pixel_checks(ir, _torch_draws(model, x, REF), x, ["baked", "noise"])
 

@@ -469,3 +469,54 @@ def test_cli_export_builds_and_reports_the_engine(tmp_path: Path) -> None:
     assert report["engine"]["engine_bytes"] == (tmp_path / "model.engine").stat().st_size
     assert "engine (what the device loads)" in result.output
     assert report["file"] == str(tmp_path / "model.engine.onnx")
+
+
+# -- anytime ensembles (--samples auto, issue 36): a Loop (in-graph draws) or an If per chunk (baked members, host
+# noise), each built for rtx; the checker agrees with the parser on every one ------------------------------------
+
+ANYTIME_EXPORTS = [("baked", "int8", "auto"), ("baked", "fp32", "auto"), ("noise", "ir", "host"),
+                   ("noise", "ir", "graph")]
+
+
+@pytest.mark.parametrize("name", ["vi_digits_cnn", "vi_lenet5", "deep_ensemble"])
+def test_anytime_exports_build_an_engine(name: str, workdir: Path) -> None:
+    from edgebnn.exporters.anytime import export_anytime, rule_for
+
+    ir = edgebnn.lower(MODELS[name](), "fixed")
+    built = []
+    for mode, weights, rng in ANYTIME_EXPORTS:
+        label = f"anytime/{name}/{mode}/{weights}/{rng}"
+        try:
+            proto, _ = export_anytime(ir, rule_for(ir), mode=mode, weights=weights, rng=rng, device="rtx")
+        except InvalidOptionError:
+            assert name == "deep_ensemble" and mode == "noise", label  # a deep ensemble exports baked only
+            continue
+        assert not has_errors(check_trt_compat(proto, tensorrt="11")), label
+        assert any(n.op_type in ("Loop", "If") for n in proto.graph.node), label
+        manifest = compile_engine(proto, workdir / (label.replace("/", "_") + ".engine"), "rtx", max_batch=2)
+        assert manifest["engine_bytes"] > 0, label
+        built.append(label)
+    assert len(built) == (2 if name == "deep_ensemble" else len(ANYTIME_EXPORTS))
+
+
+def test_anytime_cli_builds_for_rtx_and_dry_runs_for_jetson(tmp_path: Path) -> None:
+    """``edgebnn export --target tensorrt --samples auto``: an engine for rtx; Jetson's dry run writes the ONNX, the
+    manifest and the trtexec command."""
+    from edgebnn.cli import main
+
+    ir = tmp_path / "m.ebnn"
+    edgebnn.save(edgebnn.lower(MODELS["vi_digits_cnn"](), "fixed"), ir)
+    rtx = CliRunner().invoke(main, ["export", str(ir), "--target", "tensorrt", "--device", "rtx", "--samples", "auto",
+                                    "--max-batch", "2", "-o", str(tmp_path / "m.engine")])
+    assert rtx.exit_code == 0, rtx.output
+    assert (tmp_path / "m.engine").read_bytes()[:4] == b"vtrt" and "anytime:" in rtx.output
+    jetson = CliRunner().invoke(main, ["export", str(ir), "--target", "tensorrt", "--device", "jetson-orin-nano",
+                                       "--samples", "auto", "--dry-run", "-o", str(tmp_path / "j.engine")])
+    assert jetson.exit_code == 0, jetson.output
+    assert not (tmp_path / "j.engine").exists()
+    for path in (engine_onnx_path(tmp_path / "j.engine"), manifest_path(tmp_path / "j.engine"),
+                 trtexec_path(tmp_path / "j.engine")):
+        assert path.is_file()
+    exported = onnx.load(str(engine_onnx_path(tmp_path / "j.engine")))
+    assert [o.name for o in exported.graph.output][-1] == "samples"
+    assert not has_errors(check_trt_compat(exported, tensorrt="10.3"))

@@ -8,7 +8,7 @@ import pytest
 from edgebnn.api._certify import Evidence, certify
 from edgebnn.budget import Budget
 from edgebnn.metrics import Predictive, RegressionPredictive, ece, ood_report
-from edgebnn.tasks import Task
+from edgebnn.tasks import Classification, Regression
 
 ROUNDOFF = 1e-9  # float64 sums of a few hundred terms, in another order
 
@@ -21,7 +21,7 @@ def _probs(rng: np.random.Generator, n: int, sharp: float) -> np.ndarray:
 
 def _classifier(probs: np.ndarray, mi: np.ndarray, ood_mi: np.ndarray | None, draws: int = 1) -> Evidence:
     entropy = -(probs * np.log(probs)).sum(1)
-    return Evidence(Task(), 10, draws, Predictive(probs, entropy, mi), mi, ood_mi, "test")
+    return Evidence(Classification(), 10, draws, Predictive(probs, entropy, mi), mi, ood_mi, "test")
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +76,10 @@ def test_identical_evidence_keeps_any_resolvable_budget(pair) -> None:
 
 
 def test_a_regression_is_bounded_through_its_own_metrics() -> None:
-    from edgebnn.tasks import metric_sums
-
     rng = np.random.default_rng(3)
     n = 120
     y = rng.normal(0, 1, (n, 1))
-    task = Task("regression", dims=1)
+    task = Regression(head="mean", dims=1)
 
     def evidence(mean: np.ndarray, var: np.ndarray) -> Evidence:
         pred = RegressionPredictive(mean, var, var * 0.8, var * 0.2)
@@ -92,7 +90,7 @@ def test_a_regression_is_bounded_through_its_own_metrics() -> None:
     cert = certify(Budget.parse("nll=+5,rmse=+1"), ref, low, y, seed=1)
 
     def report(ev: Evidence) -> dict:
-        acc = metric_sums(task, 1)
+        acc = task.metrics(1)
         acc.add_predictive(ev.pred, y)
         return acc.report()
 
