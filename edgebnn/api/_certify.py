@@ -61,13 +61,16 @@ class Evidence:
 
 
 def _concat(preds: list[AnyPredictive]) -> AnyPredictive:
+    """One predictive of the rows of ``preds``, in order (an optional field none of them has stays None)."""
     first = preds[0]
-    return type(first)(*(np.concatenate([getattr(p, f.name) for p in preds])
-                         for f in dataclasses.fields(first)))  # type: ignore[arg-type]
+    fields = {f.name: [getattr(p, f.name) for p in preds] for f in dataclasses.fields(first)}
+    return type(first)(**{k: None if any(v is None for v in vs) else np.concatenate(vs)  # type: ignore[arg-type]
+                          for k, vs in fields.items()})
 
 
 def _take(pred: AnyPredictive, rows: np.ndarray) -> AnyPredictive:
-    return type(pred)(*(getattr(pred, f.name)[rows] for f in dataclasses.fields(pred)))  # type: ignore[arg-type]
+    values = {f.name: getattr(pred, f.name) for f in dataclasses.fields(pred)}
+    return type(pred)(**{k: None if v is None else v[rows] for k, v in values.items()})  # type: ignore[arg-type]
 
 
 def reference_evidence(model: BNNModel, x: np.ndarray, ood: np.ndarray | None, samples: int,
