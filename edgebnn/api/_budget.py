@@ -1,39 +1,66 @@
-"""``lower --budget``: the greedy per-layer search for the smallest lowering within an uncertainty budget.
+"""``lower --budget``: the smallest lowering that keeps an uncertainty budget on new data, with a stated confidence.
 
-Every candidate is judged by the predictive the model exports: the reference runtime draws what ``baked`` stores
-(:func:`edgebnn.ir.encodings.draw_weight`), S ``samples`` with the config's seed, against the float BNN's. A
-posterior family's layers (a deep ensemble's member sets, SWAG's low-rank Gaussians, ...) move only among the
-schemes their family declares for their encodings (:attr:`edgebnn.families.Family.lowerings`: ``fixed`` and
-``float`` for member sets, SWAG and Kronecker/dense Laplace factors), with no σ-code move (a family's lowering
-codes its covariance itself), so a deep ensemble is searched over the bits of its one per-layer grid, with float as
-each layer's fallback, and judged at S = M (each member once: the exact ensemble).
+**The guarantee.** With probability at least ``budget.confidence`` (1 - δ) over the validation rows, the
+returned lowering keeps every budgeted metric's change, lowered minus float, within its allowance on the
+population the rows are drawn from (any data exchangeable with them): the expected metric of its default export
+against that of the float BNN's own default export, both at S samples, as onnxruntime runs them
+(docs/uncertainty_budget.md states it in full).
+
+**How.** Candidates are tested in a fixed order, largest deployed file first (fixed-sequence testing): a candidate
+is *certified* when every budgeted metric's one-sided ``confidence`` limit (:mod:`edgebnn.budget`,
+:func:`edgebnn.api._certify.certify`) lies within its allowance, and the test stops at the first candidate that is
+not. The last one certified is the result. An order fixed before the certification rows are read spends no
+confidence on the number of candidates, and requiring every metric (an intersection-union test) spends none on
+the number of metrics. Two orders (:data:`ORDERS`):
+
+* ``chain`` (the default): a data-free chain of global settings from the start (:func:`start_config`): the
+  variance rule made finer (fallbacks), then one σ per layer instead of the σ code, then the variance rule's
+  noise fraction raised step by step (:data:`NOISE_FRACTIONS`; an explicit ``--bits N`` steps N
+  down instead); every validation row certifies.
+* ``split``: a greedy per-layer walk (:mod:`edgebnn.api._greedy`) on :data:`SELECT_FRACTION` of the rows, chosen at
+  random, certified on the others.
+
+Before any candidate, the float BNN's own weights, exported the same way, are certified against themselves on a
+second run of the device's noise: this is where a budget finer than the rows resolve is said, with the number of
+rows it would take.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._evaluate import Progress, _eval_data, _measure, _reference, lowering_quality, task_of
+from edgebnn.api._evaluate import Progress, _eval_data, lowering_quality
+from edgebnn.api._greedy import _RECIPES, BUDGET_START, PATH_STEP, _BudgetSearch, deployed_size, start_config
 from edgebnn.api._model import lower
 from edgebnn.errors import InvalidOptionError
+from edgebnn.passes.config import parse_scheme
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from edgebnn._lowered import LoweredModel
-    from edgebnn.budget import Budget
+    from edgebnn.api._certify import Evidence
+    from edgebnn.budget import Budget, Certificate
     from edgebnn.data import Dataset, DataSource
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
 
-BUDGET_ROWS = 2000
-"""Budget search: candidates are measured on at most this many validation rows (the first ones)."""
+__all__ = ["BUDGET_START", "lower_within_budget"]
+
+ORDERS = ("chain", "split")
+BUDGET_ROWS = 4000
+"""Budget search: at most this many validation rows (and OOD inputs) are read, the first ones."""
+SELECT_FRACTION = 0.2
+"""``order="split"``: the share of the rows, chosen at random, that the greedy walk chooses on (bench/budget.py)."""
 BUDGET_STEPS = 40
-"""Budget search: at most this many accepted changes (each one measures every layer's next moves)."""
-BUDGET_START = "prune+fixed"
-"""Budget search without a scheme (``float``): starts here; pruning first lets the σ codes shrink further."""
-_TOP_BITS = 8  # falling back, a layer's bits rise to this before the layer goes to float
-_RECIPES = {"ternary": "edgebnn.train.vnq (variational network quantization)",
-            "binary": "edgebnn.train.ebp (expectation backpropagation)"}
+"""``order="split"``: at most this many accepted changes of the greedy walk."""
+NOISE_FRACTIONS = (0.025, 0.05, 0.1, 0.125, 0.16, 0.2, 0.25, 0.32, 0.4, 0.5, 0.63, 0.8, 1.0, 1.25, 1.6, 2.0, 2.5, 3.2)
+"""The chain's variance-rule noise fractions (the rounding noise allowed per layer, as a fraction of its mean
+posterior variance; 0.1 is the rule's default): the two below it are fallbacks tried first."""
+_SPLIT_SEED = 0xB0D6E7  # the selection/certification split: seeded by this and the lowering seed
+_AGAIN = 7919  # the float BNN against itself: its export's random ops seeded this far from the others' (fresh noise)
 
 
 def _check_budget(budget: Budget | str, evaluate: DataSource | None, ood_data: DataSource | None) -> Budget:
@@ -47,72 +74,363 @@ def _check_budget(budget: Budget | str, evaluate: DataSource | None, ood_data: D
     return budget
 
 
+def _rows(dataset: Dataset, rows: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """The first ``rows`` rows of ``dataset`` in memory (inputs, and labels when it has them)."""
+    import numpy as np
+
+    xs, ys = [], []
+    for x, y in dataset.batches():
+        xs.append(np.asarray(x, np.float32))
+        if y is not None:
+            ys.append(np.asarray(y))
+        if sum(len(b) for b in xs) >= rows:
+            break
+    x = np.concatenate(xs)[:rows]
+    return x, (np.concatenate(ys)[:rows] if ys else None)
+
+
+class Rows:
+    """The validation rows (and OOD inputs) in memory; with ``fraction`` > 0 split at random (seeded) into the
+    rows a greedy walk selects on and those that certify."""
+
+    def __init__(self, dataset: Dataset, ood: Dataset | None, max_rows: int, fraction: float, seed: int) -> None:
+        import numpy as np
+
+        if not 0 <= fraction < 1:
+            raise InvalidOptionError(f"select_fraction {fraction!r}: must be at least 0 and below 1")
+        self.x, y = _rows(dataset, max_rows)
+        assert y is not None  # dataset_for opened it with labels
+        self.y = y
+        self.ood = None if ood is None else _rows(ood, max_rows)[0]
+        self.of, self.ood_of = dataset.n, None if ood is None else ood.n
+        self.name, self.fraction = dataset.name, fraction
+        rng = np.random.default_rng([_SPLIT_SEED, seed])
+
+        def split(n: int) -> tuple[np.ndarray, np.ndarray]:
+            order = rng.permutation(n)
+            cut = round(fraction * n)
+            return np.sort(order[:cut]), np.sort(order[cut:])
+
+        self.select_idx, self.certify_idx = split(len(self.x))
+        self.ood_select, self.ood_certify = split(0 if self.ood is None else len(self.ood))
+        if len(self.certify_idx) < 2 or (fraction and len(self.select_idx) < 2):
+            raise InvalidOptionError(f"--eval {dataset.name}: {len(self.x)} rows are too few to certify a budget on")
+
+    @property
+    def certify_x(self) -> np.ndarray:
+        return self.x[self.certify_idx]
+
+    @property
+    def certify_y(self) -> np.ndarray:
+        return self.y[self.certify_idx]
+
+    @property
+    def certify_ood(self) -> np.ndarray | None:
+        return None if self.ood is None else self.ood[self.ood_certify]
+
+    def selection(self) -> tuple[Dataset, Dataset | None]:
+        from edgebnn.data import load_data
+
+        sel = load_data((self.x[self.select_idx], self.y[self.select_idx]))
+        return sel, None if self.ood is None else load_data(self.ood[self.ood_select], labels=False)
+
+    def describe(self) -> dict[str, Any]:
+        ood = None if self.ood is None else len(self.ood)
+        return {"rows": len(self.x), "of": self.of, "selection_rows": len(self.select_idx),
+                "certification_rows": len(self.certify_idx), "ood_rows": ood, "ood_of": self.ood_of,
+                "ood_certification_rows": None if ood is None else len(self.ood_certify)}
+
+
+@dataclasses.dataclass
+class Candidate:
+    """One configuration to certify: its config, lowered model, deployed bytes and how it came about."""
+
+    label: str
+    config: LowerConfig
+    model: LoweredModel
+    file_bytes: int
+    fallback: bool = False  # a post-training ternary/binary's fixed-point fallback, tried before it
+
+
 def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
                         data: DataSource = "digits", split: str | None = None, ood_data: DataSource | None = None,
-                        samples: int | None = None, max_rows: int = BUDGET_ROWS, max_steps: int = BUDGET_STEPS,
-                        progress: Progress | None = None, **data_options: Any) -> LoweredModel:
-    """Lower with the fewest bytes per layer that keep an uncertainty budget on validation data.
+                        samples: int | None = None, order: str = "chain", max_rows: int = BUDGET_ROWS,
+                        max_steps: int = BUDGET_STEPS, select_fraction: float = SELECT_FRACTION,
+                        draws: int | None = None, progress: Progress | None = None,
+                        **data_options: Any) -> LoweredModel:
+    """Lower with the fewest deployed bytes that keep an uncertainty budget on new data with the budget's
+    confidence (module docstring: the guarantee, and the two orders).
 
-    Starts from ``config`` (``float``: :data:`BUDGET_START`) with each layer at the posterior-variance rule's
-    bits, then greedily takes the per-layer change (one bit less, a σ code one bit smaller, ``fixed`` -> ``codebook``,
-    ``X`` -> ``prune+X``) that costs the least budget per byte saved and still keeps the budget, measuring
-    each candidate with the reference runtime (S ``samples``, the config's seed; default 16, a deep ensemble's
-    M) on the first ``max_rows`` rows of ``data``, until no change fits or after ``max_steps`` changes. When the
-    start already breaks the budget, layers first get more bits, the variance rule's ``fixed``, or float, best
-    improvement per byte first. A posterior family's layer takes only the schemes registered for its encoding
-    (module docstring); without a scheme it starts at the first of :data:`BUDGET_START`, ``fixed``, ``float``
-    that it takes. The chosen per-layer settings are overrides in the returned model's config, which its manifest
-    stores (``edgebnn lower --config model.ebnn`` replays it). ``data_options`` (``grams``, ``gradients``...: see
-    :func:`edgebnn.passes.lower`) go to every candidate whose passes take them.
+    Args:
+        float_ir: The float BNN.
+        config: Where to start (``float``: :data:`BUDGET_START` at the variance rule's bits; a posterior family's
+            layers at the first scheme they take); its seed seeds the lowering, the split and the bootstrap.
+        budget: A :class:`edgebnn.budget.Budget` (its ``confidence`` too) or its text.
+        data, split: Labelled validation data (``digits``: its ``val`` split); the first ``max_rows`` rows are read.
+        ood_data: Out-of-distribution inputs, for an ``auroc`` budget.
+        samples: S of both exports (default 16, a deep ensemble's M).
+        order: ``chain`` or ``split`` (:data:`ORDERS`).
+        max_steps, select_fraction: The ``split`` order's greedy walk: at most this many changes, on this share of
+            the rows.
+        draws: Device calls per certification input when the export samples
+            (:data:`edgebnn.api._certify.DRAWS`).
+        data_options: ``grams``, ``gradients``...: passed to every candidate whose passes take them
+            (:func:`edgebnn.passes.lower`).
 
     Returns:
-        The lowered model; its report has ``eval`` (:func:`lowering_quality` on all of ``data``) and ``budget``:
-        ``met``, ``deltas``, ``violations``, ``layers`` (each layer's scheme, bits, bytes and ``reason``),
-        ``steps``, ``measured_on``, ``evaluations`` and ``warnings``.
+        The lowered model; its report has ``eval`` (:func:`lowering_quality` on all of ``data``, reference runtime)
+        and ``budget``: ``met``, ``confidence``, ``bounds`` (each metric's change on the certification rows with its
+        limit), ``deltas``, ``violations``, ``certification`` (every candidate tested in order, and why the test
+        stopped), ``floor`` (the float BNN's own weights), ``layers``, ``steps``, ``measured_on``, ``evaluations``,
+        ``warnings`` and ``sizes``. The chosen settings are in the config the manifest stores (``edgebnn lower
+        --config model.ebnn`` replays them).
 
     Raises:
-        BudgetNotMetError: No configuration tried keeps the budget; ``.closest`` holds the nearest one's config
-            and figures.
-        InvalidOptionError: A malformed budget, an ``auroc`` budget without ``ood_data``, bad data.
+        BudgetNotMetError: No candidate is certified (``.closest`` holds the first one's config and figures); the
+            message says when the budget is finer than the rows resolve, and how many would.
+        InvalidOptionError: A malformed budget, an ``auroc`` budget without ``ood_data``, bad data, an unknown
+            ``order``.
     """
+    from edgebnn.api._certify import DRAWS, export_evidence
     from edgebnn.exporters.families import default_samples
     from edgebnn.runtime.reference import check_samples
 
+    if order not in ORDERS:
+        raise InvalidOptionError(f"order {order!r}: one of {', '.join(ORDERS)}")
     samples = default_samples(float_ir, 16) if samples is None else samples
     check_samples(samples)
+    draws = DRAWS if draws is None else draws
+    if draws < 1:
+        raise InvalidOptionError(f"draws {draws}: at least one device call per input")
     budget = _check_budget(budget, data, ood_data)
     dataset, ood = _eval_data(float_ir, data, split, ood_data)
-    full_n = dataset.n
-    dataset, ood = _head(dataset, max_rows), None if ood is None else _head(ood, max_rows)
-    search = _BudgetSearch(float_ir, config, budget, dataset, ood, samples, progress, data_options)
-    search.run(max_steps)
-    lowered = search.best()
+    rows = Rows(dataset, ood, max_rows, select_fraction if order == "split" else 0.0, config.seed)
+    reference, _ = export_evidence(float_ir, rows.certify_x, rows.certify_ood, seed=config.seed, draws=draws,
+                                   fallback_samples=samples)
+    certifier = _Certifier(budget, rows, reference, samples, config.seed, draws)
+    floor, floor_what = certifier.certify(float_ir, again=True)
+    if not floor.kept:
+        raise _unresolvable(budget, rows, floor, floor_what)
+    warnings: list[str] = []
+    search, fallbacks = None, 0
+    if order == "chain":
+        candidates = _chain(float_ir, config, samples, data_options)
+        fallbacks = sum(c.fallback for c in candidates)
+    else:
+        sel, sel_ood = rows.selection()
+        search = _BudgetSearch(float_ir, config, budget, sel, sel_ood, samples, progress, data_options)
+        search.run(max_steps)
+        warnings = search.warnings
+        candidates = [Candidate(f"greedy step {i}", search.config(s), search.evaluate(s)[0],
+                                search.size(search.evaluate(s)[0])) for i, s in enumerate(search.path())]
+    tested: list[dict[str, Any]] = []
+    chosen: tuple[Candidate, Certificate, dict[str, Any]] | None = None
+    stopped = None
+    for i, cand in enumerate(candidates):
+        cert, what = certifier.certify(cand.model)
+        tested.append({"candidate": cand.label, "total_bytes": int(cand.model.lowering_report["total_bytes"]),
+                       "file_bytes": cand.file_bytes, "kept": cert.kept, "bounds": [b.to_dict() for b in cert.bounds]})
+        if progress:
+            progress(i + 1, len(candidates))
+        if not cert.kept:
+            stopped = f"{cand.label} ({cand.file_bytes} B) was not certified: {'; '.join(map(str, cert.broken))}"
+            break
+        chosen = cand, cert, what
+    if chosen is None:
+        raise _not_certified(budget, rows, candidates, tested, stopped)
+    cand, cert, what = chosen
+    if search is None and cand.fallback and len(tested) > fallbacks:
+        last = parse_scheme(config.scheme)[-1]
+        warnings.append(f"post-training {config.scheme} breaks the budget ({stopped}); {last} reaches its paper's "
+                        f"accuracy when trained for it: {_RECIPES[last]}; kept {cand.label}")
+    lowered = cand.model
     report = lowered.lowering_report
-    quality = lowering_quality(float_ir, lowered, data=data, split=split, ood_data=ood_data, samples=samples,
-                               seed=config.seed)
-    report["eval"] = quality
-    violations = budget.check(quality["float_bnn"], quality["lowered"])
-    warnings = search.warnings
-    if violations and dataset.n < full_n:
-        warnings.append(f"on all {full_n} rows the chosen configuration breaks the budget "
-                        f"({', '.join(map(str, violations))}); it was chosen on the first {dataset.n}")
+    if search is not None:
+        search.current = next(s for s in search.path() if search.config(s) == cand.config)
+        layers = search.layer_rows(lowered)
+    else:
+        layers = _layer_rows(lowered, cand, stopped)
+    report["eval"] = lowering_quality(float_ir, lowered, data=data, split=split, ood_data=ood_data, samples=samples,
+                                      seed=config.seed)
     report["budget"] = {
-        "budget": str(budget), "limits": budget.to_dict(), "met": not violations,
-        "deltas": budget.deltas(quality["float_bnn"], quality["lowered"]),
-        "violations": [str(v) for v in violations], "start": search.base.to_dict(),
-        "measured_on": {"rows": dataset.n, "of": full_n, "ood_rows": ood.n if ood else None, "samples": samples,
-                        "seed": config.seed},
-        "evaluations": search.evaluations, "steps": search.steps, "layers": search.layer_rows(lowered),
-        "warnings": warnings, "sizes": budget_sizes(lowered),
+        "budget": str(budget), "limits": budget.to_dict(), "confidence": budget.confidence, "met": True,
+        "deltas": cert.deltas, "bounds": [b.to_dict() for b in cert.bounds], "violations": [],
+        "order": order, "start": start_config(float_ir, config).to_dict(), "chosen": cand.label,
+        "measured_on": {**rows.describe(), "samples": samples, "seed": config.seed, "draws": what["draws"],
+                        "runtime": what["runtime"]},
+        "certification": {"candidates": len(candidates), "tested": tested, "stopped": stopped},
+        "floor": {"bounds": [b.to_dict() for b in floor.bounds], "runtime": floor_what["runtime"]},
+        "evaluations": len(tested) + (search.evaluations if search else len(candidates)),
+        "steps": search.steps if search else [], "layers": layers, "warnings": warnings,
+        "sizes": budget_sizes(lowered),
     }
     return lowered
 
 
+def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: dict[str, Any]) -> list[Candidate]:
+    """The ``chain`` order's candidates, largest deployed file first, each at least :data:`PATH_STEP` smaller than
+    the one before (module docstring); chosen from the weights alone. A post-training ``ternary`` or ``binary``
+    start is preceded by the variance rule's ``fixed`` at its three finest noise fractions (``X`` -> ``fixed``), its
+    fallback when the post-training codes break the budget."""
+    from edgebnn.passes import LayerOverride
+    from edgebnn.passes.config import config_fields, data_fields
+
+    base = start_config(float_ir, config)
+    names = parse_scheme(base.scheme)
+    head: list[Candidate] = []
+    if names[-1] in _RECIPES:
+        fixed = dataclasses.replace(base, scheme="+".join([*names[:-1], "fixed"]), bits="auto", options={})
+        head = [dataclasses.replace(c, fallback=True) for c in _chain(float_ir, fixed, samples, data_options)[:3]]
+
+    def takes(scheme: str) -> set[str]:
+        return set().union(*(config_fields(n)[0] for n in parse_scheme(scheme)))
+
+    def with_options(**options: Any) -> LowerConfig:
+        def own(scheme: str, current: dict[str, Any]) -> dict[str, Any]:
+            return {**current, **{k: v for k, v in options.items() if k in takes(scheme) and k != "bits"}}
+
+        overrides = tuple(LayerOverride(o.pattern, o.scheme, o.bits, own(o.scheme or base.scheme, dict(o.options)))
+                          for o in base.overrides)
+        bits = options.get("bits", base.bits)
+        return dataclasses.replace(base, bits=bits, options=own(base.scheme, dict(base.options)), overrides=overrides)
+
+    from edgebnn.passes.config import PASSES
+
+    last = parse_scheme(base.scheme)[-1]
+    sigma0 = base.options.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", None))
+    from edgebnn.api._greedy import _layers_of
+    from edgebnn.passes.base import family_lowerings
+
+    family = any(family_lowerings(kind) is not None  # a family's lowering codes its own σ
+                 for kinds in _layers_of(float_ir)[1].values() for kind in kinds)
+    # the σ code at its bits, then one σ per layer: a code of fewer bits than the default kept no model better than
+    # one σ per layer did (bench: NLL, ECE and accuracy of 1-bit codes on four digits models), and costs a test
+    sigmas: list[int | None] = ([sigma0, 0] if "sigma_bits" in takes(base.scheme) and sigma0 and not family
+                                else [None])
+    steps: list[tuple[str, dict[str, Any]]] = []
+    if base.bits == "auto" and "noise_fraction" in takes(base.scheme):
+        rule = base.options.get("noise_fraction", 0.1)
+        fractions = sorted({f * rule / 0.1 for f in NOISE_FRACTIONS})
+        finer, coarser = [f for f in fractions if f < rule], [f for f in fractions if f > rule]
+        steps += [(f"noise fraction {f:g}", {"noise_fraction": f}) for f in finer]
+        steps += [(f"σ code {s} bits" if s is not None else "variance rule", {"sigma_bits": s} if s is not None else {})
+                  for s in sigmas]
+        low = {"sigma_bits": sigmas[-1]} if sigmas[-1] is not None else {}
+        steps += [(f"{'σ code ' + str(sigmas[-1]) + ' bits, ' if low else ''}noise fraction {f:g}",
+                   {**low, "noise_fraction": f}) for f in coarser]
+    elif isinstance(base.bits, int):
+        widths = range(min(base.bits + 2, 8), 1, -1)
+        top = [b for b in widths if b > base.bits]
+        steps += [(f"{b} bits", {"bits": b}) for b in top]
+        steps += [(f"{base.bits} bits, σ code {s} bits" if s is not None else f"{base.bits} bits",
+                   {"sigma_bits": s} if s is not None else {}) for s in sigmas]
+        low = {"sigma_bits": sigmas[-1]} if sigmas[-1] is not None else {}
+        steps += [(f"{b} bits" + (f", σ code {sigmas[-1]} bits" if low else ""), {**low, "bits": b})
+                  for b in widths if b < base.bits]
+    else:
+        steps = [("as given", {})]
+    out: list[Candidate] = list(head)
+    for label, options in steps:
+        try:
+            cfg = with_options(**options)
+            model = lower(float_ir, cfg, **{k: v for k, v in data_options.items() if k in data_fields(cfg)})
+        except InvalidOptionError:
+            continue  # a width the scheme does not take
+        size = deployed_size(model, samples)
+        if out and size > (1 - PATH_STEP) * out[-1].file_bytes:
+            continue
+        out.append(Candidate(f"{base.scheme}, {label}", cfg, model, size))
+    return out
+
+
+class _Certifier:
+    """Certifies models on the certification rows against the float BNN's evidence there."""
+
+    def __init__(self, budget: Budget, rows: Rows, reference: Evidence, samples: int, seed: int, draws: int) -> None:
+        self.budget, self.rows, self.reference = budget, rows, reference
+        self.samples, self.seed, self.draws = samples, seed, draws
+
+    def certify(self, model: BNNModel, again: bool = False) -> tuple[Certificate, dict[str, Any]]:
+        """``model``'s certificate; ``again``: its device noise drawn afresh (the float BNN against itself)."""
+        from edgebnn.api._certify import certify, export_evidence
+        from edgebnn.exporters.families import default_samples
+
+        evidence, what = export_evidence(model, self.rows.certify_x, self.rows.certify_ood,
+                                         seed=self.seed + _AGAIN if again else self.seed, draws=self.draws,
+                                         fallback_samples=default_samples(model, self.samples))
+        return certify(self.budget, self.reference, evidence, self.rows.certify_y, seed=self.seed), what
+
+
+def _layer_rows(model: LoweredModel, cand: Candidate, stopped: str | None) -> list[dict[str, Any]]:
+    """Per layer of the chosen lowering: its scheme, bits, options, bytes and why (the chain step chosen; why the
+    next was not is the certification's ``stopped``)."""
+    from edgebnn.api._greedy import _layers_of
+
+    names, _ = _layers_of(model)
+    by_name = {r["name"]: r for r in model.lowering_report["layers"]}
+    plans = {w: p for p in cand.config.plan(model) for w in p.weights}
+    why = f"chain: {cand.label}" + ("" if stopped else " (the chain's last candidate)")
+    out = []
+    for layer, weights in names.items():
+        rows = [by_name[w] for w in weights if w in by_name]
+        plan = plans.get(weights[0])
+        out.append({"layer": layer, "scheme": rows[0].get("scheme", cand.config.scheme) if rows else cand.config.scheme,
+                    "bits": max(int(r.get("bits") or 0) for r in rows) if rows else 0,
+                    "forced_bits": plan.bits if plan else cand.config.bits,
+                    "options": {k: v for k, v in (plan.options if plan else {}).items()
+                                if k in ("sigma_bits", "noise_fraction")},
+                    "bytes": sum(int(r["bytes"]) for r in rows), "reason": why})
+    return out
+
+
+def _unresolvable(budget: Budget, rows: Rows, floor: Certificate, what: dict[str, Any]) -> Exception:
+    """The error when even the float BNN's own weights, run again as the device runs them, are not certified."""
+    from edgebnn.budget import BudgetNotMetError, rows_to_resolve
+
+    n = len(rows.certify_idx)
+    parts = []
+    for b in floor.broken:
+        need = rows_to_resolve(b.metric, b.limit, b, budget.confidence)
+        total = None if need is None else int(need / (1 - rows.fraction) + 0.999)
+        how = ("no number of rows would: it asks the lowering to do better than the float BNN itself" if total is None
+               else f"about {total} validation rows would" + (f" ({need} to certify)" if rows.fraction else ""))
+        parts.append(f"{b.metric}={b.limit:+g} is finer than {n} rows resolve at {budget.confidence:.0%} confidence: "
+                     f"the float BNN's own weights, sampled again as the device samples them ({what['runtime']}), "
+                     f"are bounded at {b.bound:+.4f}; {how}")
+    return BudgetNotMetError(f"--budget {budget}: {'; '.join(parts)}; nothing was written",
+                             {"config": None, "deltas": floor.deltas, "compression_ratio": 1.0, "total_bytes": None,
+                              "violations": [str(b) for b in floor.broken], "bounds": floor.to_dict()})
+
+
+def _not_certified(budget: Budget, rows: Rows, candidates: list[Candidate], tested: list[dict[str, Any]],
+                   stopped: str | None) -> Exception:
+    """The error when no candidate is certified: the first one's figures (its config, to start from)."""
+    from edgebnn.budget import BudgetNotMetError
+
+    n = len(rows.certify_idx)
+    if not candidates:
+        return BudgetNotMetError(f"--budget {budget}: no configuration keeps it on the {len(rows.select_idx)} "
+                                 "selection rows; nothing was written",
+                                 {"config": None, "deltas": {}, "compression_ratio": 1.0, "total_bytes": None,
+                                  "violations": []})
+    first = candidates[0]
+    report = first.model.lowering_report
+    bounds = tested[0]["bounds"]
+    deltas = {b["metric"]: b["delta"] for b in bounds}
+    config = json.dumps(report["config"], sort_keys=True, separators=(",", ":"))
+    return BudgetNotMetError(
+        f"--budget {budget}: no lowering is certified at {budget.confidence:.0%} confidence on {n} rows: "
+        f"{stopped}; closest: {', '.join(f'{k} {v:+.4f}' for k, v in deltas.items())}, "
+        f"{report['float_bnn_bytes'] / max(first.file_bytes, 1):.1f}x smaller deployed, config {config}; "
+        "nothing was written",
+        {"config": report["config"], "deltas": deltas, "compression_ratio": report["compression_ratio"],
+         "total_bytes": report["total_bytes"], "violations": [stopped or ""], "bounds": bounds})
+
+
 def budget_sizes(lowered: LoweredModel) -> dict[str, Any]:
-    """Both sizes of the chosen lowering: the IR's (what the budget search minimizes: ``total_bytes``, and the
-    ``.ebnn`` file) and the deployed ONNX of the default export for the device
-    (:data:`edgebnn.exporters.defaults.DEFAULT_EXPORT`; a deep ensemble's S = M), with what was exported;
-    ``deployed`` is null with ``deployed_error`` when that export is refused."""
+    """Both sizes of the chosen lowering: the IR's (``total_bytes``, and the ``.ebnn`` file) and the deployed ONNX of
+    the default export for the device (:data:`edgebnn.exporters.defaults.DEFAULT_EXPORT`; a deep ensemble's S = M),
+    with what was exported; ``deployed`` is null with ``deployed_error`` when that export is refused."""
     from edgebnn.errors import EdgeBNNError
     from edgebnn.exporters.defaults import DEFAULT_EXPORT, export_size
     from edgebnn.exporters.families import default_samples
@@ -129,323 +447,3 @@ def budget_sizes(lowered: LoweredModel) -> dict[str, Any]:
         return out
     out.update(deployed=size.to_dict(), export=what)
     return out
-
-
-def _head(dataset: Dataset, rows: int) -> Dataset:
-    """``dataset``, or its first ``rows`` rows in memory when it has more."""
-    import numpy as np
-
-    from edgebnn.data import load_data
-
-    if dataset.n <= rows:
-        return dataset
-    xs, ys = [], []
-    for x, y in dataset.batches():
-        xs.append(x)
-        ys.append(y)
-        if sum(len(b) for b in xs) >= rows:
-            break
-    x = np.concatenate(xs)[:rows]
-    if ys[0] is None:
-        return load_data(x, labels=False)
-    return load_data((x, np.concatenate([np.asarray(y) for y in ys])[:rows]))
-
-
-_Setting = tuple[str, "int | str", tuple[tuple[str, Any], ...]]  # one layer's (scheme, bits, options)
-
-
-class _BudgetSearch:
-    """The greedy per-layer search of :func:`lower_within_budget`."""
-
-    def __init__(self, float_ir: BNNModel, config: LowerConfig, budget: Budget, dataset: Dataset,
-                 ood: Dataset | None, samples: int, progress: Progress | None,
-                 data_options: dict[str, Any] | None = None) -> None:
-        import dataclasses
-
-        from edgebnn.passes.config import config_fields
-
-        self.float_ir, self.budget, self.dataset, self.ood = float_ir, budget, dataset, ood
-        self.samples, self.progress = samples, progress
-        self.data_options = data_options or {}
-        self.warnings: list[str] = []
-        self.layers, self.kinds = _layers_of(float_ir)
-        if config.scheme == "float":  # no scheme given: the variance rule's bits after pruning (bench/budget.py)
-            takes = config_fields("prune")[0] | config_fields("fixed")[0]
-            config = dataclasses.replace(config, scheme=BUDGET_START, bits="auto",
-                                         options={k: v for k, v in config.options.items() if k in takes})
-            config = self.family_starts(config)
-        self.base = config
-        self.reference = _measure([_reference(float_ir, samples, config.seed)], dataset, ood, None,
-                                  *task_of(float_ir))[0][0]
-        self.cache: dict[str, tuple[LoweredModel, dict[str, float]]] = {}
-        self.evaluations = 0
-        self.max_evaluations = 0
-        self.steps: list[dict[str, Any]] = []
-        plans = {w: p for p in config.plan(float_ir) for w in p.weights}
-        self.start: dict[str, _Setting] = {
-            layer: (plans[names[0]].scheme, plans[names[0]].bits, tuple(sorted(plans[names[0]].options.items())))
-            for layer, names in self.layers.items()}
-        self.current = dict(self.start)
-        self.reasons: dict[str, list[str]] = {}
-        self.blocked: dict[tuple[str, str], str] = {}
-
-    def family_starts(self, config: LowerConfig) -> LowerConfig:
-        """``config`` starting each layer at the first of :data:`BUDGET_START`, ``fixed`` and ``float`` that its
-        encodings take (a posterior family's layer takes its registered schemes only; see the module docstring):
-        the most common start is the config's scheme, the others are per-layer overrides."""
-        import dataclasses
-        import glob
-        from collections import Counter
-
-        from edgebnn.passes import LayerOverride
-
-        starts = {layer: next(s for s in (config.scheme, "fixed", "float") if _accepts(kinds, s))
-                  for layer, kinds in self.kinds.items()}
-        order = (config.scheme, "fixed", "float")
-        counts = Counter(starts.values())
-        scheme = min(counts, key=lambda s: (-counts[s], order.index(s))) if counts else config.scheme
-
-        def options(of: str) -> dict[str, Any]:
-            return dict(_setting(of, "auto", dict(config.options))[2])
-
-        overrides = [LayerOverride(pattern=glob.escape(layer), scheme=start, options=options(start))
-                     for layer, start in starts.items() if start != scheme]
-        return dataclasses.replace(config, scheme=scheme, options=options(scheme),
-                                   overrides=(*config.overrides, *overrides))
-
-    # -- measuring ------------------------------------------------------------------------------------
-    def config(self, settings: dict[str, _Setting]) -> LowerConfig:
-        """The base config with one exact-name override per layer whose settings changed."""
-        import dataclasses
-        import glob
-
-        from edgebnn.passes import LayerOverride
-
-        overrides = [LayerOverride(pattern=glob.escape(layer), scheme=s[0], bits=s[1], options=dict(s[2]))
-                     for layer, s in settings.items() if s != self.start[layer]]
-        return dataclasses.replace(self.base, overrides=(*self.base.overrides, *overrides))
-
-    def evaluate(self, settings: dict[str, _Setting]) -> tuple[LoweredModel, dict[str, float]]:
-        """The lowered model of ``settings`` and its budgeted deltas on the validation rows (cached)."""
-        config = self.config(settings)
-        key = config.to_json()
-        if key not in self.cache:
-            from edgebnn.passes.config import data_fields
-
-            takes = data_fields(config)
-            model = lower(self.float_ir, config, **{k: v for k, v in self.data_options.items() if k in takes})
-            metrics = _measure([_reference(model, self.samples, config.seed)], self.dataset, self.ood, None,
-                               *task_of(model))[0][0]
-            self.cache[key] = model, self.budget.deltas(self.reference, metrics)
-            self.evaluations += 1
-            if self.progress:
-                self.progress(self.evaluations, max(self.evaluations, self.max_evaluations))
-        return self.cache[key]
-
-    def bits_of(self, model: LoweredModel, layer: str) -> int:
-        names = set(self.layers[layer])
-        return max(int(r.get("bits") or 0) for r in model.lowering_report["layers"] if r["name"] in names)
-
-    def size(self, model: LoweredModel) -> int:
-        return int(model.lowering_report["total_bytes"])
-
-    # -- the search -----------------------------------------------------------------------------------
-    def run(self, max_steps: int) -> None:
-        """Fall back until the start keeps the budget (if it does not), then lower bits while it keeps it."""
-        self.max_evaluations = 2 + 4 * len(self.layers) * (max_steps + 1)  # at most 4 moves per layer and step
-        model, deltas = self.evaluate(self.current)
-        for layer in self.layers:
-            scheme, bits, _ = self.current[layer]
-            rule = "variance rule" if bits == "auto" else "start"
-            self.reasons[layer] = [f"{rule}: {scheme} {self.bits_of(model, layer)} bits"]
-        broken = self.budget.violations(deltas)
-        if broken:
-            last = self.base.scheme.split("+")[-1]
-            if last in _RECIPES:
-                self.warnings.append(f"post-training {self.base.scheme} breaks the budget "
-                                     f"({', '.join(map(str, broken))}); {last} reaches its paper's accuracy when "
-                                     f"trained for it: {_RECIPES[last]}")
-            if not self.raise_bits(max_steps):
-                return
-        self.lower_bits(max_steps)
-
-    def raise_bits(self, max_steps: int) -> bool:
-        """Fall back (more bits, fixed, float) until the budget is kept; False when it cannot be."""
-        floats: dict[str, _Setting] = {layer: ("float", "auto", ()) for layer in self.layers}
-        if self.budget.violations(self.evaluate(floats)[1]):
-            return False  # not even the float BNN's own weights keep it
-        while len(self.steps) < max_steps:
-            model, deltas = self.evaluate(self.current)
-            if not self.budget.violations(deltas):
-                return True
-            excess = self.budget.excess(deltas)
-            best: tuple[float, str, str, _Setting] | None = None
-            for layer in self.layers:
-                for label, setting in _moves_up(self.current[layer], self.bits_of(model, layer), self.kinds[layer]):
-                    trial_model, trial = self.evaluate({**self.current, layer: setting})
-                    gain = excess - self.budget.excess(trial)
-                    per_byte = gain / max(self.size(trial_model) - self.size(model), 1)
-                    if gain > 0 and (best is None or per_byte > best[0]):
-                        best = (per_byte, layer, label, setting)
-            if best is None:
-                return False
-            _, layer, label, setting = best
-            broken = ", ".join(map(str, self.budget.violations(deltas)))
-            self.accept(layer, label, setting, model, f"raised to {label}: the budget was broken ({broken})")
-        return not self.budget.violations(self.evaluate(self.current)[1])
-
-    def lower_bits(self, max_steps: int) -> None:
-        """Take the change that costs the least budget per byte saved and keeps it, until none does."""
-        from edgebnn.budget import LABELS
-        from edgebnn.tables import fmt_bytes
-
-        while len(self.steps) < max_steps:
-            model, deltas = self.evaluate(self.current)
-            usage = self.budget.usage(deltas)
-            best: tuple[float, str, str, _Setting, dict[str, float], int] | None = None
-            for layer in self.layers:
-                for label, setting in _moves_down(self.current[layer], self.bits_of(model, layer), self.kinds[layer]):
-                    if (layer, label) in self.blocked:
-                        continue
-                    trial_model, trial = self.evaluate({**self.current, layer: setting})
-                    saved = self.size(model) - self.size(trial_model)
-                    broken = self.budget.violations(trial)
-                    if broken or saved <= 0:
-                        self.blocked[layer, label] = (f"{label} broke {', '.join(map(str, broken))}" if broken
-                                                      else f"{label} saves nothing")
-                        continue
-                    cost = (self.budget.usage(trial) - usage) / saved
-                    if best is None or cost < best[0]:
-                        best = (cost, layer, label, setting, trial, saved)
-            if best is None:
-                return
-            _, layer, label, setting, trial, saved = best
-            change = {k: trial[k] - deltas[k] for k in trial}
-            name = self.budget.costliest(change)
-            self.accept(layer, label, setting, model, f"{label}: {LABELS[name]} {change[name]:+.4f} for "
-                                                      f"-{fmt_bytes(saved)}")
-
-    def accept(self, layer: str, label: str, setting: _Setting, model: LoweredModel, reason: str) -> None:
-        before = self.current[layer]
-        self.current = {**self.current, layer: setting}
-        after, deltas = self.evaluate(self.current)
-        self.reasons[layer].append(reason)
-        self.steps.append({"layer": layer, "change": label, "from": list(before[:2]), "to": list(setting[:2]),
-                           "options": dict(setting[2]), "bytes_before": self.size(model),
-                           "total_bytes": self.size(after), "deltas": deltas})
-
-    def best(self) -> LoweredModel:
-        """The current settings' model; :class:`BudgetNotMetError` (with the closest one) when it breaks."""
-        from edgebnn.budget import BudgetNotMetError
-
-        model, deltas = self.evaluate(self.current)
-        if not self.budget.violations(deltas):
-            return model
-        closest_model, closest = min(self.cache.values(),
-                                     key=lambda md: (self.budget.excess(md[1]), self.size(md[0])))
-        report = closest_model.lowering_report
-        figures = ", ".join(f"{k} {v:+.4f}" for k, v in closest.items())
-        config = json.dumps(report["config"], sort_keys=True, separators=(",", ":"))
-        raise BudgetNotMetError(
-            f"--budget {self.budget}: no configuration tried keeps it on {self.dataset.name} ({self.dataset.n} "
-            f"rows, {self.evaluations} tried); closest: {figures}, {report['compression_ratio']:.1f}x smaller, "
-            f"config {config}; nothing was written",
-            {"config": report["config"], "deltas": closest, "compression_ratio": report["compression_ratio"],
-             "total_bytes": report["total_bytes"], "violations": [str(v) for v in self.budget.violations(closest)]})
-
-    def layer_rows(self, model: LoweredModel) -> list[dict[str, Any]]:
-        """Each layer's final scheme, bits, bytes and why (the changes taken, then the ones refused)."""
-        rows = []
-        for layer, names in self.layers.items():
-            scheme, bits, options = self.current[layer]
-            moves = _moves_down(self.current[layer], self.bits_of(model, layer), self.kinds[layer])
-            now = {label for label, _ in moves}
-            refused = [why for (where, label), why in self.blocked.items() if where == layer and label in now]
-            reasons = self.reasons[layer] + ([f"kept: {'; '.join(refused)}"] if refused else [])
-            rows.append({"layer": layer, "scheme": scheme, "bits": self.bits_of(model, layer), "forced_bits": bits,
-                         "options": dict(options),
-                         "bytes": sum(int(r["bytes"]) for r in model.lowering_report["layers"] if r["name"] in names),
-                         "reason": "; ".join(reasons)})
-        return rows
-
-
-def _layers_of(model: BNNModel) -> tuple[dict[str, list[str]], dict[str, frozenset[str]]]:
-    """Each layer's encoded weights and their encodings' op types, read from the nodes (nothing decoded)."""
-    from edgebnn.ir import DOMAIN
-
-    names: dict[str, list[str]] = {}
-    kinds: dict[str, set[str]] = {}
-    for node in model.proto.graph.node:
-        if node.domain == DOMAIN and node.output:
-            attr = next((a for a in node.attribute if a.name == "layer"), None)
-            layer = (attr.s.decode("utf-8", "replace") if attr is not None else "") or node.output[0]
-            names.setdefault(layer, []).append(node.output[0])
-            kinds.setdefault(layer, set()).add(node.op_type)
-    return names, {layer: frozenset(k) for layer, k in kinds.items()}
-
-
-def _accepts(kinds: frozenset[str], scheme: str) -> bool:
-    """Whether every pass of ``scheme`` lowers every posterior-family encoding among ``kinds`` (the lowerings
-    :mod:`edgebnn.passes` registers; a Gaussian layer takes every scheme)."""
-    from edgebnn.passes.base import family_lowerings
-    from edgebnn.passes.config import parse_scheme
-
-    tables = [t for t in map(family_lowerings, kinds) if t is not None]
-    return all(name == "float" or name in table for table in tables for name in parse_scheme(scheme))
-
-
-def _valid(setting: _Setting, kinds: frozenset[str] = frozenset()) -> bool:
-    from edgebnn.errors import EdgeBNNError
-    from edgebnn.passes.config import pass_configs
-
-    if not _accepts(kinds, setting[0]):
-        return False
-    try:
-        pass_configs(setting[0], setting[1], dict(setting[2]), {})
-    except EdgeBNNError:
-        return False
-    return True
-
-
-def _setting(scheme: str, bits: int | str, options: dict[str, Any]) -> _Setting:
-    """A layer's settings, keeping the options ``scheme`` takes."""
-    from edgebnn.passes.config import config_fields, parse_scheme
-
-    takes = set().union(*(config_fields(n)[0] for n in parse_scheme(scheme)))
-    return scheme, bits, tuple(sorted((k, v) for k, v in options.items() if k in takes))
-
-
-def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset()) -> list[tuple[str, _Setting]]:
-    """One layer's smaller settings: a bit less, a σ code a bit smaller, fixed -> codebook, X -> prune+X (those
-    the layer's encodings take: a family's lowering codes its covariance itself, and only its registered schemes)."""
-    from edgebnn.passes.base import family_lowerings
-    from edgebnn.passes.config import PASSES, parse_scheme
-
-    scheme, forced, options = setting
-    names, opts = parse_scheme(scheme), dict(options)
-    last = names[-1]
-    moves = [(f"{bits - 1} bits", _setting(scheme, bits - 1, opts))]
-    sigma_bits = opts.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", 0))
-    if sigma_bits and all(family_lowerings(kind) is None for kind in kinds):
-        moves.append((f"{sigma_bits - 1}-bit σ code", _setting(scheme, forced, opts | {"sigma_bits": sigma_bits - 1})))
-    if last == "fixed":
-        moves.append(("codebook", _setting(scheme.replace("fixed", "codebook"), bits, opts)))
-    if "prune" not in names and last not in ("float", "binary"):
-        moves.append((f"prune+{scheme}", _setting(f"prune+{scheme}", forced, opts)))
-    return [(label, s) for label, s in moves if s != setting and _valid(s, kinds)]
-
-
-def _moves_up(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset()) -> list[tuple[str, _Setting]]:
-    """One layer's larger settings: a bit more (up to 8), the variance rule's fixed, float."""
-    from edgebnn.passes.config import parse_scheme
-
-    scheme, _, options = setting
-    last = parse_scheme(scheme)[-1]
-    moves = []
-    if bits < _TOP_BITS:
-        moves.append((f"{bits + 1} bits", _setting(scheme, bits + 1, dict(options))))
-    if last not in ("fixed", "float"):
-        moves.append(("fixed (variance rule)", _setting("fixed", "auto", dict(options))))
-    if last != "float":
-        moves.append(("float", ("float", "auto", ())))
-    return [(label, s) for label, s in moves if s != setting and _valid(s, kinds)]

@@ -14,6 +14,7 @@ from edgebnn import schemas
 from edgebnn._version import __version__
 from edgebnn.api import load_ir, lower_model
 from edgebnn.calib.int8 import METHODS
+from edgebnn.cli._budget import confidence_option, print_budget_bounds
 from edgebnn.cli._common import (
     _check_output_dir,
     _parse_hoist,
@@ -73,8 +74,10 @@ if TYPE_CHECKING:
 @click.option("--budget", "budget_text", default=None, metavar="METRIC=CHANGE,...",
               help="Uncertainty budget, e.g. nll=+0.02,ece=+0.01,auroc=-0.01 (metrics: nll, ece, brier, accuracy, "
                    "auroc; regression: rmse, mae, calibration_error; segmentation: mean_iou, pixel_accuracy): "
-                   "choose per layer the fewest bits (and scheme) that keep it on the --eval data, from the "
-                   "posterior-variance rule down. Exit 2, nothing written, when no configuration keeps it.")
+                   "the smallest deployed lowering that keeps it on new data with --confidence, certified on the "
+                   "--eval rows (one-sided bounds per metric; docs/uncertainty_budget.md). Exit 2, nothing written, "
+                   "when none is certified; a budget finer than the rows resolve says how many rows it needs.")
+@confidence_option
 @click.option("--calibrate", "calibrate_data", default=None, metavar="digits|FILE|DIR",
               help="--scheme fixed: round each layer's means so that the layer's OUTPUT stays closest to the "
                    "float posterior mean's on these inputs (GPTQ error compensation; 'digits': the train split, "
@@ -108,7 +111,7 @@ if TYPE_CHECKING:
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          calibrate_data: str | None, calibrate_inputs: int, verbose: bool, mc_dropout: bool,
+          confidence: float, calibrate_data: str | None, calibrate_inputs: int, verbose: bool, mc_dropout: bool,
           swag_stats: str | None, swag_scale: float, laplace_state: str | None,
           task: str | None,
           noise_var: float | None, regression_head: str | None) -> None:
@@ -123,7 +126,7 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     from edgebnn.budget import Budget, BudgetNotMetError
 
     shape = _parse_shape(input_shape)
-    budget = None if budget_text is None else Budget.parse(budget_text)
+    budget = None if budget_text is None else Budget(Budget.parse(budget_text).limits, confidence)
     if ood_data is not None and eval_data is None:
         raise InvalidOptionError("--ood-data: is measured with --eval DATA; add it")
     config = _lower_config(config_file, scheme, bits, seed, assignments)
@@ -142,7 +145,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
                                               noise_var=noise_var, regression_head=regression_head,
                                               calibrate=calibrate_data, calibrate_inputs=calibrate_inputs)
     except BudgetNotMetError as e:
-        print_closest(console, e.closest)
+        if e.closest.get("config") is not None:  # none for a budget finer than the rows resolve: the line says all
+            print_closest(console, e.closest)
         raise
     if config_file and Path(config_file).suffix == ".ebnn" and model.manifest.input_range is None:
         model.manifest.input_range = load_ir(config_file).manifest.input_range  # the replay keeps what eval checks
@@ -152,6 +156,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     if "eval" in lower_report:
         print_lower_eval(console, lower_report["eval"], lower_report.get("budget"), lowered=Path(output).name,
                          path=output)
+    if "budget" in lower_report:
+        print_budget_bounds(console, lower_report["budget"])
     write_json(report, lower_report, schemas.LOWER)
 
 

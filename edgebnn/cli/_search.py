@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from edgebnn.cli._budget import confidence_option, print_search_certification
 from edgebnn.cli._common import (
     _check_output_dir,
     console,
@@ -43,8 +44,10 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
               help="Device profile each trial is profiled on: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--trials", default=24, show_default=True, help="Trials the study holds when the search ends.")
 @click.option("--budget", default=None, metavar="METRIC=DELTA,...",
-              help="Allowed loss vs the float BNN on the same data, e.g. nll=+0.05,ece=+0.01 (accuracy=-0.01). "
-                   "No trial within: exit 2 naming the closest.")
+              help="Allowed loss vs the float BNN, e.g. nll=+0.05,ece=+0.01 (accuracy=-0.01), kept on new data with "
+                   "--confidence: trials are measured on half of --data (at random), the best is certified on the "
+                   "other half (docs/uncertainty_budget.md). None certified: exit 2 naming the closest.")
+@confidence_option
 @click.option("--objectives", default=",".join(DEFAULT_OBJECTIVES), show_default=True,
               help="Minimized/maximized together (NSGA-II): bytes (the exported ONNX file a trial deploys), ir_bytes "
                    "(the lowered IR's tensors), artifact_bytes (= bytes), latency, energy, accuracy, nll, ece, brier, "
@@ -83,7 +86,7 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
 @click.option("--plot", type=click.Path(dir_okay=False), help="Pareto plot (PNG).")
 @click.option("--export-best", type=click.Path(dir_okay=False), help="Write the best trial's ONNX ensemble here.")
 def search(model: str, data: str, ood_data: str | None, device: str, trials: int, budget: str | None,
-           objectives: str, schemes: str | None, bits_choices: str | None, sigma_choices: str | None,
+           confidence: float, objectives: str, schemes: str | None, bits_choices: str | None, sigma_choices: str | None,
            samples_choices: str | None,
            modes: str | None, weight_choices: str | None, hoist_choices: str | None, seed: int, population: int,
            executor: str, workers: int, ray_address: str | None, study_path: str | None, runs: int, warmup: int,
@@ -135,12 +138,13 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
     settings = SearchSettings(model=model, data=data, ood_data=ood_data, device=device, trials=trials,
                               objectives=tuple(objectives.split(",")), budget=budget, space=SearchSpace(**axes),
                               seed=seed, population=population, baseline_samples=baseline_samples, runs=runs,
-                              warmup=warmup, threads=threads)
+                              warmup=warmup, threads=threads, confidence=confidence)
     runner = make_executor(executor, workers=workers, ray_address=ray_address, device=device)
     with console.status(f"searching ({runner.describe()})") as status:
         report = run_search(settings, study_path, runner,
                             progress=lambda done, total, _r: status.update(f"searching: {done}/{total} trials"))
     print_search(console, report)
+    print_search_certification(console, report.get("certification"))
     console.print(f"study: {study_path} (re-run the same command to continue it)", highlight=False)
     write_json(json_out, report, SCHEMA)
     if plot:

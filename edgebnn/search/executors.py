@@ -71,12 +71,13 @@ class LocalExecutor(AbstractContextManager["LocalExecutor"]):
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
         return self._pool
 
-    def warm_up(self, model: str, data: str, ood_data: str | None, parallel: int) -> None:
+    def warm_up(self, model: str, data: str, ood_data: str | None, parallel: int,
+                rows: tuple[float, int, int] | None = None) -> None:
         """Start the worker processes importing and opening the inputs (1 worker: nothing, trials run here)."""
         if self.workers > 1:
             pool = self._processes()
             for _ in range(min(self.workers, parallel)):
-                pool.submit(warm_up, model, data, ood_data)
+                pool.submit(warm_up, model, data, ood_data, rows)
 
     def map(self, jobs: Sequence[TrialJob]) -> Iterator[dict[str, Any]]:
         """Results of ``jobs`` in job order (submitted largest S first, see :func:`largest_first`)."""
@@ -195,7 +196,8 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
         """The custom resource a profile task asks for: one unit named after the device (none for ``cpu``)."""
         return {} if self.device == "cpu" else {self.device: 1}
 
-    def warm_up(self, model: str, data: str, ood_data: str | None, parallel: int) -> None:
+    def warm_up(self, model: str, data: str, ood_data: str | None, parallel: int,
+                rows: tuple[float, int, int] | None = None) -> None:
         """Have up to ``parallel`` workers (one per CPU) import and open the inputs; returns at once.
 
         Ray reuses a worker process for the tasks of one search, so the first trial on each would otherwise pay the
@@ -204,7 +206,8 @@ class RayExecutor(AbstractContextManager["RayExecutor"]):
         self._start()
         cpus = self.workers if self.address is None else int(self._ray.cluster_resources().get("CPU", 1))
         task = self._ray.remote(num_cpus=1, max_retries=0)(warm_up)
-        self._warming = [task.remote(model, data, ood_data) for _ in range(max(1, min(cpus, parallel)))]
+        self._warming = [task.remote(model, data, ood_data, rows)  # type: ignore[call-arg]  # ray typed its 3-param overload
+                         for _ in range(max(1, min(cpus, parallel)))]
 
     def __enter__(self) -> RayExecutor:
         self._start()

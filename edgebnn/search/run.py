@@ -16,9 +16,10 @@ from typing import Any
 
 from edgebnn import schemas
 from edgebnn._version import __version__
-from edgebnn.budget import BudgetNotMetError
+from edgebnn.budget import DEFAULT_CONFIDENCE, BudgetNotMetError, check_confidence
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters.forms import DEVICE_FORMATS
+from edgebnn.search.certify import certify_best, rows_spec
 from edgebnn.search.executors import LocalExecutor, RayExecutor
 from edgebnn.search.objectives import (
     DEFAULT_OBJECTIVES,
@@ -68,6 +69,8 @@ class SearchSettings:
         baseline_samples: S of the float BNN the budget is relative to (reference runtime, same data and seed).
         runs, warmup: Timed and untimed runs of each trial's profile (0 runs: no profile).
         threads: onnxruntime threads per trial.
+        confidence: With a budget, the probability that ``best`` keeps it on new data
+            (:mod:`edgebnn.search.certify`).
     """
 
     model: str
@@ -84,13 +87,21 @@ class SearchSettings:
     runs: int = 20
     warmup: int = 3
     threads: int = 1
+    confidence: float = DEFAULT_CONFIDENCE
+
+    @property
+    def rows(self) -> tuple[float, int, int] | None:
+        """The rows every trial is measured on: with a budget, the selection rows (:mod:`edgebnn.search.certify`)."""
+        return rows_spec(parse_budget(self.budget, ood=True), self.seed)
 
     def study_settings(self) -> dict[str, Any]:
         """The settings that decide which trials a study holds (stored in it; a resume must match them)."""
+        rows = self.rows
         return {"model_sha256": file_digest(self.model), "data": self.data, "ood_data": self.ood_data,
                 "device": self.device, "objectives": list(self.objectives), "space": self.space.to_dict(),
                 "seed": self.seed, "population": self.population, "baseline_samples": self.baseline_samples,
-                "bytes": "deployed"}  # search/1 studies measured IR bytes: not resumed with deployed ones
+                "bytes": "deployed",  # search/1 studies measured IR bytes: not resumed with deployed ones
+                **({"rows": list(rows)} if rows else {})}  # a budgeted search measures trials on its selection rows
 
 
 def device_formats(device: str) -> tuple[str, ...]:
@@ -115,6 +126,7 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
         raise InvalidOptionError("--runs/--warmup/--threads: must not be negative")
     objectives = parse_objectives(settings.objectives, ood=settings.ood_data is not None)
     budget = parse_budget(settings.budget, ood=settings.ood_data is not None)
+    check_confidence(settings.confidence)
     if settings.runs == 0 and any(not o.deterministic for o in objectives):
         raise InvalidOptionError("--runs 0 measures no latency or energy: drop them from --objectives")
     device = get_target(settings.device).name
@@ -141,20 +153,34 @@ def validate(settings: SearchSettings) -> tuple[tuple[Objective, ...], dict[str,
 
 
 def _baseline(settings: SearchSettings) -> dict[str, Any]:
-    """The float BNN on the search data (reference runtime, ``baseline_samples`` (a deep ensemble: its M), the
-    search seed)."""
+    """The float BNN on the search data (``baseline_samples`` (a deep ensemble: its M), the search seed): the
+    reference runtime, or with a budget its default export in onnxruntime on the selection rows (what the
+    certification compares the trials' exports with, :mod:`edgebnn.search.certify`)."""
     from edgebnn.api import evaluate_artifact, load_ir
+    from edgebnn.api._greedy import default_export
+    from edgebnn.errors import EdgeBNNError
     from edgebnn.exporters.families import default_samples
     from edgebnn.passes import float_bnn_bytes
+    from edgebnn.runtime import Session
+    from edgebnn.search.trial import open_inputs
 
     model = load_ir(settings.model)
     samples = default_samples(model, settings.baseline_samples)
-    ev = evaluate_artifact(model, data=settings.data, split=data_split(settings.data),
-                           samples=samples, seed=settings.seed, ood_data=settings.ood_data)
+    _, data, ood = open_inputs(str(settings.model), str(settings.data),
+                               None if settings.ood_data is None else str(settings.ood_data), settings.rows)
+    artifact: Any = model
+    if settings.rows is not None:
+        try:
+            artifact = Session(default_export(model, samples, settings.seed)[0], seed=settings.seed,
+                               threads=settings.threads)
+        except EdgeBNNError:  # a float BNN the default export refuses: the reference runtime
+            artifact = model
+    ev = evaluate_artifact(artifact, data=data, samples=None if artifact is not model else samples,
+                           seed=settings.seed, ood_data=ood)
     metrics = {k: ev[k] for k in TRIAL_METRICS if k in ev}
     if "ood" in ev:
         metrics["auroc"] = ev["ood"]["auroc_mutual_info"]
-    return {"scheme": "float", "runtime": "reference", "samples": samples, "n": ev["n"],
+    return {"scheme": "float", "runtime": ev["runtime"], "samples": samples, "n": ev["n"],
             "bytes": float_bnn_bytes(model), "metrics": metrics}
 
 
@@ -162,7 +188,7 @@ def _job(settings: SearchSettings, number: int, config: TrialConfig) -> TrialJob
     return TrialJob(number=number, config=config, model=str(settings.model), data=str(settings.data),
                     ood_data=None if settings.ood_data is None else str(settings.ood_data), seed=settings.seed,
                     device=get_target(settings.device).name, runs=settings.runs, warmup=settings.warmup,
-                    threads=settings.threads)
+                    threads=settings.threads, rows=settings.rows)
 
 
 def run_search(settings: SearchSettings, study_path: str | Path, executor: LocalExecutor | RayExecutor,
@@ -189,7 +215,8 @@ def run_search(settings: SearchSettings, study_path: str | Path, executor: Local
     with executor:  # started (a Ray cluster joined) before the study file is touched
         # The workers import and open the inputs while this process measures the baseline.
         executor.warm_up(str(settings.model), str(settings.data),
-                         None if settings.ood_data is None else str(settings.ood_data), settings.population)
+                         None if settings.ood_data is None else str(settings.ood_data), settings.population,
+                         settings.rows)
         study = open_study(study_path, settings.study_settings(),
                            ["maximize" if o.maximize else "minimize" for o in objectives])
         baseline = study.user_attrs.get(BASELINE_KEY)
@@ -261,7 +288,13 @@ def build_report(study: Any, settings: SearchSettings, objectives: tuple[Objecti
     by_number = {t["number"]: t for t in trials}
     complete = [t for t in trials if t["state"] == "complete"]
     pareto = [by_number[t.number] for t in study.best_trials] if complete else []
-    best, reason, closest = choose_best(trials, baseline["metrics"], budget)
+    certification = None
+    if budget:  # certified on the rows no trial was measured on
+        chosen = certify_best(settings, trials, baseline, budget)
+        best, reason, closest, certification = (chosen["best"], chosen["best_reason"], chosen["closest"],
+                                                chosen["certification"])
+    else:
+        best, reason, closest = choose_best(trials, baseline["metrics"], budget)
     return {
         "edgebnn_version": __version__,
         "settings": {"model": str(settings.model), "data": str(settings.data), "ood_data": settings.ood_data,
@@ -276,6 +309,7 @@ def build_report(study: Any, settings: SearchSettings, objectives: tuple[Objecti
         "best": best,
         "best_reason": reason,
         "closest": closest,
+        "certification": certification,
     }
 
 

@@ -46,6 +46,8 @@ class TrialJob:
         device: Device profile the trial is profiled on.
         runs, warmup: Timed and untimed runs of the profile (0 runs: no profile).
         threads: onnxruntime threads of evaluation and profiling.
+        rows: With a budget, the trial is evaluated on the selection rows only: ``(fraction, seed, max_rows)`` of
+            :func:`selection_rows` (the others certify the best trial, :mod:`edgebnn.search.certify`); None: all.
     """
 
     number: int
@@ -58,6 +60,7 @@ class TrialJob:
     runs: int = 20
     warmup: int = 3
     threads: int = 1
+    rows: tuple[float, int, int] | None = None
 
 
 def _one_line(e: BaseException) -> str:
@@ -85,25 +88,40 @@ def _stamp(source: str | None) -> Stamp:
 
 
 @functools.lru_cache(maxsize=1)
-def _open(model: str, data: str, ood_data: str | None,
+def _open(model: str, data: str, ood_data: str | None, rows: tuple[float, int, int] | None,
           _stamps: tuple[Stamp, ...]) -> tuple[BNNModel, Dataset, Dataset | None]:
     from edgebnn.api import dataset_for, load_ir
 
     ir = load_ir(model)
     ood = None if ood_data is None else dataset_for(ir, ood_data, labels=False, option="--ood-data")
-    return ir, dataset_for(ir, data, split=data_split(data)), ood
+    dataset = dataset_for(ir, data, split=data_split(data))
+    if rows is not None:
+        dataset, ood = selection_rows(dataset, ood, rows)
+    return ir, dataset, ood
 
 
-def open_inputs(model: str, data: str, ood_data: str | None) -> tuple[BNNModel, Dataset, Dataset | None]:
-    """The float BNN and the search data (and OOD inputs), opened once per process while the files are unchanged.
+def selection_rows(dataset: Dataset, ood: Dataset | None,
+                   rows: tuple[float, int, int]) -> tuple[Dataset, Dataset | None]:
+    """The rows a budgeted search's trials are measured on: ``fraction`` of the first ``max_rows``, drawn with
+    ``seed`` (:class:`edgebnn.api._budget.Rows`, the split ``lower --budget --order split`` makes), in memory."""
+    from edgebnn.api._budget import Rows
+
+    fraction, seed, max_rows = rows
+    return Rows(dataset, ood, max_rows, fraction, seed).selection()
+
+
+def open_inputs(model: str, data: str, ood_data: str | None,
+                rows: tuple[float, int, int] | None = None) -> tuple[BNNModel, Dataset, Dataset | None]:
+    """The float BNN and the search data (and OOD inputs; ``rows``: their selection rows), opened once per process
+    while the files are unchanged.
 
     Lowering does not modify the IR, and a :class:`~edgebnn.data.Dataset` reads its files again on each pass,
     so the trials of a search share them; the cache holds one search's inputs.
     """
-    return _open(model, data, ood_data, (_stamp(model), _stamp(data), _stamp(ood_data)))
+    return _open(model, data, ood_data, rows, (_stamp(model), _stamp(data), _stamp(ood_data)))
 
 
-def warm_up(model: str, data: str, ood_data: str | None) -> None:
+def warm_up(model: str, data: str, ood_data: str | None, rows: tuple[float, int, int] | None = None) -> None:
     """Import what a trial runs and open its inputs in this process, before its first trial arrives."""
     import edgebnn.exporters.ensemble
     import edgebnn.runtime
@@ -111,13 +129,33 @@ def warm_up(model: str, data: str, ood_data: str | None) -> None:
     import edgebnn.targets.registry  # noqa: F401
 
     with contextlib.suppress(Exception):  # each trial opens them again and records the error as its own
-        open_inputs(model, data, ood_data)
+        open_inputs(model, data, ood_data, rows)
+
+
+def trial_export(model: BNNModel, config: TrialConfig, seed: int, device: str) -> tuple[Any, Any]:
+    """``(lowered IR, exported ONNX proto)`` of a trial: the file ``edgebnn export`` writes for its config."""
+    from edgebnn.api import lower
+    from edgebnn.exporters.ensemble import export_onnx
+
+    c = config
+    lowered = lower(model, c.scheme, seed=seed, bits=c.bits_value, **c.options)
+    if c.samples == ANYTIME:  # the anytime ensemble with the rule's defaults
+        from edgebnn.exporters.anytime import export_anytime, rule_for
+
+        rule = rule_for(lowered)
+        proto, _ = export_anytime(lowered, rule, mode=c.mode, seed=seed, weights=c.weights, hoist=c.hoist,
+                                  device=device, rng="host",
+                                  noise=exact_noise(lowered, c.mode, rule.max_samples) or "auto")
+    else:
+        proto = export_onnx(lowered, int(c.samples), mode=c.mode, seed=seed, weights=c.weights, hoist=c.hoist,
+                            device=device,  # the graph form export writes for the device
+                            noise=exact_noise(lowered, c.mode, int(c.samples)) or "auto")  # SWAG: per weight
+    return lowered, proto
 
 
 def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
     """Lower, export and evaluate; returns ``(result, exported ONNX bytes or None when it failed)``."""
-    from edgebnn.api import evaluate_artifact, lower
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.api import evaluate_artifact
     from edgebnn.exporters.sizes import deployed_bytes
     from edgebnn.runtime import Session
 
@@ -129,20 +167,9 @@ def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:
                               "latency_ms": None, "energy_mj": None, "energy_reason": None, "error": None,
                               "profile_error": None}
     try:
-        model, dataset, ood = open_inputs(job.model, job.data, job.ood_data)
-        lowered = lower(model, c.scheme, seed=job.seed, bits=c.bits_value, **c.options)
+        model, dataset, ood = open_inputs(job.model, job.data, job.ood_data, job.rows)
+        lowered, proto = trial_export(model, c, job.seed, job.device)
         report = lowered.lowering_report
-        if c.samples == ANYTIME:  # the anytime ensemble with the rule's defaults
-            from edgebnn.exporters.anytime import export_anytime, rule_for
-
-            rule = rule_for(lowered)
-            proto, _ = export_anytime(lowered, rule, mode=c.mode, seed=job.seed, weights=c.weights, hoist=c.hoist,
-                                      device=job.device, rng="host",
-                                      noise=exact_noise(lowered, c.mode, rule.max_samples) or "auto")
-        else:
-            proto = export_onnx(lowered, int(c.samples), mode=c.mode, seed=job.seed, weights=c.weights,
-                                hoist=c.hoist, device=job.device,  # the graph form export writes for the device
-                                noise=exact_noise(lowered, c.mode, int(c.samples)) or "auto")  # SWAG: per weight
         onnx_bytes = proto.SerializeToString(deterministic=True)  # the bytes `export` writes
         ev = evaluate_artifact(Session(onnx_bytes, seed=job.seed, threads=job.threads), data=dataset, seed=job.seed,
                                ood_data=ood)

@@ -135,7 +135,14 @@ def test_search_on_a_deep_ensemble_varies_what_varies_for_it(trained, tmp_path):
         assert (c["samples"], c["mode"], c["sigma_bits"]) == (M, "baked", None) and c["scheme"] in ("fixed", "float")
         assert c["weights"] in space["weights"] and t["bytes"] > 0 and t["latency_ms"] > 0
     chosen = body["best"]
-    ev = _eval(best)  # the best artifact is the trial's: same graph, same metrics
+    from edgebnn.search.trial import open_inputs
+
+    # the best artifact is the trial's: same graph, same metrics on the rows the trials are measured on (with a
+    # budget: half the validation split, at random; the other half certifies it)
+    _, rows, _ = open_inputs(str(model), "digits", None, (0.5, 0, 4000))
+    from edgebnn.api import evaluate_artifact
+
+    ev = evaluate_artifact(str(best), data=rows)
     for k in ("accuracy", "nll", "ece", "brier"):
         assert ev[k] == pytest.approx(chosen["metrics"][k], rel=1e-6, abs=1e-9)
     r = _invoke("search", model, "--data", "digits", "--samples", "4,8", "--study", tmp_path / "x.jsonl")

@@ -313,8 +313,17 @@ def test_cli_writes_report_plot_and_best_artifact(files, tmp_path):
     assert (tmp_path / "out.study.jsonl").exists()  # the default study file sits beside --json
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = body["best"]
-    # The exported best artifact is the trial's: same data, same metrics (same graph, same seed).
-    ev = evaluate_artifact(best, data=str(root / "val.npz"), seed=3)
+    # With a budget the trials are measured on half the rows (at random, seed 3) and the best is certified on the
+    # other half: the last of the candidates certified in order, largest first.
+    cert = body["certification"]
+    assert cert["confidence"] == 0.9 and cert["selection_rows"] + cert["certification_rows"] == 48
+    assert cert["selection_rows"] == 24 and all(t["kept"] for t in cert["tested"])
+    assert chosen["number"] == cert["tested"][-1]["number"]
+    assert [t["bytes"] for t in cert["tested"]] == sorted((t["bytes"] for t in cert["tested"]), reverse=True)
+    assert "certified in order" in r.output and "bound (90%)" in r.output
+    # The exported best artifact is the trial's: same selection rows, same metrics (same graph, same seed).
+    _, rows, _ = open_inputs(str(model), str(root / "val.npz"), None, (0.5, 3, 4000))
+    ev = evaluate_artifact(best, data=rows, seed=3)
     for k in ("accuracy", "nll", "ece", "brier"):
         assert ev[k] == pytest.approx(chosen["metrics"][k], rel=1e-6, abs=1e-9)
     # A budget no trial meets (binary weights lose NLL on this model): exit 2 naming the closest trial; the
