@@ -120,6 +120,7 @@ def check_paths(command: str, params: list[click.Parameter], values: Mapping[str
     """Refuse (one :class:`InvalidOptionError`) what the module docstring lists, before the command runs."""
     inputs: list[_Path] = []
     outputs: list[tuple[_Path, str | None]] = []  # (output, the -o it is a companion of)
+    typed: list[tuple[str, str, OutputPath]] = []
     for param in params:
         kind = param.type
         if isinstance(kind, InputPath):
@@ -134,14 +135,20 @@ def check_paths(command: str, params: list[click.Parameter], values: Mapping[str
         elif isinstance(kind, OutputPath):
             for path in _values(values.get(param.name or "")):
                 label = _label(param)
-                _check_extension(command, label, path, kind, values)
+                typed.append((label, path, kind))
                 outputs.append((_Path(label, path), None))
                 if kind.companions is not None:
                     outputs += [(_Path(label, c), path) for c in kind.companions(path, values)]
+    _check_collisions(command, inputs, outputs)
+    for label, path, kind in typed:
+        _check_extension(command, label, path, kind, values)
+
+
+def _check_collisions(command: str, inputs: list[_Path], outputs: list[tuple[_Path, str | None]]) -> None:
     for i, (out, owner) in enumerate(outputs):
         what = f"{out.label} {owner}: its companion file {out.path}" if owner else f"{out.label} {out.path}"
         for inp in inputs:
-            link = "" if Path(out.path).resolve() == Path(inp.path).resolve() else " (a link to the same file)"
+            link = "" if os.path.abspath(out.path) == os.path.abspath(inp.path) else " (a link to the same file)"
             if _same(out.path, inp.path):
                 raise InvalidOptionError(f"{what} is {inp.label} {inp.path}{link}, which {command} reads; writing "
                                          f"it would replace that file: give {out.label} another path")
