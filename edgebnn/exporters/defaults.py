@@ -74,7 +74,9 @@ def export_auto(model: BNNModel, samples: int, *, mode: str = AUTO_MODE, noise: 
                 raise
             refused.append(f"--mode {m}{f' --noise {variant}' if variant != 'auto' else ''}: {e}")
             continue
-        why = f"the default on {device or 'cpu'}" + (": the IR's codes in one graph" if m == "noise" else "")
+        why = (f"the default on {device or 'cpu'}" + (": the IR's codes in one graph" if m == "noise" else "")
+               if len(candidates) > 1 or export_device(device or "cpu").export_mode == "baked"
+               else "a deep ensemble's only exact mode: its M members")
         if refused:
             why += " (" + "; ".join(refused) + ")"
         return proto, ExportChoice(m, variant, why)
