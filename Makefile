@@ -15,13 +15,17 @@ LAPLACE_LIBS ?= laplace-torch==0.3 asdfghjkl==0.1a4 backpack-for-pytorch==1.7.1 
 
 .PHONY: install demo test test-fast lint bench fuzz clean device-check
 
-$(STAMP): pyproject.toml
+# An example plug-in package (examples/plugin): installed so its entry points load in every command and test.
+PLUGIN_EXAMPLE ?= examples/plugin
+
+$(STAMP): pyproject.toml $(PLUGIN_EXAMPLE)/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[torch,dev,search,tensorrt]'
 	$(PY) -m pip install -q --no-deps $(BNN_LIBS)
 	$(PY) -m pip install -q --no-deps $(LAPLACE_LIBS)
+	$(PY) -m pip install -q --no-deps -e $(PLUGIN_EXAMPLE)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -13,7 +13,7 @@ three layouts the exporter writes (``edgebnn.exporters.layers``), each as a smal
 
 MatMulNBits runs at ``accuracy_level`` 0 (fp32 activation: the folded form's arithmetic) and 4 (activation
 rounded to int8 per block of 32 inside the op, int32 sums: what the ``integer`` form writes). Weights are the
-exporter's own values (``int8_parts``, ``nbits_weight``). Every graph's output is checked against numpy on the
+exporter's own values (``quantize.rows``, ``nbits_weight``). Every graph's output is checked against numpy on the
 same quantized weights first (max error relative to max |y|, in the JSON). Timing: every variant of a (size,
 batch) cell interleaved in ``time_blocks`` (ensemble_latency.py's: warm-up, 3 passes), onnxruntime on 2 threads
 without spinning; p50 and the ratio to the fp32 variant of the same layout. Run from the repository root:
@@ -36,7 +36,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edgebnn._io import atomic_write_json
-from edgebnn.exporters._graph import CONTRIB, INT4_BLOCK, dequantize_blocks, int4_parts, int8_parts, nbits_weight
+from edgebnn.exporters._graph import CONTRIB
+from edgebnn.exporters.quantize import INT4_BLOCK, blocks, dequantize_blocks, nbits_weight, rows
 from edgebnn.targets.profiler import latency_stats
 from edgebnn.targets.runners import OrtRunner
 
@@ -74,7 +75,7 @@ class Graph:
         (onnxruntime fuses it into DynamicQuantizeMatMul). ``w_oi`` [..., out, in]; ``per_layer``: one scale (MCQ
         counts), else one per output."""
         flat = w_oi.reshape(-1, w_oi.shape[-1])
-        q, scale = int8_parts(flat, float(np.abs(flat).max() / 127) if per_layer else None)
+        q, scale = rows(flat, step=float(np.abs(flat).max() / 127) if per_layer else None)
         q = q.reshape(w_oi.shape).swapaxes(-1, -2)  # [..., in, out]
         scale = scale[:1] if per_layer else scale.reshape(*w_oi.shape[:-2], 1, w_oi.shape[-2])
         self.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], [p + "xq", p + "xs", p + "xz"]))
@@ -91,7 +92,7 @@ class Graph:
 
 def _int8_values(w_oi: np.ndarray, per_layer: bool) -> np.ndarray:
     flat = w_oi.reshape(-1, w_oi.shape[-1])
-    q, scale = int8_parts(flat, float(np.abs(flat).max() / 127) if per_layer else None)
+    q, scale = rows(flat, step=float(np.abs(flat).max() / 127) if per_layer else None)
     return (q.astype(np.float32) * scale[:, None]).reshape(w_oi.shape)
 
 
@@ -106,7 +107,7 @@ def _nbits_2d(g: Graph, w2: np.ndarray, level: int) -> str:
 def layer_variants(w: np.ndarray) -> dict[str, tuple[onnx.ModelProto, str, np.ndarray]]:
     """name -> (graph, layout, the weights it computes with as [S, in, out] (hoisted: [1, in, out]))."""
     samples, n_in, n_out = w.shape
-    w4 = np.stack([dequantize_blocks(*int4_parts(m)) for m in w])
+    w4 = np.stack([dequantize_blocks(*blocks(m)) for m in w])
     w_oi = w.transpose(0, 2, 1)
     out: dict[str, tuple[onnx.ModelProto, str, np.ndarray]] = {}
 
@@ -149,7 +150,7 @@ def layer_variants(w: np.ndarray) -> dict[str, tuple[onnx.ModelProto, str, np.nd
             two_d(layout, name, w2, partial(_integer_2d, per_layer=per_layer), _int8_values(w2.T, per_layer).T)
         for level in (0, 4):
             two_d(layout, f"int4_nbits_level{level}", w2, partial(_nbits_2d, level=level),
-                  dequantize_blocks(*int4_parts(w2)))
+                  dequantize_blocks(*blocks(w2)))
     return out
 
 

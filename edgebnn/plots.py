@@ -15,7 +15,6 @@ import numpy as np
 
 from edgebnn._io import atomic_write
 from edgebnn.ir import BNNModel, Encoding
-from edgebnn.ir.encodings import CodebookWeight
 
 _CHI2_95 = 5.991  # squared Mahalanobis radius of the 95% ellipse in 2-D
 
@@ -28,7 +27,7 @@ def _payload_bits(enc: Encoding) -> int:
     return int(getattr(enc, "bits", 32))
 
 
-def _draw_codebook(ax, enc: CodebookWeight, ref: Encoding | None, rng: np.random.Generator, max_points: int) -> None:
+def _draw_codebook(ax, enc: Any, ref: Encoding | None, rng: np.random.Generator, max_points: int) -> None:
     from matplotlib.patches import Ellipse
 
     sizes = enc.cluster_sizes()
@@ -94,7 +93,7 @@ def plot_layers(
             pick = _subsample(ref.size, max_points, rng)
             ax.scatter(ref.mean().reshape(-1)[pick], ref.stddev().reshape(-1)[pick], s=2, c="0.75",
                        label="posterior", zorder=1)
-        if isinstance(enc, CodebookWeight):
+        if hasattr(enc, "codebook"):  # a codebook's K entries on the μ–σ plane
             _draw_codebook(ax, enc, ref, rng, max_points)
         else:
             pick = _subsample(enc.size, max_points, rng)

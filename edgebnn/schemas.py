@@ -13,3 +13,4 @@ PROFILE = "edgebnn.profile/1"
 DEMO = "edgebnn.demo/1"
 SEARCH = "edgebnn.search/2"  # 2: trial "bytes" is the deployed ONNX file (was the IR's tensors)
 EXPORT = "edgebnn.export/1"
+PLUGINS = "edgebnn.plugins/1"

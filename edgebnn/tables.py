@@ -151,6 +151,7 @@ def print_inspect(console: Console, info: dict[str, Any], *, verbose: bool = Fal
                 ("ensemble", f"{meta.get('mode')} · S={meta.get('samples')} · scheme {meta.get('scheme')} · "
                              f"{fmt_bytes(info['bytes'])}"),
                 ("opset", ", ".join(f"{d} {v}" for d, v in info["opset"]))]
+        rows += [("approximates", note) for note in meta.get("approximations") or ()]
         layers = meta.get("layers")
         if layers:
             rows.append(("sampled", ", ".join(layers.get("sampled", [])) or "none"))

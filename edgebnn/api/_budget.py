@@ -3,10 +3,10 @@
 Every candidate is judged by the predictive the model exports: the reference runtime draws what ``baked`` stores
 (:func:`edgebnn.ir.encodings.draw_weight`), S ``samples`` with the config's seed, against the float BNN's. A
 posterior family's layers (a deep ensemble's member sets, SWAG's low-rank Gaussians, ...) move only among the
-schemes :mod:`edgebnn.passes` registers for their encodings (``FAMILY_LOWERINGS``: ``fixed`` and ``float`` for member
-sets, SWAG and Kronecker/dense Laplace factors), with no σ-code move (a family's lowering codes its covariance
-itself), so a deep ensemble is searched over the bits of its one per-layer grid, with float as each layer's
-fallback, and judged at S = M (each member once: the exact ensemble).
+schemes their family declares for their encodings (:attr:`edgebnn.families.Family.lowerings`: ``fixed`` and
+``float`` for member sets, SWAG and Kronecker/dense Laplace factors), with no σ-code move (a family's lowering
+codes its covariance itself), so a deep ensemble is searched over the bits of its one per-layer grid, with float as
+each layer's fallback, and judged at S = M (each member once: the exact ensemble).
 """
 
 from __future__ import annotations
@@ -387,11 +387,11 @@ def _layers_of(model: BNNModel) -> tuple[dict[str, list[str]], dict[str, frozens
 def _accepts(kinds: frozenset[str], scheme: str) -> bool:
     """Whether every pass of ``scheme`` lowers every posterior-family encoding among ``kinds`` (the lowerings
     :mod:`edgebnn.passes` registers; a Gaussian layer takes every scheme)."""
-    from edgebnn.passes.base import FAMILY_LOWERINGS
+    from edgebnn.passes.base import family_lowerings
     from edgebnn.passes.config import parse_scheme
 
-    return all(name in FAMILY_LOWERINGS[kind] for kind in kinds if kind in FAMILY_LOWERINGS
-               for name in parse_scheme(scheme))
+    tables = [t for t in map(family_lowerings, kinds) if t is not None]
+    return all(name == "float" or name in table for table in tables for name in parse_scheme(scheme))
 
 
 def _valid(setting: _Setting, kinds: frozenset[str] = frozenset()) -> bool:
@@ -418,7 +418,7 @@ def _setting(scheme: str, bits: int | str, options: dict[str, Any]) -> _Setting:
 def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset()) -> list[tuple[str, _Setting]]:
     """One layer's smaller settings: a bit less, a σ code a bit smaller, fixed -> codebook, X -> prune+X (those
     the layer's encodings take: a family's lowering codes its covariance itself, and only its registered schemes)."""
-    from edgebnn.passes.base import FAMILY_LOWERINGS
+    from edgebnn.passes.base import family_lowerings
     from edgebnn.passes.config import PASSES, parse_scheme
 
     scheme, forced, options = setting
@@ -426,7 +426,7 @@ def _moves_down(setting: _Setting, bits: int, kinds: frozenset[str] = frozenset(
     last = names[-1]
     moves = [(f"{bits - 1} bits", _setting(scheme, bits - 1, opts))]
     sigma_bits = opts.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", 0))
-    if sigma_bits and not kinds & FAMILY_LOWERINGS.keys():
+    if sigma_bits and all(family_lowerings(kind) is None for kind in kinds):
         moves.append((f"{sigma_bits - 1}-bit σ code", _setting(scheme, forced, opts | {"sigma_bits": sigma_bits - 1})))
     if last == "fixed":
         moves.append(("codebook", _setting(scheme.replace("fixed", "codebook"), bits, opts)))

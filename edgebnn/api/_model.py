@@ -25,15 +25,15 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
             hand-written or ``dnn_to_bnn``), torchbnn or blitz layers; plain Linear/Conv2d/BatchNorm layers are
             carried through as deterministic layers. Or a fitted laplace-torch posterior (``DiagLaplace``,
             ``KronLaplace``, ``DiagLLLaplace``, ``KronLLLaplace``, ``FullLLLaplace``), imported with its own structure:
-            diagonal as ``GaussianWeight``, Kronecker-factored as ``KronGaussianWeight``, full covariance as
-            ``DenseGaussianWeight`` (:mod:`edgebnn.importers.laplace`).
+            diagonal as mean-field Gaussians, Kronecker-factored and full covariance as the Laplace family's
+            encodings (:mod:`edgebnn.importers.laplace`, :mod:`edgebnn.families.laplace`).
         input_shape: One example's shape with a leading batch dim, e.g. ``(1, 1, 28, 28)``.
         output_index: Which output to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         name: How errors name the model (default: its class name).
         mc_dropout: MC dropout (Gal & Ghahramani): keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at
-            prediction, each a ``DropoutMask`` posterior on its input, and its plain Linear/Conv weights as σ = 0
-            ``GaussianWeight`` (lowering schemes encode them; exports run them once). A plain torch model needs
-            nothing else.
+            prediction, each a dropout-mask posterior on its input (:mod:`edgebnn.families.dropout`), and its
+            plain Linear/Conv weights as σ = 0 Gaussians (lowering schemes encode them; exports run them once). A
+            plain torch model needs nothing else.
         task: What the output is: ``classification`` ([B, K] logits), ``regression`` ([B, D] means, or
             [B, 2D] / a tuple of means and log-variances) or ``segmentation`` (``dense``: [B, C, H, W] or
             [B, C, L] logits). None: [B, K >= 3] is classification, a >= 3-D output segmentation; a 1- or 2-wide
@@ -43,12 +43,12 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
             or an even width without ``noise_var``, else ``mean``.
 
     Returns:
-        The IR, one ``GaussianWeight`` per Bayesian weight (and one ``DropoutMask`` per dropout layer with
-        ``mc_dropout``); lower it with :func:`lower`.
+        The IR, one mean-field Gaussian per Bayesian weight, or its family's encoding (and one dropout mask per
+        dropout layer with ``mc_dropout``); lower it with :func:`lower`.
 
     A deep ensemble (a list, tuple or ``nn.ModuleList`` of M trained models of one architecture, or a wrapper
     module holding them in one ``nn.ModuleList`` whose forward is their mean softmax) imports as one IR of
-    ``MemberSetWeight`` layers (:mod:`edgebnn.importers.ensemble`); export it with ``samples=M``.
+    member-set layers (:mod:`edgebnn.families.ensemble`); export it with ``samples=M``.
 
     Raises:
         UnsupportedLayerError: No Bayesian layer (nor dropout, with ``mc_dropout``), a layer edgebnn cannot
@@ -93,7 +93,7 @@ def from_swag(model: Any, stats: Mapping[str, Any] | PathLike, input_shape: Sequ
         name: How errors name the model.
 
     Returns:
-        The IR, one ``LowRankGaussianWeight`` per parameter (``GaussianWeight`` for SWAG-diagonal stats);
+        The IR, one low-rank Gaussian per parameter (:mod:`edgebnn.families.swag`; mean-field for SWAG-diagonal stats);
         export it in ``baked`` mode (one z₂ per sample shared by every layer).
     """
     from edgebnn.importers.swag import import_swag

@@ -5,8 +5,8 @@ Errors a user can cause print one line naming the file, layer or option and exit
 ``edgebnn_version``.
 """
 
-from edgebnn.cli import _build, _measure, _search  # registers the commands on ``main``
+from edgebnn.cli import _build, _measure, _plugins, _search  # registers the commands on ``main``
 from edgebnn.cli._build import _describe_ir
 from edgebnn.cli._common import main, write_json
 
-__all__ = ["_build", "_describe_ir", "_measure", "_search", "main", "write_json"]
+__all__ = ["_build", "_describe_ir", "_measure", "_plugins", "_search", "main", "write_json"]

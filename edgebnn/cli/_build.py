@@ -274,10 +274,13 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                                       "members for Conv (mixed).")
 @click.option("--weights", "weight_format", type=click.Choice(STORE_CHOICES), default="ir",
               show_default=True,
-              help="ir: noise/shared/analytic store μ and σ as the IR's own packed codes, decoded in the graph once "
-                   "per call (baked: fp32 members). fp32, int8, int4: baked stores each member's weights so (int8 "
-                   "+ DequantizeLinear per output channel; int4 per output channel on onnxruntime devices, "
-                   "block-wise on Gemm weights for TensorRT, opset 21); the other modes re-quantize μ and σ.")
+              help="How every weight tensor the graph stores is written, in every mode. ir: the IR's own codes "
+                   "where its encoding has them (a lowering's packed μ and σ codes; a lowered deep ensemble's "
+                   "members), decoded in the graph once per call, fp32 where it has none (baked members of a "
+                   "Gaussian are draws off any grid). fp32: every tensor fp32. int8, int4: every tensor coded at "
+                   "export (members and means: int8 + DequantizeLinear per output channel, int4 per output channel "
+                   "on onnxruntime devices, block-wise on Gemm weights for TensorRT, opset 21; μ and σ: per-channel "
+                   "integers and a log-domain σ code).")
 @click.option("--rng", type=click.Choice(RNG_CHOICES), default="auto", show_default=True,
               help="noise/shared mode: graph draws the noise inside the graph (seeded RandomNormal(Like): one graph "
                    "input, any onnxruntime); host takes it as graph inputs that edgebnn.runtime.Session fills "
@@ -355,6 +358,8 @@ def export(file: str, target: str, samples: int | None, mode: str, noise_variant
     if choice.reason:
         console.print(f"mode: {mode} ({choice.reason})", highlight=False)
     meta = read_metadata(proto, output)
+    for note in meta.approximations or ():  # what analytic's moments drop, as the family states it
+        console.print(f"approximates: {note}", highlight=False, soft_wrap=True)
     layers = meta.layers
     if layers:
         console.print(f"samples: {', '.join(layers['sampled']) or 'none'}; "
@@ -452,18 +457,30 @@ def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: s
         return
     best = smallest_export(model, samples, device, seed=seed)
     head = f"larger than the fp32 BNN ({fmt_bytes(size)} vs {fmt_bytes(ref)})"
-    scheme = model.manifest.scheme
-    lower_it = ("lower the IR first (edgebnn lower --scheme fixed)" if scheme in (None, "float") else
-                f"the IR is already lowered ({scheme}): fewer bits (edgebnn lower --bits 4, or --budget) or fewer "
-                "samples (--samples) make it smaller")
     if best is None or best[1] >= size:
-        console.print(f"{head}: no export {device} runs is smaller; {lower_it}", highlight=False, markup=False,
-                      soft_wrap=True)
+        console.print(f"{head}: no export {device} runs is smaller; {_lower_hint(model)}", highlight=False,
+                      markup=False, soft_wrap=True)
         return
     command = export_command(file, output, samples=samples, device=device, flags=best[0])
-    still = "" if best[1] <= ref else f"; still larger: {lower_it}"
+    still = "" if best[1] <= ref else f"; still larger: {_lower_hint(model)}"
     console.print(f"{head}; the smallest for {device}: {command} ({fmt_bytes(best[1])}{still})", highlight=False,
                   markup=False, soft_wrap=True)
+
+
+def _lower_hint(model: Any) -> str:
+    """What would make the IR itself smaller, true for its families: lowering it with ``fixed`` where every layer
+    takes it, fewer bits where it is lowered already, else which layers no scheme lowers."""
+    from edgebnn.ir import DOMAIN
+    from edgebnn.passes.base import lowers
+
+    kinds = sorted({n.op_type for n in model.proto.graph.node if n.domain == DOMAIN})
+    if model.manifest.scheme != "float":
+        return (f"the IR is lowered already ({model.manifest.scheme}); fewer bits make it smaller (edgebnn lower ... "
+                "--bits 4, or --budget)")
+    kept = [k for k in kinds if not lowers(k, "fixed")]
+    if kept:
+        return f"its {', '.join(kept)} layers have no fixed lowering (edgebnn plugins lists each family's lowerings)"
+    return "lower the IR first (edgebnn lower --scheme fixed)"
 
 
 def export_command(file: str, output: str, *, samples: int, device: str, flags: list[str],

@@ -59,8 +59,12 @@ class _Group(click.Group):
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="edgebnn")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE",
+              help="Load a plug-in module (a posterior family, a task) before the command, e.g. --plugin my_family "
+                   "(repeatable; also EDGEBNN_PLUGINS=mod1,mod2). Installed packages with an 'edgebnn.plugins' "
+                   "entry point load by themselves; 'edgebnn plugins' lists what is loaded.")
 @click.pass_context
-def main(ctx: click.Context, debug: bool) -> None:
+def main(ctx: click.Context, debug: bool, plugins: tuple[str, ...]) -> None:
     """edgebnn: compile a trained Bayesian neural network into an on-device predictive ensemble.
 
     \b
@@ -73,9 +77,13 @@ def main(ctx: click.Context, debug: bool) -> None:
       edgebnn eval model.onnx --data digits            # accuracy, NLL, ECE, Brier
       edgebnn eval model.onnx --data test.npz --ood-data ood.npz   # your data; OOD detection
       edgebnn profile model.ebnn --device cpu --samples 16   # vs float baselines
+      edgebnn plugins                                  # posterior families and tasks loaded (docs/extending.md)
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    from edgebnn.plugins import load
+
+    load(plugins)  # the package's families, entry points, $EDGEBNN_PLUGINS, --plugin (one line if one fails)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ from edgebnn.errors import InvalidOptionError
 
 MODES = ("baked", "noise", "shared", "analytic")  # export modes (ensemble.py, noise.py, analytic.py)
 WEIGHT_FORMATS = ("fp32", "int8", "int4")  # how exported weight constants are stored
-STORE_CHOICES = ("ir", *WEIGHT_FORMATS)  # --weights: ir = the IR's own encoding (stores/, the default)
+# --weights: how every weight tensor a graph stores is written, in every mode (stores/: ir = the IR's own codes where
+# its encoding has them, else fp32; fp32; int8/int4 = coded at export: moments by stores.gaussian, members and means
+# by stores.constants, both with the one quantizer, quantize.py)
+STORE_CHOICES = ("ir", *WEIGHT_FORMATS)
 RNG_CHOICES = ("auto", "host", "graph")  # --rng of the noise/shared modes: where standard noise is drawn
 NOISE_VARIANTS = ("auto", "local", "weight", "shared", "mixed", "flipout")  # --noise of the noise mode (noise.py)
 MAX_SAMPLES = 4096

@@ -44,7 +44,7 @@ from onnx import numpy_helper
 from scipy.stats import norm, qmc
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import Builder, P, set_metadata, static_shapes
+from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata, static_shapes
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
@@ -96,8 +96,7 @@ def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, i
     base = model.float_model()
     shapes = static_shapes(base)
     fixed = {t.name: numpy_helper.to_array(t) for t in base.graph.initializer if t.name not in encoded}
-    b = Builder([t for t in base.graph.initializer if t.name not in encoded])
-    b.store_choice, b.store_runtimes = weights, runtimes
+    b = Builder([t for t in base.graph.initializer if t.name not in encoded], ExportFormat(weights, runtimes))
     var: dict[str, str | None] = {model.manifest.input_name: None}  # data values -> variance value (None = 0)
 
     def where(node: onnx.NodeProto) -> str:
@@ -338,7 +337,7 @@ def _max_pool_moments(b: Builder, node: onnx.NodeProto, m: str, v: str, out: str
     onnxruntime: MaxPool's Indices output and a Gather. TensorRT parses no Indices output (a MaxPool with two
     outputs is refused): there the window taps are strided Slices of m and v, stacked on a new axis, and v is
     read at the arg-max of m's taps (ArgMax, GatherElements): the same values, in ops TensorRT imports."""
-    if TRT in (b.store_runtimes or ()):
+    if TRT in (b.fmt.runtimes or ()):
         return _max_pool_taps(b, node, m, v, out, p, shape)
     idx = p + "argmax"
     b.nodes.append(onnx.helper.make_node("MaxPool", [m], [out, idx], **attrs_of(node)))

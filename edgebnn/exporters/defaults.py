@@ -46,13 +46,14 @@ class ExportChoice:
 
 def _candidates(model: BNNModel, device: str | None, noise: str) -> list[tuple[str, str]]:
     """(mode, noise variant) to try, in order, for ``--mode auto`` on ``device``."""
-    from edgebnn.exporters.families import LOW_RANK, ensemble_members
+    from edgebnn.exporters.families import default_samples, ensemble_members, refusal
 
     profile = export_device(device or "cpu")
     if ensemble_members(model) is not None or profile.export_mode == "baked":
         return [("baked", noise)]
-    kinds = {n.op_type for n in model.proto.graph.node if n.domain == "ai.edgebnn"}
-    variants = [noise] if noise != "auto" else ["weight"] if kinds & LOW_RANK else ["auto", "weight"]
+    samples = default_samples(model, 16)
+    variants = [noise] if noise != "auto" else [  # a variant the family refuses (SWAG: only weight draws) is skipped
+        v for v in ("auto", "weight") if v == "weight" or refusal(model, profile.export_mode, samples, v) is None]
     return [*((profile.export_mode, v) for v in variants), ("baked", noise)]
 
 
@@ -74,11 +75,15 @@ def export_auto(model: BNNModel, samples: int, *, mode: str = AUTO_MODE, noise: 
                 raise
             refused.append(f"--mode {m}{f' --noise {variant}' if variant != 'auto' else ''}: {e}")
             continue
-        why = (f"the default on {device or 'cpu'}" + (": the IR's codes in one graph" if m == "noise" else "")
-               if len(candidates) > 1 or export_device(device or "cpu").export_mode == "baked"
-               else "a deep ensemble's only exact mode: its M members")
-        if refused:
-            why += " (" + "; ".join(refused) + ")"
+        where = device or "cpu"
+        if not refused:
+            why = (f"the default on {where}" + (": the IR's codes in one graph" if m == "noise" else "")
+                   if len(candidates) > 1 or export_device(where).export_mode == "baked"
+                   else "a deep ensemble's only exact mode: its M members")
+        elif m == candidates[0][0]:  # the default mode, with another --noise variant
+            why = f"the default on {where}, with --noise {variant}, because " + "; ".join(refused)
+        else:
+            why = f"the default on {where} is --mode {candidates[0][0]}, which cannot export it: " + "; ".join(refused)
         return proto, ExportChoice(m, variant, why)
     raise AssertionError("unreachable: the last candidate raises")
 

@@ -31,6 +31,7 @@ bayesian-torch way, and dropout masks [RandomUniform ≥ p]/(1-p); S runs make o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -43,16 +44,16 @@ from edgebnn._io import atomic_write_bytes
 from edgebnn.devices import DeviceProfile, export_device
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, RNG_CHOICES, STORE_CHOICES, WEIGHT_FORMATS, check_samples
-from edgebnn.exporters._graph import Builder, P, set_metadata
-from edgebnn.exporters.draws import draw_emitter, dropout_draw
+from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
+from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.families import check_family
 from edgebnn.exporters.forms import FormChoice, choose_form
+from edgebnn.exporters.metadata import read_metadata, write_metadata
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, finish_stores, store_metadata
 from edgebnn.exporters.stores.base import ORT, TRT
-from edgebnn.exporters.stores.members import wrote_members
+from edgebnn.exporters.stores.registry import wrote_members
 from edgebnn.ir import DOMAIN, BNNModel
-from edgebnn.ir.encodings import DropoutMask
 from edgebnn.tasks import REGRESSION
 
 
@@ -123,12 +124,17 @@ def export_onnx(model: BNNModel, samples: int, *, mode: str = "baked", seed: int
                                seed=seed, progress=progress, weights=weights, rng=rng, runtimes=runtimes)
         elif mode == "analytic":
             from edgebnn.exporters.analytic import export_analytic
-            from edgebnn.exporters.glm import export_glm, uses_glm
+            from edgebnn.exporters.glm import check_analytic, export_glm, uses_glm
 
-            if uses_glm(model):  # a last-layer posterior: the exact GLM logit variance and the probit link (glm.py)
+            glm = uses_glm(model)  # a last-layer posterior: the exact GLM logit variance and the probit link (glm.py)
+            approximations = check_analytic(model, glm)  # a family that refuses analytic ends here, in one line
+            if glm:
                 out = export_glm(model, samples, progress=progress)
             else:
                 out = export_analytic(model, samples, progress=progress, weights=weights, runtimes=runtimes)
+            if approximations:  # what the moments drop, in the file: eval, inspect and Session report it
+                meta = read_metadata(out, model.where)
+                write_metadata(out, dataclasses.replace(meta, approximations=tuple(approximations)))
         else:
             raise InvalidOptionError(f"--mode {mode}: choose one of {', '.join(MODES)}")
     onnx.checker.check_model(out)
@@ -181,19 +187,19 @@ def _baked(model: BNNModel, samples: int, seed: int, weights: str, hoist: str | 
     """S members drawn at export from the reference runtime's streams ``[seed, i]`` (weight ``i`` in graph
     order), stored as constants in the ``weights`` format (exactly, when the draws lie on the encoding's grid),
     written in ``form`` (:mod:`.forms`)."""
-    b = Builder(form=choice.form, integer_min_bytes=choice.integer_min_bytes)
-    b.store_choice = "ir" if stores == "ir" else "fp32"  # hoisted fp32 means (--hoist): the IR's own codes
-    if profile is not None and profile.on_tensorrt:
-        b.store_runtimes = (TRT,)
-    if weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt:
+    channels = weights == "int4" and choice.form == "qdq" and profile is not None and not profile.on_tensorrt
+    b = Builder(fmt=ExportFormat(
+        weights="ir" if stores == "ir" else "fp32",  # hoisted fp32 means (--hoist), members on a grid: the IR's codes
+        runtimes=(TRT,) if profile is not None and profile.on_tensorrt else None,
+        form=choice.form, integer_min_bytes=choice.integer_min_bytes,
         # onnxruntime: every weight int4, one scale per output channel shared by the members, member biases int8
-        b.int4_layout, b.samples, b.bias_format = "channels", samples, "int8"
+        int4_layout="channels" if channels else "blocks", samples=samples if channels else 1))
     rewrite = baked_layers(model, samples, seed, weights)
     base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, weights, lambda kind, w: True, progress,
                                           wide=True)
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_baked_S{samples}")
-    if (b.int4_layout == "channels" and choice.form == "qdq") or wrote_members(b):
+    if (b.fmt.int4_layout == "channels" and choice.form == "qdq") or wrote_members(b):
         out = compact_names(out)  # the compact storage form: short value names (the graph is what is left)
     compact = None
     if weights != "fp32" and choice.form in ("folded", "integer"):
@@ -229,14 +235,12 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
     graph.initializer.extend(kept)
     b = Builder()
     for w in encoded:
-        if isinstance(w.encoding, DropoutMask):  # MC dropout: a Bernoulli keep-mask, as torch draws it
-            u = b.add("RandomUniform", [], f"{P}{w.name}.u", shape=list(w.encoding.shape), dtype=TensorProto.FLOAT)
-            b.add("Identity", [dropout_draw(b, w.encoding, f"{P}{w.name}.", "", {"": u}, 1)], w.name)
-            continue
-        emit = draw_emitter(w.encoding) if w.encoding.CORRELATED else None
-        if emit is not None:  # a correlated Gaussian (Kronecker / dense Laplace): its own draw, from RandomNormal
-            noise = {n.suffix: b.add("RandomNormal", [], f"{P}{w.name}.eps{n.suffix}", shape=[1, *n.dims],
-                                     dtype=TensorProto.FLOAT) for n in w.encoding.noise_needs() or ()}
+        emit = draw_emitter(w.encoding)
+        if emit is not None and emit is not gaussian_draw:  # the family's own draw (a dropout mask, Kronecker /
+            # dense Laplace), from random ops: uniform or normal as the draw consumes them, one sample
+            noise = {n.suffix: b.add("RandomUniform" if n.dist == "uniform" else "RandomNormal", [],
+                                     f"{P}{w.name}.eps{n.suffix}", shape=[1, *n.dims], dtype=TensorProto.FLOAT)
+                     for n in w.encoding.noise_needs() or ()}
             draw = emit(b, w.encoding, f"{P}{w.name}.", "", noise, 1)
             b.add("Reshape", [draw, b.i64(f"{P}{w.name}.shape", *w.encoding.shape)], w.name)
             continue

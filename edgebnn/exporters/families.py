@@ -1,38 +1,40 @@
-"""Which export modes are exact for a posterior family whose layers are drawn jointly, and what S it needs.
-
-Read from the encoding nodes' op types and attributes, nothing decoded:
-
-- a deep ensemble (``MemberSetWeight``, ``MemberSetFixedWeight``: M members) is exact in ``baked`` with S = M
-  (sample s is member s in every layer: :mod:`edgebnn.ir.encodings.members`); any other S would weigh members
-  unequally, so it is refused; ``noise``/``shared`` have no noise to take (the members are constants: use
-  ``baked``) and ``analytic`` would propagate the members' mean and variance, a Gaussian, not the ensemble:
-  both refused;
-- SWAG (``LowRankGaussianWeight``, lowered ``LowRankFixedWeight``) is exact in ``baked`` (one z₂ per sample shared by
-  every layer, as the reference code draws it) and in ``noise --noise weight`` (z₂ a graph input [S, K] every
-  layer reads); ``analytic`` and the other noise variants run on per-weight moments, dropping the low-rank
-  correlation between layers: refused.
+"""Which exports are exact for the posterior families of an IR, and what S they take: asked of each family
+(:attr:`edgebnn.families.Family.exports`, :attr:`~edgebnn.families.Family.default_samples`), from the encoding
+nodes' op types and attributes, nothing decoded. A deep ensemble is exact in ``baked`` with S = M only, SWAG in
+``baked`` and ``noise --noise weight`` (each family's module says why).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import DOMAIN, BNNModel
+from edgebnn.plugins import ExportRequest, Family, family_of
 
-MEMBER_SETS = frozenset({"MemberSetWeight", "MemberSetFixedWeight"})
-LOW_RANK = frozenset({"LowRankGaussianWeight", "LowRankFixedWeight"})
+
+def _families(model: BNNModel) -> list[tuple[Family, list[Any]]]:
+    """The IR's families, in graph order, each with its encoding nodes."""
+    out: dict[str, tuple[Family, list[Any]]] = {}
+    for node in model.proto.graph.node:
+        family = family_of(node.op_type) if node.domain == DOMAIN else None
+        if family is not None:
+            out.setdefault(family.name, (family, []))[1].append(node)
+    return list(out.values())
 
 
 def ensemble_members(model: BNNModel) -> int | None:
-    """M of a deep-ensemble IR (the ``members`` attribute of its member-set nodes), None for other IRs."""
-    sizes = {a.i for n in model.proto.graph.node if n.domain == DOMAIN and n.op_type in MEMBER_SETS
-             for a in n.attribute if a.name == "members"}
-    return max(sizes) if sizes else None
+    """The S the IR's family fixes (a deep ensemble's M: each member once), None when any S is exact."""
+    for family, nodes in _families(model):
+        if family.default_samples is not None and (m := family.default_samples(nodes)) is not None:
+            return m
+    return None
 
 
-def family_of(model: BNNModel) -> str | None:
-    """``deep ensemble`` or ``SWAG posterior`` for an IR of such a family, None for the others."""
-    kinds = {n.op_type for n in model.proto.graph.node if n.domain == DOMAIN}
-    return "deep ensemble" if kinds & MEMBER_SETS else "SWAG posterior" if kinds & LOW_RANK else None
+def family_of_model(model: BNNModel) -> str | None:
+    """How messages name the IR's posterior when it is not mean-field ("deep ensemble", "SWAG posterior"): the
+    first family with lowerings of its own; None for the others."""
+    return next((family.noun for family, _ in _families(model) if family.lowerings), None)
 
 
 def default_samples(model: BNNModel, fallback: int) -> int:
@@ -40,25 +42,16 @@ def default_samples(model: BNNModel, fallback: int) -> int:
     return ensemble_members(model) or fallback
 
 
+def refusal(model: BNNModel, mode: str, samples: int, noise: str = "auto") -> str | None:
+    """Why the export cannot be exact for the IR's families (one line), or None."""
+    for family, nodes in _families(model):
+        if family.exports is not None and (why := family.exports(ExportRequest(mode, samples, noise, nodes))):
+            return f"{model.where}: {why}"
+    return None
+
+
 def check_family(model: BNNModel, mode: str, samples: int, noise: str = "auto") -> None:
-    """Refuse, in one line, a mode or S that cannot be exact for the IR's posterior family."""
-    kinds = {n.op_type for n in model.proto.graph.node if n.domain == DOMAIN}
-    m = ensemble_members(model)
-    if m is not None:
-        if mode != "baked":
-            why = ("would propagate the members' mean and variance (a Gaussian), not the ensemble"
-                   if mode == "analytic" else "has no noise to draw (the members are constants)")
-            raise InvalidOptionError(f"{model.where}: --mode {mode} {why}; export a deep ensemble with --mode baked")
-        if samples != m:
-            raise InvalidOptionError(
-                f"{model.where}: --samples {samples}: a deep ensemble of {m} members exports exactly with "
-                f"--samples {m} (each member once)"
-            )
-    if kinds & LOW_RANK and mode == "analytic":
-        raise InvalidOptionError(f"{model.where}: --mode analytic would treat the layers as independent, dropping "
-                                 "SWAG's low-rank correlation; export SWAG with --mode baked or --mode noise "
-                                 "--noise weight")
-    if kinds & LOW_RANK and mode in ("noise", "shared") and noise != "weight":
-        raise InvalidOptionError(f"{model.where}: --noise {noise if mode == 'noise' else 'shared'} runs Gaussian "
-                                 "layers on their marginal moments, dropping SWAG's low-rank correlation; use --noise "
-                                 "weight (z₂ drawn in the graph, shared by every layer) or --mode baked")
+    """Refuse, in one line, a mode, S or ``--noise`` variant that cannot be exact for the IR's posterior family."""
+    why = refusal(model, mode, samples, noise)
+    if why is not None:
+        raise InvalidOptionError(why)

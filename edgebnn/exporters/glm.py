@@ -3,13 +3,14 @@
 When the only sampled layer of an IR is the final Gemm ``f = W φ + b`` (the graph's logits) on features φ that
 deterministic layers computed (a last-layer posterior: laplace-torch's ``*LLLaplace``, or any BNN with only its
 last layer Bayesian), the logits are exactly Gaussian, ``f ~ N(M φ + m_b, Σ_f)``. The diagonal of ``Σ_f`` is
-exact per family (the encoding's own covariance, not a mean-field one)::
+exact per family (the encoding's own covariance, not a mean-field one: its family's
+:attr:`~edgebnn.plugins.Analytic.last_layer`, :mod:`edgebnn.families.laplace`)::
 
-    mean-field W (GaussianWeight and the other per-weight encodings, from moments()):
+    mean-field W (every encoding of independent weights, from moments()):
         var_k = Σ_i φ_i² Var W[k, i]
-    Kronecker-factored W = M + Q_o (Z ⊙ D) Q_iᵀ (KronGaussianWeight), u = Q_iᵀ φ:
+    Kronecker-factored W = M + Q_o (Z ⊙ D) Q_iᵀ (the Laplace family's), u = Q_iᵀ φ:
         var_k = Σ_p Q_o[k, p]² Σ_q D[p, q]² u_q²                       (two MatMuls on u², no [K·n]² matrix)
-    dense W = M + reshape(L z) (DenseGaussianWeight, L [K·n, r]):
+    dense W = M + reshape(L z) (the Laplace family's, L [K·n, r]):
         var_k = Σ_r (Σ_i L[k·n + i, r] φ_i)²                            (one MatMul, square, sum)
     bias b (any family): + Var b_k, its marginal (∂f_k/∂b = e_k)
 
@@ -40,20 +41,39 @@ from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.analytic import VAR_FLOOR, quadrature_matrix
 from edgebnn.exporters.layers import layer_kind
 from edgebnn.ir import BNNModel, attrs_of
-from edgebnn.ir.encodings import DenseGaussianWeight, Encoding, KronGaussianWeight
+from edgebnn.ir.encodings import Encoding
+from edgebnn.plugins import Analytic, family_of
 from edgebnn.tasks import Task, head_of
 
 # (builder, weight encoding [K, n], features φ [B, n], name prefix) -> Var f [B, K] from the weight
 WeightVariance = Callable[[Builder, Encoding, str, str], str]
-WEIGHT_VARIANCE: dict[str, WeightVariance] = {}
 
 
-def register_weight_variance(op_type: str) -> Callable[[WeightVariance], WeightVariance]:
-    """Decorator: the exact logit variance of a last-layer weight of ``op_type`` (others: from ``moments()``)."""
-    def register(fn: WeightVariance) -> WeightVariance:
-        WEIGHT_VARIANCE[op_type] = fn
-        return fn
-    return register
+def analytic_rule(enc: Encoding) -> Analytic:
+    """What ``--mode analytic`` does with ``enc`` (its family's :class:`~edgebnn.plugins.Analytic`; an encoding no
+    family registered: refused)."""
+    family = family_of(enc.op_type)
+    if family is None:
+        return Analytic("refused", f"{enc.op_type} belongs to no registered family, which would say whether its "
+                                   "weights are independent")
+    return family.analytic_for(enc)
+
+
+def check_analytic(model: BNNModel, last_layer: bool) -> list[str]:
+    """Refuse (one line) a weight whose family refuses ``analytic`` (anywhere, or but as the last layer when
+    ``last_layer`` says the IR is a last-layer posterior); returns the approximations the export makes, one line
+    per family that states a bound."""
+    notes: dict[str, str] = {}
+    for w in model.iter_encoded_weights():
+        rule = analytic_rule(w.encoding)
+        if rule.kind == "refused" and not (last_layer and rule.last_layer is not None):
+            family = family_of(w.encoding.op_type)
+            what = f"{w.encoding.op_type}" + (f" ({family.noun})" if family is not None else "")
+            raise InvalidOptionError(f"{model.where}: layer {w.layer!r} is {what}: --mode analytic {rule.why}")
+        if rule.kind == "approximate":
+            family = family_of(w.encoding.op_type)
+            notes[w.encoding.op_type] = f"{family.noun if family else w.encoding.op_type}: {rule.bound}"
+    return sorted(notes.values())
 
 
 def _last_layer(model: BNNModel) -> onnx.NodeProto | None:
@@ -82,17 +102,10 @@ def uses_glm(model: BNNModel) -> bool:
     if model.manifest.task_spec(model.where).name != "classification":
         return False  # the GLM/probit head is a classifier's; other tasks integrate their own head (.heads)
     node = _last_layer(model)
-    correlated = any(w.encoding.CORRELATED for w in model.iter_encoded_weights())
-    if node is not None and (correlated or any(
-            n is not node and n.domain != "ai.edgebnn" and layer_kind(n) is not None for n in model.proto.graph.node)):
-        return True
-    for w in model.iter_encoded_weights():
-        if w.encoding.CORRELATED:
-            raise InvalidOptionError(
-                f"{model.where}: layer {w.layer!r} is {w.encoding.op_type} (a correlated posterior): --mode analytic "
-                "is exact for it only as the last layer (the GLM predictive); use --mode baked or noise"
-            )
-    return False
+    correlated = any(analytic_rule(w.encoding).kind != "exact" and analytic_rule(w.encoding).last_layer is not None
+                     for w in model.iter_encoded_weights())
+    return node is not None and (correlated or any(
+        n is not node and n.domain != "ai.edgebnn" and layer_kind(n) is not None for n in model.proto.graph.node))
 
 
 def export_glm(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
@@ -109,7 +122,7 @@ def export_glm(model: BNNModel, samples: int, *, progress: Callable[[int, int], 
     phi = node.input[0]
     p = f"{P}glm/"
     weight = encoded[node.input[1]].encoding
-    emit = WEIGHT_VARIANCE.get(weight.op_type, _moment_variance)
+    emit = analytic_rule(weight).last_layer or _moment_variance
     terms = [emit(b, weight, phi, p + "w_")]
     if len(node.input) > 2 and node.input[2] in encoded:
         bias = encoded[node.input[2]].encoding
@@ -153,29 +166,3 @@ def _moment_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
     _, var = enc.moments()
     phi2 = b.add("Mul", [phi, phi], p + "phi2")
     return b.add("MatMul", [phi2, b.f32(p + "var_t", np.ascontiguousarray(var.astype(np.float32).T))], p + "var")
-
-
-@register_weight_variance("KronGaussianWeight")
-@register_weight_variance("KronFixedWeight")
-def _kron_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
-    """var_k = Σ_p Q_o[k, p]² Σ_q D[p, q]² (Q_iᵀ φ)_q²."""
-    assert isinstance(enc, KronGaussianWeight)
-    u = b.add("MatMul", [phi, b.f32(p + "q_in", enc.q_in)], p + "u")
-    u2 = b.add("Mul", [u, u], p + "u2")
-    d2 = np.square(enc.scale.astype(np.float64)).T.astype(np.float32)
-    rot = b.add("MatMul", [u2, b.f32(p + "d2_t", np.ascontiguousarray(d2))], p + "var_eig")
-    q2 = np.square(enc.q_out.astype(np.float64)).T.astype(np.float32)
-    return b.add("MatMul", [rot, b.f32(p + "q_out2_t", np.ascontiguousarray(q2))], p + "var")
-
-
-@register_weight_variance("DenseGaussianWeight")
-@register_weight_variance("DenseFixedWeight")
-def _dense_variance(b: Builder, enc: Encoding, phi: str, p: str) -> str:
-    """var_k = Σ_r (Σ_i L[k·n + i, r] φ_i)²."""
-    assert isinstance(enc, DenseGaussianWeight)
-    k, n = enc.shape
-    r = enc.scale.shape[1]
-    lmat = enc.scale.reshape(k, n, r).transpose(1, 0, 2).reshape(n, k * r)  # [n, K·r]
-    t = b.add("MatMul", [phi, b.f32(p + "scale_t", np.ascontiguousarray(lmat))], p + "t")
-    t3 = b.add("Reshape", [t, b.i64(p + "t_shape", -1, k, r)], p + "t3")
-    return b.add("ReduceSum", [b.add("Mul", [t3, t3], p + "t2"), b.i64(p + "axis_r", -1)], p + "var", keepdims=0)

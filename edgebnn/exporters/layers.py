@@ -32,12 +32,12 @@ side on the output axis, no copies of its input and no grouping::
     Conv:  [B, C, *sp] -> Conv(W_s as [S·O, C/g, *k], group g, b_s as [S·O]) -> [B, S·O, *sp'] -> [B·S, O, *sp']
     Gemm:  [B, in] -> Gemm(W_s as [S·out, in], transB, b_s as [S·out]) -> [B, S·out] -> Reshape [B·S, out]
 
-Integer kernels (``Builder.form == "integer"``, int8 / int4 constant Gemm weights): int8 quantizes the activation
-per call (DynamicQuantizeLinear: uint8, per tensor) and runs MatMulInteger (u8 x s8, int32 accumulation), then
-one float multiply by (activation scale x weight scale) per output channel and the bias. int4 runs onnxruntime's
-MatMulNBits, whose weight is 2-D. Both run one op per member on the sample-major input (int8: each member's
-activation quantized on its own; onnxruntime pre-packs only a 2-D constant MatMulInteger weight), or one on the
-members side by side for a shared input::
+Integer kernels (the ``integer`` form of :class:`~edgebnn.exporters._graph.ExportFormat`, int8 / int4 constant Gemm
+weights; :mod:`.stores.constants` writes them): int8 quantizes the activation per call (DynamicQuantizeLinear:
+uint8, per tensor) and runs MatMulInteger (u8 x s8, int32 accumulation), then one float multiply by (activation
+scale x weight scale) per output channel and the bias. int4 runs onnxruntime's MatMulNBits, whose weight is 2-D.
+Both run one op per member on the sample-major input (int8: each member's activation quantized on its own;
+onnxruntime pre-packs only a 2-D constant MatMulInteger weight), or one on the members side by side for a shared input::
 
     Gemm, int8 / int4 members:  [S, B, in] -> Split into S -> S MatMulInteger (W_s as [in, out]) or MatMulNBits
                                 (W_s as [out, in] blocks) -> Concat [S, B, out]
@@ -62,10 +62,11 @@ import onnx
 from onnx import numpy_helper
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters._graph import CONTRIB, INT4_BLOCK, Builder, int8_parts, nbits_weight, renamed_input
-from edgebnn.exporters.forms import NBITS_ACCURACY_LEVEL
+from edgebnn.exporters import quantize
+from edgebnn.exporters._graph import Builder, renamed_input
+from edgebnn.exporters.stores.constants import constant, grid_step, matmul_integer, matmul_nbits, per_channel
 from edgebnn.ir import attrs_of
-from edgebnn.ir.encodings import MASK_SUFFIX, Grid
+from edgebnn.ir.encodings import MASK_SUFFIX, Encoding, Grid
 
 Operand = np.ndarray | str  # a constant not emitted yet, or the name of a graph value
 # Baked Conv layers with fewer input channels per group than this run as S Convs (Split, Concat) instead of one
@@ -150,60 +151,32 @@ class LayerKind(ABC):
     @abstractmethod
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
+                source: Encoding | None = None) -> None:
         """Emit the op over the sample axis: ``w`` is [S, *wshape], ``bias`` [S, out]; ``node.output[0]`` is
         [B·S, ...]. ``node.input[0]`` is [B·S, ...], or [B, ...] identical for every sample when ``shared``.
-        Constant weights take ``dtype`` (with ``grid``: exact) in the builder's form, constant biases fp32."""
+        Constant weights take ``dtype`` (with ``grid``: exact) in the builder's form, constant biases fp32; fp32
+        members of ``source`` on its grid are written by its store where it writes members
+        (:func:`.stores.constants.constant`)."""
 
 
-def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | None = None) -> str:
-    return b.weight(name, v, dtype, grid) if isinstance(v, np.ndarray) else v
+def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | None = None,
+           source: Encoding | None = None) -> str:
+    return constant(b, name, v, dtype, grid, source) if isinstance(v, np.ndarray) else v
 
 
 def _bias(b: Builder, v: Operand, name: str) -> str:
     """A member bias: a constant in the builder's ``bias_format`` (fp32; int8 in the "channels" int4 layout)."""
-    if not isinstance(v, np.ndarray) or b.bias_format == "fp32":
+    if not isinstance(v, np.ndarray) or b.fmt.bias_format == "fp32":
         return _const(b, v, name)
-    return b.per_channel(name, np.asarray(v, np.float32), None, 8)
+    return per_channel(b, name, np.asarray(v, np.float32), None, 8)
 
 
 def integer_kernel(b: Builder, v: Operand, dtype: str) -> bool:
     """Whether this weight runs in an integer kernel: an int8 / int4 constant in the ``integer`` form, larger (as
     fp32) than the builder's ``integer_min_bytes``."""
-    return (b.form == "integer" and dtype in ("int8", "int4") and isinstance(v, np.ndarray)
-            and v.size * 4 > b.integer_min_bytes)
-
-
-def _grid_step(grid: Grid | None, bits: int = 8) -> float | None:
-    return grid.step if grid is not None and grid.bits <= bits else None
-
-
-def _nbits_op(b: Builder, x: str, w: np.ndarray, grid: Grid | None, p: str, out: str) -> str:
-    """MatMulNBits (onnxruntime contrib) on ``x`` [..., K] with the int4 blocks of ``w`` [K, N]: the ``qdq`` /
-    ``folded`` forms' values (exact on a grid of at most 4 bits), the activation rounded to int8 per block inside
-    the op (:data:`~edgebnn.exporters.forms.NBITS_ACCURACY_LEVEL`)."""
-    packed, scales = nbits_weight(w, _grid_step(grid, 4))
-    return b.add("MatMulNBits", [x, b.const(p + "B4", packed), b.f32(p + "B4_scales", scales)], out, domain=CONTRIB,
-                 K=int(w.shape[0]), N=int(w.shape[1]), bits=4, block_size=INT4_BLOCK,
-                 accuracy_level=NBITS_ACCURACY_LEVEL)
-
-
-def _integer_op(b: Builder, op: str, x: str, q: np.ndarray, scale: np.ndarray, p: str, out: str,
-                **attrs: Any) -> str:
-    """``op`` (MatMulInteger) on the activation ``x``, quantized per call, and the int8 weight
-    ``q``, dequantized by one multiply: ``float(acc) · (s_x · scale)`` (``scale`` broadcasts on the output).
-
-    The weight is stored as uint8 ``q + 128`` with zero point 128 (u8 x u8), not as s8: onnxruntime's u8 x s8
-    kernel on x86 CPUs without VNNI (AVX2 only) multiplies with ``vpmaddubsw``, whose int16 pair sums saturate
-    (255 · 127 · 2 > 32767), which moved a digits CNN's probabilities by up to 0.15; its u8 x u8 kernel widens
-    to int16 first and is exact everywhere (tests/unit/test_speed.py fails on an AVX2 machine with s8)."""
-    xq, xs, xz = p + "xq", p + "x_scale", p + "x_zero"
-    b.nodes.append(onnx.helper.make_node("DynamicQuantizeLinear", [x], [xq, xs, xz]))
-    wq = (np.asarray(q, np.int16) + 128).astype(np.uint8)
-    w_zero = b.const(p + "w_zero", np.array(128, np.uint8))
-    acc = b.add(op, [xq, b.const(p + "Wq", np.ascontiguousarray(wq)), xz, w_zero], p + "acc", **attrs)
-    scales = b.add("Mul", [xs, b.f32(p + "w_scale", scale)], p + "scale")
-    return b.add("Mul", [b.add("Cast", [acc], p + "acc_f", to=onnx.TensorProto.FLOAT), scales], out)
+    return (b.fmt.form == "integer" and dtype in ("int8", "int4") and isinstance(v, np.ndarray)
+            and v.size * 4 > b.fmt.integer_min_bytes)
 
 
 @register_layer
@@ -235,13 +208,14 @@ class Gemm(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
+                source: Encoding | None = None) -> None:
         attrs = self.attrs(node, where)
         n_out = self.out_dim(node, wshape)
         n_in = int(wshape[1] if attrs.get("transB", 0) else wshape[0])
         fmt = self.weight_format(node, wshape, dtype, True)
         if shared:
-            self._wide(b, node, p, samples, n_in, n_out, attrs, w, bias, fmt, grid)
+            self._wide(b, node, p, samples, n_in, n_out, attrs, w, bias, fmt, grid, source)
             return
         if attrs.get("transB", 0):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
@@ -256,15 +230,15 @@ class Gemm(LayerKind):
             xs = [f"{p}x{s}" for s in range(samples)]
             b.nodes.append(onnx.helper.make_node("Split", [xt, b.i64(p + "split", *[1] * samples)], xs, axis=0))
             if fmt == "int4":
-                ys = [_nbits_op(b, xs[s], w[s], grid, f"{p}m{s}/", f"{p}y{s}") for s in range(samples)]
+                ys = [matmul_nbits(b, xs[s], w[s], grid, f"{p}m{s}/", f"{p}y{s}") for s in range(samples)]
             else:  # one scale per member and output
-                q, scale = int8_parts(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), _grid_step(grid))
+                q, scale = quantize.rows(w.transpose(0, 2, 1).reshape(samples * n_out, n_in), step=grid_step(grid))
                 q, scale = q.reshape(samples, n_out, n_in), scale.reshape(samples, n_out)
-                ys = [_integer_op(b, "MatMulInteger", xs[s], q[s].T, scale[s], f"{p}m{s}/", f"{p}y{s}")
+                ys = [matmul_integer(b, xs[s], q[s].T, scale[s], f"{p}m{s}/", f"{p}y{s}")
                       for s in range(samples)]
             y = b.add("Concat", ys, p + "xw", axis=0)
         else:
-            y = b.add("MatMul", [xt, _const(b, w, p + "W", fmt, grid)], p + "xw")
+            y = b.add("MatMul", [xt, _const(b, w, p + "W", fmt, grid, source)], p + "xw")
         if bias is not None:
             y = b.add("Add", [y, _bias(b, unsqueeze(b, bias, 1, p + "axis1", p + "b3"), p + "b")], p + "y")
         y = b.add("Transpose", [y], p + "y_t", perm=[1, 0, 2])  # [B, S, out]
@@ -281,17 +255,18 @@ class Gemm(LayerKind):
         w_oi = w if attrs.get("transB", 0) else w.T  # [out, in]
         out = node.output[0] if len(node.input) < 3 or not node.input[2] else p + "xw"
         if dtype == "int4":
-            y = _nbits_op(b, node.input[0], np.ascontiguousarray(w_oi.T), grid, p, out)
+            y = matmul_nbits(b, node.input[0], np.ascontiguousarray(w_oi.T), grid, p, out)
         else:
-            step = _grid_step(grid)
-            q, scale = int8_parts(np.asarray(w_oi, np.float32), step)
-            y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale[:1] if step is not None else scale, p,
+            step = grid_step(grid)
+            q, scale = quantize.rows(np.asarray(w_oi, np.float32), step=step)
+            y = matmul_integer(b, node.input[0], q.T, scale[:1] if step is not None else scale, p,
                             out)
         if len(node.input) > 2 and node.input[2]:
             b.add("Add", [y, node.input[2]], node.output[0])
 
     def _wide(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, n_in: int, n_out: int,
-              attrs: dict[str, Any], w: Operand, bias: Operand | None, fmt: str, grid: Grid | None) -> None:
+              attrs: dict[str, Any], w: Operand, bias: Operand | None, fmt: str, grid: Grid | None,
+              source: Encoding | None) -> None:
         """[B, in] -> [B, S·out] in one Gemm with the members side by side (W_s as [S·out, in]; int4: a MatMul
         on [in, S·out], its blocks along the reduction axis)."""
         b_wide = None if bias is None else _bias(b, reshape(b, bias, (-1,), p + "b_shape", p + "b_wide"), p + "b")
@@ -301,9 +276,9 @@ class Gemm(LayerKind):
             w = reshape(b, transpose(b, w, (1, 0, 2), p + "W_is"), (n_in, samples * n_out), p + "w_shape", p + "W_wide")
             if integer_kernel(b, w, fmt):
                 assert isinstance(w, np.ndarray)
-                y = _nbits_op(b, node.input[0], w, grid, p, p + "xw")
+                y = matmul_nbits(b, node.input[0], w, grid, p, p + "xw")
             else:
-                y = b.add("MatMul", [node.input[0], _const(b, w, p + "W", fmt, grid)], p + "xw")
+                y = b.add("MatMul", [node.input[0], _const(b, w, p + "W", fmt, grid, source)], p + "xw")
             y = b.add("Add", [y, b_wide], p + "y") if b_wide is not None else y
             b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
             return
@@ -312,12 +287,12 @@ class Gemm(LayerKind):
         w = reshape(b, w, (samples * n_out, n_in), p + "w_shape", p + "W_wide")
         if integer_kernel(b, w, fmt):
             assert isinstance(w, np.ndarray)
-            q, scale = int8_parts(w, _grid_step(grid))
-            y = _integer_op(b, "MatMulInteger", node.input[0], q.T, scale, p, p + "xw")
+            q, scale = quantize.rows(w, step=grid_step(grid))
+            y = matmul_integer(b, node.input[0], q.T, scale, p, p + "xw")
             if b_wide is not None:
                 y = b.add("Add", [y, b_wide], p + "y")
         else:
-            y = b.add("Gemm", [node.input[0], _const(b, w, p + "W", fmt, grid), *([b_wide] if b_wide else [])],
+            y = b.add("Gemm", [node.input[0], _const(b, w, p + "W", fmt, grid, source), *([b_wide] if b_wide else [])],
                       p + "y", transB=1)
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, n_out)], node.output[0])
 
@@ -346,7 +321,8 @@ class Conv(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
+                source: Encoding | None = None) -> None:
         (_, c, *spatial), (_, o, *out_spatial) = self.shapes(node, wshape, shapes, where)
         attrs = attrs_of(node)
         group = int(attrs.pop("group", 1))
@@ -356,7 +332,7 @@ class Conv(LayerKind):
         fmt = self.weight_format(node, wshape, dtype, True)
         if not shared and isinstance(w, np.ndarray) and not isinstance(bias, str) and c // group < SPLIT_BELOW:
             self._split(b, p, samples, x, (c, spatial, o, out_spatial), w, bias, group, attrs, fmt, grid,
-                        node.output[0])
+                        node.output[0], source)
             return
         if not shared:
             x = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
@@ -365,20 +341,20 @@ class Conv(LayerKind):
         # no ConvInteger in the integer form: onnxruntime 1.32's ConvInteger ran LeNet-5's grouped conv 4.6x slower
         # than the fp32 Conv (docs/speed.md); the builder folds the int8 weight to fp32 there
         b_flat = None if bias is None else _bias(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b")
-        y = b.add(self.op_type, [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid),
+        y = b.add(self.op_type, [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid, source),
                            *([b_flat] if b_flat else [])], p + "y", group=group, **attrs)
         _wide_out(b, p, y, [o, *out_spatial], node.output[0])
 
 
     def _split(self, b: Builder, p: str, samples: int, x: str, dims: tuple[int, list[int], int, list[int]],
                w: np.ndarray, bias: Operand | None, group: int, attrs: dict[str, Any], fmt: str, grid: Grid | None,
-               out: str) -> None:
+               out: str, source: Encoding | None = None) -> None:
         """[B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Split into S -> S Convs (W_s, b_s) -> Concat [B, S·O, *sp']."""
         c, spatial, o, out_spatial = dims
         xs = [f"{p}x{s}" for s in range(samples)]
         folded = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
         b.nodes.append(onnx.helper.make_node("Split", [folded, b.i64(p + "split", *[c] * samples)], xs, axis=1))
-        ys = [b.add(self.op_type, [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid),
+        ys = [b.add(self.op_type, [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid, source),
                              *([_bias(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
                     f"{p}y{s}", group=group, **attrs) for s in range(samples)]
         _wide_out(b, p, b.add("Concat", ys, p + "y", axis=1), [o, *out_spatial], out)
@@ -508,12 +484,13 @@ class ConvTranspose(Conv):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
+                source: Encoding | None = None) -> None:
         """As Conv, on the folded input; a ``shared`` input ([B, ...], the same for every sample) is folded first
         (the members side by side on the output axis would need the weight interleaved on its axis 1)."""
         if shared:
             node = _folded_input(b, node, p, samples, shapes)
-        super().batched(b, node, p, samples, wshape, w, bias, shapes, where, dtype, grid)
+        super().batched(b, node, p, samples, wshape, w, bias, shapes, where, dtype, grid, source=source)
 
 
 @register_layer
@@ -561,13 +538,15 @@ class BatchNormalization(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
+                source: Encoding | None = None) -> None:
         c, *spatial = self.out_dims(node, wshape, shapes, where)
         ones = (1,) * len(spatial)
         rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, c, *spatial)], p + "x")
         w = reshape(b, w, (samples, c, *ones), p + "w_shape", p + "W")
-        y = b.add("Mul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid)], p + "xw")
+        y = b.add("Mul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid, source)],
+                  p + "xw")
         if bias is not None:
             bias = reshape(b, bias, (samples, c, *ones), p + "b_shape", p + "b")
             y = b.add("Add", [y, _bias(b, bias, p + "b")], p + "y")
@@ -576,7 +555,7 @@ class BatchNormalization(LayerKind):
 
 @register_layer
 class DropoutMul(LayerKind):
-    """``Mul(x, mask)`` of an MC-dropout layer (:class:`edgebnn.ir.encodings.DropoutMask`, value ``*.dropout_mask``):
+    """``Mul(x, mask)`` of an MC-dropout layer (:mod:`edgebnn.families.dropout`, value ``*.dropout_mask``):
     a mask [*features] or [C, 1, ...] per sample on the activation.
 
     Over the sample axis (exact, elementwise)::
@@ -607,11 +586,13 @@ class DropoutMul(LayerKind):
 
     def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
                 w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False) -> None:
+                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
+                source: Encoding | None = None) -> None:
         dims = self.out_dims(node, wshape, shapes, where)
         rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, *dims)], p + "x")
-        y = b.add("Mul", [x, _const(b, w, p + "M", self.weight_format(node, wshape, dtype, True), grid)], p + "xm")
+        y = b.add("Mul", [x, _const(b, w, p + "M", self.weight_format(node, wshape, dtype, True), grid, source)],
+                  p + "xm")
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, *dims)], node.output[0])
 
 

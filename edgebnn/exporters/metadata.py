@@ -19,6 +19,7 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     noise           noise/shared: the noise variant
     noise_inputs    noise/shared: [{"name", "shape" ([-1 | S, dims...]), "per" (row | sample), "dist"}]
     quadrature, quadrature_seed   analytic: the logit quadrature
+    approximations  analytic: one line per family whose moments drop a dependence, with the bound it states
     float_bnn_bytes, ebnn_bytes   the fp32 BNN's bytes (μ and σ of every Bayesian weight in fp32) and the
                     ``.ebnn``'s, so the file alone gives its size ratios (:mod:`edgebnn.exporters.sizes`)
     precision, calibration        INT8 calibration (``calibrate``): "int8" and its settings
@@ -87,6 +88,7 @@ class ExportMetadata:
     task: str | None = None
     task_options: Mapping[str, Any] | None = None
     input_range: tuple[float, float] | None = None
+    approximations: tuple[str, ...] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -168,6 +170,8 @@ class ExportMetadata:
         raw["outputs"] = tuple(raw["outputs"])
         if raw.get("noise_inputs") is not None:
             raw["noise_inputs"] = tuple(raw["noise_inputs"])
+        if raw.get("approximations") is not None:
+            raw["approximations"] = tuple(raw["approximations"])
         if raw.get("input_range") is not None:
             raw["input_range"] = (float(raw["input_range"][0]), float(raw["input_range"][1]))
         return cls(**raw)
@@ -297,6 +301,7 @@ _CHECKS: dict[str, Any] = {
     "compact": _is_text,
     "task": _is_text,
     "task_options": lambda v: isinstance(v, dict),
+    "approximations": _is_text_list,
     "input_range": lambda v: isinstance(v, list) and len(v) == 2 and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v) and v[0] <= v[1],
 }
@@ -308,7 +313,7 @@ _DESCRIBE = {
     "quadrature_seed": "a non-negative integer", "integer_min_bytes": "a non-negative integer",
     "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
     "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
-    "input_range": "[min, max] of finite numbers",
+    "input_range": "[min, max] of finite numbers", "approximations": "a list of non-empty strings",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 

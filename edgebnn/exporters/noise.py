@@ -31,8 +31,9 @@ default) is exact everywhere and keeps noise small (with in-graph noise, Flipout
 ``weight`` where the layer kind shares weights across positions (Conv: kernels are small), ``local`` where it
 does not (Gemm: a row's outputs are fewer than the layer's weights). A dropout mask (MC dropout) is Bernoulli,
 not Gaussian: every variant draws it as ``weight`` does, from a uniform input per sample. So is a correlated
-Gaussian (``CORRELATED``: Kronecker-factored or dense Laplace): its moments are marginals only, so every variant
-draws the whole weight (``weight``, :mod:`.draws`).
+Gaussian (``CORRELATED``: Kronecker-factored or dense Laplace), whose moments are marginals only, and any encoding
+that is not Gaussian weight by weight but has its family's draw (a shared codebook, a plug-in family): every
+variant draws the whole weight (``weight``, :mod:`.draws`).
 
 ``flipout`` (Wen et al. 2018): a mean-field Gaussian weight viewed as a matrix [d0, J] (axis 0 by the rest; a
 Conv's im2col GEMM) draws ONE ε per call, shared by the S samples, and flips its sign per sample along the longer
@@ -56,10 +57,11 @@ kernels drawn at export from the seeded streams of ``baked``, stored as constant
 sampling with the least run-time noise: the host draws only the Gemm pre-activations' B·S rows, and the kernels
 cost what ``baked`` costs (on LeNet-5, S=16, batch 1: 3.4k numbers per call instead of 44.6k, docs/speed.md).
 
-``shared`` (stochastic weight sharing, 2DGBNN): a ``CodebookWeight`` layer takes K standard-normal numbers
-per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry, ``W_s = c[:, index]``; outliers
-draw independently (input ``noise/<weight>.outliers``) and blended weights pick their entry with a uniform
-input (``noise/<weight>.blend``), exactly as ``CodebookWeight.sample`` does. Other layers follow ``auto``.
+``shared`` (stochastic weight sharing, 2DGBNN): a codebook layer (:mod:`edgebnn.families.codebook`) takes K
+standard-normal numbers per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry,
+``W_s = c[:, index]``; outliers draw independently (input ``noise/<weight>.outliers``) and blended weights pick
+their entry with a uniform input (``noise/<weight>.blend``), exactly as the encoding's ``sample`` does. Other layers
+follow ``auto``.
 
 Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape with -1 for the B·S rows,
 ``per`` = ``row`` or ``sample``); :class:`edgebnn.runtime.Session` fills them, from :class:`NoisePool` by default
@@ -76,13 +78,13 @@ import onnx
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import NOISE_VARIANTS
-from edgebnn.exporters._graph import Builder, P, set_metadata
+from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
 from edgebnn.ir import BNNModel, EncodedWeight
-from edgebnn.ir.encodings import DropoutMask, Encoding
+from edgebnn.ir.encodings import Encoding
 
 ROWS = "batch_x_samples"
 # auto with in-graph noise: Flipout for weights of at least this many numbers; smaller ones draw independently per
@@ -109,8 +111,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
     if rng not in RNGS:
         raise InvalidOptionError(f"--rng {rng}: choose {' or '.join(RNGS)}")
     records: list[dict] = []
-    b = Builder()
-    b.store_choice, b.store_runtimes = weights, runtimes
+    b = Builder(fmt=ExportFormat(weights=weights, runtimes=runtimes))
 
     def noise_input(name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
         """Standard noise: a graph input the host fills, or (``rng="graph"``) a seeded random op, shaped
@@ -215,12 +216,13 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         if rng == "graph":  # numbers drawn in the graph cost ~11-17 ns each: Flipout where weights are shared
             flipout_auto(b, node, kind, w, shapes, wide)
             return
-        (local if kind.LOCAL_EXACT and not w.encoding.CORRELATED else weight)(b, node, kind, w, shapes, wide)
+        (local if kind.LOCAL_EXACT and w.encoding.GAUSSIAN and not w.encoding.CORRELATED else weight)(
+            b, node, kind, w, shapes, wide)
 
     def flipout_auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                      shapes: dict[str, list[int]], wide: bool) -> None:
         """``local`` where it is exact, Flipout where a mean-field Gaussian weight is shared across positions."""
-        if kind.LOCAL_EXACT and not w.encoding.CORRELATED:
+        if kind.LOCAL_EXACT and w.encoding.GAUSSIAN and not w.encoding.CORRELATED:
             local(b, node, kind, w, shapes, wide)
         else:
             (flipout if flips(w) and (variant == "flipout" or w.encoding.size >= FLIPOUT_MIN_WEIGHTS) else weight)(
@@ -263,9 +265,9 @@ def flips(w: EncodedWeight) -> bool:
 
 
 def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str) -> None:
-    """``local``/``auto`` propagate Gaussian moments exactly only for Gaussian weights and draw dropout masks
-    (uniform inputs per sample); ``weight`` and ``shared`` also draw encodings with their own in-graph draw
-    (codebooks); ``shared`` needs one."""
+    """Every weight must be Gaussian weight by weight (``GAUSSIAN``: ``local`` propagates its moments) or have its
+    family's in-graph draw (drawn whole per sample in every variant: a dropout mask, a codebook, SWAG, Laplace, a
+    plug-in family); ``shared`` needs a codebook-style draw."""
     kinds = {w.encoding.op_type for w in weights}
     discrete = {w.encoding.op_type for w in weights if not w.encoding.GAUSSIAN and draw_emitter(w.encoding)}
     if variant == "shared" and not discrete:
@@ -275,15 +277,10 @@ def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str)
             f"{', '.join(sorted(kinds))}: use --mode baked or noise"
         )
     for w in weights:
-        drawn = (variant in ("shared", "weight") or isinstance(w.encoding, DropoutMask) or w.encoding.CORRELATED) \
-            and draw_emitter(w.encoding) is not None
-        if not (w.encoding.GAUSSIAN or drawn):
+        if not (w.encoding.GAUSSIAN or draw_emitter(w.encoding) is not None):
             raise InvalidOptionError(
-                f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --mode noise cannot draw "
-                f"(it draws Gaussian weights{', codebooks' if variant == 'weight' else ''} and dropout masks): "
-                "use --mode baked"
-                + (" or shared" if draw_emitter(w.encoding) is not None else "")
-            )
+                f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --mode noise cannot draw (its "
+                "family has no in-graph draw): use --mode baked, or analytic")
 
 
 def fill_noise(noise_inputs: list[dict], batch: int, samples: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

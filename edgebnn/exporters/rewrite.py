@@ -26,7 +26,7 @@ from edgebnn.exporters.layers import (
 )
 from edgebnn.exporters.recurrent import MOVES_BATCH, batch_axes, fold_on_axis
 from edgebnn.exporters.stores import decode
-from edgebnn.exporters.stores.members import member_codes
+from edgebnn.exporters.stores.constants import constant
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import draw_weight
 from edgebnn.tasks import sampled_head
@@ -89,11 +89,9 @@ def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32"
                 shapes: dict[str, list[int]], shared: bool) -> None:
         shape = w.encoding.shape
         bias = bias_samples(b, node, kind.out_dim(node, shape))
-        if weights == "fp32":  # members on a grid: the store's codes where it has them (a lowered deep ensemble)
-            member_codes(b, w.encoding)
+        # members on a grid: the store's codes where it writes them (a lowered deep ensemble), fp32 members only
         kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias, shapes, f"layer {w.layer!r}", weights,
-                     w.encoding.sample_grid(), shared)
-        b.draw_codes = None
+                     w.encoding.sample_grid(), shared, source=w.encoding if weights == "fp32" else None)
 
     return rewrite
 
@@ -229,10 +227,10 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
     user = next((n for n in nodes if len(n.input) > 1 and n.input[1] == w.name), None)
     kind = layer_kind(user) if user is not None else None
     if user is None or kind is None:
-        if b.store_choice != "fp32":
+        if b.fmt.weights != "fp32":
             decode(b, w.encoding, "mean", w.name)
         else:
-            b.f32(w.name, w.encoding.mean())
+            constant(b, w.name, w.encoding.mean())
         return
     fmt = kind.weight_format(user, w.encoding.shape, weights, False)
     if kind.has_integer_plain and integer_kernel(b, w.encoding.mean(), fmt):
@@ -243,10 +241,10 @@ def _hoisted_weight(b: Builder, nodes: list[onnx.NodeProto], w: EncodedWeight, w
         nodes[at:at + 1] = b.nodes[first:]
         del b.nodes[first:]
         return
-    if fmt == "fp32" and b.store_choice != "fp32":  # the IR's codes, decoded in the graph (exporters.stores)
+    if fmt == "fp32" and b.fmt.weights != "fp32":  # the IR's codes, decoded in the graph (exporters.stores)
         decode(b, w.encoding, "mean", w.name)
         return
-    b.weight(w.name, w.encoding.mean(), fmt, w.encoding.mean_grid())
+    constant(b, w.name, w.encoding.mean(), fmt, w.encoding.mean_grid())
 
 
 ELEMENTWISE = frozenset({"Relu", "Sigmoid", "Tanh", "LeakyRelu", "Elu", "Selu", "HardSigmoid", "Softplus"})

@@ -36,6 +36,7 @@ from edgebnn.errors import (
 from edgebnn.importers._shapes import fold_shape_computations, static_feature_shapes
 from edgebnn.importers.base import LayerAdapter, LayerPosterior
 from edgebnn.importers.mc_dropout import (
+    between_masks,
     deterministic_posteriors,
     dropout_modules,
     mask_encodings,
@@ -53,7 +54,7 @@ from edgebnn.ir import (
     make_encoding_node,
     verify,
 )
-from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask, Encoding
+from edgebnn.ir.encodings import MASK_SUFFIX, Encoding
 from edgebnn.tasks import CLASSIFICATION, REGRESSION, REGRESSION_HEADS, SEGMENTATION, TASK_ALIASES, TASKS, Task
 
 OPSET = 18
@@ -75,12 +76,10 @@ class PlainLayers:
 
 
 def _adapters() -> list[LayerAdapter]:
-    from edgebnn.importers import bayesian_torch, blitz, edgebnn_layers, recipes, torchbnn
+    """Every registered family's torch adapters (the built-in libraries', then plug-ins'), first match wins."""
+    from edgebnn.plugins import adapters
 
-    return [
-        edgebnn_layers.ADAPTER, recipes.VNQ_ADAPTER, recipes.BC_ADAPTER, recipes.EBP_ADAPTER, recipes.TIED_ADAPTER,
-        bayesian_torch.ADAPTER, torchbnn.ADAPTER, blitz.ADAPTER,
-    ]
+    return adapters()
 
 
 def _torch() -> Any:
@@ -112,10 +111,11 @@ def find_bayesian_layers(model: Any) -> tuple[dict[str, LayerPosterior], set[str
         own = [n for n, _ in module.named_parameters(recurse=False)]
         suspicious = [n for n in own if _BAYESIAN_PARAM.search(n)]
         if suspicious:
+            known = sorted({a.library for a in adapters})
             raise UnsupportedLayerError(
                 f"layer {path or '<root>'!r} ({type(module).__module__}.{type(module).__name__}) has "
-                f"Bayesian-looking parameters {suspicious} but no importer knows it "
-                "(supported: edgebnn, bayesian-torch, torchbnn, blitz)"
+                f"Bayesian-looking parameters {suspicious} but no importer knows it (importers: {', '.join(known)}); "
+                "a plug-in adds one (docs/extending.md): install it, or load its module with --plugin MODULE"
             )
     return found, libraries
 
@@ -207,7 +207,7 @@ def import_model(
         output_index: which element to use when ``forward`` returns a tuple such as ``(logits, kl)``.
         where: how errors name the model (e.g. the factory string).
         mc_dropout: keep the model's ``nn.Dropout``/``Dropout1d/2d/3d`` on at prediction (MC dropout): each
-            becomes a :class:`~edgebnn.ir.encodings.DropoutMask` on its input, and its plain Linear/Conv weights
+            becomes a dropout mask on its input (:mod:`edgebnn.families.dropout`), and its plain Linear/Conv weights
             ``GaussianWeight`` with σ = 0 (:mod:`.mc_dropout`).
         layers: a plain torch model's layers with their weights given as encodings (deep ensembles, SWAG:
             :class:`PlainLayers`) instead of Bayesian layers found by the adapters.
@@ -219,7 +219,7 @@ def import_model(
             ``mean_logvar`` for a tuple or an even width without ``noise_var``, else ``mean``.
 
     Returns:
-        The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one ``DropoutMask`` per dropout
+        The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one dropout mask per dropout
         layer with ``mc_dropout``.
     """
     torch = _torch()
@@ -239,9 +239,10 @@ def import_model(
     if mc_dropout:  # the plain layers' weights as σ = 0 Gaussians: lowering schemes encode them too
         posteriors = deterministic_posteriors(model, posteriors)
     if not posteriors and not mc_dropout:
+        known = ", ".join(sorted({a.library for a in _adapters()}))
         raise UnsupportedLayerError(
-            f"{where}: no Bayesian layers found (supported: edgebnn, bayesian-torch, torchbnn, blitz; "
-            "--mc-dropout for a model with dropout)"
+            f"{where}: no Bayesian layers found (importers: {known}; --mc-dropout for a model with dropout; "
+            "--plugin MODULE loads a plug-in's importer)"
         )
 
     returns_tuple: dict[str, bool] = {}
@@ -296,7 +297,7 @@ def import_model(
         libraries.add("torch-mc-dropout")
     for path, between in rnn_shapes.items():  # one module per layer, a mask between layers
         _set_submodule(mean_model, path, split_rnn(rnns[path], between, mask_layer))
-        masks.update({drop: DropoutMask(between, float(rnns[path].dropout)) for drop in mask_paths(path, rnns[path])})
+        masks.update(between_masks(mask_paths(path, rnns[path]), between, float(rnns[path].dropout)))
         libraries.add("torch-mc-dropout")
 
     from torch import nn
@@ -472,7 +473,7 @@ def _strip_prefix(graph: onnx.GraphProto, prefix: str) -> None:
 
 
 def _attach_posteriors(
-    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, DropoutMask], prefix: str,
+    proto: onnx.ModelProto, posteriors: dict[str, LayerPosterior], masks: dict[str, Encoding], prefix: str,
     manifest: Manifest, where: str, encodings: Mapping[str, Encoding],
 ) -> BNNModel:
     graph = proto.graph
@@ -490,8 +491,11 @@ def _attach_posteriors(
     new_nodes = []
     encoded: dict[str, tuple[str, Any]] = {}
     for path, post in posteriors.items():
+        given = dict(encodings)  # a family's own encodings of this layer (its adapter's, or a plain model's)
+        given.update({f"{path}.{role}": enc for role, enc in (("weight", post.weight_encoding),
+                                                               ("bias", post.bias_encoding)) if enc is not None})
         pairs = [("weight", post.weight_mu, post.weight_sigma)]
-        if post.bias_mu is not None and (post.bias_sigma is not None or f"{path}.bias" in encodings):
+        if post.bias_mu is not None and (post.bias_sigma is not None or f"{path}.bias" in given):
             sigma_b = post.bias_sigma if post.bias_sigma is not None else np.zeros_like(post.bias_mu)
             pairs.append(("bias", post.bias_mu, sigma_b))
         for role, mu, sigma in pairs:
@@ -508,7 +512,11 @@ def _attach_posteriors(
                     "(the exporter transformed it)"
                 )
             graph.initializer.remove(inits[name])
-            encoded[name] = (path, encodings[name] if name in encodings else GaussianWeight(mu, sigma))
+            enc = given[name] if name in given else GaussianWeight(mu, sigma)
+            if tuple(enc.shape) != tuple(mu.shape):
+                raise UnsupportedLayerError(f"{where}: layer {path!r}: its {role} encoding {enc.op_type} has shape "
+                                            f"{list(enc.shape)}, the layer's {role} {list(mu.shape)}")
+            encoded[name] = (path, enc)
             new_nodes.append(make_encoding_node(graph, name, path, encoded[name][1]))
     for path, mask in masks.items():
         name = path + MASK_SUFFIX

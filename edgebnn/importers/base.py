@@ -6,7 +6,8 @@ deviations as float32 numpy arrays in torch's layout, plus the convolution geome
 statistics. The helpers below (:func:`loaded`, :func:`describe`, :func:`conv_posterior`) are shared by
 the adapters. The generic machinery in
 ``edgebnn.importers._torch`` swaps each layer for a deterministic twin holding the means, exports the
-skeleton to ONNX and attaches the posteriors as ``GaussianWeight`` nodes.
+skeleton to ONNX and attaches the posteriors as encoding nodes (mean-field Gaussians, or the encodings an adapter
+gives: a plug-in family's).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 import numpy as np
 
 from edgebnn.errors import InvalidWeightsError, UnsupportedLayerError
+from edgebnn.ir.encodings import Encoding
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +41,11 @@ class LayerPosterior:
     ``[in, out/groups, *kernel]``, BatchNorm ``[channels]`` (the affine scale; ``bias`` is the shift, and
     ``running_mean``/``running_var``/``eps`` normalise as in eval mode). Conv geometry tuples have one
     entry per spatial axis; empty ones are filled with torch's defaults.
+
+    A layer whose posterior is not mean-field Gaussian (a plug-in family's) gives its weight's (and bias's)
+    encoding as ``weight_encoding`` / ``bias_encoding``: the IR stores those (of the same shapes), and ``weight_mu`` /
+    ``bias_mu`` are their means (the posterior-mean network the skeleton is exported from); ``weight_sigma`` /
+    ``bias_sigma`` their marginal ``stddev()`` (checked for shape; give ``bias_sigma`` for a bias encoding).
     """
 
     path: str
@@ -55,6 +62,8 @@ class LayerPosterior:
     running_mean: np.ndarray | None = None
     running_var: np.ndarray | None = None
     eps: float = 1e-5
+    weight_encoding: Encoding | None = None
+    bias_encoding: Encoding | None = None
 
     @property
     def rank(self) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.importers.base import LayerPosterior, conv_geometry, describe, to_numpy
-from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask
+from edgebnn.ir.encodings import MASK_SUFFIX, DropoutMask, Encoding
 
 _CHANNEL_RANK = {"Dropout1d": 3, "Dropout2d": 4, "Dropout3d": 5}  # input rank with the batch
 _DROPOUT_FUNCS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "feature_dropout", "alpha_dropout",
@@ -130,6 +130,11 @@ def mask_layer(shape: tuple[int, ...]) -> Any:
     return _Mask()
 
 
-def mask_encodings(dropouts: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, DropoutMask]:
-    """``{path: DropoutMask}`` for every dropout module the forward pass reached."""
+def mask_encodings(dropouts: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> dict[str, Encoding]:
+    """``{path: its dropout mask}`` for every dropout module the forward pass reached."""
     return {path: DropoutMask(shapes[path], float(m.p)) for path, m in dropouts.items() if path in shapes}
+
+
+def between_masks(paths: list[str], shape: tuple[int, ...], p: float) -> dict[str, Encoding]:
+    """``{path: its dropout mask}`` for the dropout a multi-layer recurrent module applies between its layers."""
+    return {path: DropoutMask(shape, p) for path in paths}

@@ -20,7 +20,7 @@ application of dropout in RNNs" is the variant torch does not implement; torch's
 outputs of every layer but the last, elementwise on ``[B, T, D·H]``, when the module is in training mode. The
 importer splits such a module into one single-layer module per layer (:func:`split_rnn`, same weights) with
 an MC-dropout mask between consecutive layers (``<path>.drop<k>``, shape ``[T, D·H]`` on the batch-major
-sequence), which the exporters sample as any ``DropoutMask``.
+sequence), which the exporters sample as any dropout mask.
 """
 
 from __future__ import annotations

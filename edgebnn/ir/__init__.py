@@ -16,6 +16,7 @@ from edgebnn.ir._model import (
     EncodedWeight,
     Manifest,
     attrs_of,
+    encoding_class,
     make_encoding_node,
     tensor_to_array,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "Manifest",
     "attrs_of",
     "check_text",
+    "encoding_class",
     "from_bytes",
     "gaussian_mlp",
     "load",

@@ -8,6 +8,7 @@ carries the weight's name. The IR core imports neither torch nor tensorrt.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import sys
@@ -205,9 +206,12 @@ class BNNModel:
                 "text"
             ) from e
         where = f"{self.where}: layer {layer or name!r} ({_text(node.op_type)})"
-        cls = ENCODINGS.get(node.op_type)
+        cls = encoding_class(node.op_type)
         if cls is None:
-            raise InvalidArtifactError(f"{where}: unknown encoding {node.op_type!r} (known: {sorted(ENCODINGS)})")
+            raise InvalidArtifactError(
+                f"{where}: unknown encoding {node.op_type!r}: no loaded plug-in registers it (install the plug-in "
+                f"whose family wrote it, or load its module with --plugin MODULE; known: "
+                f"{', '.join(sorted(ENCODINGS))})")
         if len(node.output) != 1:
             raise InvalidArtifactError(f"{where}: encoding node must have exactly one output")
         shape = attrs.pop("shape", None)
@@ -352,3 +356,13 @@ def _stored_bytes(t: onnx.TensorProto) -> int:
         return len(t.raw_data)
     dt = helper.tensor_dtype_to_np_dtype(t.data_type)
     return int(np.prod(t.dims, dtype=np.int64)) * np.dtype(dt).itemsize
+
+
+def encoding_class(op_type: str) -> type[Encoding] | None:
+    """The encoding class registered for ``op_type``; on a miss, the plug-ins are loaded (their families register
+    encodings) and it is looked up again. Imported by name: :mod:`edgebnn.plugins` sits above the IR."""
+    cls = ENCODINGS.get(op_type)
+    if cls is None:
+        importlib.import_module("edgebnn.plugins").load()
+        cls = ENCODINGS.get(op_type)
+    return cls

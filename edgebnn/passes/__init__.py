@@ -10,7 +10,6 @@ and writes the lowering report (docs/design.md).
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +17,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.ir import DOMAIN, BNNModel, serialized_size
-from edgebnn.passes import families as families  # registers the family lowerings (deep ensembles, SWAG)
+from edgebnn.ir import DOMAIN, BNNModel, attrs_of, encoding_class, serialized_size
 from edgebnn.passes.base import LayerPass, Pass, PassConfig, PassError, PassResult
 from edgebnn.passes.binary import BinaryConfig
 from edgebnn.passes.codebook import CodebookConfig
@@ -76,16 +74,16 @@ def float_bnn_bytes(model: BNNModel) -> int:
     lowering. Non-float initializers (shape
     constants) count their stored bytes.
     """
-    nodes = [n for n in model.proto.graph.node if n.domain == DOMAIN]  # sizes from 'shape', nothing decoded
-    # μ and σ per weight; a deep ensemble's M fp32 members (its 'members' attribute); SWAG's K deviations too
+    nodes = [n for n in model.proto.graph.node if n.domain == DOMAIN]  # sizes from attributes, nothing decoded
     dims = {t.name: list(t.dims) for t in model.proto.graph.initializer}
-    total = sum(next((4 * a.i for a in n.attribute if a.name == "members"), 8)
-                * math.prod(next(a.ints for a in n.attribute if a.name == "shape")) for n in nodes)
-    total += sum(4 * math.prod(dims.get(n.input[2], [])) for n in nodes if n.op_type == "LowRankGaussianWeight")
-    total += sum(4 * next(a.i for a in n.attribute if a.name == "rank")  # lowered SWAG: K from its attribute
-                 * math.prod(next(a.ints for a in n.attribute if a.name == "shape"))
-                 for n in nodes if n.op_type == "LowRankFixedWeight")
-    if any(n.op_type == "DropoutMask" for n in nodes):  # MC dropout: the fp32 network it came from
+    total, plain = 0, False
+    for n in nodes:  # each encoding's own count (its class: μ and σ; a deep ensemble's M members; SWAG's K rows)
+        cls = encoding_class(n.op_type)
+        assert cls is not None  # the model was verified
+        attrs = attrs_of(n)
+        total += cls.fp32_bytes(attrs, {f: dims.get(i, []) for f, i in zip(cls.FIELDS, n.input, strict=False)})
+        plain = plain or cls.PLAIN_REFERENCE
+    if plain:  # MC dropout: the fp32 network it came from
         total -= _mc_dropout_excess(model)
     encoding_inputs = {i for n in nodes for i in n.input}
     for t in model.proto.graph.initializer:
@@ -102,14 +100,11 @@ def float_bnn_bytes(model: BNNModel) -> int:
 
 
 def _mc_dropout_excess(model: BNNModel) -> int:
-    """What the μ-and-σ count above overstates for an MC-dropout IR, whose reference is the plain fp32 network: the
-    masks (drawn, never stored) and the σ of its plain weights (imported as σ = 0 Gaussians; lowering keeps σ = 0),
-    decoded one layer at a time."""
+    """What the μ-and-σ count above overstates for an IR whose reference is the plain fp32 network (MC dropout):
+    the σ of its plain weights (imported as σ = 0 Gaussians; lowering keeps σ = 0), decoded one layer at a time."""
     excess = 0
     for w in model.iter_encoded_weights():
-        if w.encoding.op_type == "DropoutMask":
-            excess += 8 * w.encoding.size
-        elif not np.any(w.encoding.stddev()):
+        if not w.encoding.PLAIN_REFERENCE and not np.any(w.encoding.stddev()):
             excess += 4 * w.encoding.size
     return excess
 

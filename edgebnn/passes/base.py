@@ -41,9 +41,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
-from edgebnn.ir import BNNModel, EncodedWeight, Encoding, GaussianWeight, verify
+from edgebnn.ir import BNNModel, EncodedWeight, Encoding, GaussianWeight, encoding_class, verify
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.ir.encodings.sigmacode import MAX_SIGMA_BITS
+from edgebnn.plugins import family_of
 
 # The variance rule's f, one default for every scheme (fixed, codebook and mcq, and the ``fixed`` fallback that
 # ternary and binary use for biases). At 0.25 the quantisation error moved the predictive measurably: fixed's and
@@ -262,20 +263,24 @@ class LayerPass(Pass):
             if self.weights is not None and name not in self.weights:
                 continue
             weight = model.encoded_weight(name)  # one layer decoded at a time
-            family = FAMILY_LOWERINGS.get(weight.encoding.op_type)
+            family = family_lowerings(weight.encoding.op_type)
             if family is not None:  # a posterior family's own encoding (deep ensemble, SWAG): its lowering or none
-                if self.name not in family:
+                lowering = family.get(self.name, keep if self.name == "float" else None)
+                if lowering is None:
                     raise InvalidOptionError(
                         f"layer {weight.layer!r} is a {weight.encoding.op_type}, which {self.name} cannot lower; "
-                        f"use --scheme {' or '.join(sorted(family))}")
-                lowered = family[self.name](self, weight, np.random.default_rng([seed, i]))
+                        f"use --scheme {' or '.join(sorted({*family, 'float'}))}")
+                lowered = lowering(self, weight, np.random.default_rng([seed, i]))
                 if lowered.encoding is not weight.encoding:
                     model.replace_encoding(weight, lowered.encoding)
                     modified = True
                 rows.append(layer_row(weight, lowered.encoding, note=lowered.note, extra=lowered.extra))
                 continue
             if not isinstance(weight.encoding, GaussianWeight):
-                reason = f"already a {weight.encoding.op_type}; {self.name} lowers GaussianWeight posteriors only"
+                family = family_of(weight.encoding.op_type)
+                reason = (f"kept as {weight.encoding.op_type}: {self.name} lowers mean-field Gaussian posteriors, and "
+                          f"the {family.name if family else 'unregistered'} family declares no {self.name} lowering "
+                          "for it")
                 rows.append(layer_row(weight, weight.encoding, skipped=reason))
                 continue
             try:
@@ -289,18 +294,32 @@ class LayerPass(Pass):
         return rows, modified
 
 
-# op type of a posterior family's encoding -> {pass name: its lowering}: a LayerPass hands such a weight to the
-# lowering registered for it, and refuses (one line) a scheme with none (edgebnn.passes.families)
+# a posterior family's lowering of one of its encodings (edgebnn.families: Family.lowerings)
 FamilyLowering = Callable[[LayerPass, EncodedWeight, np.random.Generator], LayerOutcome]
-FAMILY_LOWERINGS: dict[str, dict[str, FamilyLowering]] = {}
 
 
-def register_family_lowering(op_type: str, pass_name: str) -> Callable[[FamilyLowering], FamilyLowering]:
-    """Decorator: the ``pass_name`` scheme lowers ``op_type`` weights with the decorated function."""
-    def register(fn: FamilyLowering) -> FamilyLowering:
-        FAMILY_LOWERINGS.setdefault(op_type, {})[pass_name] = fn
-        return fn
-    return register
+def family_lowerings(op_type: str) -> Mapping[str, FamilyLowering] | None:
+    """{scheme: lowering} the family of ``op_type`` declares for it (``float``, which keeps every weight, is
+    implied), or None: no lowering of its own (a Gaussian, lowered by the schemes' passes; a lowered encoding that
+    a scheme then skips, saying why). A LayerPass hands such a weight to its lowering and refuses (one line) a
+    scheme with none."""
+    family = family_of(op_type)
+    return None if family is None else family.lowerings.get(op_type)
+
+
+def lowers(op_type: str, scheme: str) -> bool:
+    """Whether the pass ``scheme`` encodes a weight of ``op_type`` (its family's lowering, or a mean-field Gaussian,
+    which every scheme's pass lowers) rather than refusing or skipping it."""
+    table = family_lowerings(op_type)
+    if table is not None:
+        return scheme in table
+    cls = encoding_class(op_type)
+    return cls is not None and issubclass(cls, GaussianWeight)
+
+
+def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+    """``float``: a family's weight as it is."""
+    return LayerOutcome(weight.encoding)
 
 
 def posterior(weight: EncodedWeight) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ error of both roundings).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import BNNModel, EncodedWeight
-from edgebnn.ir.encodings import FixedPointWeight, SigmaCode
+from edgebnn.ir.encodings import Encoding, FixedPointWeight, SigmaCode
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.passes.base import (
     DEFAULT_NOISE_FRACTION,
@@ -251,3 +251,76 @@ class FixedPass(LayerPass):
             bits=c.bits, noise_fraction=c.noise_fraction, sigma_bits=c.sigma_bits, clip=c.clip,
             gram=gram,
         )
+
+
+# -- ``fixed`` on the posterior families' means (their lowerings, :mod:`edgebnn.families`) -------------------------
+
+# the σ code of a family's lowering takes at least this many bits (SWAG's diagonal σ), whatever ``sigma_bits`` asks
+FAMILY_SIGMA_BITS = 4
+# the whitened rule's budget is this fraction of ``fixed``'s: at f = 0.1 alone a last-layer Kronecker mean took 3 bits
+# and cost dNLL +0.023 on digits; at f/100 it takes 6 and costs below 0.001 (bench/family_stores.py)
+WHITENED_FRACTION = 0.01
+
+
+def fixed_mean(pass_: LayerPass, enc: Encoding, rng: np.random.Generator) -> tuple[FixedPointWeight, LayerOutcome]:
+    """``fixed``'s grid for ``enc``'s mean by the variance rule on its marginal σ (the σ code it fits is one level,
+    unused), and the outcome whose note and report keys a family's lowering keeps::
+
+        mean_i e_i²  <=  f · mean_i σ_i²        (e = μ − Δq, f = ``noise_fraction``)
+    """
+    assert isinstance(pass_.config, FixedConfig)
+    c = pass_.config
+    out = lower_fixed(enc.mean().reshape(-1), enc.stddev().reshape(-1), enc.shape, rng, bits=c.bits,
+                      noise_fraction=c.noise_fraction, sigma_bits=0, clip=c.clip)
+    assert isinstance(out.encoding, FixedPointWeight)
+    return out.encoding, out
+
+
+def whitened_mean(pass_: LayerPass, enc: Encoding, whiten: Callable[[np.ndarray], np.ndarray],
+                  rng: np.random.Generator) -> tuple[np.ndarray, float, int, LayerOutcome]:
+    """The mean's grid by the whitened rule: the smallest width whose least-error step (:func:`best_step`) keeps
+    the rounding error e = μ − Δq within the posterior's noise measured direction by direction::
+
+        mean_j (L⁻¹ e)_j²  <=  f · WHITENED_FRACTION        (Σ = L Lᵀ the covariance; ``whiten(e)`` is L⁻¹ e)
+
+    A marginal σ that is mostly prior (a Laplace layer's, in every direction the data leaves alone) would let the
+    mean drop to 2 bits; directions the data pins down have a small variance, and the whitened rule sees them.
+    Returns ``(q, step, bits, outcome)`` (the outcome carries the note and report keys)."""
+    assert isinstance(pass_.config, FixedConfig)
+    c = pass_.config
+    mu = enc.mean()
+    flat = mu.reshape(-1)
+    top = float(np.max(np.abs(flat))) if flat.size else 0.0
+    sample = (flat if flat.size <= _FIT_SAMPLE else rng.choice(flat, _FIT_SAMPLE, replace=False)).astype(np.float64)
+    note, rule_bits, error = None, None, 0.0
+    widths = [c.bits] if c.bits is not None else list(range(2, MAX_BITS + 1))
+    step = 1.0
+    for width in widths:
+        step = best_step(sample, top, width, c.clip)[0] if top > 0 else 1.0
+        limit = (1 << (width - 1)) - 1
+        q = np.clip(np.rint(mu / np.float32(step)), -limit, limit).astype(np.int16)
+        white = whiten(mu.astype(np.float64) - q * np.float64(np.float32(step)))
+        error = float(np.mean(np.square(white))) if white.size else 0.0
+        if c.bits is None and error <= c.noise_fraction * WHITENED_FRACTION:
+            rule_bits = width
+            break
+    else:
+        if c.bits is None:
+            note = (f"no grid of <= {MAX_BITS} bits keeps the whitened error within "
+                    f"{c.noise_fraction * WHITENED_FRACTION:g}; using {MAX_BITS}")
+    extra = {"scale": float(np.float32(step)), "variance_bits": rule_bits, "hw_dtype": hw_dtype(width),
+             "whitened_error": error}
+    return q, step, width, LayerOutcome(enc, note, extra)
+
+
+def family_sigma_bits(pass_: LayerPass) -> int:
+    """The bits of a family lowering's σ code: ``sigma_bits``, at least :data:`FAMILY_SIGMA_BITS`."""
+    assert isinstance(pass_.config, FixedConfig)
+    return max(pass_.config.sigma_bits, FAMILY_SIGMA_BITS)
+
+
+def kept(note: str | None = None) -> Callable[[LayerPass, EncodedWeight, np.random.Generator], LayerOutcome]:
+    """A family lowering that keeps the weight as it is (with ``note``, e.g. "already fixed point: kept")."""
+    def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+        return LayerOutcome(weight.encoding, note)
+    return keep

@@ -229,15 +229,15 @@ def family_space(space: SearchSpace, model: BNNModel, default_weights: Sequence[
         InvalidOptionError: An axis given explicitly (not its default) whose choices cannot be exact for the
             family: one line naming the option and what the family takes.
     """
-    from edgebnn.exporters.families import ensemble_members, family_of
+    from edgebnn.exporters.families import ensemble_members, family_of_model
     from edgebnn.ir import DOMAIN
-    from edgebnn.passes.base import FAMILY_LOWERINGS
+    from edgebnn.passes.base import family_lowerings
 
-    kinds = {n.op_type for n in model.proto.graph.node if n.domain == DOMAIN and n.op_type in FAMILY_LOWERINGS}
-    if not kinds:
+    tables = [t for n in model.proto.graph.node if n.domain == DOMAIN and (t := family_lowerings(n.op_type))]
+    if not tables:
         return space
-    family = family_of(model) or "Laplace posterior"  # Kronecker / dense factors: the other registered families
-    registered = set.intersection(*(set(FAMILY_LOWERINGS[k]) for k in kinds))
+    family = family_of_model(model) or "posterior family"
+    registered = set.intersection(*({*t, "float"} for t in tables))
 
     def takes(scheme: str) -> bool:
         return all(name in registered for name in parse_scheme(scheme))
@@ -259,7 +259,7 @@ def family_space(space: SearchSpace, model: BNNModel, default_weights: Sequence[
     if family in NO_SIGMA_CODE and sigma_bits != DEFAULT_SIGMA_BITS:
         raise InvalidOptionError(f"--sigma-bits: a {family}'s lowering codes no σ with them; drop --sigma-bits")
     if family not in NO_SIGMA_CODE:  # SWAG: its σ code takes at least FAMILY_SIGMA_BITS, whatever is asked
-        from edgebnn.passes.families import FAMILY_SIGMA_BITS
+        from edgebnn.passes.fixed import FAMILY_SIGMA_BITS
 
         sigma_bits = tuple(sorted({max(b, FAMILY_SIGMA_BITS) for b in sigma_bits}))
     def exact(mode: str) -> bool:  # exact at every S, and some scheme's encodings export in it

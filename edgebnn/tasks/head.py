@@ -28,7 +28,9 @@ VAR_FLOOR = 1e-12  # keeps √v finite where a logit has no variance
 class GraphBuilder(Protocol):
     """What a head needs of :class:`edgebnn.exporters._graph.Builder`."""
 
-    store_choice: str  # how the moments are stored: "fp32", or a compact store (its quadrature built in the graph)
+    @property
+    def store_choice(self) -> str:
+        """How the moments are stored: "fp32", or a compact store (its quadrature built in the graph)."""
     outputs: list[onnx.ValueInfoProto] | None  # the graph outputs, set once the head is added
 
     def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str: ...

@@ -246,7 +246,7 @@ def test_kron_on_all_weights_of_a_cnn(digits_torch):
     x = digits_torch[2][:20]
     probs = Session(export_onnx(ir, 8, mode="noise")).predict(x).probs
     assert probs.shape == (20, 10) and np.allclose(probs.sum(1), 1, atol=1e-5)
-    with pytest.raises(InvalidOptionError, match=r"layer '0' is KronGaussianWeight \(a correlated posterior\): "
+    with pytest.raises(InvalidOptionError, match=r"layer '0' is KronGaussianWeight \(Laplace posterior\): "
                                                  r"--mode analytic is exact for it only as the last layer"):
         export_onnx(ir, 8, mode="analytic")
 

@@ -41,7 +41,7 @@ def test_a_lowered_ir_larger_than_the_fp32_bnn_is_not_told_to_lower_first(tmp_pa
     assert r.exit_code == 0, r.output
     text = flat(r.output)
     assert "larger than the fp32 BNN" in text
-    assert "lower the IR first" not in text and "the IR is already lowered (fixed)" in text
+    assert "lower the IR first" not in text and "the IR is lowered already (fixed)" in text
     float_ir = ir.save(synthetic_linear(), tmp_path / "float.ebnn")
     text = flat(run("export", float_ir, "--samples", 4, "-o", tmp_path / "f.onnx").output)
     assert "lower the IR first (edgebnn lower --scheme fixed)" in text

@@ -6,10 +6,12 @@ Rank-1 multiplicative Gaussian (Dusenberry et al. 2020) on a dense weight [out, 
 
     E[W] = M,   Var[W] = M² ⊙ ((1 + σ_r²)(1 + σ_s²)ᵀ − 1)   (r and s independent)
 
-The encoding (stored fields, validation, draws, moments) is registered with ``register_encoding``, its in-graph
-draw with ``register_draw``; every export mode then takes it: ``baked`` draws members with the encoding's
-``sample`` (the reference runtime's streams), ``noise --noise weight`` draws it in the graph from host noise,
-``analytic`` reads its moments (``noise --noise local``, exact only for Gaussian weights, refuses it).
+The family (its encoding: stored fields, validation, draws, moments; its in-graph draw; what analytic mode does with
+it) is registered once with the public ``edgebnn.families.register_family``; every export mode then takes it:
+``baked`` draws members with the encoding's ``sample`` (the reference runtime's streams), ``noise`` draws it in the
+graph from host noise (every variant draws it whole: it is not Gaussian weight by weight), ``analytic`` reads its
+moments, which drop the correlation of a row's and a column's weights: the family states that approximation and its
+measured bound, and the export records it. Only public names are imported (the plug-in interface).
 """
 
 from __future__ import annotations
@@ -22,20 +24,26 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.draws import register_draw
+from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.metadata import read_metadata
+from edgebnn.families import (
+    Analytic,
+    Encoding,
+    Family,
+    GraphBuilder,
+    NoiseNeed,
+    check_finite,
+    check_shape,
+    register_family,
+)
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, from_bytes, make_encoding_node, to_bytes
-from edgebnn.ir.encodings import Encoding, NoiseNeed, register_encoding
-from edgebnn.ir.encodings.base import check_finite, check_shape
 from edgebnn.runtime import Session
 from edgebnn.runtime.reference import predict
 
 ROUNDOFF = 1e-5  # the same float32 products in another order
 
 
-@register_encoding
 class Rank1GaussianWeight(Encoding):
     """W = M ⊙ (r sᵀ) with r ~ N(1, σ_r²) per output row and s ~ N(1, σ_s²) per input column (module docstring)."""
 
@@ -86,8 +94,7 @@ class Rank1GaussianWeight(Encoding):
         return NoiseNeed(".r", (self.shape[0],)), NoiseNeed(".s", (self.shape[1],))
 
 
-@register_draw(Rank1GaussianWeight.op_type)
-def rank1_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
+def rank1_draw(b: GraphBuilder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:
     """W_s = M ⊙ (1 + σ_r ε_r)[S, out, 1] ⊙ (1 + σ_s ε_s)[S, 1, in], from the host noise ``eps[".r"]``,
     ``eps[".s"]``."""
     assert isinstance(enc, Rank1GaussianWeight)
@@ -99,6 +106,12 @@ def rank1_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str],
     s3 = b.add("Unsqueeze", [s, b.i64(p + "ax1", 1)], p + "s3")
     rs = b.add("Mul", [r3, s3], p + "rs")
     return b.add("Mul", [b.f32(p + "mean", enc.m), rs], p + (tag + "s" if tag else "W_s"))
+
+
+# measured by test_analytic_states_its_approximation (mean |Δp| 0.019 against S = 1000, its Monte Carlo error 0.007)
+BOUND = "per-weight moments drop the row and column correlation: mean |Δp| <= 0.04 on the test MLP (S = 1000)"
+register_family(Family("rank1", (Rank1GaussianWeight,), "rank-1 multiplicative Gaussian (test)",
+                       draws={"Rank1GaussianWeight": rank1_draw}, analytic=Analytic("approximate", bound=BOUND)))
 
 
 def _model(seed: int = 0, n_in: int = 5, hidden: int = 6, classes: int = 4) -> BNNModel:
@@ -185,15 +198,117 @@ def test_noise_export_draws_the_weight_in_the_graph():
     np.testing.assert_allclose(got.probs, (p / p.sum(-1, keepdims=True)).mean(1), atol=ROUNDOFF)
 
 
-def test_analytic_reads_its_moments_and_local_noise_refuses_a_non_gaussian_weight():
+def test_analytic_states_its_approximation():
     """``analytic`` propagates the moments: close to the S = 1000 reference predictive. Measured mean |Δp| 0.019:
     the moment matching through the ReLU and the softmax quadrature (0.018 against S = 4000 too), plus the
-    reference's own Monte Carlo error (0.007 between two S = 1000 seeds); 0.04 is twice that. ``--noise local`` is
-    exact only for Gaussian weights, so it refuses this one in one line."""
+    reference's own Monte Carlo error (0.007 between two S = 1000 seeds); 0.04 is twice that. The family states the
+    approximation, and the export records it."""
     ir, x = _model(), _x(64)
-    got = Session(export_onnx(ir, 64, mode="analytic")).predict(x).probs
+    proto = export_onnx(ir, 64, mode="analytic")
+    got = Session(proto).predict(x).probs
     ref = predict(ir, x, 1000, seed=0).probs
     assert np.abs(got - ref).mean() < 0.04
-    with pytest.raises(InvalidOptionError, match="Rank1GaussianWeight, which --mode noise cannot draw") as e:
-        export_onnx(ir, 4, mode="noise", noise="local")
+    assert read_metadata(proto, "m").approximations == (f"rank1: {BOUND}",)
+
+
+def test_every_noise_variant_draws_it_whole():
+    """Not Gaussian weight by weight, so ``local`` and ``auto`` draw it with its own draw (one r and s per sample),
+    as ``weight`` does, where they run the Gaussian fc2 on its moments (one ε per row of B·S)."""
+    ir = _model()
+    for variant in ("local", "auto", "weight"):
+        records = {r["name"]: r for r in read_metadata(export_onnx(ir, 4, mode="noise", noise=variant), "m")
+                   .noise_inputs or ()}
+        assert records["noise/fc1.weight.r"]["shape"] == [4, 6] and records["noise/fc1.weight.s"]["shape"] == [4, 5]
+        assert records["noise/fc1.weight.r"]["per"] == "sample"
+        assert records["noise/fc2.weight"]["per"] == ("sample" if variant == "weight" else "row")
+
+
+def test_a_family_that_states_no_analytic_rule_is_refused_there():
+    """A family registered without ``analytic`` is never treated as independent weights: one line naming it."""
+
+    class Rank1Silent(Rank1GaussianWeight):
+        op_type = "Rank1SilentWeight"
+
+    register_family(Family("rank1-silent", (Rank1Silent,), draws={"Rank1SilentWeight": rank1_draw}))
+    rank1 = _model().encoded_weight("fc1.weight").encoding
+    assert isinstance(rank1, Rank1GaussianWeight)
+    ir = _model()
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Silent(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    with pytest.raises(Exception, match=r"rank1-silent.*--mode analytic.*states no analytic rule") as e:
+        export_onnx(ir, 4, mode="analytic")
     assert "\n" not in str(e.value)
+
+
+class Rank1Undrawn(Rank1GaussianWeight):
+    """The same posterior in a family that gives no draw and declares only a ``fixed`` lowering."""
+
+    op_type = "Rank1UndrawnWeight"
+
+
+def _keep_rank1(pass_, weight, rng):
+    from edgebnn.families import LayerOutcome
+
+    return LayerOutcome(weight.encoding, "rank-1: kept")
+
+
+register_family(Family("rank1-undrawn", (Rank1Undrawn,), lowerings={"Rank1UndrawnWeight": {"fixed": _keep_rank1}},
+                       analytic=Analytic("approximate", bound=BOUND)))
+
+
+def _undrawn() -> BNNModel:
+    ir = _model()
+    rank1 = ir.encoded_weight("fc1.weight").encoding
+    assert isinstance(rank1, Rank1GaussianWeight)
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Undrawn(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    return ir
+
+
+def test_float_keeps_a_family_that_declares_other_lowerings_and_others_are_refused():
+    from edgebnn.errors import InvalidOptionError
+    from edgebnn.passes import lower
+
+    ir = _undrawn()
+    kept = lower(ir, "float").model.encoded_weight("fc1.weight").encoding
+    assert kept.op_type == "Rank1UndrawnWeight"
+    assert lower(ir, "fixed").model.encoded_weight("fc1.weight").encoding.op_type == "Rank1UndrawnWeight"
+    with pytest.raises(InvalidOptionError, match=r"Rank1UndrawnWeight, which mcq cannot lower; use --scheme fixed "
+                                                 r"or float"):
+        lower(ir, "mcq")
+
+
+def test_the_default_mode_says_why_it_is_not_the_devices_default():
+    """A family without a draw cannot export ``noise`` (cpu's default): ``--mode auto`` writes ``baked`` and its
+    reason names the default it could not take, never calls baked the default."""
+    from edgebnn.exporters.defaults import export_auto
+
+    _, choice = export_auto(_undrawn(), 4, device="cpu")
+    assert choice.mode == "baked"
+    assert choice.reason is not None and choice.reason.startswith(
+        "the default on cpu is --mode noise, which cannot export it: --mode noise: ")
+    assert "Rank1UndrawnWeight, which --mode noise cannot draw (its family has no in-graph draw)" in choice.reason
+
+
+def test_a_larger_export_names_the_lowering_that_exists(tmp_path):
+    """``export`` of a file larger than the fp32 BNN suggests ``lower --scheme fixed`` only where fixed lowers every
+    layer; this family's fixed lowering keeps it, so the hint says which layers no scheme shrinks."""
+    from click.testing import CliRunner
+
+    from edgebnn.cli import main
+    from edgebnn.ir import save
+
+    class Rank1Kept(Rank1GaussianWeight):
+        op_type = "Rank1KeptWeight"
+
+    register_family(Family("rank1-kept", (Rank1Kept,), draws={"Rank1KeptWeight": rank1_draw}, analytic=Analytic(
+        "approximate", bound=BOUND)))
+    ir = _model()
+    rank1 = ir.encoded_weight("fc1.weight").encoding
+    assert isinstance(rank1, Rank1GaussianWeight)
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Kept(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    save(ir, tmp_path / "m.ebnn")
+    r = CliRunner().invoke(main, ["export", str(tmp_path / "m.ebnn"), "--mode", "baked", "--samples", "64", "-o",
+                                  str(tmp_path / "m.onnx")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "larger than the fp32 BNN" in flat and "lower the IR first" not in flat
+    assert "its Rank1KeptWeight layers have no fixed lowering" in flat

@@ -108,5 +108,6 @@ def test_round_trip_and_analytic():
     z = (x @ w.mu.T + b.mu) / np.sqrt(1 + np.pi / 8 * var)
     probit = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
     assert np.abs(Session(export_onnx(model, 8, mode="analytic")).predict(x).probs - probit).max() < ROUNDOFF
-    with pytest.raises(InvalidOptionError, match=r"layer 'fc' is KronGaussianWeight \(a correlated posterior\)"):
+    with pytest.raises(InvalidOptionError, match=r"layer 'fc' is KronGaussianWeight \(Laplace posterior\): --mode "
+                                                 r"analytic is exact for it only as the last layer"):
         export_onnx(_linear(hidden=True), 8, mode="analytic")

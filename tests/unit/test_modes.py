@@ -9,6 +9,7 @@ from synthetic import synthetic_cnn, synthetic_linear
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.analytic import quadrature_points
 from edgebnn.exporters.ensemble import export_onnx, float_bnn
+from edgebnn.exporters.noise import fill_noise
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.runtime import Session
 from edgebnn.runtime.reference import sample_logits
@@ -197,9 +198,23 @@ def test_shared_needs_a_codebook():
         export_onnx(synthetic_cnn(), 4, mode="shared")
 
 
-def test_noise_refuses_discrete_encodings(codebook_model):
-    with pytest.raises(InvalidOptionError, match=r"CodebookWeight.*use --mode baked or shared"):
-        export_onnx(codebook_model, 4, mode="noise")
+def test_noise_draws_a_shared_codebook_with_its_own_draw(codebook_model):
+    """A codebook with shared draws is not Gaussian weight by weight: ``--mode noise`` draws it with its family's
+    draw, the graph ``--mode shared`` writes (same noise in, same predictive out)."""
+    xl = np.random.default_rng(2).normal(size=(3, *codebook_model.manifest.input_shape[1:])).astype(np.float32)
+    noise_sess, shared_sess = (Session(export_onnx(codebook_model, 4, mode=m)) for m in ("noise", "shared"))
+    assert noise_sess.noise_inputs == shared_sess.noise_inputs
+    noise = fill_noise(noise_sess.noise_inputs, len(xl), 4, np.random.default_rng(0))
+    np.testing.assert_array_equal(noise_sess.predict(xl, noise=noise).probs, shared_sess.predict(xl, noise=noise).probs)
+
+
+def test_noise_refuses_an_encoding_without_a_draw():
+    from edgebnn.passes import lower
+
+    binary = lower(synthetic_cnn(), "binary", seed=0).model
+    with pytest.raises(InvalidOptionError, match=r"BinaryWeight, which --mode noise cannot draw \(its family has no "
+                                                 r"in-graph draw\): use --mode baked, or analytic"):
+        export_onnx(binary, 4, mode="noise")
 
 
 @pytest.mark.parametrize(("mode", "noise"), [("baked", "auto"), ("noise", "weight"), ("noise", "local"),

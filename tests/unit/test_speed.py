@@ -14,9 +14,10 @@ from onnx import helper, numpy_helper
 from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters._graph import dequantize_blocks, int4_parts, nbits_weight
+from edgebnn.exporters import quantize
 from edgebnn.exporters.ensemble import export_onnx
 from edgebnn.exporters.forms import DEVICE_FORMATS, INTEGER_MIN_BYTES, FormChoice, choose_form
+from edgebnn.exporters.quantize import dequantize_blocks, nbits_weight
 from edgebnn.ir import gaussian_mlp
 from edgebnn.passes import lower
 
@@ -109,13 +110,13 @@ def _nbits_model(w: np.ndarray, accuracy_level: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("k", [64, 100])  # 100: the last block of 32 is padded
 def test_nbits_packing_is_what_matmulnbits_computes_with(k):
     """At accuracy_level 0 (fp32 arithmetic) MatMulNBits on nbits_weight's bytes is x @ the folded form's int4
-    values (dequantize_blocks of int4_parts) to float32 round-off: |error| <= K · 2^-24 · (|x| @ |w|) <= 1e-5
+    values (dequantize_blocks of quantize.blocks) to float32 round-off: |error| <= K · 2^-24 · (|x| @ |w|) <= 1e-5
     · (|x| @ |w|) for K <= 100. At level 4 the activation is rounded to int8 per block of 32 (scale max|block| /
     127): each output moves by at most Σ_blocks max|x_block| / 254 · Σ_block |w|, and by more than round-off."""
     rng = np.random.default_rng(k)
     w = rng.normal(size=(k, 6)).astype(np.float32)
     x = rng.normal(size=(5, k)).astype(np.float32)
-    values = dequantize_blocks(*int4_parts(w)).astype(np.float64)
+    values = dequantize_blocks(*quantize.blocks(w)).astype(np.float64)
     want = x @ values
     got = _run(_nbits_model(w, 0), x)[0]
     assert np.all(np.abs(got - want) <= 1e-5 * (np.abs(x) @ np.abs(values)))
@@ -131,7 +132,7 @@ def test_int4_integer_form_runs_matmulnbits_on_the_folded_forms_values(monkeypat
     and Concat. With the activation kept fp32 (accuracy_level 0) it is the folded form to round-off (same weight
     values); at the shipped level 4 each layer's activation is rounded to int8 per block of 32 (a relative step
     of 1/254 of the block's max), which moves these probabilities by < 0.02 (as the int8 form's uint8 step)."""
-    from edgebnn.exporters import layers
+    from edgebnn.exporters.stores import constants
 
     model = lower(_mlp(), "fixed", seed=0).model
     x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
@@ -144,7 +145,7 @@ def test_int4_integer_form_runs_matmulnbits_on_the_folded_forms_values(monkeypat
     assert _meta(proto)["form"] == "integer"
     got = _run(proto, x)[0]
     assert 0 < np.abs(got - folded).max() < 0.02
-    monkeypatch.setattr(layers, "NBITS_ACCURACY_LEVEL", 0)
+    monkeypatch.setattr(constants, "NBITS_ACCURACY_LEVEL", 0)
     np.testing.assert_allclose(_run(export_onnx(model, 8, seed=2, weights="int4", form="integer"), x)[0], folded,
                                atol=ROUNDOFF)
 
@@ -168,11 +169,11 @@ def test_int4_integer_wide_layer_is_within_one_activation_block_step_of_the_fold
 def test_a_hoisted_int4_layer_is_one_matmulnbits_on_the_folded_values(monkeypatch):
     """A hoisted int4 Gemm (its mean, one 2-D weight) in the integer form is one MatMulNBits; with fp32
     activations (accuracy_level 0) it computes the folded form's predictive to round-off."""
-    from edgebnn.exporters import layers
+    from edgebnn.exporters.stores import constants
 
     model = lower(synthetic_linear(n_in=64, classes=4, trans_b=False), "fixed", seed=0).model
     x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
-    monkeypatch.setattr(layers, "NBITS_ACCURACY_LEVEL", 0)
+    monkeypatch.setattr(constants, "NBITS_ACCURACY_LEVEL", 0)
     proto = export_onnx(model, 4, seed=2, weights="int4", form="integer", hoist=1e9)
     assert _meta(proto)["layers"]["sampled"] == []
     assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1

@@ -12,6 +12,7 @@ from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.stores.constants import constant
 from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
 from edgebnn.ir.encodings import Grid
 from edgebnn.passes import lower
@@ -83,10 +84,10 @@ def test_int4_hoisted_gemm_is_blockwise_only_along_its_reduction_axis():
 def test_a_grid_wider_than_the_format_is_requantized():
     values = (np.arange(-300, 300, dtype=np.float32) * np.float32(0.01)).reshape(2, -1)  # q up to 300: 10 bits
     b = Builder()
-    b.weight("w", values, "int8", Grid(0.01, 10))
+    constant(b, "w", values, "int8", Grid(0.01, 10))
     scale = _consts_of(b)["w.scale"]
     np.testing.assert_allclose(scale, np.abs(values).max(axis=1) / 127, rtol=1e-6)  # the amax rule, not 0.01
-    b.weight("v", values[:, :254], "int8", Grid(0.01, 9))
+    constant(b, "v", values[:, :254], "int8", Grid(0.01, 9))
     assert _consts_of(b)["v.scale"][0] != np.float32(0.01)
 
 

@@ -1,12 +1,12 @@
 """Stores: each encoding's codes written into the exported graph compactly, with their in-graph decode.
 
-One store per encoding op type (:data:`.registry.STORES`, :func:`.registry.register_store`, in the style of
-:data:`..draws.DRAWS` and :data:`..layers.LAYERS`); the contract and the shared decode pieces are in :mod:`.base`.
-Every export mode that reads a posterior's moments (``noise``, ``shared``, ``analytic``) asks :func:`store_for` for
-the store of the ``weights`` choice:
+Each family gives the stores of its encodings (:attr:`edgebnn.families.Family.stores`, by op type, in the
+family's module in :mod:`edgebnn.families`); the contract and the shared decode pieces are in :mod:`.base`, the
+factor stores of the correlated families in :mod:`.factors`. Every export mode that reads a posterior's moments
+(``noise``, ``shared``, ``analytic``) asks :func:`store_for` for the store of the ``weights`` choice:
 
-``ir`` (the default)   the encoding's own store (its packed codes; :mod:`.quantized`, :mod:`.codebook`,
-                       :mod:`.binary`), the float store where it has none (``GaussianWeight``, dropout masks);
+``ir`` (the default)   the encoding's own store (its packed codes: fixed point, MCQ, ternary, binary, codebook,
+                       the lowered families), the float store where it has none (a Gaussian, a dropout mask);
 ``fp32``               the float store (:mod:`.float_`): decoded at export, 4 bytes per number;
 ``int8`` / ``int4``    any posterior re-quantized at export (:mod:`.gaussian`): per-channel integer μ, a
                        log-domain σ code.
@@ -17,7 +17,7 @@ TensorRT-RTX (real builds: tests/integration/test_tensorrt_rtx.py); Jetson's Ten
 not moments: its ``--weights int8|int4`` are the builder's formats
 (:meth:`~edgebnn.exporters._graph.Builder.weight`). ``shared`` codebook draws read the packed indices through
 :func:`.base.unpack_codes` too.
-Adding a storage encoding is one module here (a :class:`.base.Store` registered by op type) plus its test.
+Adding a storage encoding is one :class:`.base.Store` in its family's module, named in the family's ``stores``.
 """
 
 from __future__ import annotations
@@ -29,15 +29,11 @@ import onnx
 
 from edgebnn.exporters import STORE_CHOICES
 from edgebnn.exporters._graph import Builder
-
-# the store modules register themselves in .registry (families: the lowered SWAG / Laplace kinds; members: a
-# lowered deep ensemble's baked members)
-from edgebnn.exporters.stores import binary, codebook, families, members, quantized  # noqa: F401
 from edgebnn.exporters.stores.base import Store, finish_stores
-from edgebnn.exporters.stores.registry import SMALL, STORES, decode, register_store, store_for
+from edgebnn.exporters.stores.registry import SMALL, decode, own_store, store_for
 
-__all__ = ["SMALL", "STORES", "STORE_CHOICES", "Store", "compact_names", "decode", "finish_stores",
-           "register_store", "store_for", "store_metadata"]
+__all__ = ["SMALL", "STORE_CHOICES", "Store", "compact_names", "decode", "finish_stores", "own_store", "store_for",
+           "store_metadata"]
 
 
 def store_metadata(b: Builder) -> dict[str, Any]:

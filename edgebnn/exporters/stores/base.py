@@ -38,7 +38,7 @@ import onnx
 from onnx import numpy_helper
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.ir.encodings import Encoding
+from edgebnn.ir.encodings import Encoding, Grid
 
 INT32 = onnx.TensorProto.INT32
 FLOAT = onnx.TensorProto.FLOAT
@@ -73,12 +73,19 @@ class Store(ABC):
     def nbytes(self, enc: Encoding) -> int:
         """Bytes of the initializers this store writes for ``enc`` (mean and spread; not the graph around them)."""
 
+    # whether :meth:`members` writes baked members as codes (a family whose draws lie on its codes' grid)
+    writes_members: ClassVar[bool] = False
+
+    def members(self, b: Builder, enc: Encoding, name: str, value: np.ndarray, grid: Grid) -> str | None:
+        """``baked``: the member tensor ``value`` (drawn members of ``enc`` in a layer's batched layout, on ``grid``)
+        as the value ``name`` written from codes, or None to write it fp32 (the default)."""
+        return None
+
 
 def scalar(b: Builder, name: str, value: int) -> str:
     """An int32 scalar initializer (shape ``[]``: ``Range`` takes scalars only)."""
-    if name not in b._names:
-        b._names.add(name)
-        b.inits.append(numpy_helper.from_array(np.array(value, np.int32), name))
+    if not b.has(name):  # not Builder.const: np.ascontiguousarray would make the scalar 1-D
+        b.adopt([numpy_helper.from_array(np.array(value, np.int32), name)])
     return name
 
 
@@ -118,9 +125,9 @@ class CodePool:
         for (bits, signed), items in sorted(self.groups.items()):
             p = f"{PREFIX}{'i' if signed else 'u'}{bits}"
             values = np.concatenate([v for _, v in items])
-            if bits > 8 and TRT in (b.store_runtimes or ()):
+            if bits > 8 and TRT in (b.fmt.runtimes or ()):
                 codes = _unpack_wide(b, values, bits, p, signed)
-            elif bits == 8 and signed and TRT in (b.store_runtimes or ()):
+            elif bits == 8 and signed and TRT in (b.fmt.runtimes or ()):
                 # TensorRT takes an int8 constant only into a DequantizeLinear (no Cast): scale 1 is the same values
                 one = b.f32(PREFIX + "one", 1.0)
                 codes = b.add("DequantizeLinear", [b.const(p, values.astype(np.int8)), one], p + "/c")
@@ -174,7 +181,7 @@ def _unpack(b: Builder, packed: np.ndarray, bits: int, n: int, p: str, signed: b
     hi = b.add("Gather", [byte, b.add("Add", [k, PREFIX + "1"], p + "/k1")], p + "/hi", axis=0)
     word = b.add("Add", [lo, b.add("Mul", [hi, scalar(b, PREFIX + "256", 256)], p + "/hi8")], p + "/w")
     pow2 = PREFIX + "pow2"
-    if pow2 not in b._names:
+    if not b.has(pow2):
         b.const(pow2, (1 << np.arange(8)).astype(np.int32))
     shift = b.add("Gather", [pow2, b.add("Mod", [bitpos, eight], p + "/r")], p + "/s", axis=0)
     code = b.add("Mod", [b.add("Div", [word, shift], p + "/d"), scalar(b, p + "/m", 1 << bits)], p + "/u")

@@ -1,4 +1,4 @@
-"""``GaussianWeight`` stored compactly on request (``--weights int8`` / ``int4``), for any encoding's floats.
+"""Any posterior's mean and σ stored compactly on request (``--weights int8`` / ``int4``).
 
 A float posterior has no integer codes of its own, so this store quantizes at export:
 
@@ -16,20 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from edgebnn.exporters import quantize
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store, table_lookup, unpack_codes
 from edgebnn.ir.encodings import Encoding, SigmaCode
 from edgebnn.ir.encodings.packing import pack_int, packed_nbytes
-
-
-def channel_codes(values: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric ``bits``-bit integers with one scale per slice of axis 0: ``(q [same shape], scale [axis 0])``."""
-    top = (1 << (bits - 1)) - 1
-    flat = np.asarray(values, np.float32).reshape(len(values), -1)
-    amax = np.abs(flat).max(axis=1)
-    scale = np.where(amax > 0, amax / top, 1.0).astype(np.float32)
-    q = np.clip(np.rint(flat / scale[:, None]), -top, top).astype(np.int16)
-    return q.reshape(values.shape), scale
 
 
 def sigma_code(enc: Encoding, bits: int) -> SigmaCode:
@@ -46,11 +37,11 @@ class RequantStore(Store):
 
     def decoded_mean(self, enc: Encoding) -> np.ndarray:
         """What :meth:`mean` decodes to, in numpy (the tests' reference)."""
-        q, scale = channel_codes(enc.mean(), self.bits)
+        q, scale = quantize.rows(enc.mean(), self.bits)
         return (q.astype(np.float32).reshape(len(q), -1) * scale[:, None]).reshape(enc.shape)
 
     def mean(self, b: Builder, enc: Encoding, name: str) -> str:
-        q, scale = channel_codes(enc.mean(), self.bits)
+        q, scale = quantize.rows(enc.mean(), self.bits)
         n = enc.size
         codes = unpack_codes(b, pack_int(q, self.bits), self.bits, n, name + "/q", signed=True)
         rows = b.add("Reshape", [codes, b.const(name + ".rows", np.array([len(q), -1], np.int64))], name + "/rows")

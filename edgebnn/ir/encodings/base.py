@@ -21,6 +21,7 @@ exactly, or ``None`` for a kind that cannot be sliced so (the default; the pass 
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -108,6 +109,14 @@ class Encoding(ABC):
     # a joint Gaussian whose weights are correlated (a Kronecker-factored or dense covariance): its draw is a linear
     # map of standard noise (``noise_needs``) that every sampling mode emits whole; ``moments()`` are marginals only
     CORRELATED: bool = False
+    # the IR came from a plain network (MC dropout's masks): its fp32 BNN is that network, μ only
+    PLAIN_REFERENCE: ClassVar[bool] = False
+
+    @classmethod
+    def fp32_bytes(cls, attrs: Mapping[str, Any], field_dims: Mapping[str, list[int]]) -> int:
+        """Bytes of this weight in the fp32 BNN it came from, from its node alone (``attrs``: its attributes,
+        ``shape`` among them; ``field_dims``: its stored tensors' dims): μ and σ in fp32 unless overridden."""
+        return 8 * math.prod(attrs["shape"])
 
     def step(self) -> float:
         """Quantization step of the stored mean (0 for float storage): noise below it is invisible."""

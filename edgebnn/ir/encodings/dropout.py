@@ -33,6 +33,12 @@ class DropoutMask(Encoding):
 
     op_type = "DropoutMask"
     FIELDS = ()
+    PLAIN_REFERENCE = True  # a model with masks came from a plain network: its fp32 BNN is that network
+
+    @classmethod
+    def fp32_bytes(cls, attrs: Mapping[str, Any], field_dims: Mapping[str, list[int]]) -> int:
+        """Nothing: a mask is drawn, never stored."""
+        return 0
 
     def __init__(self, shape: tuple[int, ...], p: float) -> None:
         super().__init__(shape)

@@ -7,7 +7,7 @@ Stored: ``q`` packed at ``B`` bits (:mod:`~edgebnn.ir.encodings.packing`), ``sig
 ``sigma_codes``; attributes ``scale`` (Δ, float32, finite and > 0) and ``bits`` (B, 2..16).
 
 :class:`QuantizedWeight` is the shared machinery of every "integers times one per-layer scale" encoding
-(``FixedPointWeight``, ``IntCountWeight``, ``TernaryWeight``): the integer payload is ``FIELDS[0]``, the
+(fixed point, MCQ counts, ternary: :class:`QuantizedWeight`): the integer payload is ``FIELDS[0]``, the
 σ code ``FIELDS[1:3]``.
 """
 

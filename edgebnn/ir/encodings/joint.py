@@ -3,9 +3,9 @@
 Most encodings draw each weight tensor on its own: weight ``i`` (graph order) from the stream
 ``numpy.random.default_rng([seed, i])``. Two families couple the layers of one posterior sample:
 
-- a deep ensemble (:class:`~edgebnn.ir.encodings.members.MemberSetWeight`): sample s takes member k(s) in
+- a deep ensemble (:mod:`edgebnn.ir.encodings.members`): sample s takes member k(s) in
   EVERY layer (member k of layer 1 with member k of layer 2);
-- SWAG (:class:`~edgebnn.ir.encodings.lowrank.LowRankGaussianWeight`): one z₂ ~ N(0, I_K) per sample is shared
+- SWAG (:mod:`edgebnn.ir.encodings.lowrank`): one z₂ ~ N(0, I_K) per sample is shared
   by every parameter (Maddox et al. 2019), so the low-rank term correlates the layers.
 
 An encoding states its coupling with ``joint_group()``, a :class:`JointGroup`; every weight returning an equal

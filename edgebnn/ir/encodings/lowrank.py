@@ -35,6 +35,7 @@ attributes ``scale``, ``step``, ``bits``, ``rank`` (K).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -65,6 +66,11 @@ class LowRankGaussianWeight(Encoding):
         self.sigma = np.ascontiguousarray(sigma, dtype=np.float32)
         self.deviations = np.ascontiguousarray(deviations, dtype=np.float32)
         self.scale = float(np.float32(scale))
+
+    @classmethod
+    def fp32_bytes(cls, attrs: Mapping[str, Any], field_dims: Mapping[str, list[int]]) -> int:
+        """μ and σ, and the K deviations [K, n], in fp32."""
+        return 8 * math.prod(attrs["shape"]) + 4 * math.prod(field_dims["deviations"])
 
     @property
     def rank(self) -> int:
@@ -225,3 +231,8 @@ class LowRankFixedWeight(FixedMean, LowRankGaussianWeight):
 
     def attributes(self) -> dict[str, Any]:
         return {"scale": self.scale, **self.mean_attributes(), "rank": self.rank}
+
+    @classmethod
+    def fp32_bytes(cls, attrs: Mapping[str, Any], field_dims: Mapping[str, list[int]]) -> int:
+        """The SWAG posterior it was lowered from: μ, σ and K = ``rank`` deviations per weight, in fp32."""
+        return (8 + 4 * int(attrs["rank"])) * math.prod(attrs["shape"])

@@ -18,6 +18,7 @@ Both carry the attribute ``members`` (M), so an exporter reads M without decodin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,6 +46,11 @@ class MemberSet(Encoding):
 
     def attributes(self) -> dict[str, Any]:
         return {"members": self.m}
+
+    @classmethod
+    def fp32_bytes(cls, attrs: Mapping[str, Any], field_dims: Mapping[str, list[int]]) -> int:
+        """The M fp32 members."""
+        return 4 * int(attrs["members"]) * math.prod(attrs["shape"])
 
     def mean(self) -> np.ndarray:
         return self.values().mean(axis=0, dtype=np.float64).astype(np.float32)

@@ -5,7 +5,7 @@
 (``scale = 1`` for an all-zero row). Each value moves by at most ``scale[r] / 2``: half a percent of its row's
 largest. Used by the lowered posterior families for the matrices that carry their covariance, each coded along
 the axis its values share a magnitude on: SWAG's deviations per (iterate, output channel)
-(:class:`~edgebnn.ir.encodings.lowrank.LowRankFixedWeight`), the eigenvectors of a Kronecker-factored Laplace
+(:mod:`edgebnn.ir.encodings.lowrank`), the eigenvectors of a Kronecker-factored Laplace
 per eigenvector and a dense factor's columns (:mod:`~edgebnn.ir.encodings.kron`).
 
 Stored as two tensors: the int8 codes (rows × cols) and the float32 scales (rows).

@@ -1,8 +1,8 @@
 """``SigmaCode``: a per-layer log-domain codebook for a non-negative per-weight spread.
 
 Lowered encodings keep the model Bayesian by storing, next to the quantised mean, a code for each
-weight's spread: the posterior standard deviation σ (``IntCountWeight``, ``FixedPointWeight``,
-``TernaryWeight``) or the sign-flip probability of a binary weight (``BinaryWeight``).
+weight's spread: the posterior standard deviation σ (the fixed-point, MCQ and ternary encodings) or the sign-flip
+probability of a binary weight.
 
 Stored as two tensors: ``levels`` (float32, ``L`` entries) and ``codes`` (one ``ceil(log2 L)``-bit code per
 weight, packed with :mod:`edgebnn.ir.encodings.packing`; no bytes at all when ``L = 1``).

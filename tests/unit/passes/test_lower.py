@@ -80,7 +80,8 @@ def test_lowering_a_lowered_model_skips_with_reasons(mlp) -> None:
     assert twice.model.manifest.scheme == "mcq+codebook" and not twice.modified
     for row in twice.report["layers"]:
         assert row["kind"] == "IntCountWeight"
-        assert row["skipped"] == "already a IntCountWeight; codebook lowers GaussianWeight posteriors only"
+        assert row["skipped"] == ("kept as IntCountWeight: codebook lowers mean-field Gaussian posteriors, and the "
+                                  "quantized family declares no codebook lowering for it")
 
 
 def test_configs_are_frozen_and_validated() -> None:

@@ -9,7 +9,7 @@ from onnx import numpy_helper
 from store_helpers import assert_decodes_exactly, decode_graph, float_bytes
 from synthetic import synthetic_linear
 
-from edgebnn.exporters.stores import STORES, store_for
+from edgebnn.exporters.stores import own_store, store_for
 from edgebnn.exporters.stores.base import PREFIX
 from edgebnn.ir.encodings import CodebookWeight
 from edgebnn.passes import lower
@@ -38,10 +38,10 @@ def test_a_lowered_codebook_shrinks_the_file():
     model = lower(synthetic_linear(n_in=256, classes=32), "codebook", seed=0).model
     enc = model.encoded_weight("fc.weight").encoding
     assert isinstance(enc, CodebookWeight)
-    proto, got = decode_graph(enc, STORES["CodebookWeight"])
+    proto, got = decode_graph(enc, own_store("CodebookWeight"))
     assert_decodes_exactly(enc, got)
     assert proto.ByteSize() < float_bytes(enc) / 4
-    assert STORES["CodebookWeight"].nbytes(enc) <= enc.nbytes + 1
+    assert own_store("CodebookWeight").nbytes(enc) <= enc.nbytes + 1
 
 
 def test_indices_read_by_the_mean_and_the_spread_are_stored_once():

@@ -11,11 +11,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from edgebnn.exporters._graph import Builder
+from edgebnn.exporters._graph import Builder, ExportFormat
 from edgebnn.exporters.sizes import deployed_bytes
-from edgebnn.exporters.stores import STORES, finish_stores, store_for
-from edgebnn.exporters.stores.families import FactorStore, factor
-from edgebnn.exporters.stores.members import MemberSetFixedStore
+from edgebnn.exporters.stores import finish_stores, own_store, store_for
+from edgebnn.exporters.stores.factors import FactorStore, factor
+from edgebnn.families.ensemble import MemberSetFixedStore
 from edgebnn.ir.encodings import (
     DenseFixedWeight,
     Encoding,
@@ -79,10 +79,9 @@ def _run(b: Builder, outs: list[str], shapes: list[tuple[int, ...]]) -> list[np.
 
 
 def _factor_graph(enc: Encoding, choice: str) -> tuple[Builder, list[str], list[np.ndarray]]:
-    b = Builder()
-    b.store_choice = choice
+    b = Builder(fmt=ExportFormat(weights=choice))
     values = FIELDS[enc.op_type](enc)
-    outs = [STORES[enc.op_type].mean(b, enc, "w/mean") if choice == "ir" else b.f32("w/mean", enc.mean())]
+    outs = [own_store(enc.op_type).mean(b, enc, "w/mean") if choice == "ir" else b.f32("w/mean", enc.mean())]
     outs += [factor(b, enc, field, f"w/{field}", np.ascontiguousarray(v)) for field, v in values.items()]
     return b, outs, [enc.mean(), *values.values()]
 
@@ -91,7 +90,7 @@ def _factor_graph(enc: Encoding, choice: str) -> tuple[Builder, list[str], list[
 def test_family_codes_decode_exactly(make):
     enc = make()
     store = store_for(enc)
-    assert isinstance(store, FactorStore) and store is STORES[enc.op_type]
+    assert isinstance(store, FactorStore) and store is own_store(enc.op_type)
     b, outs, want = _factor_graph(enc, "ir")
     for got, ref in zip(_run(b, outs, [w.shape for w in want]), want, strict=True):
         np.testing.assert_array_equal(got, ref)  # float32(q) · scale, levels[codes]: the numpy decode's operations
@@ -109,7 +108,7 @@ def test_family_codes_are_smaller_than_the_floats(make, dims):
         b, outs, want = _factor_graph(enc, choice)
         sizes[choice] = _model(b, outs, [w.shape for w in want]).ByteSize()
     assert sizes["ir"] < 0.35 * sizes["fp32"], sizes
-    assert STORES[enc.op_type].nbytes(enc) < enc.nbytes + 8  # the store writes the IR's own codes
+    assert own_store(enc.op_type).nbytes(enc) < enc.nbytes + 8  # the store writes the IR's own codes
     # the codes are codes to deployed_bytes (they feed the decode ops, not a layer)
     b, outs, want = _factor_graph(enc, "ir")
     split = deployed_bytes(_model(b, outs, [w.shape for w in want]))
@@ -123,14 +122,12 @@ def test_fp32_writes_the_factors_as_floats_and_int8_codes_them():
 
     fixed = kron()
     enc = KronGaussianWeight(fixed.mean(), fixed.q_out, fixed.q_in, fixed.scale)
-    b = Builder()
-    b.store_choice = "fp32"
+    b = Builder(fmt=ExportFormat(weights="fp32"))
     out = factor(b, enc, "q_in_t", "w/q_in_t", np.ascontiguousarray(enc.q_in.T))
     np.testing.assert_array_equal(_run(b, [out], [enc.q_in.T.shape])[0], enc.q_in.T)
     assert b.stored == {"w/q_in_t": "float"}
     for choice in ("int8", "int4"):
-        b = Builder()
-        b.store_choice = choice
+        b = Builder(fmt=ExportFormat(weights=choice))
         outs = [factor(b, enc, "q_in_t", "w/q_in_t", np.ascontiguousarray(enc.q_in.T)),
                 factor(b, enc, "scale", "w/scale", enc.scale)]
         got = _run(b, outs, [enc.q_in.shape, enc.scale.shape])
@@ -147,10 +144,11 @@ def test_member_codes_decode_to_the_members():
     assert isinstance(store, MemberSetFixedStore)
     value = np.ascontiguousarray(enc.values().transpose(0, 2, 1))  # a layer kind's layout: [S, in, out]
     b = Builder()
-    out = store.members(b, enc, "W", value)
+    out = store.members(b, enc, "W", value, enc.sample_grid())
     assert out is not None and b.stored == {"W": "MemberSetFixedWeight"}
     np.testing.assert_array_equal(_run(b, [out], [value.shape])[0], value)
-    assert store.members(Builder(), enc, "W", value + np.float32(1e-3)) is None  # off the grid: the builder's fp32
+    off_grid = value + np.float32(1e-3)
+    assert store.members(Builder(), enc, "W", off_grid, enc.sample_grid()) is None  # the builder's fp32
     assert store.nbytes(enc) < 3 * OUT * REST  # 5 bits a member weight, not 32
 
 

@@ -8,9 +8,10 @@ import pytest
 from store_helpers import decode_graph, float_bytes
 from synthetic import synthetic_linear
 
+from edgebnn.exporters import quantize
 from edgebnn.exporters.stores import store_for
 from edgebnn.exporters.stores.float_ import FLOAT
-from edgebnn.exporters.stores.gaussian import RequantStore, channel_codes, sigma_code
+from edgebnn.exporters.stores.gaussian import RequantStore, sigma_code
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -24,7 +25,7 @@ def test_requantized_moments_decode_to_their_codes(bits):
     np.testing.assert_array_equal(got["stddev"], sigma_code(enc, bits).decode().reshape(enc.shape))
     np.testing.assert_array_equal(got["variance"], got["stddev"] * got["stddev"])
     # and within the quantization step of the encoding: half a step per μ (the per-channel max / (2^(b-1) - 1))
-    _, scale = channel_codes(enc.mean(), bits)
+    _, scale = quantize.rows(enc.mean(), bits)
     assert np.all(np.abs(got["mean"] - enc.mean()) <= scale[:, None] / 2 * (1 + 1e-6))
     # σ keeps each log-Lloyd bin's RMS: the mean variance of the layer within a few percent (8 bits: finer)
     assert abs(got["variance"].mean() / enc.moments()[1].mean() - 1) < (0.01 if bits == 8 else 0.05)

@@ -7,7 +7,7 @@ import pytest
 from store_helpers import assert_decodes_exactly, decode_graph, float_bytes
 from synthetic import synthetic_cnn, synthetic_linear
 
-from edgebnn.exporters.stores import STORES, store_for
+from edgebnn.exporters.stores import own_store, store_for
 from edgebnn.ir.encodings.fixedpoint import QuantizedWeight
 from edgebnn.passes import lower
 
@@ -21,7 +21,7 @@ def test_integer_codes_decode_to_the_encodings_moments(scheme, options):
         enc = w.encoding
         assert isinstance(enc, QuantizedWeight)
         store = store_for(enc)
-        assert store is STORES[enc.op_type]
+        assert store is own_store(enc.op_type)
         _, got = decode_graph(enc, store)
         assert_decodes_exactly(enc, got)  # float32(q) · scale and levels[codes]: the same float32 operations
         widths.add(enc.bits)
@@ -43,4 +43,4 @@ def test_store_bytes_are_the_irs_bytes():
     """What the store says it writes is the IR's own encoding (its packed streams, the table, one scale)."""
     model = lower(synthetic_cnn(), "fixed", seed=0).model
     for w in model.encoded_weights():
-        assert STORES["FixedPointWeight"].nbytes(w.encoding) <= w.encoding.nbytes + 8
+        assert own_store("FixedPointWeight").nbytes(w.encoding) <= w.encoding.nbytes + 8

@@ -1,0 +1,94 @@
+"""Posterior families: one module each, every one registered with the same public call a plug-in uses.
+
+A family is everything edgebnn needs of one kind of posterior, in one :class:`Family` registered once with
+:func:`register_family`: its encodings (how the ``.ebnn`` stores a weight and how it samples), the torch importer
+adapters of its layers, its in-graph draw, its compact store, its lowerings, which exports are exact for it, and
+what ``--mode analytic`` does with it (:class:`Analytic`: exact, approximate with a stated bound, or refused).
+
+The package's own families, each a module here: :mod:`.gaussian` (mean-field VI, diagonal Laplace),
+:mod:`.quantized` (fixed point, MCQ, ternary), :mod:`.binary` (EBP), :mod:`.codebook` (2DGBNN), :mod:`.dropout`
+(MC dropout), :mod:`.ensemble` (deep ensembles), :mod:`.swag` (SWAG), :mod:`.laplace` (Kronecker and dense
+Laplace). A family from outside is a module of its own package (docs/extending.md walks through one); it imports
+only the names below (``__all__``), the public interface:
+
+- to define and register: :class:`Family`, :class:`Analytic`, :data:`EXACT`, :func:`register_family`,
+  :class:`ExportRequest`; the encoding contract :class:`Encoding`, :class:`NoiseNeed`, :class:`Grid`,
+  :class:`JointGroup`, :func:`check_shape`, :func:`check_finite`;
+- an importer adapter returns a :class:`LayerPosterior` (its ``weight_encoding`` / ``bias_encoding``: the family's
+  encodings of the layer's tensors);
+- a draw or a store writes graph nodes through a :class:`GraphBuilder` (``add``, ``const``, ``f32``, ``i64``) and
+  may read a weight's mean, σ or variance as its store decodes them with :func:`decode`; a store subclasses
+  :class:`Store` and may use the shared decode pieces :func:`unpack_codes`, :func:`scaled`, :func:`table_lookup`,
+  :func:`reshape_to`;
+- a lowering ``(pass_, weight, rng) -> LayerOutcome`` returns a :class:`LayerOutcome`; :func:`kept` keeps a weight.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from edgebnn.exporters.stores.base import Store, reshape_to, scaled, table_lookup, unpack_codes
+from edgebnn.exporters.stores.registry import decode
+from edgebnn.importers.base import LayerPosterior
+from edgebnn.ir.encodings import Encoding, Grid, JointGroup, NoiseNeed
+from edgebnn.ir.encodings.base import check_finite, check_shape
+from edgebnn.passes.base import LayerOutcome
+from edgebnn.passes.fixed import kept
+from edgebnn.plugins import EXACT, Analytic, ExportRequest, Family, register_family
+
+
+class GraphBuilder(Protocol):
+    """What a draw or a store may call on the graph being built (the exporters' builder provides it)."""
+
+    def add(self, op: str, inputs: list[str], output: str, **attrs: Any) -> str:
+        """Append a node of ``op`` (ai.onnx, or ``domain=``) reading ``inputs``; returns its output ``output``."""
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        """Add an initializer ``name`` holding ``value`` (its dtype kept); returns its name."""
+
+    def f32(self, name: str, value: float | np.ndarray) -> str:
+        """A float32 initializer."""
+
+    def i64(self, name: str, *values: int) -> str:
+        """A 1-D int64 initializer (shapes, axes)."""
+
+
+__all__ = [
+    "EXACT",
+    "Analytic",
+    "Encoding",
+    "ExportRequest",
+    "Family",
+    "GraphBuilder",
+    "Grid",
+    "JointGroup",
+    "LayerOutcome",
+    "LayerPosterior",
+    "NoiseNeed",
+    "Store",
+    "check_finite",
+    "check_shape",
+    "decode",
+    "kept",
+    "register_family",
+    "reshape_to",
+    "scaled",
+    "table_lookup",
+    "unpack_codes",
+]
+
+# the built-in families register on import, in this order (a torch layer goes to the first adapter that matches)
+from edgebnn.families import (  # noqa: E402
+    binary,
+    codebook,
+    dropout,
+    ensemble,
+    gaussian,
+    laplace,
+    quantized,
+    swag,
+)
+
+BUILTIN = (gaussian, quantized, binary, codebook, dropout, ensemble, swag, laplace)
