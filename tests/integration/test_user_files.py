@@ -73,7 +73,12 @@ def argv(name: str, command: click.Command, tmp: Path, override: dict[str, str])
 
 
 def writing_commands() -> list[str]:
-    return [name for name, cmd in main.commands.items() if path_params(cmd)[1]]
+    """Commands that write a file and read one (``plugins --json`` reads none: only its extension is checked)."""
+    return [name for name, cmd in main.commands.items() if all(path_params(cmd))]
+
+
+def outputs() -> list[tuple[str, str]]:
+    return [(name, p.name or "") for name, cmd in main.commands.items() for p in path_params(cmd)[1]]
 
 
 def test_every_path_option_is_checked():
@@ -120,6 +125,20 @@ def test_a_link_to_an_input_is_refused_too(name, link, tmp_path):
     before = snapshot(tmp_path)
     line = one_line_error(run(*argv(name, command, tmp_path, {out.name: str(alias), inp.name: str(given)})))
     assert "(a link to the same file)" in line and f"which {name} reads" in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(("name", "option"), outputs())
+def test_every_output_refuses_another_formats_extension(name, option, tmp_path):
+    command = main.commands[name]
+    param = next(p for p in command.params if p.name == option)
+    right = output_extension(param)
+    wrong = ".ebnn" if right != ".ebnn" else ".onnx"
+    for inp in path_params(command)[0]:
+        (tmp_path / f"in_{inp.name}.npz").write_bytes(CONTENT)
+    before = snapshot(tmp_path)
+    line = one_line_error(run(*argv(name, command, tmp_path, {option: str(tmp_path / f"x{wrong}")})))
+    assert f"{name} writes" in line and f"and {wrong} is the extension of" in line, line
     assert snapshot(tmp_path) == before
 
 
