@@ -26,17 +26,23 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+# Timings (unchecked) move by tens of percent between runs; figures marked training=True are held only where the
+# demo trains the README's weights (same_training).
 TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
 class Figure:
     """One README figure: ``pattern`` finds it in README.md (group 1: the number as written), ``key`` is what
-    :func:`measure` measured, ``checked`` whether ``--check`` holds it to :data:`TOLERANCE`."""
+    :func:`measure` measured, ``checked`` whether ``--check`` holds it to :data:`TOLERANCE`; ``training``: it
+    depends on the exact trained weights (a discrete choice: the budget's bits, which layers hoist), so it is held
+    only where the demo trained the README's weights (torch's CPU kernels differ between processors; the README's
+    demo NLL, to 4 decimals, tells)."""
 
     key: str
     pattern: str
     checked: bool = True
+    training: bool = False
 
 
 def _kib(n: float) -> float:
@@ -50,10 +56,10 @@ FIGURES: tuple[Figure, ...] = (
     Figure("fp32_bnn_kib", r"smaller than the fp32 BNN \(([\d.]+) KiB\), where"),
     Figure("baked_kib", r"`--mode baked` writes ([\d.]+) KiB"),
     Figure("baked_ratio", r"`--mode baked` writes [\d.]+ KiB of\s+fp32 members \(([\d.]+)x larger"),
-    Figure("budget_nll", r"NLL \+([\d.]+), ECE \+[\d.]+ on the val split"),
+    Figure("budget_nll", r"NLL \+([\d.]+), ECE \+[\d.]+ on the val split", training=True),
     Figure("budget_ece", r"NLL \+[\d.]+, ECE \+([\d.]+) on the val split", checked=False),  # |Δ| < 0.01: noise
-    Figure("budget_kib", r"the same default export writes\s+([\d.]+) KiB"),
-    Figure("budget_ratio", r"the same default export writes\s+[\d.]+ KiB, ([\d.]+)x smaller"),
+    Figure("budget_kib", r"the same default export writes\s+([\d.]+) KiB", training=True),
+    Figure("budget_ratio", r"the same default export writes\s+[\d.]+ KiB, ([\d.]+)x smaller", training=True),
     # the demo's table
     Figure("demo_fp32_accuracy", r"\| digits test accuracy / NLL / ECE \| ([\d.]+) /"),
     Figure("demo_fp32_nll", r"\| digits test accuracy / NLL / ECE \| [\d.]+ / ([\d.]+) /"),
@@ -70,16 +76,17 @@ FIGURES: tuple[Figure, ...] = (
     Figure("demo_vs_deterministic", r"ms, ([\d.]+)x one float pass", checked=False),
     Figure("demo_speedup", r"\), ([\d.]+)x faster than 16 sampled float-BNN passes", checked=False),
     # hoisting: at the earlier default noise fraction 0.25, and at today's
-    Figure("hoist25_mi_off", r"noise_fraction=0\.25`[^)]*\) it hoisted [^(]*\(mean mutual information ([\d.]+) ->"),
+    Figure("hoist25_mi_off", r"noise_fraction=0\.25`[^)]*\) it hoisted [^(]*\(mean mutual information ([\d.]+) ->",
+           training=True),
     Figure("hoist25_mi_auto", r"noise_fraction=0\.25`[^)]*\) it hoisted [^(]*\(mean mutual information [\d.]+ -> "
-                              r"([\d.]+)"),
-    Figure("hoist_mi_off", r"today's 0\.1 [^(]*\(mean mutual information ([\d.]+) ->"),
-    Figure("hoist_mi_auto", r"today's 0\.1 [^(]*\(mean mutual information [\d.]+ -> ([\d.]+)"),
+                              r"([\d.]+)", training=True),
+    Figure("hoist_mi_off", r"today's 0\.1 [^(]*\(mean mutual information ([\d.]+) ->", training=True),
+    Figure("hoist_mi_auto", r"today's 0\.1 [^(]*\(mean mutual information [\d.]+ -> ([\d.]+)", training=True),
 )
 
 
 def readme_value(text: str, figure: Figure) -> float | None:
-    m = re.search(figure.pattern, text)
+    m = re.search(figure.pattern, " ".join(text.split()))  # a sentence wraps anywhere in the Markdown
     return None if m is None else float(m.group(1))
 
 
@@ -168,14 +175,22 @@ def measure(demo: Path, work: Path) -> dict[str, Any]:
     return out
 
 
+def same_training(readme: str, measured: dict[str, Any]) -> bool:
+    """Whether this machine's demo trained the README's weights: its fp32 ensemble's NLL to the README's 4 decimals."""
+    written = readme_value(readme, next(f for f in FIGURES if f.key == "demo_fp32_nll"))
+    return written is not None and abs(float(measured["demo_fp32_nll"]) - written) < 5e-5
+
+
 def compare(readme: str, measured: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per figure: the README's value, the measured one, their relative difference, whether it is held."""
     rows = []
+    same = same_training(readme, measured)
     for fig in FIGURES:
         written, now = readme_value(readme, fig), measured.get(fig.key)
         diff = None if written is None or now is None or not written else abs(now - written) / abs(written)
-        rows.append({"key": fig.key, "readme": written, "measured": now, "rel_diff": diff, "checked": fig.checked,
-                     "ok": (not fig.checked) or (diff is not None and diff <= TOLERANCE)})
+        checked = fig.checked and (same or not fig.training)
+        rows.append({"key": fig.key, "readme": written, "measured": now, "rel_diff": diff, "checked": checked,
+                     "ok": written is not None and ((not checked) or (diff is not None and diff <= TOLERANCE))})
     return rows
 
 
@@ -207,7 +222,7 @@ def main() -> None:
         table.add_row(r["key"], "missing" if r["readme"] is None else f"{r['readme']:g}",
                       "-" if r["measured"] is None else f"{r['measured']:.4g}",
                       "-" if r["rel_diff"] is None else f"{r['rel_diff']:.1%}",
-                      "ok" if r["ok"] else "OFF" if r["checked"] else "timing")
+                      "ok" if r["ok"] and r["checked"] else "OFF" if not r["ok"] else "not held here")
     Console(stderr=True).print(table)
     if args.check and not all(r["ok"] for r in rows):
         sys.exit(1)
