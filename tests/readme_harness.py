@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FENCE = re.compile(r"^\s*```\s*([\w-]*)\s*$")
-COMMAND = re.compile(r"^(edgebnn|make|pip|python3?|\.venv/bin/python|PYTHONPATH=\S+\s+\.venv/bin/python)(\s|$)")
+COMMAND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(edgebnn|make|pip|python3?|\.venv/bin/python)(\s|$)")
+"""A command line: its word, after any ``NAME=value`` environment settings (``PYTHONPATH=$PWD .venv/bin/python``)."""
+GROUP_OPTIONS = {"--plugin": True, "--debug": False, "--version": False}
+"""``edgebnn`` options before the command, and whether each takes a value."""
 CHOICE = re.compile(r"^[\w.+/-]+(\|[\w.+/-]+)+$")
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 INHERITED = {"lower": ("--model", "--weights", "--input-shape")}
@@ -54,11 +57,20 @@ class Step:
         return f"{self.doc}:{self.line}"
 
 
+def sub_index(argv: list[str]) -> int:
+    """Where the subcommand is in an ``edgebnn`` argv (after the group's options: ``edgebnn --plugin m lower``)."""
+    i = 1
+    while i < len(argv) and argv[i] in GROUP_OPTIONS:
+        i += 2 if GROUP_OPTIONS[argv[i]] else 1
+    return i
+
+
 @dataclass
 class Filled:
-    """A command as a reader types it."""
+    """A command as a reader types it: the environment it sets, and its words from the command word on."""
 
     argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
     left_out: list[str] = field(default_factory=list)  # optional groups not typed (HARDWARE_OPTIONS)
     smaller: list[str] = field(default_factory=list)  # options SMALL changed
 
@@ -137,6 +149,9 @@ def fill(step: Step, previous: dict[str, list[str]]) -> Filled:
     """``step`` as a reader types it (module docstring); ``previous``: per command, the last filled argv."""
     tokens = words(step)
     filled = Filled([])
+    while tokens and re.match(r"^[A-Z_][A-Z0-9_]*=", tokens[0]):
+        name, _, value = tokens.pop(0).partition("=")
+        filled.env[name] = value
     depth, group, skip = 0, [], False
     for tok in tokens:
         if not depth and tok.startswith("["):
@@ -158,8 +173,9 @@ def fill(step: Step, previous: dict[str, list[str]]) -> Filled:
             continue
         filled.argv.append(_choice(tok))
     argv = filled.argv
+    sub = sub_index(argv) if argv and argv[0] == "edgebnn" else 1
     if "..." in argv:
-        command = argv[1] if len(argv) > 1 else ""
+        command = argv[sub] if len(argv) > sub else ""
         inherit = []
         before = previous.get(command, [])
         for opt in INHERITED.get(command, ()):
@@ -167,8 +183,8 @@ def fill(step: Step, previous: dict[str, list[str]]) -> Filled:
                 inherit += [opt, before[before.index(opt) + 1]]
         at = argv.index("...")
         filled.argv = argv = argv[:at] + inherit + argv[at + 1 :]
-    if argv and argv[0] == "edgebnn" and len(argv) > 1:
-        for opt, value in SMALL.get(argv[1], {}).items():
+    if argv and argv[0] == "edgebnn" and len(argv) > sub:
+        for opt, value in SMALL.get(argv[sub], {}).items():
             if opt in argv:
                 argv[argv.index(opt) + 1] = value
             else:

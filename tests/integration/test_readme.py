@@ -162,10 +162,11 @@ class Reader:
                 if step.kind == "python":
                     self._snippet(step, folder)
                     continue
-                argv = harness.fill(step, previous).argv
-                if argv[0] == "edgebnn" and len(argv) > 1:
-                    previous[argv[1]] = argv  # what the next "..." of this command copies
-                self._command(step, argv, folder)
+                filled = harness.fill(step, previous)
+                argv = filled.argv
+                if argv[0] == "edgebnn" and len(argv) > harness.sub_index(argv):
+                    previous[argv[harness.sub_index(argv)]] = argv  # what the next "..." of this command copies
+                self._command(step, argv, folder, filled.env)
 
     def _module(self, folder: Path, steps: list[harness.Step]) -> None:
         """``my/module.py`` with the factories the section names, for the input shapes it gives them."""
@@ -195,7 +196,8 @@ class Reader:
 
     def _provide(self, argv: list[str], command: click.Command, where: str) -> None:
         """Make the inputs of an ``edgebnn`` command that no earlier command wrote, as a reader would have them."""
-        ctx = command.make_context(argv[1], argv[2:], resilient_parsing=True)
+        sub = harness.sub_index(argv)
+        ctx = command.make_context(argv[sub], argv[sub + 1 :], resilient_parsing=True)
         params = ctx.params
         for param in command.params:
             if not isinstance(param.type, InputPath):
@@ -204,7 +206,7 @@ class Reader:
             for path in (value if isinstance(value, tuple) else (value,)):
                 if path is None or str(path) in param.type.keywords or Path(path).exists():
                     continue
-                self._make(Path(path), param.name or "", params, argv[1], where)
+                self._make(Path(path), param.name or "", params, argv[sub], where)
 
     def _make(self, path: Path, option: str, params: dict[str, Any], command: str, where: str) -> None:
         import torch
@@ -314,23 +316,23 @@ class Reader:
             assert report["accuracy"] > 0.9 and "ood" in report, report
         _ = edgebnn
 
-    def _command(self, step: harness.Step, argv: list[str], folder: Path) -> None:
+    def _command(self, step: harness.Step, argv: list[str], folder: Path, env: dict[str, str]) -> None:
         import time
 
         start = time.perf_counter()
         try:
-            self._run(step, argv, folder)
+            self._run(step, argv, folder, env)
         finally:
             self.seconds[step.where] = time.perf_counter() - start
 
-    def _run(self, step: harness.Step, argv: list[str], folder: Path) -> None:
+    def _run(self, step: harness.Step, argv: list[str], folder: Path, env: dict[str, str]) -> None:
         word = argv[0]
         if word in NOT_RUN_SCRIPTS:
             return
         if word == "make":
             self._make_target(step, argv[1], folder)
         elif word == "edgebnn":
-            self._edgebnn(step, argv, folder)
+            self._edgebnn(step, argv, folder, env)
         else:
             self._script(step, argv, folder)
 
@@ -371,11 +373,11 @@ class Reader:
                 assert (folder / args[args.index(flag) + 1]).is_dir(), f"{step.where}: {flag} folder not written"
         self.ran.append(Ran(step, argv, proc.stdout + proc.stderr, 0))
 
-    def _edgebnn(self, step: harness.Step, argv: list[str], folder: Path) -> None:
+    def _edgebnn(self, step: harness.Step, argv: list[str], folder: Path, env: dict[str, str] | None = None) -> None:
         if argv in self.done:
             return
         self.done.append(argv)
-        command = main.commands[argv[1]]
+        command = main.commands[argv[harness.sub_index(argv)]]
         check_options(step, argv)
         text = " ".join(argv)
         refusal = next(((p, m, says) for p, (says, _why) in EXPECTED_REFUSALS.items()
@@ -383,7 +385,7 @@ class Reader:
         if refusal is None:  # a command that must refuse is given what the README gives it, nothing more
             self._provide(argv, command, step.where)
         outputs = _outputs(argv, command)
-        r = CliRunner().invoke(main, argv[1:], catch_exceptions=False)
+        r = CliRunner().invoke(main, argv[1:], catch_exceptions=False, env=env or None)
         ran = Ran(step, argv, r.output, r.exit_code, outputs)
         self.ran.append(ran)
         if refusal is not None:
@@ -443,7 +445,8 @@ def _segmentation_export(path: Path) -> None:
 
 def _outputs(argv: list[str], command: click.Command) -> list[Path]:
     """The files the command says it writes (its OutputPath options and their companions)."""
-    ctx = command.make_context(argv[1], argv[2:], resilient_parsing=True)
+    sub = harness.sub_index(argv)
+    ctx = command.make_context(argv[sub], argv[sub + 1 :], resilient_parsing=True)
     found = []
     for param in command.params:
         if isinstance(param.type, OutputPath) and ctx.params.get(param.name or ""):
@@ -456,14 +459,16 @@ def _outputs(argv: list[str], command: click.Command) -> list[Path]:
 
 def check_options(step: harness.Step, argv: list[str]) -> None:
     """The subcommand exists, and so does every option the line, its brackets and its comments name."""
-    assert argv[1] in main.commands, f"{step.where}: edgebnn {argv[1]}: no such command"
-    names = {argv[1]: argv[1]}
-    for owner, option in [(argv[1], a) for a in argv if a.startswith("--")] + harness.options_in(step.comment):
-        command = main.commands.get(owner or argv[1])
+    sub = harness.sub_index(argv)
+    name = argv[sub] if len(argv) > sub else ""
+    assert name in main.commands, f"{step.where}: edgebnn {name}: no such command"
+    group = {o for p in main.params for o in (*p.opts, *p.secondary_opts)}
+    assert all(a in group for a in argv[1:sub] if a.startswith("-")), (step.where, argv[1:sub])
+    for owner, option in [(name, a) for a in argv[sub:] if a.startswith("--")] + harness.options_in(step.comment):
+        command = main.commands.get(owner or name)
         assert command is not None, f"{step.where}: edgebnn {owner}: no such command"
-        known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
-        assert option in known, f"{step.where}: {option} is not an option of edgebnn {owner or argv[1]}"
-    _ = names
+        known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"} | group
+        assert option in known, f"{step.where}: {option} is not an option of edgebnn {owner or name}"
 
 
 def check_ratios(ran: Ran) -> None:
@@ -602,7 +607,7 @@ def _all_commands() -> list[harness.Step]:
 def test_every_documented_command_names_options_that_exist(step):
     """README.md and docs/*.md: every edgebnn command's options exist; every script exists with its flags."""
     argv = harness.fill(step, {}).argv
-    word = next((w for w in argv if not w.startswith("PYTHONPATH=")), argv[0])
+    word = argv[0]
     if word == "edgebnn":
         check_options(step, argv)
     elif word.endswith("python") or word.startswith(".venv"):
@@ -618,14 +623,16 @@ def test_inline_commands_in_the_prose_name_options_that_exist():
     """`edgebnn COMMAND ...` quoted in README.md's sentences: the command and its options exist."""
     text = README.read_text()
     text = re.sub(r"```.*?```", "", text, flags=re.S)
-    for m in re.finditer(r"`(edgebnn [a-z]+[^`]*)`", text):
+    group = {o for p in main.params for o in (*p.opts, *p.secondary_opts)}
+    for m in re.finditer(r"`(edgebnn (?:-[-\w]+ (?:\S+ )?)*[a-z]+[^`]*)`", text):
         words = m.group(1).split()
-        if words[1] in ("COMMAND",):
+        sub = harness.sub_index(words)
+        if words[sub] in ("COMMAND",):
             continue
-        assert words[1] in main.commands, m.group(1)
-        command = main.commands[words[1]]
-        known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
-        for word in words[2:]:
+        assert words[sub] in main.commands, m.group(1)
+        command = main.commands[words[sub]]
+        known = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"} | group
+        for word in words[sub + 1 :]:
             if word.startswith("--"):
                 assert word.split("=")[0] in known, f"README: `{m.group(1)}`: {word} is not an option"
 
