@@ -103,7 +103,9 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
 @click.option("--onnx", "onnx_path", type=InputPath(wrong={".ebnn": _ONNX_GOT_IR, ".engine": _ONNX_GOT_ENGINE}),
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
 @click.option("--engine", type=InputPath(wrong={".onnx": _engine_got_onnx, ".ebnn": _ENGINE_GOT_IR}),
-              help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one.")
+              help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one. "
+                   "Running an engine needs an NVIDIA GPU, the engine's TensorRT (rtx: tensorrt_rtx) and a CUDA "
+                   "build of PyTorch; building one for rtx needs none of them (edgebnn export --target tensorrt).")
 @click.option("--baseline-runner", type=click.Choice(BASELINE_RUNNERS), default="auto",
               show_default=True, help="Runtime of the float baselines. auto: onnxruntime on the cpu; on rtx/jetson "
                                       "float_deterministic as a TensorRT engine and float_bnn in torch CUDA.")
