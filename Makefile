@@ -33,12 +33,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/edgebnn demo --out demo-out
 
-# Everything (what CI runs): the linters, then every test (unit, integration, reliability; device tests skip
-# without their hardware).
-test: $(STAMP)
+# The linters: ruff, mypy, and the import layers of docs/design.md.
+lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy -p edgebnn
 	$(VENV)/bin/lint-imports
+
+# Everything (what CI runs): the linters, then every test (unit, integration, reliability; device tests skip
+# without their hardware).
+test: lint
 	$(VENV)/bin/pytest -q --durations=20
 
 # The unit lane while working: no training, no CLI subprocesses, no full chains (those are in tests/integration).

@@ -88,8 +88,8 @@ def print_lower_report(console: Console, report: dict[str, Any], output: str, *,
     rows += _model_rows(manifest) if manifest else []
     rows += [
         ("scheme", f"{report['scheme']} · seed {report.get('seed', 0)} · {len(layers)} Bayesian weights"),
-        ("size", f"{fmt_bytes(report['total_bytes'])} vs fp32 BNN {fmt_bytes(report['float_bnn_bytes'])}: "
-                 f"{report['compression_ratio']:.1f}x smaller"),
+        ("size", f"{fmt_bytes(report['total_bytes'])} of IR tensors (weights and their codes; the file adds its "
+                 f"graph): {times_smaller(report['float_bnn_bytes'], report['total_bytes'], 'fp32 BNN')}"),
     ]
     calibration = report.get("calibration")
     if calibration:
@@ -377,7 +377,9 @@ def print_budget_sizes(console: Console, sizes: dict[str, Any], path: str = "mod
 
 def print_closest(console: Console, closest: dict[str, Any]) -> None:
     """``lower --budget`` when nothing keeps the budget: the closest configuration and its figures."""
-    grid = [("closest", f"{closest['compression_ratio']:.1f}x smaller, {fmt_bytes(closest['total_bytes'])}"),
+    ratio = closest["compression_ratio"]
+    grid = [("closest", f"{fmt_bytes(closest['total_bytes'])} of IR tensors, "
+                        f"{f'{ratio:.2f}x smaller' if ratio >= 1 else f'{1 / ratio:.2f}x larger'} than the fp32 BNN"),
             ("changes", ", ".join(f"{k} {v:+.4f}" for k, v in closest["deltas"].items())),
             ("broken", "; ".join(closest["violations"])),
             ("config", json.dumps(closest["config"], sort_keys=True))]

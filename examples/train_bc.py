@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections import OrderedDict
+from typing import Any
 
 import torch
 from _common import S, emit, exported, metrics
@@ -29,17 +30,20 @@ def bc_cnn() -> nn.Module:
     ]))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--warmup", type=int, default=30, help="KL warm-up epochs")
-    parser.add_argument("--threshold", type=float, default=-2.0, help="prune groups with log alpha >= this")
-    parser.add_argument("--noise-fraction", type=float, default=0.05, help="fixed: rounding noise / variance")
-    parser.add_argument("--sigma-bits", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=100)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--warmup", type=int, default=30, help="KL warm-up epochs")
+    p.add_argument("--threshold", type=float, default=-2.0, help="prune groups with log alpha >= this")
+    p.add_argument("--noise-fraction", type=float, default=0.05, help="fixed: rounding noise / variance")
+    p.add_argument("--sigma-bits", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Train, compress and export: the JSON result."""
     torch.manual_seed(args.seed)
     data = digits(args.seed)
     model = bc_cnn()
@@ -50,7 +54,7 @@ def main() -> None:
     ir, report = compress(model, import_model(model, (1, 1, 8, 8)), threshold=args.threshold, seed=args.seed,
                           noise_fraction=args.noise_fraction, sigma_bits=args.sigma_bits)
     after = exported(ir, x, y, seed=args.seed)
-    emit({
+    return {
         "recipe": "bc",
         "before": before,
         "after": after,
@@ -65,7 +69,13 @@ def main() -> None:
         "threshold": args.threshold,
         "noise_fraction": args.noise_fraction,
         "compression_ratio": round(report["compression_ratio"], 2),
-    })
+    }
+
+
+def main() -> None:
+    args = parser().parse_args()
+    torch.set_num_threads(1)
+    emit(run(args))
 
 
 if __name__ == "__main__":

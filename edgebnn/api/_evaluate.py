@@ -56,10 +56,6 @@ def _delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-RANGE_MARGIN = 1.0
-"""Inputs are refused when they leave the recorded input range widened by this many times its width on each side:
-a scale error (raw 0..16 pixels for a model lowered on 0..1, 0..255 for 0..1, unnormalised for standardised)
-lands far outside it, new data of the same preprocessing does not."""
 
 
 def input_range_of(model: BNNModel | Session) -> tuple[float, float] | None:
@@ -72,21 +68,18 @@ def input_range_of(model: BNNModel | Session) -> tuple[float, float] | None:
 
 def checked_range(fn: Callable[[np.ndarray], AnyPredictive], model: BNNModel | Session,
                   dataset: Dataset) -> Callable[[np.ndarray], AnyPredictive]:
-    """``fn``, refusing (one line) a batch far outside the input range ``model`` records (:data:`RANGE_MARGIN`)."""
+    """``fn``, refusing (one line) a batch far outside the input range ``model`` records (the rule of
+    :func:`edgebnn.runtime.session.outside_input_range`, which ``Session.predict`` applies too)."""
+    from edgebnn.runtime.session import outside_input_range
+
     limits = input_range_of(model)
     if limits is None:
         return fn
-    lo, hi = limits
-    width = max(hi - lo, 1e-6)
-    low, high = lo - RANGE_MARGIN * width, hi + RANGE_MARGIN * width
 
     def check(x: np.ndarray) -> AnyPredictive:
-        xmin, xmax = float(x.min()), float(x.max())
-        if xmin < low or xmax > high:
-            raise InvalidOptionError(
-                f"{dataset.name}: inputs span [{xmin:.4g}, {xmax:.4g}], far outside [{lo:.4g}, {hi:.4g}], the range of "
-                f"the inputs {model.where} was lowered with; preprocess them the same way (another scale or "
-                "normalisation?)")
+        outside = outside_input_range(x, limits)
+        if outside:
+            raise InvalidOptionError(f"{dataset.name}: {outside.replace('the model', model.where, 1)}")
         return fn(x)
 
     return check
@@ -303,6 +296,8 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
     report["n"] = dataset.n
     if rule is not None:
         report["anytime"] = dict(rule)
+    limits = input_range_of(model)  # None: the model was lowered without data, so a scale error passes unseen
+    report["input_range"] = None if limits is None else list(limits)
     report.update(task.record(options=False))
     in_mi = np.concatenate(sums[0].mutual_info)
     ood_mi = None if outs is None else np.concatenate(outs[0].mutual_info)

@@ -40,9 +40,13 @@ Settings, from what TensorRT accepts (docs/design.md) and what a BNN ensemble ne
   contrib ops TensorRT cannot parse), and so is its symbolic shape inference, which crashes on the
   ``Constant(value_ints)`` nodes torch.onnx writes (``numpy_helper.to_array(None)`` in onnxruntime 1.31).
 
-Only ``baked`` ensembles are calibrated: the TensorRT mode (no random ops, no noise inputs). A ``noise``
-graph's pre-activations depend on host-drawn noise fed as extra inputs, and an ``analytic`` graph carries
-variances whose dynamic range spans orders of magnitude; neither is a plain activation to calibrate.
+Only ``baked`` ensembles are calibrated: the TensorRT mode (no random ops, no noise inputs), whose members are
+stored weights. A ``noise`` graph (the CPU default export) draws its weights on every call, in the graph
+(``--rng graph``) or from host-drawn noise inputs (``--rng host``): there is no stored weight to quantize, and an
+activation range measured on one call's draws need not hold for the next. An ``analytic`` graph carries variances
+whose dynamic range spans orders of magnitude. Given the ``.ebnn`` instead of an export, :func:`calibrate_ensemble`
+exports its baked fp32 ensemble first (S and seed as ``edgebnn export --mode baked`` takes them), so the CPU
+default path calibrates without a second export command.
 """
 
 from __future__ import annotations
@@ -204,6 +208,15 @@ def qdq_summary(model: onnx.ModelProto) -> dict[str, Any]:
             "types": sorted(types), "nonzero_zero_points": nonzero, "layers": layers}
 
 
+def _from_ir(where: str) -> str:
+    """The command that works: calibrate the .ebnn (named when it sits beside the export)."""
+    beside = Path(where).with_suffix(".ebnn")
+    ebnn = str(beside) if beside.is_file() else "MODEL.ebnn"
+    out = Path(where).with_name(f"{Path(where).stem}_int8.onnx")
+    return (f"calibrate the .ebnn it was exported from: edgebnn calibrate {ebnn} -o {out} (it exports the baked fp32 "
+            "ensemble first), or an export written with --mode baked --weights fp32")
+
+
 def _check_calibratable(meta: ExportMetadata, where: str) -> None:
     mode = meta.mode
     task = meta.task_spec(where)
@@ -213,18 +226,22 @@ def _check_calibratable(meta: ExportMetadata, where: str) -> None:
     if meta.calibration:
         raise InvalidOptionError(f"{where}: already INT8-calibrated ({meta.calibration['method']}); "
                                  "calibrate the float export")
-    if (meta.weights or "fp32") != "fp32":
-        raise InvalidOptionError(f"{where}: weights are already {meta.weights} (export --weights); calibrate the "
-                                 "fp32 export: INT8 calibration quantizes weights and activations together")
+    if mode == "baked" and (meta.weights or "fp32") != "fp32":
+        raise InvalidOptionError(f"{where}: its members are stored as {meta.weights} (export --weights "
+                                 f"{meta.weights}), and INT8 calibration quantizes fp32 weights and activations "
+                                 f"together; {_from_ir(where)}")
     if mode != "baked":
+        drawn = "in the graph" if meta.rng == "graph" else "from noise inputs the host fills"
         why = {
-            "noise": "its layers take host-drawn noise inputs, so activations are not a function of the data alone",
+            "noise": f"it draws its weights on every call, {drawn}: there are no stored weights to quantize, and "
+                     "activation ranges measured on one call's draws need not hold for the next",
+            "shared": f"it draws its codebook entries on every call, {drawn}: there are no stored weights to "
+                      "quantize",
             "analytic": "it propagates variances whose range spans orders of magnitude; INT8 would clip them",
             "float_deterministic": "it is a float baseline, not an ensemble",
             "float_bnn": "it is a float baseline with random ops, not an ensemble",
         }.get(str(mode), "unknown export mode")
-        raise InvalidOptionError(f"{where}: a {mode} export cannot be INT8-calibrated ({why}); "
-                                 "export with --mode baked (the TensorRT mode)")
+        raise InvalidOptionError(f"{where}: a {mode} export cannot be INT8-calibrated ({why}); {_from_ir(where)}")
 
 
 def _evaluate(proto: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> tuple[dict[str, float], Any]:
@@ -236,6 +253,34 @@ def _evaluate(proto: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> tuple[dic
     return classification_report(pred.probs, y), pred
 
 
+def _float_ensemble(model_path: str | os.PathLike[str], samples: int | None,
+                    seed: int) -> tuple[onnx.ModelProto, ExportMetadata, str, dict[str, Any] | None]:
+    """(the fp32 baked ensemble, its metadata, its name, how it was exported): read from an export, or exported
+    from an ``.ebnn`` (``samples``: default 16, a deep ensemble's M)."""
+    from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.runtime.session import Session, read_export
+
+    if Path(model_path).suffix.lower() == ".ebnn":
+        from edgebnn import ir
+        from edgebnn.exporters.ensemble import export_onnx
+        from edgebnn.exporters.families import default_samples
+
+        model = ir.load(model_path)
+        samples = samples if samples is not None else default_samples(model, 16)
+        proto = export_onnx(model, samples, mode="baked", weights="fp32", seed=seed)
+        where = str(model_path)
+        exported = {"from": where, "mode": "baked", "weights": "fp32", "samples": samples, "seed": seed}
+        meta = read_metadata(proto, where)
+    else:
+        if samples is not None:
+            raise InvalidOptionError(f"--samples {samples}: an export has its S built in; --samples is for an .ebnn")
+        proto, meta, where = read_export(model_path)
+        exported = None
+    _check_calibratable(meta, where)
+    Session(proto)  # onnxruntime refuses a broken graph here, in one line, before the quantizer sees it
+    return proto, meta, where, exported
+
+
 def calibrate_ensemble(
     model_path: str | os.PathLike[str],
     output: str | os.PathLike[str],
@@ -245,12 +290,15 @@ def calibrate_ensemble(
     calib_split: str = "val",
     eval_split: str = "test",
     device: str = "jetson",
+    samples: int | None = None,
+    seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """INT8-calibrate an exported baked ensemble, write it, and report what it cost.
+    """INT8-calibrate a baked ensemble, write it, and report what it cost.
 
     Args:
-        model_path: An ensemble written by ``edgebnn export --mode baked``.
+        model_path: An ensemble written by ``edgebnn export --mode baked`` (fp32 members), or an ``.ebnn`` whose
+            baked fp32 ensemble is exported first (``samples``, ``seed``).
         output: Where to write the INT8 Q/DQ ONNX (atomically). Its ``edgebnn.export`` metadata is the
             input's plus ``precision: int8`` and a ``calibration`` entry (method, samples used, data, ...),
             so ``edgebnn eval``/``edgebnn.runtime.Session`` run it like any export.
@@ -260,6 +308,8 @@ def calibrate_ensemble(
         eval_split: Digits split for the before/after metrics; must differ from ``calib_split`` when
             calibrating on digits. Skipped (with the reason) for models that do not take 8x8 digits.
         device: TensorRT device profile whose TensorRT version the compatibility check targets.
+        samples: S of the ensemble exported from an ``.ebnn`` (default 16; a deep ensemble: its M members).
+        seed: Seed of the members exported from an ``.ebnn``.
         progress: Called as ``progress(batches, batches per pass)`` while the float graph runs on the data.
 
     Returns:
@@ -273,15 +323,11 @@ def calibrate_ensemble(
     from edgebnn.devices import get_device
     from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.trt_compat import check_trt_compat
-    from edgebnn.runtime.session import Session, read_export
-
     config = config or Int8Config()
     profile = get_device(device)
     if profile.tensorrt is None:
         raise InvalidOptionError(f"--device {device}: the compatibility check needs a TensorRT device (rtx, jetson)")
-    proto, meta, where = read_export(model_path)
-    _check_calibratable(meta, where)
-    Session(model_path)  # onnxruntime refuses a broken graph here, in one line, before the quantizer sees it
+    proto, meta, where, exported = _float_ensemble(model_path, samples, seed)
     if Path(output).resolve() == Path(model_path).resolve():
         raise InvalidOptionError(f"-o {output}: would overwrite the float model it is calibrated from")
     input_shape = tuple(meta.input_shape[1:])
@@ -299,7 +345,8 @@ def calibrate_ensemble(
         x_cal, data_desc = load_inputs(data, input_shape, limit=config.max_samples)
     reader = BatchReader(x_cal, input_name, batch=config.batch, limit=config.max_samples, progress=progress)
     quantized = quantize_int8(proto, reader, config)
-    calibration = {**asdict(config), **data_desc, "samples_used": reader.samples_used,
+    calibration = {**asdict(config), **data_desc, "samples_used": reader.samples_used, "inputs": reader.inputs,
+                   "batch_used": reader.batch,
                    "onnxruntime": _ort_version(), "edgebnn_version": __version__}
     write_metadata(quantized, replace(meta, precision="int8", calibration=calibration))
     onnx.checker.check_model(quantized)
@@ -326,6 +373,7 @@ def calibrate_ensemble(
     save_onnx(quantized, output)
     return {
         "model": str(model_path),
+        "exported": exported,
         "output": str(output),
         "mode": meta.mode,
         "samples": meta.samples,

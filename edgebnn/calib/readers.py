@@ -10,9 +10,11 @@ onnxruntime's calibrators one batch at a time:
   floating-point values. Every file is checked (dtype, shape, finite values) and the first bad one is named
   in a single :class:`InvalidOptionError`.
 
-Batches all have the same size and a last partial batch is dropped: onnxruntime's histogram
-calibrators (percentile, entropy) stack the per-batch outputs with ``np.asarray`` and fail on ragged
-batches. :attr:`BatchReader.samples_used` says how many inputs were actually used.
+Batches all have the same size: onnxruntime's histogram calibrators (percentile, entropy) stack the per-batch
+outputs with ``np.asarray`` and fail on ragged batches. So the batch is the largest size between half the one asked
+for and it that divides the inputs evenly (360 inputs, batch 32: 12 batches of 30), and only when none does is a
+last partial batch left out; :attr:`BatchReader.samples_used` and :attr:`BatchReader.inputs` say how many inputs
+were used of how many, and ``edgebnn calibrate`` prints both.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class BatchReader(CalibrationDataReader):
         if len(x) == 0:
             raise InvalidOptionError("no calibration inputs")
         x = x[:limit] if limit is not None else x
-        self.batch = min(batch, len(x))
+        self.inputs = len(x)
+        self.batch = even_batch(len(x), batch)
         self.samples_used = len(x) // self.batch * self.batch
         self.x = np.ascontiguousarray(x[: self.samples_used], dtype=np.float32)
         self.input_name = input_name
@@ -70,6 +73,19 @@ class BatchReader(CalibrationDataReader):
 
     def rewind(self) -> None:
         self._next = 0
+
+
+def even_batch(n: int, batch: int) -> int:
+    """The batch size for ``n`` inputs asked ``batch``: the largest divisor of ``n`` in [batch/2, batch] (every input
+    used, in equal batches), else ``batch`` (a last partial batch left out); ``n`` when it is at most ``batch``."""
+    if n <= batch:
+        return n
+    return next((d for d in range(batch, (batch + 1) // 2 - 1, -1) if d > 0 and n % d == 0), batch)
+
+
+def divisor_near(n: int, batch: int) -> int | None:
+    """A batch size up to twice ``batch`` that divides ``n`` evenly (what to suggest when ``batch`` leaves some out)."""
+    return next((d for d in range(batch + 1, 2 * batch + 1) if n % d == 0), None)
 
 
 def digits_inputs(split: str = "val", *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

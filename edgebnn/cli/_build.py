@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from edgebnn.api import load_ir, lower_model
 from edgebnn.calib.int8 import METHODS
 from edgebnn.cli._budget import confidence_option, print_budget_bounds
 from edgebnn.cli._common import (
+    DATA,
     _check_output_dir,
     _parse_hoist,
     _parse_shape,
@@ -24,6 +26,7 @@ from edgebnn.cli._common import (
     main,
     write_json,
 )
+from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
 from edgebnn.exporters.defaults import AUTO_MODE
@@ -41,6 +44,19 @@ if TYPE_CHECKING:
     from edgebnn.passes import LowerConfig
 
 
+def _engine_companions(path: str, params: Mapping[str, Any]) -> list[str]:
+    """What a TensorRT build writes beside the engine (:mod:`edgebnn.exporters.tensorrt`), named after it."""
+    if params.get("target") != "tensorrt":
+        return []
+    return [f"{path}.onnx", f"{path}.manifest.json", f"{path}.trtexec.txt"]
+
+
+def _engine_hint(path: str, params: Mapping[str, Any]) -> str:
+    if params.get("target") != "tensorrt":
+        return ""
+    return f" (the ONNX it compiles is written beside it as {Path(path).with_suffix('.engine')}.onnx)"
+
+
 # -- lower ------------------------------------------------------------------------------------------------
 
 
@@ -48,14 +64,14 @@ if TYPE_CHECKING:
 @click.option("--model", "model_spec", required=True, metavar="PKG.MOD:FACTORY",
               help="Factory that builds the (untrained) torch model, e.g. edgebnn.models:digits_cnn "
                    "(modules in the working directory are found, as with python -m).")
-@click.option("--weights", type=click.Path(dir_okay=False), required=True,
+@click.option("--weights", type=InputPath(), required=True,
               help="Trained weights: .safetensors, or .pt/.pth state_dict (loaded with weights_only=True).")
 @click.option("--input-shape", required=True, metavar="B,C,H,W", help="Input shape with batch, e.g. 1,1,8,8.")
 @click.option("--scheme", default=None,
               help="Lowering scheme: float (default), mcq, fixed, codebook, ternary, binary, prune, or prune+SCHEME.")
 @click.option("--bits", default=None, help="Bits per layer: 'auto' (default: from posterior variance) or N.")
 @click.option("--seed", type=int, default=None, help="Seed for every random choice of the lowering (default 0).")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+@click.option("--config", "config_file", type=InputPath(),
               help="Lowering config: a JSON file (or a lower --report), or an .ebnn whose manifest stores one "
                    "(replays its lowering exactly). --scheme/--bits/--seed and --set apply on top.")
 @click.option("--set", "assignments", multiple=True, metavar="KEY=VALUE",
@@ -64,12 +80,13 @@ if TYPE_CHECKING:
                    "--set 'overrides=[{\"pattern\": \"fc*\", \"bits\": 8}]'.")
 @click.option("--output-index", default=0, show_default=True,
               help="Which output to use when forward returns a tuple such as (logits, kl).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the .ebnn IR.")
-@click.option("--report", type=click.Path(dir_okay=False), help="Write the per-layer lowering report as JSON.")
-@click.option("--eval", "eval_data", default=None, metavar="digits|FILE|DIR",
+@click.option("-o", "--output", required=True, type=OutputPath("ebnn", hint=" (then edgebnn export it to .onnx)"),
+              help="Where to write the .ebnn IR (edgebnn export turns it into an .onnx or an engine).")
+@click.option("--report", type=OutputPath("json"), help="Write the per-layer lowering report as JSON.")
+@click.option("--eval", "eval_data", default=None, metavar="digits|FILE|DIR", type=DATA,
               help="Also compare the lowered model with the float BNN (accuracy/NLL/ECE, S=16) on this data: "
                    "'digits' (validation split), a labelled .npz or a folder of shards (see eval --help).")
-@click.option("--ood-data", default=None, metavar="FILE|DIR",
+@click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA,
               help="With --eval: out-of-distribution inputs (x only); adds the mutual-information AUROC.")
 @click.option("--budget", "budget_text", default=None, metavar="METRIC=CHANGE,...",
               help="Uncertainty budget, e.g. nll=+0.02,ece=+0.01,auroc=-0.01 (metrics: nll, ece, brier, accuracy, "
@@ -78,7 +95,7 @@ if TYPE_CHECKING:
                    "--eval rows (one-sided bounds per metric; docs/uncertainty_budget.md). Exit 2, nothing written, "
                    "when none is certified; a budget finer than the rows resolve says how many rows it needs.")
 @confidence_option
-@click.option("--calibrate", "calibrate_data", default=None, metavar="digits|FILE|DIR",
+@click.option("--calibrate", "calibrate_data", default=None, metavar="digits|FILE|DIR", type=DATA,
               help="--scheme fixed: round each layer's means so that the layer's OUTPUT stays closest to the "
                    "float posterior mean's on these inputs (GPTQ error compensation; 'digits': the train split, "
                    "a .npz or a folder of shards, labels not needed) instead of rounding each weight to nearest. "
@@ -89,13 +106,13 @@ if TYPE_CHECKING:
 @click.option("--mc-dropout", is_flag=True,
               help="MC dropout: keep the model's nn.Dropout/Dropout1d/2d/3d on at prediction as the posterior "
                    "(a plain torch model with dropout needs no Bayesian layer).")
-@click.option("--swag", "swag_stats", default=None, type=click.Path(dir_okay=False), metavar="STATS",
+@click.option("--swag", "swag_stats", default=None, type=InputPath(), metavar="STATS",
               help="SWAG: per-parameter {name}_mean, {name}_sq_mean and {name}_covariance_sqrt [K, numel] "
                    "(.safetensors or .pt, as the SWAG reference code and torch-uncertainty store them); the model's "
                    "parameters become SWAG's low-rank + diagonal Gaussian (export with --mode baked).")
 @click.option("--swag-scale", default=0.5, show_default=True, type=float,
               help="SWAG's scale: w = mean + sqrt(scale)·(σ⊙z1 + Dᵀz2/sqrt(K-1)).")
-@click.option("--laplace", "laplace_state", default=None, type=click.Path(dir_okay=False), metavar="STATE",
+@click.option("--laplace", "laplace_state", default=None, type=InputPath(), metavar="STATE",
               help="Laplace: torch.save(la.state_dict(), STATE) of a fitted laplace-torch classification posterior of "
                    "this network (Diag/Kron on all weights, Diag/Kron/Full on the last layer; loaded with "
                    "weights_only=True): its saved class is rebuilt on the model and imported exactly.")
@@ -153,6 +170,9 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     ir.save(model, output)
     print_lower_report(console, lower_report, output, model=f"{model_spec} ({weights})",
                        manifest=json.loads(model.manifest.to_json()), verbose=verbose)
+    if model.manifest.input_range is None:
+        console.print("input range: not recorded (no --eval or --calibrate data), so eval and Session cannot refuse "
+                      "inputs of another scale; lower with --eval DATA to record it", highlight=False, soft_wrap=True)
     if "eval" in lower_report:
         print_lower_eval(console, lower_report["eval"], lower_report.get("budget"), lowered=Path(output).name,
                          path=output)
@@ -178,9 +198,9 @@ def _lower_config(config_file: str | None, scheme: str | None, bits: str | None,
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=InputPath())
 @click.option("--json", "as_json", is_flag=True, help="Print the raw description as JSON instead of tables.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Draw per-layer μ–σ scatter and bits chart to a PNG.")
+@click.option("--plot", type=OutputPath("png"), help="Draw per-layer μ–σ scatter and bits chart to a PNG.")
 @click.option("--verbose", "-v", is_flag=True, help="One table row per weight, however many weights.")
 def inspect(file: str, as_json: bool, plot: str | None, verbose: bool) -> None:
     """Show an .ebnn file's manifest and layers (or an exported .onnx ensemble's metadata)."""
@@ -240,7 +260,7 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=InputPath())
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
 @click.option("--samples", "-S", default=None, metavar="N|auto",
               help="Ensemble size S (default 16; a deep ensemble's M members: M), or auto: an anytime ensemble that "
@@ -309,10 +329,13 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--compute-capability", multiple=True, metavar="X.Y",
               help="rtx: a GPU generation the engine runs on (8.0, 8.6, 8.9, 12.0; 7.5 = Turing, no FP32 GEMM); "
                    "repeat for several. Default: TensorRT for RTX's portable set (Ampere and later).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", required=True,
+              type=OutputPath(lambda p: "engine" if p.get("target") == "tensorrt" else "onnx",
+                              companions=_engine_companions, hint=_engine_hint),
               help="Output .onnx (target onnx) or engine path (target tensorrt: model.engine; the ONNX it compiles "
-                   "is written beside it as model.engine.onnx, with model.engine.manifest.json).")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False),
+                   "is written beside it as model.engine.onnx, with model.engine.manifest.json and "
+                   "model.engine.trtexec.txt).")
+@click.option("--json", "json_out", type=OutputPath("json"),
               help="Write the export report as JSON: the export metadata and the deployed bytes (key deployed).")
 def export(file: str, target: str, samples: str | None, min_samples: int | None, max_samples: int | None,
            chunk: int | None, epsilon: float | None, delta: float | None, mode: str, noise_variant: str,
@@ -322,7 +345,8 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
            compute_capability: tuple[str, ...], output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
-    The graph has one input and three outputs: probs (mean over S), entropy, mutual_info.
+    The graph has one input and three outputs: probs (mean over S), entropy, mutual_info. With --target tensorrt,
+    FILE may also be an ONNX export (e.g. what edgebnn calibrate wrote): the engine is built from it as it is.
     """
     from edgebnn.exporters.defaults import export_auto
     from edgebnn.exporters.ensemble import save_onnx
@@ -330,6 +354,20 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     from edgebnn.exporters.metadata import read_metadata
     from edgebnn.stopping import parse_samples
 
+    if target == "tensorrt" and dry_run:
+        from edgebnn.exporters.tensorrt import check_dry_run_path
+
+        check_dry_run_path(output, device or "rtx")  # before any work: a real engine's companions stay its own
+    if Path(file).suffix.lower() == ".onnx":
+        if target != "tensorrt":
+            raise InvalidOptionError(
+                f"{file}: already an ONNX export; export takes the .ebnn IR (edgebnn lower ... -o model.ebnn). To "
+                f"build a TensorRT engine from this export: edgebnn export {file} --target tensorrt -o model.engine")
+        _engine_from_onnx(file, output, device=device or "rtx", json_out=json_out, dry_run=dry_run,
+                          workspace_mib=workspace_mib, dla_core=dla_core, timing_cache=timing_cache,
+                          max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
+                          compute_capability=compute_capability)
+        return
     model = load_ir(file)
     wanted = parse_samples(samples)
     rule = _anytime_rule(model, wanted, min_samples=min_samples, max_samples=max_samples, chunk=chunk,
@@ -382,12 +420,32 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         if rule is None:  # its suggestions are fixed-S exports
             _say_if_larger(model, deployed, file=file, output=output, samples=size, device=where, seed=seed)
         return
+    _build_engine(proto, output, device=device or "rtx", dry_run=dry_run, workspace_mib=workspace_mib,
+                  dla_core=dla_core, timing_cache=timing_cache, max_batch=max_batch, min_batch=min_batch,
+                  opt_batch=opt_batch, compute_capability=compute_capability, export_meta=meta.to_dict(),
+                  json_out=json_out)
+
+
+def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | None, **build: Any) -> None:
+    """``export model.onnx --target tensorrt``: an engine built from an ONNX export as it is (a calibrated one)."""
+    from edgebnn.runtime.session import read_export
+
+    proto, meta, _ = read_export(file)
+    _check_output_dir(output)
+    precision = f", {meta.precision} ({meta.calibration['method']} calibration)" if meta.calibration else ""
+    console.print(f"engine of {file}: {meta.mode}, S={meta.samples}{precision}, as exported", highlight=False)
+    _build_engine(proto, output, device=device, export_meta=meta.to_dict(), json_out=json_out, **build)
+
+
+def _build_engine(proto: Any, output: str, *, device: str, dry_run: bool, workspace_mib: int, dla_core: int | None,
+                  timing_cache: str | None, max_batch: int, min_batch: int, opt_batch: int | None,
+                  compute_capability: tuple[str, ...], export_meta: dict[str, Any], json_out: str | None) -> None:
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.exporters.tensorrt import manifest_path as manifest_name
 
     onnx_path = engine_onnx_path(output)
-    with _progress_bar(f"building the TensorRT engine for {device or 'rtx'}"):
-        manifest = compile_engine(proto, output, device or "rtx", workspace_mib=workspace_mib, dla_core=dla_core,
+    with _progress_bar(f"building the TensorRT engine for {device}"):
+        manifest = compile_engine(proto, output, device, workspace_mib=workspace_mib, dla_core=dla_core,
                                   timing_cache=Path(timing_cache) if timing_cache else None, dry_run=dry_run,
                                   max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
                                   compute_capability=compute_capability)
@@ -401,7 +459,7 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         console.print(f"wrote {output} ({fmt_bytes(manifest['engine_bytes'])}; {manifest['builder']} "
                       f"{manifest['tensorrt_version']}, built in {manifest['build_seconds']:.2f} s, "
                       f"batch {min_batch}..{max_batch})", highlight=False, markup=False)
-    _print_deployed(str(onnx_path), meta.to_dict(), json_out, engine=manifest)
+    _print_deployed(str(onnx_path), export_meta, json_out, engine=manifest)
 
 
 def _anytime_rule(model: Any, samples: int | str | None, **given: Any) -> Any:
@@ -485,8 +543,9 @@ def export_command(file: str, output: str, *, samples: int, device: str, flags: 
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR",
+@click.argument("model", type=InputPath(wrong={".engine": "a TensorRT engine: calibrate the .ebnn or an ONNX export "
+                                                        "and build the engine from the result"}))
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", type=DATA,
               help="Calibration inputs: 'digits' (split --calib-split), an .npz with x (labels not needed), or a "
                    "folder of .npy/.npz shards (a .npy may also hold a single input), float, preprocessed as the "
                    "model expects.")
@@ -497,18 +556,30 @@ def export_command(file: str, output: str, *, samples: int, device: str, flags: 
               help="digits split to calibrate on.")
 @click.option("--eval-split", type=click.Choice(["train", "val", "test"]), default="test", show_default=True,
               help="digits split for accuracy/NLL/ECE/Brier before and after (never the calibration split).")
-@click.option("--batch", default=32, show_default=True, help="Calibration batch size.")
+@click.option("--batch", default=32, show_default=True,
+              help="Calibration batch size: the largest size from half of it up that divides the inputs evenly "
+                   "(equal batches: 360 inputs run as 12 of 30); if none does, the last partial batch is left out, "
+                   "and the command says how many inputs it used.")
+@click.option("--samples", "-S", type=int, default=None,
+              help="MODEL.ebnn: S of the baked ensemble exported first (default 16; a deep ensemble: its M). An "
+                   ".onnx has its S built in.")
+@click.option("--seed", default=0, show_default=True, help="MODEL.ebnn: seed of the baked members.")
 @click.option("--max-samples", type=int, default=None, help="Calibrate on at most this many inputs.")
 @click.option("--device", default="jetson", show_default=True,
               help="TensorRT device profile the compatibility check targets (jetson: TensorRT 10.3, rtx: 11).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="INT8 Q/DQ ONNX to write.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the calibration report as JSON.")
+@click.option("-o", "--output", required=True, type=OutputPath("onnx"), help="INT8 Q/DQ ONNX to write.")
+@click.option("--json", "json_out", type=OutputPath("json"), help="Write the calibration report as JSON.")
 def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: str, batch: int,
-              max_samples: int | None, device: str, output: str, json_out: str | None) -> None:
-    """INT8-calibrate an exported baked ensemble (symmetric Q/DQ for TensorRT; the predictive head stays float).
+              samples: int | None, seed: int, max_samples: int | None, device: str, output: str,
+              json_out: str | None) -> None:
+    """INT8-calibrate a baked ensemble (symmetric Q/DQ for TensorRT; the predictive head stays float).
 
-    Writes an ONNX that edgebnn eval, edgebnn.runtime.Session and export --target tensorrt take like any
-    export, and reports accuracy, NLL, ECE and Brier before and after INT8 on a held-out split.
+    MODEL is the .ebnn (its baked fp32 ensemble is exported first: --samples, --seed) or an export written with
+    --mode baked (fp32 members). The CPU's default export (noise: weights drawn in the graph on every call) has no
+    stored weights to quantize: give its .ebnn instead. Writes an INT8 Q/DQ ONNX that edgebnn eval and
+    edgebnn.runtime.Session run like any export, and from which a TensorRT engine is built with
+    edgebnn export OUT.onnx --target tensorrt -o OUT.engine; reports accuracy, NLL, ECE and Brier before and after
+    INT8 on a held-out split.
     """
     from edgebnn.calib.int8 import Int8Config, calibrate_ensemble
     from edgebnn.exporters.trt_compat import Finding, format_findings
@@ -517,10 +588,22 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
     config = Int8Config(method=method, batch=batch, max_samples=max_samples)
     with _progress_bar(f"calibrating {Path(model).name} ({method})") as progress:
         report = calibrate_ensemble(model, output, data=data, config=config, calib_split=calib_split,
-                                    eval_split=eval_split, device=device, progress=progress)
-    cal = report["calibration"]
+                                    eval_split=eval_split, device=device, samples=samples, seed=seed,
+                                    progress=progress)
+    from edgebnn.calib.readers import divisor_near
+
+    cal, exported = report["calibration"], report["exported"]
+    if exported:
+        console.print(f"exported {model} baked, S={exported['samples']}, fp32 members (seed {exported['seed']}), "
+                      "then calibrated it", highlight=False)
+    used, of, size = cal["samples_used"], cal["inputs"], cal["batch_used"]
+    left = ""
+    if used < of:
+        near = divisor_near(of, batch)
+        left = (f"; the last {of - used} left out: batches must be equal"
+                + (f", --batch {near} uses all" if near else ""))
     console.print(f"wrote {output} ({fmt_bytes(report['bytes']['after'])}, was {fmt_bytes(report['bytes']['before'])}; "
-                  f"{method} on {cal['samples_used']} inputs)", highlight=False)
+                  f"{method} on {used} of {of} inputs, {used // size} batches of {size}{left})", highlight=False)
     ev = report["evaluation"]
     if ev is None:
         console.print(f"not evaluated: {report['evaluation_reason']}", highlight=False)

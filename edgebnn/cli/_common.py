@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from edgebnn._version import __version__
+from edgebnn.cli._paths import DATA_KEYWORDS, GuardedCommand, InputPath
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.tables import write_json as write_report
 
@@ -30,11 +31,20 @@ err_console = Console(stderr=True)
 
 
 class _Group(click.Group):
-    """Turns EdgeBNNError into one line on stderr and exit status 2."""
+    """Turns EdgeBNNError, and a command line click cannot parse, into one line on stderr and exit status 2."""
+
+    command_class = GuardedCommand  # every command's input and output paths are checked before it runs
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as e:  # a missing or unknown option: one line, not click's usage block
+            if e.ctx is None or e.ctx.command is self:
+                raise
+            where = e.ctx.command_path.replace(e.ctx.find_root().info_name or "edgebnn", "edgebnn", 1)
+            err_console.print(f"[bold red]error:[/] {escape(e.format_message())} (see {escape(where)} --help)",
+                              highlight=False, soft_wrap=True, emoji=False)
+            sys.exit(2)
         except EdgeBNNError as e:
             if ctx.obj and ctx.obj.get("debug"):
                 traceback.print_exc()
@@ -101,6 +111,7 @@ def _parse_hoist(text: str) -> str | float:
     return value
 
 
+DATA = InputPath(keywords=DATA_KEYWORDS, dir_okay=True)  # --data digits, a file or a folder of shards
 DATA_HELP = ("'digits' (the built-in set; --split picks the part), an .npz with x (N, ...) float32 inputs and y (N,) "
              "integer labels, or a folder of .npy/.npz shards (x_000.npy + y_000.npy, or .npz with x and y), "
              "streamed in batches. Inputs must be preprocessed as the model expects.")

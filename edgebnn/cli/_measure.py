@@ -12,6 +12,7 @@ from rich.table import Table
 from edgebnn import schemas
 from edgebnn.api import evaluate_artifact, profile_artifact
 from edgebnn.cli._common import (
+    DATA,
     DATA_HELP,
     SPLIT_HELP,
     _check_output_dir,
@@ -20,6 +21,7 @@ from edgebnn.cli._common import (
     main,
     write_json,
 )
+from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.exporters import MODES
 from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
@@ -33,14 +35,26 @@ if TYPE_CHECKING:
     pass
 
 
+_ONNX_GOT_IR = ("an .ebnn IR, not an export: profile exports the .ebnn it is given itself (drop --onnx), or give "
+                "--onnx the .onnx that edgebnn export wrote")
+_ONNX_GOT_ENGINE = "a TensorRT engine: profile it with --engine on --device rtx or jetson"
+_ENGINE_GOT_IR = "an .ebnn IR, not an engine: build one with edgebnn export IR --target tensorrt -o model.engine"
+
+
+def _engine_got_onnx(path: str) -> str:
+    engine = path[: -len(".onnx")] if path.endswith(".engine.onnx") else "model.engine"
+    return (f"the ONNX an engine is compiled from, not an engine: give --engine {engine} (what edgebnn export "
+            f"--target tensorrt wrote beside it), or profile this ONNX with --onnx {path}")
+
+
 # -- eval -------------------------------------------------------------------------------------------------
 
 
 @main.command(name="eval")
-@click.argument("artifact", type=click.Path(dir_okay=False))
-@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", help=DATA_HELP)
+@click.argument("artifact", type=InputPath())
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", type=DATA, help=DATA_HELP)
 @click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
-@click.option("--ood-data", default=None, metavar="FILE|DIR",
+@click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA,
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
                    "of mutual information and entropy and FPR at 95% TPR.")
 @click.option("--samples", "-S", default=None, metavar="N|auto",
@@ -48,8 +62,8 @@ if TYPE_CHECKING:
                    "(edgebnn export --samples auto's rule); an .onnx has S built in (another --samples is refused). "
                    "An anytime ensemble reports the samples each input used (mean, p50, p90; OOD too).")
 @click.option("--seed", default=0, show_default=True, help="Sampling seed for an .ebnn (and a noise-mode .onnx).")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the metrics as JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False),
+@click.option("--json", "json_out", type=OutputPath("json"), help="Write the metrics as JSON.")
+@click.option("--plot", type=OutputPath("png"),
               help="Write a PNG: reliability diagram and mutual-information histogram (in vs OOD); segmentation: "
                    "also an image, its mask, the predicted mask and the MI map.")
 def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, samples: str | None, seed: int,
@@ -68,6 +82,10 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
                                    ood_data=ood_data, plot=plot, progress=progress)
     print_eval(console, [report])
     _print_samples_used(report)
+    if report.get("input_range") is None:
+        console.print(f"note: {artifact} records no input range (lowered without --eval or --calibrate data), so "
+                      "inputs of another scale (0..255 pixels for a model trained on 0..1) are not caught; lower "
+                      "with --eval DATA to record it", highlight=False, soft_wrap=True)
     if plot:
         console.print(f"wrote {plot}")
     write_json(json_out, report, schemas.EVAL)
@@ -93,30 +111,34 @@ def _print_samples_used(report: dict[str, Any]) -> None:
 
 
 @main.command()
-@click.argument("artifact", type=click.Path(dir_okay=False))
+@click.argument("artifact", type=InputPath())
 @click.option("--device", default="cpu", show_default=True, help="Device profile: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--samples", "-S", default="16", show_default=True, metavar="N|auto",
               help="Ensemble size S, or auto: the anytime ensemble (edgebnn export --samples auto), timed per input on "
                    "--data (and --ood-data) against the fixed export at its largest count, det-S and the float BNN.")
-@click.option("--data", default=None, metavar="digits|FILE|DIR",
+@click.option("--data", default=None, metavar="digits|FILE|DIR", type=DATA,
               help="Anytime ensembles (--samples auto, or an anytime --onnx): the in-distribution inputs timed.")
-@click.option("--ood-data", default=None, metavar="FILE|DIR", help="Anytime ensembles: unfamiliar inputs timed too.")
+@click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA,
+              help="Anytime ensembles: unfamiliar inputs timed too.")
 @click.option("--inputs", default=100, show_default=True, help="Anytime ensembles: how many inputs of each set.")
 @click.option("--mode", type=click.Choice(["auto", *MODES]), default="auto",
               show_default=True,
               help="Export mode of the ensemble profiled (when exporting on the fly). auto: baked on rtx/jetson "
                    "(TensorRT ignores RNG seeds, DLA has no random ops); on the cpu the fastest mode in "
                    "--bench-results, else what edgebnn export writes by default (noise with the IR's codes).")
-@click.option("--onnx", "onnx_path", type=click.Path(dir_okay=False),
+@click.option("--onnx", "onnx_path", type=InputPath(wrong={".ebnn": _ONNX_GOT_IR, ".engine": _ONNX_GOT_ENGINE}),
               help="Profile this exported ensemble instead of exporting ARTIFACT on the fly.")
-@click.option("--engine", type=click.Path(dir_okay=False),
-              help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one.")
+@click.option("--engine", type=InputPath(wrong={".onnx": _engine_got_onnx, ".ebnn": _ENGINE_GOT_IR}),
+              help="rtx/jetson: profile this TensorRT engine (its .manifest.json beside it) instead of building one. "
+                   "Running an engine needs an NVIDIA GPU, the engine's TensorRT (rtx: tensorrt_rtx) and a CUDA "
+                   "build of PyTorch; building one for rtx needs none of them (edgebnn export --target tensorrt).")
 @click.option("--baseline-runner", type=click.Choice(BASELINE_RUNNERS), default="auto",
               show_default=True, help="Runtime of the float baselines. auto: onnxruntime on the cpu; on rtx/jetson "
                                       "float_deterministic as a TensorRT engine and float_bnn in torch CUDA.")
-@click.option("--bench-results", type=click.Path(dir_okay=False),
-              help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu; "
-                   "without it, auto means baked.")
+@click.option("--bench-results", type=InputPath(),
+              help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu: the "
+                   "fastest mode measured there; without it, auto is what edgebnn export writes by default (see "
+                   "--mode).")
 @click.option("--batch", default=1, show_default=True)
 @click.option("--runs", type=int, default=None,
               help="Timed runs per graph [200]; an anytime ensemble: rounds of every graph over its inputs [3].")
@@ -127,13 +149,12 @@ def _print_samples_used(report: dict[str, Any]) -> None:
               help="Run the profile on this machine over ssh (scp the files, run edgebnn there, fetch the JSON).")
 @click.option("--remote-edgebnn", default="edgebnn", show_default=True, metavar="CMD",
               help="The edgebnn command on the --remote machine, e.g. ~/venv/bin/edgebnn.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the profile as JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Bar plot of latency (and energy) as PNG.")
+@click.option("--json", "json_out", type=OutputPath("json"), help="Write the profile as JSON.")
+@click.option("--plot", type=OutputPath("png"), help="Bar plot of latency (and energy) as PNG.")
 def profile(artifact: str, device: str, samples: str, data: str | None, ood_data: str | None, inputs: int, mode: str,
             onnx_path: str | None, engine: str | None, baseline_runner: str, bench_results: str | None, batch: int,
             runs: int | None, warmup: int, threads: int, power_meter: str | None, remote: str | None,
-            remote_edgebnn: str,
-            json_out: str | None, plot: str | None) -> None:
+            remote_edgebnn: str, json_out: str | None, plot: str | None) -> None:
     """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run.
 
     An anytime ensemble (--samples auto) is timed per input (--runs rounds over --inputs inputs of --data)."""
@@ -190,18 +211,18 @@ def _print_anytime_profile(report: dict[str, Any]) -> None:
 
 
 @main.command()
-@click.argument("a", type=click.Path(dir_okay=False))
-@click.argument("b", type=click.Path(dir_okay=False))
-@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", help=DATA_HELP)
+@click.argument("a", type=InputPath())
+@click.argument("b", type=InputPath())
+@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", type=DATA, help=DATA_HELP)
 @click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
-@click.option("--ir", "ir_path", type=click.Path(dir_okay=False),
+@click.option("--ir", "ir_path", type=InputPath(),
               help="The .ebnn both artifacts came from (needed when A and B are both exports).")
 @click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn side (reference runtime).")
 @click.option("--null-runs", default=99, show_default=True, help="Simulated null pairs for the p-value.")
 @click.option("--alpha", default=0.01, show_default=True, help="Call the distributions different when p <= alpha.")
 @click.option("--seed", default=0, show_default=True,
               help="Sampling seed: A's side uses it, B's seed + 1, the null simulation seeds from seed + 1000.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the comparison as JSON.")
+@click.option("--json", "json_out", type=OutputPath("json"), help="Write the comparison as JSON.")
 def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, null_runs: int,
             alpha: float, seed: int, json_out: str | None) -> None:
     """Do artifacts A and B give the same predictive distribution (within Monte Carlo error)?
@@ -241,9 +262,10 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
 @click.option("--samples", "-S", default="16", show_default=True, metavar="N|auto",
               help="Ensemble size S, or auto: the anytime ensemble (edgebnn export --samples auto), timed per input on "
                    "--data (and --ood-data) against the fixed export at its largest count, det-S and the float BNN.")
-@click.option("--data", default=None, metavar="digits|FILE|DIR",
+@click.option("--data", default=None, metavar="digits|FILE|DIR", type=DATA,
               help="Anytime ensembles (--samples auto, or an anytime --onnx): the in-distribution inputs timed.")
-@click.option("--ood-data", default=None, metavar="FILE|DIR", help="Anytime ensembles: unfamiliar inputs timed too.")
+@click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA,
+              help="Anytime ensembles: unfamiliar inputs timed too.")
 @click.option("--inputs", default=100, show_default=True, help="Anytime ensembles: how many inputs of each set.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
@@ -251,9 +273,10 @@ def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
     """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.
 
     Writes into OUT: digits_cnn.safetensors, digits_cnn.ebnn, digits_cnn_S<S>.onnx (fp32 baked), the fixed-point
-    lowering digits_cnn_fixed.ebnn, its int8 baked export digits_cnn_fixed_S<S>_int8.onnx and its codes in a noise
-    graph digits_cnn_fixed_S<S>_noise.onnx, and the JSON reports lower.json, eval_reference.json, eval_onnx.json,
-    eval_fixed_int8.json, eval_fixed_noise.json, profile.json and demo.json (plus profile.png).
+    lowering digits_cnn_fixed.ebnn, its int8 baked export digits_cnn_fixed_S<S>_int8.onnx (int8 + DequantizeLinear:
+    --form qdq) and its codes in a noise graph digits_cnn_fixed_S<S>_noise.onnx, and the JSON reports lower.json,
+    eval_reference.json, eval_onnx.json, eval_fixed_int8.json, eval_fixed_noise.json, profile.json and demo.json
+    (plus profile.png). Every file records the training inputs' range, which eval and Session check inputs against.
     """
     from edgebnn.demo import run_demo
 

@@ -8,11 +8,12 @@ import click
 from rich.table import Table
 
 from edgebnn.cli._common import console, main, write_json
+from edgebnn.cli._paths import OutputPath
 from edgebnn.schemas import PLUGINS
 
 
 @main.command()
-@click.option("--json", "as_json", type=click.Path(dir_okay=False), help="Also write the listing as JSON to this file.")
+@click.option("--json", "as_json", type=OutputPath("json"), help="Also write the listing as JSON to this file.")
 def plugins(as_json: str | None) -> None:
     """List the plug-ins loaded and what each registered (posterior families, encodings, tasks), then every
     family with its importers, draws, stores, lowerings and what --mode analytic does with it.

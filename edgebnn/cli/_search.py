@@ -9,11 +9,13 @@ import click
 
 from edgebnn.cli._budget import confidence_option, print_search_certification
 from edgebnn.cli._common import (
+    DATA,
     _check_output_dir,
     console,
     main,
     write_json,
 )
+from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.errors import InvalidOptionError
 from edgebnn.search.objectives import DEFAULT_OBJECTIVES
 from edgebnn.search.run import DEFAULT_POPULATION
@@ -35,11 +37,11 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
 
 
 @main.command()
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--data", required=True, metavar="digits|FILE|DIR",
+@click.argument("model", type=InputPath())
+@click.option("--data", required=True, metavar="digits|FILE|DIR", type=DATA,
               help="Labelled search data ('digits': its val split; an .npz with x and y; a folder of shards). "
                    "Keep a test set apart: the search chooses on this data.")
-@click.option("--ood-data", default=None, metavar="FILE|DIR", help="Out-of-distribution inputs: adds auroc.")
+@click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA, help="Out-of-distribution inputs: adds auroc.")
 @click.option("--device", default="cpu", show_default=True,
               help="Device profile each trial is profiled on: cpu, rtx, jetson, jetson-orin-*.")
 @click.option("--trials", default=24, show_default=True, help="Trials the study holds when the search ends.")
@@ -75,16 +77,16 @@ def _choices(text: str | None, option: str) -> tuple[str, ...] | None:
               help="Processes (local) or CPUs of the local Ray instance; ignored with --ray-address.")
 @click.option("--ray-address", default=None, metavar="HOST:PORT",
               help="A running Ray cluster (checked within 5 s); profiles run where the device's custom resource is.")
-@click.option("--study", "study_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--study", "study_path", type=OutputPath("json"), default=None,
               help="Study file (Optuna journal); re-running the same command continues it. "
                    "Default: beside --json as NAME.study.jsonl, else edgebnn-search.study.jsonl.")
 @click.option("--runs", default=20, show_default=True, help="Timed runs per trial profile (0: no profile).")
 @click.option("--warmup", default=3, show_default=True, help="Untimed runs before timing.")
 @click.option("--threads", default=1, show_default=True, help="onnxruntime threads per trial.")
 @click.option("--baseline-samples", default=16, show_default=True, help="S of the float BNN the budget is relative to.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write the search report as JSON.")
-@click.option("--plot", type=click.Path(dir_okay=False), help="Pareto plot (PNG).")
-@click.option("--export-best", type=click.Path(dir_okay=False), help="Write the best trial's ONNX ensemble here.")
+@click.option("--json", "json_out", type=OutputPath("json"), help="Write the search report as JSON.")
+@click.option("--plot", type=OutputPath("png"), help="Pareto plot (PNG).")
+@click.option("--export-best", type=OutputPath("onnx"), help="Write the best trial's ONNX ensemble here.")
 def search(model: str, data: str, ood_data: str | None, device: str, trials: int, budget: str | None,
            confidence: float, objectives: str, schemes: str | None, bits_choices: str | None, sigma_choices: str | None,
            samples_choices: str | None,

@@ -77,7 +77,9 @@ def export_auto(model: BNNModel, samples: int, *, mode: str = AUTO_MODE, noise: 
             continue
         where = device or "cpu"
         if not refused:
-            why = f"the default on {where}" + (": the IR's codes in one graph" if m == "noise" else "")
+            why = (f"the default on {where}" + (": the IR's codes in one graph" if m == "noise" else "")
+                   if len(candidates) > 1 or export_device(where).export_mode == "baked"
+                   else "a deep ensemble's only exact mode: its M members")
         elif m == candidates[0][0]:  # the default mode, with another --noise variant
             why = f"the default on {where}, with --noise {variant}, because " + "; ".join(refused)
         else:

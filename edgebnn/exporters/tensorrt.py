@@ -405,6 +405,8 @@ def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str,
     if engine_path.suffix == ".onnx":
         raise InvalidOptionError(f"-o {engine_path}: give the engine path (e.g. model.engine), not an .onnx path")
     profile = get_device(device)
+    if dry_run:
+        check_dry_run_path(engine_path, device)
     findings = check_trt_compat(proto, tensorrt=profile.tensorrt or "11", dla=build.get("dla_core") is not None)
     if profile.tensorrt is not None and has_errors(findings):
         first = next(f for f in findings if f.severity == "error")
@@ -422,6 +424,32 @@ def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str,
         for where in (engine_onnx_path, manifest_path, trtexec_path, *(() if dry_run else (Path,))):
             os.replace(where(staged), where(engine_path))
     return manifest
+
+
+def check_dry_run_path(engine_path: str | Path, device: str) -> None:
+    """Refuse a dry run to the path of an engine that exists: it would replace the engine's ONNX and manifest
+    with those of a build that has no engine, and ``profile --engine`` would read another build's manifest.
+
+    Raises:
+        InvalidOptionError: An engine is at ``engine_path``.
+    """
+    engine_path = Path(engine_path)
+    if engine_path.exists():
+        name = engine_path.with_name(f"{engine_path.stem}-{get_device(device).name}.engine")
+        raise InvalidOptionError(
+            f"-o {engine_path}: an engine is there{_built_for(engine_path)}; a dry run writes no engine, so the ONNX "
+            f"and manifest it writes beside {engine_path.name} would describe another build than that engine: give "
+            f"the dry run its own name, e.g. -o {name}")
+
+
+def _built_for(engine: Path) -> str:
+    """`` (built for rtx, its manifest says)``, or nothing when the manifest beside it does not say."""
+    try:
+        manifest = json.loads(manifest_path(engine).read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return ""
+    device = manifest.get("device") if isinstance(manifest, dict) else None
+    return f" (built for {device}, its manifest says)" if isinstance(device, str) else ""
 
 
 class _Messages:
@@ -565,6 +593,59 @@ def _check_engine_bytes(engine: Path, builder: str | None) -> None:
         raise InvalidArtifactError(f"{engine}: not a TensorRT-RTX engine (bad header or length); rebuild it")
 
 
+def read_engine_manifest(engine_path: str | Path, device: str | None = None) -> dict[str, Any]:
+    """The build manifest of an engine, checked against the engine file and ``device`` (no TensorRT needed).
+
+    Checked before anything is imported, so an engine built for another device is named as such even where that
+    device's TensorRT is not installed.
+
+    Raises:
+        InvalidArtifactError: Engine or manifest missing or unreadable, a dry-run manifest, an engine that does not
+            match its manifest or is no engine, or an engine built for another device than ``device``.
+    """
+    engine = Path(engine_path)
+    manifest_file = manifest_path(engine)
+    if not engine.is_file():
+        dry = manifest_file.is_file() and _is_dry_run(manifest_file)
+        raise InvalidArtifactError(
+            f"{engine}: engine file not found" + (f" ({manifest_file.name} is a dry run's: build the engine on the "
+                                                  f"device with the command in {trtexec_path(engine).name})"
+                                                  if dry else ""))
+    if not manifest_file.is_file():
+        raise InvalidArtifactError(f"{engine}: no build manifest {manifest_file.name}; rebuild the engine")
+    try:
+        if manifest_file.stat().st_size > 16 << 20:
+            raise InvalidArtifactError(f"{manifest_file}: {manifest_file.stat().st_size:,} bytes is no build manifest")
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise InvalidArtifactError(f"{manifest_file}: unreadable build manifest ({_one_line(str(e), 120)})") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise InvalidArtifactError(f"{manifest_file}: not an edgebnn TensorRT build manifest")
+    if manifest.get("builder") not in (*BUILDERS, None) or manifest.get("device") not in DEVICES:
+        raise InvalidArtifactError(f"{manifest_file}: unknown builder or device in the build manifest")
+    if manifest.get("dry_run") or not manifest.get("engine_sha256"):
+        raise InvalidArtifactError(f"{manifest_file}: written by a dry run (no engine was built with it), so it does "
+                                   f"not describe {engine.name}: rebuild the engine (edgebnn export --target tensorrt "
+                                   f"-o {engine})")
+    if _sha256(engine) != manifest["engine_sha256"]:
+        raise InvalidArtifactError(f"{engine}: engine does not match its manifest (rebuilt or corrupted)")
+    _check_engine_bytes(engine, manifest.get("builder"))
+    if device is not None and get_device(device).name != manifest.get("device"):
+        raise InvalidArtifactError(
+            f"{engine}: built for {manifest.get('device')}, not {get_device(device).name}: profile it with --device "
+            f"{manifest.get('device')}, or build one for {get_device(device).name} (edgebnn export --target tensorrt "
+            f"--device {get_device(device).name})"
+        )
+    return manifest
+
+
+def _is_dry_run(manifest_file: Path) -> bool:
+    try:
+        return bool(json.loads(manifest_file.read_text()).get("dry_run"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, AttributeError):
+        return False
+
+
 def check_engine(
     engine_path: str | Path, device: str | None = None, *, tensorrt_version: str | None = None
 ) -> dict[str, Any]:
@@ -585,30 +666,7 @@ def check_engine(
         MissingDependencyError: ``tensorrt_version`` is None and TensorRT is not installed.
     """
     engine = Path(engine_path)
-    manifest_file = manifest_path(engine)
-    if not engine.is_file():
-        raise InvalidArtifactError(f"{engine}: engine file not found")
-    if not manifest_file.is_file():
-        raise InvalidArtifactError(f"{engine}: no build manifest {manifest_file.name}; rebuild the engine")
-    try:
-        if manifest_file.stat().st_size > 16 << 20:
-            raise InvalidArtifactError(f"{manifest_file}: {manifest_file.stat().st_size:,} bytes is no build manifest")
-        manifest = json.loads(manifest_file.read_text())
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise InvalidArtifactError(f"{manifest_file}: unreadable build manifest ({_one_line(str(e), 120)})") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise InvalidArtifactError(f"{manifest_file}: not an edgebnn TensorRT build manifest")
-    if manifest.get("builder") not in (*BUILDERS, None) or manifest.get("device") not in DEVICES:
-        raise InvalidArtifactError(f"{manifest_file}: unknown builder or device in the build manifest")
-    if manifest.get("dry_run") or not manifest.get("engine_sha256"):
-        raise InvalidArtifactError(f"{manifest_file}: manifest of a dry run; build the engine on the target")
-    if _sha256(engine) != manifest["engine_sha256"]:
-        raise InvalidArtifactError(f"{engine}: engine does not match its manifest (rebuilt or corrupted)")
-    _check_engine_bytes(engine, manifest.get("builder"))
-    if device is not None and get_device(device).name != manifest.get("device"):
-        raise InvalidArtifactError(
-            f"{engine}: built for {manifest.get('device')}, not {get_device(device).name}; rebuild for this device"
-        )
+    manifest = read_engine_manifest(engine, device)
     installed = (tensorrt_version if tensorrt_version is not None
                  else str(import_builder(get_device(manifest["device"])).__version__))
     if installed != manifest.get("tensorrt_version"):

@@ -130,6 +130,9 @@ class Session:
             raise InvalidOptionError(f"{self.where}: input has shape {tuple(x.shape)}, the model takes (batch, {want})")
         if len(x) == 0:
             raise InvalidOptionError(f"{self.where}: empty batch")
+        outside = outside_input_range(x, self.meta.input_range)
+        if outside:  # the same rule as edgebnn eval (edgebnn.api.checked_range)
+            raise InvalidOptionError(f"{self.where}: {outside}")
         return np.ascontiguousarray(x, dtype=np.float32)
 
     def _check_noise(self, noise: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
@@ -149,3 +152,23 @@ class Session:
         if extra:
             raise InvalidOptionError(f"{self.where}: unknown noise inputs {sorted(extra)}")
         return out
+
+
+RANGE_MARGIN = 1.0
+"""Inputs are refused when they leave the recorded input range widened by this many times its width on each side:
+a scale error (raw 0..16 pixels for a model lowered on 0..1, 0..255 for 0..1, unnormalised for standardised)
+lands far outside it, new data of the same preprocessing does not."""
+
+
+def outside_input_range(x: np.ndarray, limits: Any) -> str | None:
+    """What is wrong when ``x`` leaves the recorded ``[lo, hi]`` widened by :data:`RANGE_MARGIN` widths on each
+    side, else None (also when no range is recorded)."""
+    if limits is None:
+        return None
+    lo, hi = float(limits[0]), float(limits[1])
+    width = max(hi - lo, 1e-6)
+    xmin, xmax = float(np.min(x)), float(np.max(x))
+    if lo - RANGE_MARGIN * width <= xmin and xmax <= hi + RANGE_MARGIN * width:
+        return None
+    return (f"inputs span [{xmin:.4g}, {xmax:.4g}], far outside [{lo:.4g}, {hi:.4g}], the range of the inputs the "
+            "model was lowered with; preprocess them the same way (another scale or normalisation?)")

@@ -159,7 +159,8 @@ def choose_best(trials: Sequence[Mapping[str, Any]], baseline: Mapping[str, floa
     within = [t for t in done if not any(budget_excess(t, baseline, budget).values())]
     if within:
         best = min(within, key=lambda t: (t["bytes"], t["number"]))
-        return best, f"smallest bytes of {len(within)} trial(s) within the budget", None
+        where = "within the budget" if budget else "completed (no --budget: every trial counts)"
+        return best, f"smallest bytes of {len(within)} trial(s) {where}", None
 
     def badness(t: Mapping[str, Any]) -> tuple[float, int, int]:
         excess = budget_excess(t, baseline, budget)

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgebnn.search.objectives import OBJECTIVES
-from edgebnn.tables import fmt_bytes
+from edgebnn.tables import fmt_bytes, times_smaller
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -51,7 +51,7 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
     if report["best"]:
         b = report["best"]
         console.print(f"best: trial {b['number']} ({escape(_describe(b['config']))}): {fmt_bytes(b['bytes'])}, "
-                      f"{base['bytes'] / b['bytes']:.1f}x smaller than the float BNN; {report['best_reason']}",
+                      f"{times_smaller(base['bytes'], b['bytes'], 'float BNN')}; {report['best_reason']}",
                       highlight=False)
     else:
         console.print(f"best: none: {escape(report['best_reason'])}", highlight=False)
@@ -96,7 +96,8 @@ def plot_front(report: dict[str, Any], path: str | Path) -> Path:
     ax.plot(px, py, "o-", color="#c33", ms=5, lw=1, label="Pareto front (all objectives)")
     if report["best"]:
         bx, by = points([report["best"]])
-        ax.scatter(bx, by, marker="*", s=220, color="#e90", edgecolor="k", zorder=5, label="best within budget")
+        ax.scatter(bx, by, marker="*", s=220, color="#e90", edgecolor="k", zorder=5,
+                   label="best within budget" if report.get("budget") else "smallest")
     base = {"bytes": report["baseline"]["bytes"], "metrics": report["baseline"]["metrics"]}
     bx0, by0 = x_obj.value(base), y_obj.value(base)
     if bx0 is not None and by0 is not None:

@@ -70,6 +70,9 @@ class TensorRTTarget(Target):
         return runner, runner.engine_path.stat().st_size
 
     def _load(self, artifact: Path, samples: int | None) -> Executable:
+        from edgebnn.exporters.tensorrt import read_engine_manifest
+
+        read_engine_manifest(artifact, self.name)  # an engine for another device is named as such, TensorRT or not
         import_tensorrt(self.name)
         meta = _engine_export(artifact, samples)
         runner = TensorRTRunner(artifact, self.name)

@@ -242,16 +242,25 @@ def import_tensorrt(device: str = "jetson") -> Any:
     return import_builder(get_device(device))
 
 
+ENGINE_NEEDS = ("an NVIDIA GPU with its driver, the engine's TensorRT (rtx: tensorrt_rtx, the same version that "
+                "built it; Jetson: JetPack's tensorrt) and a CUDA build of PyTorch, in which the runner keeps its "
+                "buffers (on Jetson, NVIDIA's JetPack wheel)")
+"""What ``profile --engine`` needs to run an engine (README "Commands"; building one needs no GPU on rtx)."""
+
+
+def _no_cuda(torch: Any) -> str:
+    if getattr(torch.version, "cuda", None) is None:
+        return f"torch {torch.__version__} is a CPU build"
+    return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU"
+
+
 class TorchCudaMemory:
     """Device buffers for the TensorRT runner: torch CUDA tensors on a dedicated stream."""
 
     def __init__(self, device: int = 0) -> None:
         torch = self.torch = import_torch()
         if not torch.cuda.is_available():
-            raise MissingDependencyError(
-                "the TensorRT runner keeps its buffers in torch CUDA tensors: install a CUDA build of PyTorch "
-                "(on Jetson, NVIDIA's JetPack wheel)"
-            )
+            raise MissingDependencyError(f"running a TensorRT engine needs {ENGINE_NEEDS}; here {_no_cuda(torch)}")
         self.device = torch.device("cuda", device)
         self.stream = torch.cuda.Stream(self.device)
         self.stream_handle = self.stream.cuda_stream

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
 from synthetic import INPUT_SHAPE, synthetic_cnn
 
+from edgebnn import ir
 from edgebnn.calib.int8 import METHODS, QUANTIZED_OPS, Int8Config, calibrate_ensemble, qdq_summary, quantize_int8
 from edgebnn.calib.readers import BatchReader, load_inputs
 from edgebnn.cli import main
@@ -120,9 +123,17 @@ def test_only_baked_float_exports_are_calibrated(tmp_path, baked):
         save_onnx(export_onnx(model, 4, mode=mode), path)
         with pytest.raises(InvalidOptionError, match=f"a {mode} export cannot be INT8-calibrated"):
             calibrate_ensemble(path, tmp_path / "o.onnx", data=str(baked[1]))
+    # the CPU default (noise drawn in the graph): the true reason, and the command that works, naming the .ebnn
+    default = tmp_path / "model.onnx"
+    save_onnx(export_onnx(model, 4, mode="noise", rng="graph"), default)
+    ir.save(model, tmp_path / "model.ebnn")
+    with pytest.raises(InvalidOptionError, match=(
+            r"it draws its weights on every call, in the graph: there are no stored weights to quantize.*"
+            rf"edgebnn calibrate {re.escape(str(tmp_path / 'model.ebnn'))} -o ")):
+        calibrate_ensemble(default, tmp_path / "o.onnx", data=str(baked[1]))
     int8w = tmp_path / "w8.onnx"
     save_onnx(export_onnx(model, 4, weights="int8"), int8w)
-    with pytest.raises(InvalidOptionError, match="weights are already int8"):
+    with pytest.raises(InvalidOptionError, match=r"its members are stored as int8 \(export --weights int8\)"):
         calibrate_ensemble(int8w, tmp_path / "o.onnx", data=str(baked[1]))
     plain = tmp_path / "plain.onnx"
     stripped = onnx.load(str(baked[0]))
@@ -154,7 +165,15 @@ def test_batch_reader_drops_the_ragged_tail_and_rewinds():
     reader.rewind()
     assert reader.get_next()["input"].shape == (32, 1, 6, 6)
     assert BatchReader(_inputs(5), "input", batch=32).samples_used == 5  # a small set is one batch
-    assert BatchReader(_inputs(70), "input", batch=8, limit=20).samples_used == 16
+    assert BatchReader(_inputs(70), "input", batch=8, limit=20).samples_used == 20  # 4 batches of 5: all used
+
+
+def test_batch_reader_uses_every_input_when_an_equal_batch_near_the_asked_one_divides_them():
+    reader = BatchReader(_inputs(360), "input", batch=32)  # the digits val split: 12 batches of 30, none left out
+    assert reader.batch == 30 and reader.samples_used == reader.inputs == 360 and len(reader) == 12
+    assert [len(b["input"]) for b in iter(reader.get_next, None)] == [30] * 12
+    odd = BatchReader(_inputs(359), "input", batch=32)  # a prime: no equal batch in 16..32, the tail is left out
+    assert (odd.batch, odd.samples_used, odd.inputs) == (32, 352, 359)
 
 
 @pytest.mark.parametrize(
@@ -203,3 +222,23 @@ def test_cli_bad_data_is_one_line_exit_2(baked, tmp_path):
     r = CliRunner().invoke(main, ["calibrate", str(baked[0]), "--data", str(tmp_path / "bad"), "-o", str(out)])
     assert r.exit_code == 2, r.output
     assert r.output.strip().startswith("error:") and "x.npy: dtype uint8" in r.output and not out.exists()
+
+
+def test_an_ebnn_is_exported_baked_fp32_then_calibrated(tmp_path, baked):
+    """calibrate takes the .ebnn too (the CPU default export is a noise graph it cannot take): the same Q/DQ
+    model as calibrating the baked fp32 export of the same S and seed."""
+    model = synthetic_cnn()
+    ir.save(model, tmp_path / "m.ebnn")
+    save_onnx(export_onnx(model, 4, mode="baked", weights="fp32", seed=3), tmp_path / "b.onnx")
+    config = Int8Config(method="minmax", batch=16)
+    report = calibrate_ensemble(tmp_path / "m.ebnn", tmp_path / "a.onnx", data=str(baked[1]), config=config,
+                                samples=4, seed=3)
+    assert report["exported"] == {"from": str(tmp_path / "m.ebnn"), "mode": "baked", "weights": "fp32", "samples": 4,
+                                  "seed": 3}
+    calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "b8.onnx", data=str(baked[1]), config=config)
+    a, b = (onnx.load(str(tmp_path / n)) for n in ("a.onnx", "b8.onnx"))
+    assert [n.op_type for n in a.graph.node] == [n.op_type for n in b.graph.node]
+    for ta, tb in zip(a.graph.initializer, b.graph.initializer, strict=True):
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(ta), onnx.numpy_helper.to_array(tb))
+    with pytest.raises(InvalidOptionError, match="an export has its S built in"):
+        calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "c.onnx", data=str(baked[1]), samples=4)

@@ -39,3 +39,24 @@ def test_setuptools_applies_the_project_table_without_warnings(monkeypatch):
         dist = apply_configuration(Distribution(), "pyproject.toml")
     assert [f"{w.category.__name__}: {str(w.message).splitlines()[0]}" for w in caught] == []
     assert dist.metadata.license_expression == "Apache-2.0"
+
+
+def test_every_phony_make_target_has_a_rule():
+    """`make lint` was declared .PHONY without a rule (issue 38); `make -n` only prints what would run."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("no make on this machine")
+    makefile = ROOT / "Makefile"
+    phony = re.search(r"^\.PHONY:(.*)$", makefile.read_text(), flags=re.M)
+    assert phony is not None
+    targets = phony.group(1).split()
+    assert "lint" in targets and "test" in targets
+    for target in targets:
+        dry = subprocess.run(["make", "-n", "-f", str(makefile), target], cwd=ROOT, capture_output=True, text=True,
+                             check=False)
+        assert dry.returncode == 0, (target, dry.stderr)
+    lint = subprocess.run(["make", "-n", "-f", str(makefile), "lint"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    assert all(tool in lint for tool in ("ruff check", "mypy -p edgebnn", "lint-imports"))

@@ -268,7 +268,8 @@ def test_tensorrt_runner_refuses_an_engine_for_another_device(tmp_path, trt_env)
     install()
     engine = write_engine(tmp_path, device="jetson-agx-orin")
     with pytest.raises(InvalidArtifactError,
-                       match="built for jetson-agx-orin, not jetson-orin-nano; rebuild for this device"):
+                       match="built for jetson-agx-orin, not jetson-orin-nano: profile it with --device "
+                             "jetson-agx-orin"):
         TensorRTRunner(engine, "jetson", memory=memory)
 
 

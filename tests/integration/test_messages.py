@@ -1,0 +1,100 @@
+"""Every label and message on the README's paths says what is true (issue 39, item 5): a ratio says larger when the
+file is larger, a lowered IR is not told to be lowered first, a deep ensemble's mode says why it is baked, a search
+without a budget does not speak of one, and `profile --help` says one thing about `--mode auto`."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+from synthetic import synthetic_linear
+
+import edgebnn
+from edgebnn import ir
+from edgebnn.cli import main
+
+
+def run(*args: object):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_lower_size_is_the_ir_tensors_and_says_larger_when_larger():
+    from edgebnn.tables import print_lower_report
+
+    console = Console(width=200, record=True)
+    report = {"scheme": "float", "seed": 0, "layers": [], "total_bytes": 93_000, "float_bnn_bytes": 46_600,
+              "compression_ratio": 46_600 / 93_000}
+    print_lower_report(console, report, "m.ebnn")
+    text = flat(console.export_text())
+    assert "90.8 KiB of IR tensors" in text and "2.00x larger than the fp32 BNN (45.5 KiB)" in text
+    assert "0.5x smaller" not in text and "smaller" not in text
+
+
+def test_a_lowered_ir_larger_than_the_fp32_bnn_is_not_told_to_lower_first(tmp_path):
+    # a 5 -> 4 linear layer: 192 bytes of fp32 BNN, less than any ONNX graph around it
+    lowered = ir.save(edgebnn.lower(synthetic_linear(), "fixed", seed=0), tmp_path / "tiny.ebnn")
+    r = run("export", lowered, "--samples", 4, "-o", tmp_path / "t.onnx")
+    assert r.exit_code == 0, r.output
+    text = flat(r.output)
+    assert "larger than the fp32 BNN" in text
+    assert "lower the IR first" not in text and "the IR is lowered already (fixed)" in text
+    float_ir = ir.save(synthetic_linear(), tmp_path / "float.ebnn")
+    text = flat(run("export", float_ir, "--samples", 4, "-o", tmp_path / "f.onnx").output)
+    assert "lower the IR first (edgebnn lower --scheme fixed)" in text
+
+
+def test_a_deep_ensemble_says_why_it_is_baked(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    torch.manual_seed(0)
+    members = [nn.Sequential(nn.Flatten(), nn.Linear(16, 3)) for _ in range(3)]
+    ensemble = ir.save(edgebnn.from_torch(members, (1, 1, 4, 4)), tmp_path / "ens.ebnn")
+    r = run("export", ensemble, "-o", tmp_path / "ens.onnx")
+    assert r.exit_code == 0, r.output
+    assert "mode: baked (a deep ensemble's only exact mode: its M members)" in flat(r.output)
+    assert "the default on cpu" not in r.output
+    rtx = run("export", ensemble, "--target", "tensorrt", "--dry-run", "-o", tmp_path / "ens.engine")
+    assert "mode: baked (the default on rtx)" in flat(rtx.output)
+
+
+def test_a_search_without_a_budget_does_not_speak_of_one():
+    from edgebnn.search.objectives import choose_best
+
+    trials = [{"state": "complete", "number": n, "bytes": b, "metrics": {"nll": 0.1}, "config": {"scheme": "fixed"}}
+              for n, b in ((0, 900), (1, 500))]
+    best, reason, _ = choose_best(trials, {"nll": 0.1}, {})
+    assert best is not None and best["number"] == 1
+    assert "within the budget" not in reason and "no --budget" in reason
+    _, with_budget, _ = choose_best(trials, {"nll": 0.1}, {"nll": 0.05})
+    assert "within the budget" in with_budget
+
+
+def test_profile_help_says_one_thing_about_auto():
+    text = flat(run("profile", "--help").output)
+    assert "auto means baked" not in text
+    assert text.count("what edgebnn export writes by default") == 2  # --mode and --bench-results agree
+    assert "Running an engine needs an NVIDIA GPU, the engine's TensorRT (rtx: tensorrt_rtx) and a CUDA build of " \
+           "PyTorch" in text
+
+
+def test_eval_and_lower_say_when_no_input_range_is_recorded(tmp_path):
+    import numpy as np
+
+    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+
+    model = synthetic_linear()
+    save_onnx(export_onnx(model, 2), tmp_path / "m.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.uniform(0, 255, (8, 5)).astype(np.float32), y=rng.integers(0, 4, 8))
+    r = run("eval", tmp_path / "m.onnx", "--data", tmp_path / "d.npz")
+    assert r.exit_code == 0, r.output
+    assert "records no input range (lowered without --eval or --calibrate data)" in flat(r.output)
+    model.manifest.input_range = [0.0, 1.0]
+    save_onnx(export_onnx(model, 2), tmp_path / "r.onnx")
+    r = run("eval", tmp_path / "r.onnx", "--data", tmp_path / "d.npz")
+    assert r.exit_code == 2 and "far outside [0, 1]" in r.output
