@@ -35,7 +35,6 @@ from edgebnn.api._evaluate import Progress, _eval_data, lowering_quality
 from edgebnn.api._greedy import _RECIPES, BUDGET_START, PATH_STEP, _BudgetSearch, deployed_size, start_config
 from edgebnn.api._model import lower
 from edgebnn.errors import InvalidOptionError
-from edgebnn.passes.config import parse_scheme
 
 if TYPE_CHECKING:
     import numpy as np
@@ -240,6 +239,8 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
         raise _not_certified(budget, rows, candidates, tested, stopped)
     cand, cert, what = chosen
     if search is None and cand.fallback and len(tested) > fallbacks:
+        from edgebnn.passes.config import parse_scheme
+
         last = parse_scheme(config.scheme)[-1]
         warnings.append(f"post-training {config.scheme} breaks the budget ({stopped}); {last} reaches its paper's "
                         f"accuracy when trained for it: {_RECIPES[last]}; kept {cand.label}")
@@ -273,7 +274,7 @@ def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: 
     start is preceded by the variance rule's ``fixed`` at its three finest noise fractions (``X`` -> ``fixed``), its
     fallback when the post-training codes break the budget."""
     from edgebnn.passes import LayerOverride
-    from edgebnn.passes.config import config_fields, data_fields
+    from edgebnn.passes.config import config_fields, data_fields, parse_scheme
 
     base = start_config(float_ir, config)
     names = parse_scheme(base.scheme)
@@ -294,7 +295,7 @@ def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: 
         bits = options.get("bits", base.bits)
         return dataclasses.replace(base, bits=bits, options=own(base.scheme, dict(base.options)), overrides=overrides)
 
-    from edgebnn.passes.config import PASSES
+    from edgebnn.passes.config import PASSES, parse_scheme
 
     last = parse_scheme(base.scheme)[-1]
     sigma0 = base.options.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", None))

@@ -259,14 +259,7 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
 @main.command()
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for the weights, IR, ONNX and JSON reports.")
-@click.option("--samples", "-S", default="16", show_default=True, metavar="N|auto",
-              help="Ensemble size S, or auto: the anytime ensemble (edgebnn export --samples auto), timed per input on "
-                   "--data (and --ood-data) against the fixed export at its largest count, det-S and the float BNN.")
-@click.option("--data", default=None, metavar="digits|FILE|DIR", type=DATA,
-              help="Anytime ensembles (--samples auto, or an anytime --onnx): the in-distribution inputs timed.")
-@click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA,
-              help="Anytime ensembles: unfamiliar inputs timed too.")
-@click.option("--inputs", default=100, show_default=True, help="Anytime ensembles: how many inputs of each set.")
+@click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:

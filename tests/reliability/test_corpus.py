@@ -336,7 +336,8 @@ def _(ctx: Ctx) -> Bad:
 @case("run-export-an-onnx-file")
 def _(ctx: Ctx) -> Bad:
     src = exported(ctx, synthetic_cnn())
-    return Bad(["export", str(src), "-o", str(ctx.tmp / "again.onnx")], (str(src), "takes an .ebnn IR file"))
+    return Bad(["export", str(src), "-o", str(ctx.tmp / "again.onnx")],
+               (str(src), "already an ONNX export; export takes the .ebnn IR"))
 
 
 @case("run-eval-ebnn-samples-0")

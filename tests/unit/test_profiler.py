@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from synthetic import synthetic_cnn
 
 from edgebnn.errors import InvalidOptionError, MissingDependencyError
 from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.tensorrt import MANIFEST_FORMAT
 from edgebnn.targets import gpu
 from edgebnn.targets.base import CompileOptions
 from edgebnn.targets.cpu import fastest_mode_in
@@ -111,7 +113,9 @@ def test_gpu_profile_of_a_given_engine_checks_its_samples(fake_gpu, tmp_path):
     save_onnx(export_onnx(model, 8), tmp_path / "ens.onnx")
     engine = tmp_path / "ens.engine"
     engine.write_bytes((tmp_path / "ens.onnx").read_bytes())
-    (tmp_path / "ens.engine.manifest.json").write_text(json.dumps({"onnx": "ens.onnx"}))
+    manifest = {"format": MANIFEST_FORMAT, "builder": None, "device": "rtx", "onnx": "ens.onnx",
+                "engine_sha256": hashlib.sha256(engine.read_bytes()).hexdigest()}  # a build's manifest (no header)
+    (tmp_path / "ens.engine.manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InvalidOptionError, match=r"built from an S=8 ensemble .*pass --samples 8"):
         profile(model, None, device="rtx", engine=engine, samples=4, **QUICK)
     report = profile(model, None, device="rtx", engine=engine, samples=8, **QUICK)
