@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from scipy import stats
+from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.anytime import export_anytime, member_logits, rule_for
@@ -20,7 +21,6 @@ from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
 from edgebnn.runtime import Session
 from edgebnn.runtime.reference import Reference
 from edgebnn.stopping import RunningPredictive, StoppingRule, parse_samples
-from tests.synthetic import synthetic_cnn, synthetic_linear
 
 
 def _sess(proto: onnx.ModelProto) -> ort.InferenceSession:
