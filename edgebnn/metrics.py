@@ -115,6 +115,14 @@ def ece_from_sums(sums: np.ndarray) -> float:
     return float((np.abs(correct[used] - conf[used])).sum() / count.sum())
 
 
+def reliability_from_sums(sums: np.ndarray) -> dict[str, list[float]]:
+    """The reliability diagram of :func:`bin_sums`: per bin ``count``, mean ``confidence`` and ``accuracy`` (NaN for
+    an empty bin)."""
+    count, conf, correct = sums
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"count": count.tolist(), "confidence": (conf / count).tolist(), "accuracy": (correct / count).tolist()}
+
+
 def ece(probs: np.ndarray, y: np.ndarray, bins: int = ECE_BINS) -> float:
     """Expected calibration error with ``bins`` equal-width bins of the max probability."""
     return ece_from_sums(bin_sums(probs, y, bins))
@@ -158,10 +166,7 @@ class MetricSums:
 
     def reliability(self) -> dict[str, list[float]]:
         """Per bin: ``count``, mean ``confidence`` and ``accuracy`` (NaN for an empty bin)."""
-        count, conf, correct = self._bin_sums
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return {"count": count.tolist(), "confidence": (conf / count).tolist(),
-                    "accuracy": (correct / count).tolist()}
+        return reliability_from_sums(self._bin_sums)
 
 
 def ood_report(in_entropy: np.ndarray, in_mutual_info: np.ndarray, ood_entropy: np.ndarray,

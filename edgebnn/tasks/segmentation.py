@@ -27,6 +27,7 @@ from edgebnn.metrics import (
     ece_from_sums,
     log_softmax,
     nll,
+    reliability_from_sums,
 )
 from edgebnn.tasks.base import PREFIX as P
 from edgebnn.tasks.base import VAR_FLOOR, GraphBuilder, Points, Task, probs_entropy_mi, register_task
@@ -106,10 +107,7 @@ class SegmentationSums:
 
     def reliability(self) -> dict[str, list[float]]:
         """Per bin of the per-pixel max probability: ``count``, mean ``confidence`` and ``accuracy``."""
-        count, conf, correct = self._bin_sums
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return {"count": count.tolist(), "confidence": (conf / count).tolist(),
-                    "accuracy": (correct / count).tolist()}
+        return reliability_from_sums(self._bin_sums)
 
 
 @register_task

@@ -31,7 +31,15 @@ from onnx import helper
 
 from edgebnn.data import Targets
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
-from edgebnn.metrics import ECE_BINS, EPS, AnyPredictive, Predictive, bin_sums, ece_from_sums
+from edgebnn.metrics import (
+    ECE_BINS,
+    EPS,
+    AnyPredictive,
+    Predictive,
+    bin_sums,
+    ece_from_sums,
+    reliability_from_sums,
+)
 from edgebnn.tasks import (
     EPS_PROBS,
     PREFIX,
@@ -147,10 +155,7 @@ class MultiLabelSums:
 
     def reliability(self) -> dict[str, list[float]]:
         """Per bin of the pairs' confidence max(p, 1 − p): ``count``, mean ``confidence`` and ``accuracy``."""
-        count, conf, correct = self._bin_sums
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return {"count": count.tolist(), "confidence": (conf / count).tolist(),
-                    "accuracy": (correct / count).tolist()}
+        return reliability_from_sums(self._bin_sums)
 
 
 @register_task
