@@ -6,12 +6,11 @@ set of the bench (mirrored digits, noise blobs, pixel-permuted digits).
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from scripts import script_module
 
 from edgebnn.exporters.ensemble import export_onnx
 
@@ -20,12 +19,7 @@ S = 16
 
 
 def _bench() -> ModuleType:
-    path = Path(__file__).parents[2] / "bench" / "analytic_ood.py"
-    spec = importlib.util.spec_from_file_location("analytic_ood", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("bench/analytic_ood.py")
 
 
 def test_analytic_mutual_information_keeps_the_ood_ranking(digits_ir, digits_data):

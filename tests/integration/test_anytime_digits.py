@@ -11,14 +11,13 @@ of the test digits. Then the command line end to end.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from scripts import script_module
 
 from edgebnn.cli import main
 from edgebnn.metrics import ece
@@ -30,12 +29,7 @@ POPULATION, ORDERS, S_MAX = 64, 100, 16
 
 
 def _bench() -> ModuleType:
-    path = Path(__file__).parents[2] / "bench" / "analytic_ood.py"
-    spec = importlib.util.spec_from_file_location("analytic_ood", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("bench/analytic_ood.py")
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

@@ -4,23 +4,17 @@ figures the TensorRT issue reports (the CUDA test below runs only there)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from scripts import script_module
 
 torch = pytest.importorskip("torch")
-SCRIPT = Path(__file__).parents[2] / "bench" / "device_check.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["device_check"] = module
-    spec.loader.exec_module(module)
-    return module
+    return script_module("bench/device_check.py")
 
 
 def _check(report: dict, batches: list[int]) -> None:

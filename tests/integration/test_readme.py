@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 import readme_harness as harness
 from click.testing import CliRunner
+from scripts import script_module
 
 from edgebnn.cli import main
 from edgebnn.cli._paths import InputPath, OutputPath
@@ -641,13 +642,7 @@ def test_readme_figures_are_what_the_commands_print_today(reader, tmp_path):
     """Every size and metric README.md quotes from its commands (the default export, baked, the budget path,
     hoisting, the demo's table) within 10% of what those commands print on this machine today
     (``bench/readme_figures.py``, the command the README names, measures them the same way)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "bench" / "readme_figures.py")
-    assert spec is not None and spec.loader is not None
-    figures = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = figures  # its dataclasses look their module up there
-    spec.loader.exec_module(figures)
+    figures = script_module("bench/readme_figures.py")
     demo = reader.digits_weights().parent
     rows = figures.compare(README.read_text(), figures.measure(demo, tmp_path))
     missing = [r["key"] for r in rows if r["readme"] is None]

@@ -335,18 +335,15 @@ def test_empty_class_and_mismatched_data_are_refused(small_digits):
 
 def _example(name: str):
     """``examples/<name>.py`` as a module (its ``parser()`` and ``run()``), with ``examples/`` importable."""
-    import importlib.util
     import sys
     from pathlib import Path
+
+    from scripts import script_module
 
     folder = Path(__file__).resolve().parents[2] / "examples"
     if str(folder) not in sys.path:
         sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(f"example_{name}", folder / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module(f"examples/{name}.py", f"example_{name}")
 
 
 def _holds(result):

@@ -8,12 +8,11 @@ budget are the bench's own functions, so this test also keeps the bench honest.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from scripts import script_module
 
 from edgebnn.exporters.ensemble import export_onnx
 from edgebnn.passes import lower
@@ -24,12 +23,7 @@ S = 16
 
 
 def _bench() -> ModuleType:
-    path = Path(__file__).parents[2] / "bench" / "uncertainty_fidelity.py"
-    spec = importlib.util.spec_from_file_location("uncertainty_fidelity", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("bench/uncertainty_fidelity.py")
 
 
 @pytest.fixture(scope="module")
