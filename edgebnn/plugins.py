@@ -176,16 +176,16 @@ def register_family(family: Family) -> Family:
         stray = sorted(set(getattr(family, table)) - set(ops))
         if stray:
             raise PluginError(f"family {family.name!r}: {table} names {stray}, which are not its encodings {list(ops)}")
-    for cls in family.encodings:
+    for cls in family.encodings:  # every check before anything is registered: a refused family leaves no trace
         owner = _BY_OP.get(cls.op_type)
         if owner is not None:
             raise PluginError(f"family {family.name!r}: encoding {cls.op_type} already belongs to family "
                               f"{owner.name!r}")
-        known = ENCODINGS.get(cls.op_type)
-        if known is None:
-            register_encoding(cls)
-        elif known is not cls:
+        if ENCODINGS.get(cls.op_type, cls) is not cls:
             raise PluginError(f"family {family.name!r}: another class is registered as encoding {cls.op_type}")
+    for cls in family.encodings:
+        if cls.op_type not in ENCODINGS:
+            register_encoding(cls)
     FAMILIES[family.name] = family
     _BY_OP.update((op, family) for op in ops)
     return family
@@ -222,7 +222,9 @@ class Plugin:
 
 
 LOADED: dict[str, Plugin] = {}  # module -> plug-in, in load order
-_state = {"started": False}
+# "done": every source was imported; "loading": an import is under way (a plug-in registering a family asks
+# family_of, which must not start the loading again). A failed plug-in leaves "done" False: the next call retries.
+_state = {"done": False, "loading": False}
 
 
 def _snapshot() -> dict[str, set[str]]:
@@ -261,16 +263,20 @@ def load(modules: Iterable[str] = ()) -> list[Plugin]:
     Raises:
         PluginError: a plug-in failed to import (one line naming it and its entry point or option).
     """
-    if not _state["started"]:
-        _state["started"] = True
-        _import("edgebnn", BUILTIN, "built-in", f"built-in: {BUILTIN}")
-        for ep in _entry_points():
-            dist = getattr(ep, "dist", None)
-            package = f"{dist.name} {dist.version}" if dist is not None else "an installed package"
-            source = f"entry point {GROUP}: {ep.name} = {ep.value}, from {package}"
-            _import(ep.name, ep.value.split(":")[0], source, source)
-        for module in _named(os.environ.get(ENV, "")):
-            _import(module, module, ENV, f"{ENV}: {module}")
+    if not _state["done"] and not _state["loading"]:
+        _state["loading"] = True
+        try:
+            _import("edgebnn", BUILTIN, "built-in", f"built-in: {BUILTIN}")
+            for ep in _entry_points():
+                dist = getattr(ep, "dist", None)
+                package = f"{dist.name} {dist.version}" if dist is not None else "an installed package"
+                source = f"entry point {GROUP}: {ep.name} = {ep.value}, from {package}"
+                _import(ep.name, ep.value.split(":")[0], source, source)
+            for module in _named(os.environ.get(ENV, "")):
+                _import(module, module, ENV, f"{ENV}: {module}")
+            _state["done"] = True
+        finally:
+            _state["loading"] = False
     for module in modules:
         if not module or not all(part.isidentifier() for part in module.split(".")):
             raise InvalidOptionError(f"--plugin {module!r}: give an importable module name (my_package.my_family)")

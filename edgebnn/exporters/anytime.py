@@ -85,7 +85,7 @@ def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise:
     """
     from edgebnn.exporters.defaults import export_auto
     from edgebnn.exporters.ensemble import export_onnx
-    from edgebnn.exporters.families import ensemble_members
+    from edgebnn.exporters.families import samples_fixed_by
 
     task = model.manifest.task_spec(model.where)
     if mode == "analytic":
@@ -94,9 +94,10 @@ def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise:
     if not task.softmax_classifier:
         raise InvalidOptionError(f"{model.where}: --samples auto: the rule bounds class probabilities, so it takes a "
                                  f"classifier; this is a {task.name} model: give --samples N")
-    members = ensemble_members(model)
-    if members is not None and rule.max_samples != members:
-        raise InvalidOptionError(f"{model.where}: --max-samples {rule.max_samples}: a deep ensemble of {members} "
+    fixed = samples_fixed_by(model)
+    if fixed is not None and rule.max_samples != fixed[1]:
+        noun, members = fixed
+        raise InvalidOptionError(f"{model.where}: --max-samples {rule.max_samples}: a {noun} of {members} "
                                  f"members draws each member once (--max-samples {members})")
     options.setdefault("rng", "auto")  # as edgebnn.export: noise drawn in the graph where the device seeds it
     total, c = rule.max_samples, rule.chunk

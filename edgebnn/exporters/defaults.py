@@ -57,6 +57,13 @@ def _candidates(model: BNNModel, device: str | None, noise: str) -> list[tuple[s
     return [*((profile.export_mode, v) for v in variants), ("baked", noise)]
 
 
+def _fixing_noun(model: BNNModel) -> str:
+    from edgebnn.exporters.families import samples_fixed_by
+
+    fixed = samples_fixed_by(model)
+    return fixed[0] if fixed is not None else "model"
+
+
 def export_auto(model: BNNModel, samples: int, *, mode: str = AUTO_MODE, noise: str = "auto",
                 device: str | None = None, **options: Any) -> tuple[onnx.ModelProto, ExportChoice]:
     """:func:`edgebnn.exporters.ensemble.export_onnx` with ``mode="auto"`` resolved for ``device``
@@ -79,7 +86,7 @@ def export_auto(model: BNNModel, samples: int, *, mode: str = AUTO_MODE, noise: 
         if not refused:
             why = (f"the default on {where}" + (": the IR's codes in one graph" if m == "noise" else "")
                    if len(candidates) > 1 or export_device(where).export_mode == "baked"
-                   else "a deep ensemble's only exact mode: its M members")
+                   else f"a {_fixing_noun(model)}'s only exact mode: its M members")
         elif m == candidates[0][0]:  # the default mode, with another --noise variant
             why = f"the default on {where}, with --noise {variant}, because " + "; ".join(refused)
         else:

@@ -224,8 +224,9 @@ def float_deterministic(model: BNNModel) -> onnx.ModelProto:
 
 def float_bnn(model: BNNModel) -> onnx.ModelProto:
     """fp32 Gaussian network drawing every weight with RandomNormal inside the graph (output ``probs``); an
-    MC-dropout mask is drawn as a Bernoulli keep-mask (RandomUniform ≥ p, scaled by 1/(1-p)); a correlated Gaussian
-    (Kronecker / dense Laplace) by its own draw (:mod:`.draws`) from RandomNormal noise.
+    MC-dropout mask is drawn as a Bernoulli keep-mask (RandomUniform ≥ p, scaled by 1/(1-p)); every other family's
+    weight with a draw of its own by that draw (:mod:`.draws`) from random ops, the rest as Gaussians of their
+    mean and σ.
 
     One run is one posterior sample, as bayesian-torch does it; the profiler runs it S times.
     """

@@ -23,12 +23,19 @@ def _families(model: BNNModel) -> list[tuple[Family, list[Any]]]:
     return list(out.values())
 
 
-def ensemble_members(model: BNNModel) -> int | None:
-    """The S the IR's family fixes (a deep ensemble's M: each member once), None when any S is exact."""
+def samples_fixed_by(model: BNNModel) -> tuple[str, int] | None:
+    """How messages name the family that fixes the IR's S, and that S (a deep ensemble's M: each member once,
+    in ``baked``, its only exact mode); None when any S is exact."""
     for family, nodes in _families(model):
         if family.default_samples is not None and (m := family.default_samples(nodes)) is not None:
-            return m
+            return family.noun, m
     return None
+
+
+def ensemble_members(model: BNNModel) -> int | None:
+    """The S the IR's family fixes (:func:`samples_fixed_by`), None when any S is exact."""
+    fixed = samples_fixed_by(model)
+    return None if fixed is None else fixed[1]
 
 
 def family_of_model(model: BNNModel) -> str | None:

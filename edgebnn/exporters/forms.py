@@ -13,7 +13,7 @@ The same int8 / int4 member weights (identical values) can be written three ways
     Gemm weights in integer kernels. int8: MatMulInteger (u8 x s8 with int32 accumulation) on the activation
     quantized per call (DynamicQuantizeLinear, uint8 per tensor), dequantized by one multiply per output
     channel. int4: onnxruntime's block-quantized ``MatMulNBits`` (com.microsoft) on the same blocks and scales
-    as ``qdq`` (:func:`~edgebnn.exporters._graph.nbits_weight`), one op per member (a 2-D weight each: Split,
+    as ``qdq`` (:func:`~edgebnn.exporters.quantize.nbits_weight`), one op per member (a 2-D weight each: Split,
     S ops, Concat), or one op on the members side by side where the input is shared; at ``accuracy_level`` 4 it
     quantizes the activation to int8 per block of 32 inputs of each row and accumulates int8 x int4 products in
     int32. The other weights (Conv: onnxruntime's ConvInteger is slower than its fp32 Conv) are folded.

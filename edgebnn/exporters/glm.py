@@ -23,9 +23,10 @@ and the predictive is the probit approximation (MacKay 1992), exactly laplace-to
 quasi-Monte Carlo points of the analytic mode's quadrature (:func:`.analytic.quadrature_matrix`) on N(f_mean, var).
 
 A model whose only layer is sampled (no deterministic features) keeps :mod:`.analytic` (its quadrature head
-integrates the same logit distribution with S points) unless that layer is correlated. Correlated families
-(``CORRELATED``) anywhere but the last layer have no exact moment propagation: :func:`uses_glm` refuses
-``analytic`` for them in one line.
+integrates the same logit distribution with S points) unless that layer is correlated. A family whose analytic
+rule gives a last-layer variance (:attr:`edgebnn.families.Analytic.last_layer`: Kronecker-factored, dense) takes
+the GLM head on the last layer only; anywhere else :func:`check_analytic` refuses ``analytic`` in one line, with the
+family's reason.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ from edgebnn.exporters.layers import layer_kind
 from edgebnn.ir import BNNModel, attrs_of
 from edgebnn.ir.encodings import Encoding
 from edgebnn.plugins import Analytic, family_of
-
-# (builder, weight encoding [K, n], features φ [B, n], name prefix) -> Var f [B, K] from the weight
-WeightVariance = Callable[[Builder, Encoding, str, str], str]
 
 
 def analytic_rule(enc: Encoding) -> Analytic:
@@ -91,12 +89,9 @@ def _last_layer(model: BNNModel) -> onnx.NodeProto | None:
 
 def uses_glm(model: BNNModel) -> bool:
     """Whether ``analytic`` runs as the GLM/probit predictive: a last-layer posterior, i.e. the only sampled layer
-    writes the logits and reads features that deterministic layers computed (or its posterior is correlated:
-    ``CORRELATED``, Kronecker-factored or dense). A network whose only layer is sampled (a linear model) keeps
+    writes the logits and reads features that deterministic layers computed (or its family's analytic rule gives a
+    last-layer variance: Kronecker-factored, dense). A network whose only layer is sampled (a linear model) keeps
     the quadrature head of :mod:`.analytic` (the same exact Gaussian logits, integrated with S points).
-
-    Raises:
-        InvalidOptionError: a correlated posterior on a layer that is not the last.
     """
     if not model.manifest.task_spec(model.where).softmax_classifier:
         return False  # the GLM/probit head is a softmax classifier's; other tasks integrate their own head

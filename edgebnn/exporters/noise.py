@@ -85,6 +85,7 @@ from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import Encoding
+from edgebnn.plugins import family_of
 
 ROWS = "batch_x_samples"
 # auto with in-graph noise: Flipout for weights of at least this many numbers; smaller ones draw independently per
@@ -279,9 +280,11 @@ def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str)
         )
     for w in weights:
         if not (w.encoding.GAUSSIAN or draw_emitter(w.encoding) is not None):
+            family = family_of(w.encoding.op_type)
+            analytic = family is not None and family.analytic_for(w.encoding).kind != "refused"
             raise InvalidOptionError(
                 f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --mode noise cannot draw (its "
-                "family has no in-graph draw): use --mode baked, or analytic")
+                f"family has no in-graph draw): use --mode baked{', or analytic' if analytic else ''}")
 
 
 def fill_noise(noise_inputs: list[dict], batch: int, samples: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

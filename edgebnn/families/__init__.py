@@ -30,12 +30,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from edgebnn.exporters.stores.base import Store, reshape_to, scaled, table_lookup, unpack_codes
+from edgebnn.exporters.stores.factors import FactorStore, factor
 from edgebnn.exporters.stores.registry import decode
 from edgebnn.importers.base import LayerPosterior
+from edgebnn.ir import make_encoding_node
 from edgebnn.ir.encodings import Encoding, Grid, JointGroup, NoiseNeed
 from edgebnn.ir.encodings.base import check_finite, check_shape
-from edgebnn.passes.base import LayerOutcome
-from edgebnn.passes.fixed import kept
+from edgebnn.passes.base import LayerOutcome, kept
 from edgebnn.plugins import EXACT, Analytic, ExportRequest, Family, register_family
 
 
@@ -60,6 +61,7 @@ __all__ = [
     "Analytic",
     "Encoding",
     "ExportRequest",
+    "FactorStore",
     "Family",
     "GraphBuilder",
     "Grid",
@@ -71,7 +73,9 @@ __all__ = [
     "check_finite",
     "check_shape",
     "decode",
+    "factor",
     "kept",
+    "make_encoding_node",
     "register_family",
     "reshape_to",
     "scaled",
@@ -80,7 +84,7 @@ __all__ = [
 ]
 
 # the built-in families register on import, in this order (a torch layer goes to the first adapter that matches)
-from edgebnn.families import (  # noqa: E402
+from edgebnn.families import (  # noqa: E402, F401
     binary,
     codebook,
     dropout,
@@ -90,5 +94,3 @@ from edgebnn.families import (  # noqa: E402
     quantized,
     swag,
 )
-
-BUILTIN = (gaussian, quantized, binary, codebook, dropout, ensemble, swag, laplace)

@@ -44,12 +44,11 @@ from edgebnn.exporters.stores.registry import SMALL
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import Encoding, Grid, MemberSet, MemberSetFixedWeight, MemberSetWeight
 from edgebnn.ir.encodings.packing import MAX_BITS, packed_nbytes
-from edgebnn.passes.base import LayerOutcome, LayerPass, sum_sq_diff
-from edgebnn.passes.fixed import FixedConfig, best_step, hw_dtype, kept
+from edgebnn.passes.base import LayerOutcome, LayerPass, kept, sum_sq_diff
+from edgebnn.passes.fixed import FixedConfig, best_step, fit_sample, hw_dtype
 from edgebnn.plugins import Analytic, ExportRequest, Family, register_family
 
 MEMBER_FRACTION = 0.01
-_FIT_SAMPLE = 32768
 
 
 class MemberSetFixedStore(Store):
@@ -92,7 +91,7 @@ def fixed_members(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Genera
     flat = values.reshape(-1)
     top = float(np.max(np.abs(flat))) if flat.size else 0.0
     spread = sum_sq_diff(enc.stddev()) / enc.size
-    sample = (flat if flat.size <= _FIT_SAMPLE else rng.choice(flat, _FIT_SAMPLE, replace=False)).astype(np.float64)
+    sample = fit_sample(flat, rng)
     note, rule_bits = None, None
     if top == 0:
         width, step = config.bits or 2, 1.0

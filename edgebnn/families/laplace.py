@@ -31,7 +31,8 @@ from __future__ import annotations
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores.factors import FactorStore, factor, mean, row_code, sigma_at, sigma_code
+from edgebnn.exporters.stores.factors import FactorStore, factor, mean, row_code
+from edgebnn.exporters.stores.gaussian import sigma_at, sigma_code
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import (
     DenseFixedWeight,
@@ -42,8 +43,8 @@ from edgebnn.ir.encodings import (
     RowCode,
     SigmaCode,
 )
-from edgebnn.passes.base import LayerOutcome, LayerPass
-from edgebnn.passes.fixed import kept, whitened_mean
+from edgebnn.passes.base import LayerOutcome, LayerPass, kept
+from edgebnn.passes.fixed import whitened_mean
 from edgebnn.plugins import Analytic, Family, register_family
 
 KRON_SCALE_BITS = 6

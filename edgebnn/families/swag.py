@@ -12,8 +12,9 @@ low-rank correlation between layers: refused.
 
 ``fixed`` puts the mean on ``fixed``'s grid by the variance rule with the marginal σ (the low-rank part included),
 codes σ as a log-domain SigmaCode of at least ``FAMILY_SIGMA_BITS`` bits and the deviations D as int8 row codes
-(one scale per (iterate, output channel)). Its store decodes them in the graph (:mod:`edgebnn.exporters.stores
-.factors`); ``--weights int8|int4`` codes the same parts at export (σ at that width, D int8).
+(one scale per (iterate, output channel)). Its store decodes them in the graph
+(:mod:`edgebnn.exporters.stores.factors`); ``--weights int8|int4`` codes the same parts at export (σ at that
+width, D int8).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores.factors import FactorStore, factor, mean, reshape_to, row_code, sigma_at, sigma_code
+from edgebnn.exporters.stores.factors import FactorStore, factor, mean, reshape_to, row_code
+from edgebnn.exporters.stores.gaussian import sigma_at, sigma_code
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import Encoding, LowRankFixedWeight, LowRankGaussianWeight, RowCode, SigmaCode
 from edgebnn.ir.encodings.lowrank import Z2_SUFFIX
-from edgebnn.passes.base import LayerOutcome, LayerPass
-from edgebnn.passes.fixed import family_sigma_bits, fixed_mean, kept
+from edgebnn.passes.base import LayerOutcome, LayerPass, kept
+from edgebnn.passes.fixed import family_sigma_bits, fixed_mean
 from edgebnn.plugins import Analytic, ExportRequest, Family, register_family
 
 

@@ -248,7 +248,9 @@ class Pass(ABC):
 
 
 class LayerPass(Pass):
-    """A pass that lowers every ``GaussianWeight`` independently (other encodings are skipped, with reason)."""
+    """A pass that lowers every ``GaussianWeight`` independently, hands a family's own encoding to the lowering its
+    family declares for this scheme (refused in one line where there is none; ``float`` keeps it), and skips
+    other encodings, with the reason."""
 
     @abstractmethod
     def lower_weight(self, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
@@ -265,7 +267,7 @@ class LayerPass(Pass):
             weight = model.encoded_weight(name)  # one layer decoded at a time
             family = family_lowerings(weight.encoding.op_type)
             if family is not None:  # a posterior family's own encoding (deep ensemble, SWAG): its lowering or none
-                lowering = family.get(self.name, keep if self.name == "float" else None)
+                lowering = family.get(self.name, kept() if self.name == "float" else None)
                 if lowering is None:
                     raise InvalidOptionError(
                         f"layer {weight.layer!r} is a {weight.encoding.op_type}, which {self.name} cannot lower; "
@@ -308,18 +310,21 @@ def family_lowerings(op_type: str) -> Mapping[str, FamilyLowering] | None:
 
 
 def lowers(op_type: str, scheme: str) -> bool:
-    """Whether the pass ``scheme`` encodes a weight of ``op_type`` (its family's lowering, or a mean-field Gaussian,
-    which every scheme's pass lowers) rather than refusing or skipping it."""
+    """Whether the pass ``scheme`` encodes a weight of ``op_type`` (its family's lowering, ``float``'s keep, or a
+    mean-field Gaussian, which every scheme's pass lowers) rather than refusing or skipping it."""
     table = family_lowerings(op_type)
     if table is not None:
-        return scheme in table
+        return scheme in table or scheme == "float"
     cls = encoding_class(op_type)
     return cls is not None and issubclass(cls, GaussianWeight)
 
 
-def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
-    """``float``: a family's weight as it is."""
-    return LayerOutcome(weight.encoding)
+def kept(note: str | None = None) -> FamilyLowering:
+    """A family lowering that keeps the weight as it is (with ``note``, e.g. "already fixed point: kept"); what
+    ``float`` does with every family's weights."""
+    def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+        return LayerOutcome(weight.encoding, note)
+    return keep
 
 
 def posterior(weight: EncodedWeight) -> tuple[np.ndarray, np.ndarray]:

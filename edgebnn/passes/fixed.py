@@ -253,6 +253,12 @@ class FixedPass(LayerPass):
         )
 
 
+def fit_sample(flat: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """What a family's grid is fitted on: ``flat`` (float64), or ``_FIT_SAMPLE`` of its values drawn without
+    replacement when it has more."""
+    return (flat if flat.size <= _FIT_SAMPLE else rng.choice(flat, _FIT_SAMPLE, replace=False)).astype(np.float64)
+
+
 # -- ``fixed`` on the posterior families' means (their lowerings, :mod:`edgebnn.families`) -------------------------
 
 # the σ code of a family's lowering takes at least this many bits (SWAG's diagonal σ), whatever ``sigma_bits`` asks
@@ -291,7 +297,7 @@ def whitened_mean(pass_: LayerPass, enc: Encoding, whiten: Callable[[np.ndarray]
     mu = enc.mean()
     flat = mu.reshape(-1)
     top = float(np.max(np.abs(flat))) if flat.size else 0.0
-    sample = (flat if flat.size <= _FIT_SAMPLE else rng.choice(flat, _FIT_SAMPLE, replace=False)).astype(np.float64)
+    sample = fit_sample(flat, rng)
     note, rule_bits, error = None, None, 0.0
     widths = [c.bits] if c.bits is not None else list(range(2, MAX_BITS + 1))
     step = 1.0
@@ -319,8 +325,3 @@ def family_sigma_bits(pass_: LayerPass) -> int:
     return max(pass_.config.sigma_bits, FAMILY_SIGMA_BITS)
 
 
-def kept(note: str | None = None) -> Callable[[LayerPass, EncodedWeight, np.random.Generator], LayerOutcome]:
-    """A family lowering that keeps the weight as it is (with ``note``, e.g. "already fixed point: kept")."""
-    def keep(pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
-        return LayerOutcome(weight.encoding, note)
-    return keep

@@ -131,7 +131,7 @@ class Session:
         if len(x) == 0:
             raise InvalidOptionError(f"{self.where}: empty batch")
         outside = outside_input_range(x, self.meta.input_range)
-        if outside:  # the same rule as edgebnn eval (edgebnn.api.checked_range)
+        if outside:  # the same rule as edgebnn eval (edgebnn.api._evaluate.checked_range)
             raise InvalidOptionError(f"{self.where}: {outside}")
         return np.ascontiguousarray(x, dtype=np.float32)
 

@@ -214,7 +214,7 @@ def test_lowering_schemes_on_laplace_irs(kron_ll, diag_all, digits_torch):
     assert {r["kind"] for r in diag.report["layers"]} == {"FixedPointWeight"}  # diag: every scheme applies
     kron = _ir(kron_ll)
     assert lower(kron, "float").model.encoded_weight("3.weight").encoding.op_type == "KronGaussianWeight"
-    fixed = lower(kron, "fixed", seed=0)  # the mean on a grid, the factors coded (edgebnn.passes.families)
+    fixed = lower(kron, "fixed", seed=0)  # the mean on a grid, the factors coded (edgebnn.families.laplace)
     assert [r["kind"] for r in fixed.report["layers"]] == ["KronFixedWeight", "DenseFixedWeight"]
     with pytest.raises(InvalidOptionError, match="codebook cannot lower"):
         lower(kron, "codebook", seed=0)

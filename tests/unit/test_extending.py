@@ -312,3 +312,67 @@ def test_a_larger_export_names_the_lowering_that_exists(tmp_path):
     flat = " ".join(r.output.split())
     assert "larger than the fp32 BNN" in flat and "lower the IR first" not in flat
     assert "its Rank1KeptWeight layers have no fixed lowering" in flat
+
+
+def test_noise_suggests_analytic_only_where_the_family_takes_it():
+    """The refusal of ``--mode noise`` for a family with no draw names ``analytic`` only where the family's rule is
+    not "refused" (this one states an approximation; the silent family below states none)."""
+    from edgebnn.errors import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError, match=r"cannot draw \(its family has no in-graph draw\): use --mode "
+                                                 r"baked, or analytic$"):
+        export_onnx(_undrawn(), 4, mode="noise")
+
+    class Rank1Closed(Rank1GaussianWeight):
+        op_type = "Rank1ClosedWeight"
+
+    register_family(Family("rank1-closed", (Rank1Closed,), analytic=Analytic("refused", "its rows share a draw")))
+    ir = _model()
+    rank1 = ir.encoded_weight("fc1.weight").encoding
+    assert isinstance(rank1, Rank1GaussianWeight)
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Closed(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    with pytest.raises(InvalidOptionError, match=r"use --mode baked$"):
+        export_onnx(ir, 4, mode="noise")
+
+
+def test_float_is_a_lowering_of_every_family():
+    """``float`` keeps a family's weights whether or not its table names it (what the CLI's size hint asks)."""
+    from edgebnn.passes.base import lowers
+
+    assert lowers("Rank1UndrawnWeight", "float") and lowers("Rank1UndrawnWeight", "fixed")
+    assert not lowers("Rank1UndrawnWeight", "mcq")
+    assert lowers("GaussianWeight", "mcq")
+
+
+def test_a_refused_family_registers_nothing():
+    """A family refused for one of its encodings leaves none of the others registered."""
+    from edgebnn.ir import encoding_class
+    from edgebnn.plugins import PluginError, family_of
+
+    class Fresh(Rank1GaussianWeight):
+        op_type = "Rank1FreshWeight"
+
+    with pytest.raises(PluginError, match="Rank1UndrawnWeight already belongs to family 'rank1-undrawn'"):
+        register_family(Family("rank1-greedy", (Fresh, Rank1Undrawn)))
+    assert encoding_class("Rank1FreshWeight") is None and family_of("Rank1FreshWeight") is None
+
+
+def test_a_plugin_that_failed_is_tried_again_and_the_later_ones_too(monkeypatch, tmp_path):
+    """A failed plug-in does not mark loading done: the next lookup tries again, so every later source is loaded
+    once the broken one is fixed (here: removed from $EDGEBNN_PLUGINS), never skipped in silence."""
+    from edgebnn import plugins
+    from edgebnn.plugins import PluginError
+
+    (tmp_path / "eb_broken_plugin.py").write_text("raise ImportError('no such thing')\n")
+    (tmp_path / "eb_later_plugin.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(plugins._state, "done", False)
+    monkeypatch.setenv(plugins.ENV, "eb_broken_plugin,eb_later_plugin")
+    for _ in range(2):  # the same one-line error each time, not a silent success the second time
+        with pytest.raises(PluginError, match=r"plug-in 'eb_broken_plugin'.*failed to import: ImportError"):
+            plugins.load()
+    assert "eb_later_plugin" not in plugins.LOADED
+    monkeypatch.setenv(plugins.ENV, "eb_later_plugin")
+    plugins.load()
+    assert "eb_later_plugin" in plugins.LOADED and plugins._state["done"]
+    monkeypatch.delitem(plugins.LOADED, "eb_later_plugin")

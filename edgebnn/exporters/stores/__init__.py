@@ -14,8 +14,8 @@ factor stores of the correlated families in :mod:`.factors`. Every export mode t
 A runtime that cannot run a store's decode gets the float store: every store runs on onnxruntime and on
 TensorRT-RTX (real builds: tests/integration/test_tensorrt_rtx.py); Jetson's TensorRT 10.3 is unverified
 (``edgebnn.devices.DeviceProfile.decodes``), so its exports take float moments. ``baked`` stores drawn members,
-not moments: its ``--weights int8|int4`` are the builder's formats
-(:meth:`~edgebnn.exporters._graph.Builder.weight`). ``shared`` codebook draws read the packed indices through
+not moments: its ``--weights int8|int4`` are the constant store's formats
+(:func:`.constants.constant`). ``shared`` codebook draws read the packed indices through
 :func:`.base.unpack_codes` too.
 Adding a storage encoding is one :class:`.base.Store` in its family's module, named in the family's ``stores``.
 """

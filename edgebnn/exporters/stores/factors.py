@@ -8,7 +8,7 @@ values otherwise (the float store, ``--weights fp32``, a runtime that does not r
 the encoding's numpy decode in the same float32 operations (exact)::
 
     mean       = float32(q) · Δ            q packed at B bits (pooled unpack, :func:`.base.unpack_codes`)
-    a σ code   = levels[codes]             a SigmaCode: its table and packed codes (:func:`sigma_code`)
+    a σ code   = levels[codes]             a SigmaCode: its table and packed codes (:func:`.gaussian.sigma_code`)
     a row code = float32(q) · scale        int8, one scale per row (:func:`row_code`; transposed on request)
 
 ``stddev`` (the marginal σ, which no export of these families reads: their noise is never per weight) is fp32.
@@ -21,10 +21,10 @@ from abc import abstractmethod
 import numpy as np
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.stores.base import Store, code_pool, reshape_to, scaled, table_lookup, unpack_codes
+from edgebnn.exporters.stores.base import Store, code_pool, reshape_to, scaled, unpack_codes
 from edgebnn.exporters.stores.gaussian import RequantStore
 from edgebnn.exporters.stores.registry import SMALL, decode, store_for
-from edgebnn.ir.encodings import Encoding, RowCode, SigmaCode
+from edgebnn.ir.encodings import Encoding, RowCode
 from edgebnn.ir.encodings.lowrank import FixedMean
 from edgebnn.plugins import family_of
 
@@ -78,12 +78,3 @@ def row_code(b: Builder, code: RowCode, name: str, transpose: bool = False) -> s
     return b.add("Transpose", [out], name, perm=[1, 0]) if transpose else out
 
 
-def sigma_code(b: Builder, code: SigmaCode, shape: tuple[int, ...], name: str) -> str:
-    """``levels[codes]`` shaped ``shape``."""
-    codes = unpack_codes(b, code.codes, code.bits, code.n, name + "/c") if code.bits else None
-    return table_lookup(b, code.levels, codes, code.n, shape, name)
-
-
-def sigma_at(values: np.ndarray, bits: int) -> SigmaCode:
-    """``values`` as a ``bits``-bit log-domain code, seeded (the export is deterministic)."""
-    return SigmaCode.fit(values, bits, np.random.default_rng(0))

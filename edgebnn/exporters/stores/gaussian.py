@@ -23,9 +23,15 @@ from edgebnn.ir.encodings import Encoding, SigmaCode
 from edgebnn.ir.encodings.packing import pack_int, packed_nbytes
 
 
-def sigma_code(enc: Encoding, bits: int) -> SigmaCode:
-    """The encoding's σ as a ``bits``-bit log-domain code (seeded: the export is deterministic)."""
-    return SigmaCode.fit(enc.stddev(), bits, np.random.default_rng(0))
+def sigma_at(values: np.ndarray, bits: int) -> SigmaCode:
+    """``values`` (a σ) as a ``bits``-bit log-domain code, seeded (the export is deterministic)."""
+    return SigmaCode.fit(values, bits, np.random.default_rng(0))
+
+
+def sigma_code(b: Builder, code: SigmaCode, shape: tuple[int, ...], name: str) -> str:
+    """The decode of a σ code: ``levels[codes]`` shaped ``shape``."""
+    codes = unpack_codes(b, code.codes, code.bits, code.n, name + "/c") if code.bits else None
+    return table_lookup(b, code.levels, codes, code.n, shape, name)
 
 
 class RequantStore(Store):
@@ -49,11 +55,9 @@ class RequantStore(Store):
         return b.add("Reshape", [flat, b.const(name + ".shape", np.array(enc.shape, np.int64))], name)
 
     def stddev(self, b: Builder, enc: Encoding, name: str) -> str:
-        code = sigma_code(enc, self.bits)
-        codes = unpack_codes(b, code.codes, code.bits, enc.size, name + "/c") if code.bits else None
-        return table_lookup(b, code.levels, codes, enc.size, enc.shape, name)
+        return sigma_code(b, sigma_at(enc.stddev(), self.bits), enc.shape, name)
 
     def nbytes(self, enc: Encoding) -> int:
-        code = sigma_code(enc, self.bits)
+        code = sigma_at(enc.stddev(), self.bits)
         q_bytes = packed_nbytes(enc.size, self.bits) + 4 * enc.shape[0]
         return int(q_bytes + code.nbytes)

@@ -26,9 +26,10 @@ def store_for(enc: Encoding, weights: str = "ir", runtimes: tuple[str, ...] | No
     """The store that writes ``enc`` for the ``weights`` choice (:data:`edgebnn.exporters.STORE_CHOICES`); the float
     store where the chosen one's decode does not run on every runtime of ``runtimes`` (None: any runtime)."""
     family = family_of(enc.op_type)
-    if weights == "fp32" or (family is not None and not family.requantize):
+    requantize = weights in ("int8", "int4")
+    if weights == "fp32" or (requantize and family is not None and not family.requantize):
         return FLOAT
-    store: Store = RequantStore(int(weights[3:])) if weights in ("int8", "int4") else own_store(enc.op_type) or FLOAT
+    store: Store = RequantStore(int(weights[3:])) if requantize else own_store(enc.op_type) or FLOAT
     if runtimes is not None and not set(runtimes) <= set(store.runtimes):
         return FLOAT
     return store

@@ -15,7 +15,7 @@ variance per weight: ``Var W[a, b] = Σ_pq Q_o[a, p]² D[p, q]² Q_i[b, q]²``.
 
 Stored: ``mu`` (the weight's shape), ``q_out`` [out, out], ``q_in`` [rest, rest], ``scale`` [out, rest], fp32.
 
-Lowered with ``fixed`` (:mod:`edgebnn.passes.families`), ``KronFixedWeight`` and ``DenseFixedWeight`` are the same
+Lowered with ``fixed`` (:mod:`edgebnn.families.laplace`), ``KronFixedWeight`` and ``DenseFixedWeight`` are the same
 posteriors with coded parts, every draw and moment computed from the decoded values:
 
     mean        = Δ · q                          q packed at B bits, attributes ``step`` (Δ) and ``bits`` (B)

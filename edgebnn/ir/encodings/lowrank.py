@@ -15,13 +15,13 @@ encoding is drawn jointly (:class:`~edgebnn.ir.encodings.joint.JointGroup` kind 
 ``sample`` draws an independent z₂ (the marginal of this one parameter).
 
 In a ``noise --noise weight`` export the draw runs in the graph from inputs ``noise/<weight>`` (z₁) and one
-``noise/swag_z2`` [S, K] that every layer reads (:func:`edgebnn.exporters.draws.lowrank_draw`).
+``noise/swag_z2`` [S, K] that every layer reads (the SWAG family's draw, :mod:`edgebnn.families.swag`).
 
 Moments per weight: mean ``mean``, variance ``scale · (σ² + Σ_k D_k² / (K − 1))``.
 
 Stored: ``mean`` and ``sigma`` float32 [*shape], ``deviations`` float32 [K, n]; attribute ``scale`` (> 0).
 
-``LowRankFixedWeight`` (SWAG lowered with ``fixed``, :mod:`edgebnn.passes.families`) is the same posterior with
+``LowRankFixedWeight`` (SWAG lowered with ``fixed``, :mod:`edgebnn.families.swag`) is the same posterior with
 its three parts coded, everything above (draws, moments, the joint z₂) computed from the decoded values:
 
     mean   = Δ · q                    q packed at B bits, attributes ``step`` (Δ) and ``bits`` (B)

@@ -132,7 +132,7 @@ def test_fp32_writes_the_factors_as_floats_and_int8_codes_them():
                 factor(b, enc, "scale", "w/scale", enc.scale)]
         got = _run(b, outs, [enc.q_in.shape, enc.scale.shape])
         np.testing.assert_array_equal(got[0], RowCode.fit(enc.q_in.T).decode())
-        d_bits = max(int(choice[3:]), 6)  # a Kronecker D takes at least 6 bits (stores.families)
+        d_bits = max(int(choice[3:]), 6)  # a Kronecker D takes at least 6 bits (edgebnn.families.laplace)
         np.testing.assert_array_equal(got[1].reshape(-1), SigmaCode.fit(enc.scale, d_bits,
                                                                         np.random.default_rng(0)).decode())
         assert set(b.stored.values()) == {choice}

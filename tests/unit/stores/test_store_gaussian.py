@@ -11,7 +11,7 @@ from synthetic import synthetic_linear
 from edgebnn.exporters import quantize
 from edgebnn.exporters.stores import store_for
 from edgebnn.exporters.stores.float_ import FLOAT
-from edgebnn.exporters.stores.gaussian import RequantStore, sigma_code
+from edgebnn.exporters.stores.gaussian import RequantStore, sigma_at
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -22,7 +22,7 @@ def test_requantized_moments_decode_to_their_codes(bits):
     proto, got = decode_graph(enc, store)
     # exactly the numpy decode of the stored codes: Cast(q) · scale per channel, levels[codes]
     np.testing.assert_array_equal(got["mean"], store.decoded_mean(enc))
-    np.testing.assert_array_equal(got["stddev"], sigma_code(enc, bits).decode().reshape(enc.shape))
+    np.testing.assert_array_equal(got["stddev"], sigma_at(enc.stddev(), bits).decode().reshape(enc.shape))
     np.testing.assert_array_equal(got["variance"], got["stddev"] * got["stddev"])
     # and within the quantization step of the encoding: half a step per μ (the per-channel max / (2^(b-1) - 1))
     _, scale = quantize.rows(enc.mean(), bits)
