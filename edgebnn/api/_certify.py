@@ -217,7 +217,7 @@ def certify(budget: Budget, reference: Evidence, lowered: Evidence, y: np.ndarra
 
     n = reference.rows
     bounds: list[Bound] = []
-    classification = reference.task.name == "classification"
+    classification = reference.task.softmax_classifier
     rows_f = _classification_rows(reference, y) if classification else None
     rows_l = _classification_rows(lowered, y) if classification else None
     for metric, limit in budget.limits.items():
