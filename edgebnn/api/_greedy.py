@@ -2,8 +2,8 @@
 
 From the start (:func:`start_config`), take the per-layer change (one bit less, a σ code one bit smaller,
 ``fixed`` -> ``codebook``, ``X`` -> ``prune+X``) that costs the least budget per deployed byte saved and keeps the
-budget (allowances :data:`SELECT_SLACK` times wider: the certification rows, not these, decide where to stop),
-measuring each candidate's point estimates with the reference runtime (S samples, the config's seed). When the
+budget on these rows (the certification rows, not these, decide where to stop), measuring each candidate's
+point estimates with the reference runtime (S samples, the config's seed). When the
 start breaks the budget, layers first get more bits, the variance rule's ``fixed``, or float, best improvement per
 byte first. :meth:`_BudgetSearch.path` is the walk thinned to steps of :data:`PATH_STEP`, with wider fallbacks
 first: the order the certification tests in. A posterior family's layer moves only among the schemes its family
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 
 BUDGET_START = "prune+fixed"
 """Budget search without a scheme (``float``): starts here; pruning first lets the σ codes shrink further."""
-SELECT_SLACK = 2.0
-"""Selection walk: goes on while its point estimates stay within this many times each allowance."""
 HEAD_BITS = 2
 """The certified path starts with the selection's first configuration this many bits wider per layer, then one
 bit (fallbacks when the first is not certified: a test that fails ends the path)."""

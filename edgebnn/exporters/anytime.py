@@ -61,8 +61,8 @@ def rule_for(model: Any, *, min_samples: int | None = None, max_samples: int | N
     default = StoppingRule()
     top = max_samples if max_samples is not None else ensemble_members(model) or default.max_samples
     if chunk is None or min_samples is None:  # the largest chunk up to 4 that leaves a look before the top
-        pairs = [(c, c * -(-default.min_samples // c)) for c in range(default.chunk, 0, -1)
-                 if top % c == 0 and chunk in (None, c)]
+        pairs = [(c, c * -(-default.min_samples // c)) for c in ([chunk] if chunk else range(default.chunk, 0, -1))
+                 if top % c == 0]
         c, m = next(((c, m) for c, m in pairs if m < top), (chunk or 1, min(2, top)))
         chunk = chunk or c
         min_samples = min_samples if min_samples is not None else m

@@ -314,7 +314,9 @@ def build_report(study: Any, settings: SearchSettings, objectives: tuple[Objecti
 
 
 def export_best(report: dict[str, Any], path: str | Path) -> Path:
-    """Write the ``best`` trial's artifact (lowered and exported again: the same config gives the same graph).
+    """Write the ``best`` trial's artifact (lowered and exported again as :func:`~edgebnn.search.trial.trial_export`
+    exported it for its measurement and certificate: the same config gives the same graph; a sampling mode's noise
+    comes from the host, ``Session`` fills it).
 
     Raises:
         BudgetNotMetError: The report has no best trial.
@@ -332,4 +334,4 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
     top = c.samples if isinstance(c.samples, int) else default_samples(lowered, 16)  # auto: its largest count
     return export(lowered, path, samples=c.samples, mode=c.mode, weights=c.weights, seed=seed, hoist=c.hoist,
                   device=get_target(report["settings"]["device"]).name,
-                  noise=exact_noise(lowered, c.mode, top) or "auto", rng="host" if c.samples == "auto" else "auto")
+                  noise=exact_noise(lowered, c.mode, top) or "auto", rng="host")

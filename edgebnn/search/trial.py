@@ -103,7 +103,8 @@ def _open(model: str, data: str, ood_data: str | None, rows: tuple[float, int, i
 def selection_rows(dataset: Dataset, ood: Dataset | None,
                    rows: tuple[float, int, int]) -> tuple[Dataset, Dataset | None]:
     """The rows a budgeted search's trials are measured on: ``fraction`` of the first ``max_rows``, drawn with
-    ``seed`` (:class:`edgebnn.api._budget.Rows`, the split ``lower --budget --order split`` makes), in memory."""
+    ``seed`` (:class:`edgebnn.api._budget.Rows`, the split ``lower_within_budget(..., order="split")`` makes), in
+    memory."""
     from edgebnn.api._budget import Rows
 
     fraction, seed, max_rows = rows
@@ -133,7 +134,8 @@ def warm_up(model: str, data: str, ood_data: str | None, rows: tuple[float, int,
 
 
 def trial_export(model: BNNModel, config: TrialConfig, seed: int, device: str) -> tuple[Any, Any]:
-    """``(lowered IR, exported ONNX proto)`` of a trial: the file ``edgebnn export`` writes for its config."""
+    """``(lowered IR, exported ONNX proto)`` of a trial: the file ``edgebnn export --rng host`` writes for its config
+    (and ``search --export-best`` for the best trial)."""
     from edgebnn.api import lower
     from edgebnn.exporters.ensemble import export_onnx
 

@@ -291,3 +291,12 @@ def test_session_and_errors() -> None:
     assert not Session(export_onnx(synthetic_cnn(), 4, mode="baked")).anytime
     with pytest.raises(EdgeBNNError):
         Session(proto).predict(np.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize(("chunk", "top", "first"), [(8, 32, 8), (5, 20, 5), (2, 16, 4), (None, 16, 4)])
+def test_a_chunk_given_alone_takes_its_own_first_look(chunk, top, first):
+    """Without --min-samples, the first look is the chunk's smallest multiple of at least 4 (the documented
+    default), never a value the user did not give that the chunk cannot divide."""
+    rule = rule_for(None, max_samples=top, chunk=chunk)
+    assert (rule.min_samples, rule.chunk or 0) == (first, chunk or 4)
+    assert rule.min_samples % rule.chunk == 0 and rule.min_samples < top
