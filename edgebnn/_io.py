@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -56,3 +57,23 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+@contextlib.contextmanager
+def cwd_on_path() -> Iterator[None]:
+    """The working directory first on ``sys.path`` while a user's module is imported (a ``--model`` factory, a
+    ``--plugin`` or ``$EDGEBNN_PLUGINS`` module).
+
+    As ``python -m``, uvicorn and gunicorn do: ``mynet:factory`` finds ``./mynet.py`` without ``PYTHONPATH=.``.
+    The entry is removed again afterwards (modules already imported stay in ``sys.modules``).
+    """
+    cwd = os.getcwd()
+    if cwd in sys.path or "" in sys.path:  # already importable (``python -m edgebnn``, an interactive session)
+        yield
+        return
+    sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(cwd)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Literal
 
+from edgebnn._io import cwd_on_path
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.ir.encodings import ENCODINGS, Encoding, register_encoding
 
@@ -98,8 +99,8 @@ class Family:
         stores: op type -> compact store (:class:`edgebnn.exporters.stores.Store`): how ``--weights ir`` writes
             its codes into a graph and decodes them there (without one: fp32 mean and σ).
         lowerings: op type -> {scheme: lowering ``(pass_, weight, rng) -> LayerOutcome``}: what ``lower
-            --scheme`` does to it; a scheme with none leaves the layer as it is and says so (``float`` always keeps
-            it).
+            --scheme`` does to it; a scheme its table lacks is refused in one line naming the schemes it has
+            (``float`` always keeps it); an encoding with no table is left as it is by every scheme, which says so.
         adapters: torch importer adapters for its layers (``library``, ``matches(module)``,
             ``extract(module, path)`` -> :class:`edgebnn.importers.LayerPosterior`).
         analytic: what ``--mode analytic`` does with it (:class:`Analytic`, or a function of the encoding giving
@@ -240,7 +241,8 @@ def _import(name: str, module: str, source: str, origin: str) -> None:
         return
     before = _snapshot()
     try:
-        importlib.import_module(module)
+        with cwd_on_path():  # a module in the working folder, as --model finds one (not for the built-ins)
+            importlib.import_module(module)
     except EdgeBNNError as e:
         raise PluginError(f"plug-in {name!r} ({origin}): {e}") from e
     except Exception as e:

@@ -7,37 +7,15 @@ which refuses pickled code); either may hold the state dict itself or nest it un
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
-import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from edgebnn._io import cwd_on_path
 from edgebnn.errors import InvalidOptionError, InvalidWeightsError, MissingDependencyError
 
 _NESTED_KEYS = ("state_dict", "model_state_dict", "model")
-
-
-@contextlib.contextmanager
-def _cwd_on_path() -> Iterator[None]:
-    """The working directory first on ``sys.path`` while the user's module is imported and its factory runs.
-
-    As ``python -m``, uvicorn and gunicorn do: ``mynet:factory`` finds ``./mynet.py`` without ``PYTHONPATH=.``.
-    The entry is removed again afterwards (modules already imported stay in ``sys.modules``).
-    """
-    cwd = os.getcwd()
-    if cwd in sys.path or "" in sys.path:  # already importable (``python -m edgebnn``, an interactive session)
-        yield
-        return
-    sys.path.insert(0, cwd)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(cwd)
 
 
 def load_factory(spec: str) -> Any:
@@ -48,7 +26,7 @@ def load_factory(spec: str) -> Any:
     The module is looked up with the working directory first on ``sys.path`` (as ``python -m`` does), so a
     ``mynet.py`` next to the user needs no ``PYTHONPATH``.
     """
-    with _cwd_on_path():
+    with cwd_on_path():
         return _load_factory(spec)
 
 

@@ -168,3 +168,19 @@ def test_a_layer_no_loaded_plugin_knows_is_one_line_that_says_how(tmp_path):
                                       "--input-shape", "1,64", "-o", "m.ebnn", cwd=tmp_path))
     assert "has Bayesian-looking parameters ['weight_mu'] but no importer knows it" in line
     assert "a plug-in adds one (docs/extending.md): install it, or load its module with --plugin MODULE" in line
+
+
+def test_a_plugin_module_in_the_working_folder_loads_through_the_edgebnn_script(tmp_path):
+    """``edgebnn --plugin mod`` and ``EDGEBNN_PLUGINS=mod`` find ``./mod.py`` when run as the installed script
+    (which, unlike ``python -m``, does not put the working folder on the path), as ``--model`` finds a factory."""
+    (tmp_path / "eb_local_family.py").write_text("MARK = 1\n")
+    script = Path(sys.executable).parent / "edgebnn"
+    env = {k: v for k, v in os.environ.items() if k != "EDGEBNN_PLUGINS"}
+    r = subprocess.run([str(script), "--plugin", "eb_local_family", "plugins", "--json", "a.json"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(script), "plugins", "--json", "b.json"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**env, "EDGEBNN_PLUGINS": "eb_local_family"}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for name in ("a.json", "b.json"):
+        assert "eb_local_family" in [p["module"] for p in json.loads((tmp_path / name).read_text())["plugins"]]

@@ -48,7 +48,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAKE_RUNS = {"demo": "edgebnn demo"}
 """make targets whose recipe the test runs (the edgebnn command the dry run prints)."""
 MAKE_DRY_ONLY = {"test": "runs this very suite (and the linters)", "test-fast": "runs the unit lane of this suite",
-                 "lint": "the linters: the suite's own lint checks run them (tests/unit/test_packaging.py)",
+                 "lint": "the linters: make test runs them first, before this suite (CI: .ci/run)",
                  "install": "pip installs into .venv: the test runs in the installed environment",
                  "fuzz": "10,000 mutants: minutes", "bench": "a benchmark: minutes"}
 """make targets only dry-run (``make -n``: the rule exists), and why."""
@@ -294,7 +294,6 @@ class Reader:
         import torch
         from safetensors.torch import load_file
 
-        import edgebnn
         from edgebnn.models import digits_cnn
 
         assert "(1, 1, 8, 8)" in step.text, f"{step.where}: the snippet's model is the digits CNN here"
@@ -315,7 +314,6 @@ class Reader:
         report = namespace.get("report")
         if isinstance(report, dict):
             assert report["accuracy"] > 0.9 and "ood" in report, report
-        _ = edgebnn
 
     def _command(self, step: harness.Step, argv: list[str], folder: Path, env: dict[str, str]) -> None:
         import time

@@ -14,7 +14,7 @@ Everything edgebnn needs of it is in this module, registered once with :func:`ed
 - analytic: refused. The rows' shared ε makes a pre-activation's variance s_i² (Σ_j M_ij x_j)², which per-weight
   moments (Σ_j M_ij² s_i² x_j²) cannot give: ``--mode analytic`` ends in one line instead of a wrong predictive.
 
-It uses only ``edgebnn.families`` (the public plug-in interface), numpy and torch.
+It uses only ``edgebnn.families`` (the public plug-in interface), ``edgebnn.errors``, numpy and torch.
 """
 
 from __future__ import annotations
