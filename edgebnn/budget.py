@@ -20,8 +20,9 @@ Metric dicts are the ones :func:`edgebnn.api.lowering_quality` reports, which fo
 confidence limit of the population change (lowered minus float, on data exchangeable with the rows measured) lies
 within its limit. Each metric has its own bound on the paired per-input evidence:
 
-* averages over inputs (:data:`MEAN_METRICS`: NLL, Brier, accuracy, MAE, pixel accuracy): the Student-t limit of the
-  mean paired difference (:func:`mean_bound`); accuracy-like metrics, whose per-input change is -1, 0 or +1,
+* averages over inputs (:data:`MEAN_METRICS`: NLL, Brier, accuracy, MAE, pixel accuracy): the more cautious of the
+  Student-t and the studentized-bootstrap (bootstrap-t) limits of the mean paired difference (:func:`mean_bound`);
+  accuracy-like metrics, whose per-input change is -1, 0 or +1,
   first get Agresti and Min's pseudo-inputs (half an input lost, half gained, one unchanged), so that a lowering
   agreeing with the float BNN on all n inputs is bounded at t/(n + 1.5), not at 0;
 * the others (ECE, AUROC, RMSE, calibration error, mean IoU): the percentile bootstrap of the paired difference,
@@ -214,7 +215,7 @@ class Bound:
         bound: The limit on the worse side (an upper limit for lower-is-better metrics, a lower one for the others)
             that the population change passes with probability at most 1 - ``confidence``.
         limit: The budget's allowance (signed as given).
-        method: ``t``, ``t, Agresti-Min`` or ``bootstrap`` (the module docstring).
+        method: ``t | bootstrap-t``, ``t | bootstrap-t, Agresti-Min`` or ``bootstrap`` (the module docstring).
         rows: Inputs measured (``ood_rows``: out-of-distribution inputs, AUROC only).
     """
 
