@@ -54,6 +54,10 @@ from edgebnn.plugins import family_of
 # stays inside the uncertainty budget on both models (docs/uncertainty.md, bench/uncertainty_fidelity.py).
 DEFAULT_NOISE_FRACTION = 0.1
 DEFAULT_SIGMA_BITS = 2
+# The smallest normal float32 (1.18e-38): no pass writes a per-layer scale below it. A subnormal scale has fewer
+# significant bits than the integers it multiplies (fixed point or MCQ with mu = 1.2e-38 at 16 bits stored
+# s = 3.66e-43 as 3.64e-43 and decoded 61 steps off), and a device that flushes subnormals to zero decodes it as 0.
+F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class PassError(EdgeBNNError):
