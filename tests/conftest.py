@@ -32,6 +32,16 @@ settings.load_profile("edgebnn")
 
 
 @pytest.fixture
+def registry():
+    """The process-wide registry (edgebnn.registry.REGISTRY) in a scope: the families, encodings, tasks and plug-ins
+    a test registers are gone after it, so the test can run twice in one process."""
+    from edgebnn.registry import REGISTRY
+
+    with REGISTRY.scoped() as scope:
+        yield scope
+
+
+@pytest.fixture
 def cnn_ir():
     """A fresh synthetic Bayesian CNN IR (see tests/synthetic.py)."""
     return synthetic_cnn()

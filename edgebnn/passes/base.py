@@ -41,10 +41,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
+from edgebnn.family import family_of
 from edgebnn.ir import BNNModel, EncodedWeight, Encoding, GaussianWeight, encoding_class, verify
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.ir.encodings.sigmacode import MAX_SIGMA_BITS
-from edgebnn.plugins import family_of
 
 # The variance rule's f, one default for every scheme (fixed, codebook and mcq, and the ``fixed`` fallback that
 # ternary and binary use for biases). At 0.25 the quantisation error moved the predictive measurably: fixed's and
