@@ -34,6 +34,7 @@ from edgebnn._version import __version__
 from edgebnn.api import evaluate_artifact as evaluate
 from edgebnn.api import export, from_swag, from_torch, load_ir, lower, save
 from edgebnn.errors import EdgeBNNError
+from edgebnn.registry import REGISTRY as _REGISTRY
 
 if TYPE_CHECKING:
     from edgebnn.data import Dataset, load_data
@@ -56,19 +57,37 @@ __all__ = [
 
 load = load_ir
 
-_LAZY = {"Session": "edgebnn.runtime", "load_data": "edgebnn.data", "Dataset": "edgebnn.data"}
+_LAZY = ("Dataset", "Session", "load_data")
 
 
 def __getattr__(name: str) -> Any:
     """``Session``, ``load_data`` and ``Dataset`` are imported on first use (they need numpy/onnxruntime)."""
-    if name in _LAZY:
-        import importlib
+    value: Any
+    if name == "Session":
+        from edgebnn.runtime import Session
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'edgebnn' has no attribute {name!r}")
+        value = Session
+    elif name in ("load_data", "Dataset"):
+        from edgebnn import data
+
+        value = getattr(data, name)
+    else:
+        raise AttributeError(f"module 'edgebnn' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+def _load_plugins() -> None:
+    """The registry's loader hook: the plug-in loader (:func:`edgebnn.plugins.load_sources`), imported on the first
+    lookup that misses. The package root installs it because it sits above every unit and runs before any of them:
+    the units below the loader never name it, and ``import edgebnn`` stays light."""
+    from edgebnn.plugins import load_sources
+
+    load_sources()
+
+
+_REGISTRY.set_loader(_load_plugins)

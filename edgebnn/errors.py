@@ -36,3 +36,7 @@ class ArtifactWriteError(EdgeBNNError):
 
 class ArtifactRuntimeError(EdgeBNNError):
     """An exported artifact fails when its runtime loads or runs it (names the artifact and the failing op)."""
+
+
+class PluginError(EdgeBNNError):
+    """A plug-in failed to import or registered something invalid (names the plug-in and where it came from)."""

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.registry import decode
+from edgebnn.family import family_of
 from edgebnn.ir.encodings import Encoding
-from edgebnn.plugins import family_of
 
 # (builder, encoding, name prefix, tag of the emitted names, {noise suffix: graph input}, samples) -> W_s
 DrawEmitter = Callable[[Builder, Encoding, str, str, dict[str, str], int], str]

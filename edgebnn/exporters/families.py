@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from edgebnn.errors import InvalidOptionError
+from edgebnn.family import ExportRequest, Family, family_of
 from edgebnn.ir import DOMAIN, BNNModel
-from edgebnn.plugins import ExportRequest, Family, family_of
 
 
 def _families(model: BNNModel) -> list[tuple[Family, list[Any]]]:

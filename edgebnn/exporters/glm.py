@@ -41,9 +41,9 @@ from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.analytic import VAR_FLOOR, quadrature_matrix
 from edgebnn.exporters.layers import layer_kind
+from edgebnn.family import Analytic, family_of
 from edgebnn.ir import BNNModel, attrs_of
 from edgebnn.ir.encodings import Encoding
-from edgebnn.plugins import Analytic, family_of
 
 
 def analytic_rule(enc: Encoding) -> Analytic:

@@ -83,9 +83,9 @@ from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
+from edgebnn.family import family_of
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import Encoding
-from edgebnn.plugins import family_of
 
 ROWS = "batch_x_samples"
 # auto with in-graph noise: Flipout for weights of at least this many numbers; smaller ones draw independently per

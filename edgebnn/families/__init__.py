@@ -32,12 +32,12 @@ import numpy as np
 from edgebnn.exporters.stores.base import Store, reshape_to, scaled, table_lookup, unpack_codes
 from edgebnn.exporters.stores.factors import FactorStore, factor
 from edgebnn.exporters.stores.registry import decode
+from edgebnn.family import EXACT, Analytic, ExportRequest, Family, register_family
 from edgebnn.importers.base import LayerPosterior
 from edgebnn.ir import make_encoding_node
 from edgebnn.ir.encodings import Encoding, Grid, JointGroup, NoiseNeed
 from edgebnn.ir.encodings.base import check_finite, check_shape
 from edgebnn.passes.base import LayerOutcome, kept
-from edgebnn.plugins import EXACT, Analytic, ExportRequest, Family, register_family
 
 
 class GraphBuilder(Protocol):

@@ -18,8 +18,8 @@ import numpy as np
 
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store, table_lookup, unpack_codes
+from edgebnn.family import EXACT, Family, register_family
 from edgebnn.ir.encodings import BinaryWeight, Encoding
-from edgebnn.plugins import EXACT, Family, register_family
 
 
 class BinaryStore(Store):

@@ -28,9 +28,9 @@ import onnx
 
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import INT64, TRT, Store, reshape_to, unpack_codes
+from edgebnn.family import EXACT, Analytic, Family, register_family
 from edgebnn.ir.encodings import CodebookWeight, Encoding
 from edgebnn.ir.encodings.codebook import index_dtype
-from edgebnn.plugins import EXACT, Analytic, Family, register_family
 
 
 class CodebookStore(Store):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import onnx
 
 from edgebnn.exporters._graph import Builder
+from edgebnn.family import EXACT, Family, register_family
 from edgebnn.ir.encodings import DropoutMask, Encoding
-from edgebnn.plugins import EXACT, Family, register_family
 
 
 def dropout_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:

@@ -41,12 +41,12 @@ import numpy as np
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store, code_pool, scaled
 from edgebnn.exporters.stores.registry import SMALL
+from edgebnn.family import Analytic, ExportRequest, Family, register_family
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import Encoding, Grid, MemberSet, MemberSetFixedWeight, MemberSetWeight
 from edgebnn.ir.encodings.packing import MAX_BITS, packed_nbytes
 from edgebnn.passes.base import LayerOutcome, LayerPass, kept, sum_sq_diff
 from edgebnn.passes.fixed import FixedConfig, best_step, fit_sample, hw_dtype
-from edgebnn.plugins import Analytic, ExportRequest, Family, register_family
 
 MEMBER_FRACTION = 0.01
 

@@ -12,9 +12,9 @@ and what a diagonal Laplace or SWAG-diagonal posterior is.
 
 from __future__ import annotations
 
+from edgebnn.family import EXACT, Family, register_family
 from edgebnn.importers import bayesian_torch, blitz, edgebnn_layers, recipes, torchbnn
 from edgebnn.ir.encodings import GaussianWeight
-from edgebnn.plugins import EXACT, Family, register_family
 
 FAMILY = register_family(Family(
     "gaussian", (GaussianWeight,), "mean-field Gaussian: w ~ N(mu, sigma^2) per weight (VI, diagonal Laplace)",

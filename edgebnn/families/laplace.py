@@ -33,6 +33,7 @@ import numpy as np
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.factors import FactorStore, factor, mean, row_code
 from edgebnn.exporters.stores.gaussian import sigma_at, sigma_code
+from edgebnn.family import Analytic, Family, register_family
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import (
     DenseFixedWeight,
@@ -45,7 +46,6 @@ from edgebnn.ir.encodings import (
 )
 from edgebnn.passes.base import LayerOutcome, LayerPass, kept
 from edgebnn.passes.fixed import whitened_mean
-from edgebnn.plugins import Analytic, Family, register_family
 
 KRON_SCALE_BITS = 6
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store, scaled, unpack_codes
 from edgebnn.exporters.stores.gaussian import sigma_code
+from edgebnn.family import EXACT, Family, register_family
 from edgebnn.ir.encodings import Encoding, FixedPointWeight, IntCountWeight, TernaryWeight
 from edgebnn.ir.encodings.fixedpoint import QuantizedWeight
-from edgebnn.plugins import EXACT, Family, register_family
 
 
 class QuantizedStore(Store):

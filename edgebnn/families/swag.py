@@ -24,12 +24,12 @@ import numpy as np
 from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.factors import FactorStore, factor, mean, reshape_to, row_code
 from edgebnn.exporters.stores.gaussian import sigma_at, sigma_code
+from edgebnn.family import Analytic, ExportRequest, Family, register_family
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import Encoding, LowRankFixedWeight, LowRankGaussianWeight, RowCode, SigmaCode
 from edgebnn.ir.encodings.lowrank import Z2_SUFFIX
 from edgebnn.passes.base import LayerOutcome, LayerPass, kept
 from edgebnn.passes.fixed import family_sigma_bits, fixed_mean
-from edgebnn.plugins import Analytic, ExportRequest, Family, register_family
 
 
 def lowrank_draw(b: Builder, enc: Encoding, p: str, tag: str, eps: dict[str, str], samples: int) -> str:

@@ -77,7 +77,7 @@ class PlainLayers:
 
 def _adapters() -> list[LayerAdapter]:
     """Every registered family's torch adapters (the built-in libraries', then plug-ins'), first match wins."""
-    from edgebnn.plugins import adapters
+    from edgebnn.family import adapters
 
     return adapters()
 

@@ -8,7 +8,6 @@ carries the weight's name. The IR core imports neither torch nor tensorrt.
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import sys
@@ -359,10 +358,6 @@ def _stored_bytes(t: onnx.TensorProto) -> int:
 
 
 def encoding_class(op_type: str) -> type[Encoding] | None:
-    """The encoding class registered for ``op_type``; on a miss, the plug-ins are loaded (their families register
-    encodings) and it is looked up again. Imported by name: :mod:`edgebnn.plugins` sits above the IR."""
-    cls = ENCODINGS.get(op_type)
-    if cls is None:
-        importlib.import_module("edgebnn.plugins").load()
-        cls = ENCODINGS.get(op_type)
-    return cls
+    """The encoding class registered for ``op_type``; on a miss, the registry's loader hook loads the plug-ins
+    (their families register encodings) and it is looked up again."""
+    return ENCODINGS.find(op_type)

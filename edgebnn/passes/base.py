@@ -41,10 +41,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
+from edgebnn.family import family_of
 from edgebnn.ir import BNNModel, EncodedWeight, Encoding, GaussianWeight, encoding_class, verify
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.ir.encodings.sigmacode import MAX_SIGMA_BITS
-from edgebnn.plugins import family_of
 
 # The variance rule's f, one default for every scheme (fixed, codebook and mcq, and the ``fixed`` fallback that
 # ternary and binary use for biases). At 0.25 the quantisation error moved the predictive measurably: fixed's and
@@ -54,6 +54,10 @@ from edgebnn.plugins import family_of
 # stays inside the uncertainty budget on both models (docs/uncertainty.md, bench/uncertainty_fidelity.py).
 DEFAULT_NOISE_FRACTION = 0.1
 DEFAULT_SIGMA_BITS = 2
+# The smallest normal float32 (1.18e-38): no pass writes a per-layer scale below it. A subnormal scale has fewer
+# significant bits than the integers it multiplies (fixed point or MCQ with mu = 1.2e-38 at 16 bits stored
+# s = 3.66e-43 as 3.64e-43 and decoded 61 steps off), and a device that flushes subnormals to zero decodes it as 0.
+F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class PassError(EdgeBNNError):

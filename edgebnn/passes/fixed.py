@@ -44,6 +44,7 @@ from edgebnn.ir.encodings import Encoding, FixedPointWeight, SigmaCode
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.passes.base import (
     DEFAULT_NOISE_FRACTION,
+    F32_TINY,
     LayerOutcome,
     LayerPass,
     QuantConfig,
@@ -95,14 +96,17 @@ def best_step(sample: np.ndarray, top: float, width: int, clip: bool) -> tuple[f
     """The step of a ``width``-bit symmetric grid and its squared error on ``sample``.
 
     Without ``clip`` the grid spans ``top``; with it, the least-error step among 32 log-spaced ones
-    from ``top / limit`` down to a sixteenth of that.
+    from ``top / limit`` down to a sixteenth of that. Every step is a normal float32 (at least
+    :data:`~edgebnn.passes.base.F32_TINY`): means so small that the grid would need a finer step use fewer of its
+    levels instead, each still within half a (normal, exactly stored) step of its grid value.
     """
     limit = (1 << (width - 1)) - 1
     full = top / limit
-    steps = full * np.geomspace(1.0, 1 / 16, _STEPS_TRIED) if clip else np.array([full])
-    errors = [grid_error(sample, float(np.float32(s)), limit) for s in steps]
+    tried = full * np.geomspace(1.0, 1 / 16, _STEPS_TRIED) if clip else np.array([full])
+    steps = [max(float(np.float32(s)), F32_TINY) for s in tried]
+    errors = [grid_error(sample, s, limit) for s in steps]
     best = int(np.argmin(errors))
-    return float(np.float32(steps[best])), errors[best]
+    return steps[best], errors[best]
 
 
 def hw_dtype(bits: int) -> str:

@@ -27,6 +27,14 @@ rule is capped at 16 (note in the report). σ keeps a per-weight code (the count
 Degenerate layers: all-zero μ give all-zero counts with s = 1; σ = 0 everywhere leaves no noise budget,
 so ``auto`` uses 16 bits. Both are reported in ``note``.
 
+The scale is a normal float32: ``N <= ||μ||₁ / F32_TINY`` (the smallest normal, 1.18e-38), so ``s >= F32_TINY``
+(:data:`~edgebnn.passes.base.F32_TINY`). A subnormal s would be stored with fewer significant bits than the
+counts it multiplies: μ = 1.2e-38 alone at 16 bits gave s = 3.66e-43, stored as 3.64e-43, and decoded 61 steps
+off (and a device flushing subnormals to zero decodes such a scale as 0). Capping N keeps the rule exact: every
+count is still ``floor(N p_i)`` or ``ceil(N p_i)``, so each weight is within one step s of μ, and s, a normal
+float32, is stored to 2⁻²⁴ of itself; the layer only uses fewer counts (noted). A layer whose ``||μ||₁`` is
+itself below F32_TINY (every μ subnormal) is stored as zeros, each weight within 1.18e-38 of its mean.
+
 Report keys besides the common ones: ``samples_per_weight`` (K = N / n), ``scale`` (s), ``hw_dtype``.
 """
 
@@ -42,6 +50,7 @@ from edgebnn.ir.encodings import IntCountWeight, SigmaCode
 from edgebnn.ir.encodings.packing import MAX_BITS
 from edgebnn.passes.base import (
     DEFAULT_NOISE_FRACTION,
+    F32_TINY,
     LayerOutcome,
     LayerPass,
     QuantConfig,
@@ -128,10 +137,11 @@ def lower_mcq(
     l1 = float(np.sum(np.abs(mu), dtype=np.float64))
     note = degenerate_note(mu, sigma)
     sigma_code = SigmaCode.fit(sigma, config.sigma_bits, rng)
-    # The scale ||mu||_1 / N must be a positive float32: means that small (denormals) round to an all-zero layer.
-    tiny = l1 > 0 and not np.float32(l1 / max(n, 1) / (1 << MAX_BITS)) > 0
+    # The scale ||mu||_1 / N must be a normal float32 (module docstring): subnormal means are stored as zeros.
+    tiny = 0 < l1 < F32_TINY
     if tiny:
-        note = join_notes(note, "means below float32 resolution: stored as zeros")
+        note = join_notes(note, "means below float32 resolution (their sum is under the smallest normal float32): "
+                                "stored as zeros")
     if l1 == 0 or tiny:
         k = config.samples_per_weight or 1.0
         width = config.bits or 2
@@ -158,6 +168,11 @@ def lower_mcq(
             note = join_notes(note, f"variance rule asks for {asked} bits; capped at {MAX_BITS}")
         # The finest grid the chosen width allows (capped at MAX_BITS: more samples would overflow the counts).
         n_samples = _samples_for_bits(p_max, min(max(asked, 2), MAX_BITS))
+    normal = int(l1 / F32_TINY)  # the most samples whose scale ||mu||_1 / N is a normal float32
+    if n_samples > normal:
+        note = join_notes(note, f"means near float32's smallest normal: {normal} samples, not {n_samples}, keep "
+                                "the scale a normal float32")
+        n_samples = normal
     counts = mcq_counts(mu, n_samples, float(rng.random()), sort=config.sort)
     width = max(2, 1 + int(np.max(np.abs(counts))).bit_length())
     cap = config.bits or MAX_BITS

@@ -35,6 +35,7 @@ from edgebnn.errors import InvalidOptionError
 from edgebnn.ir import BNNModel, EncodedWeight
 from edgebnn.ir.encodings import SigmaCode, TernaryWeight
 from edgebnn.passes.base import (
+    F32_TINY,
     LayerOutcome,
     QuantConfig,
     check_float,
@@ -46,7 +47,7 @@ from edgebnn.passes.fixed import MatrixPass
 
 _FIT_SAMPLE = 65536
 _LLOYD_ITERS = 30
-_F32_TINY, _F32_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class TernaryConfig(QuantConfig):
             raise InvalidOptionError("levels must map weight names to positive levels a")
         for name, a in self.levels.items():
             ok = isinstance(a, (int, float, np.floating)) and not isinstance(a, bool) and math.isfinite(a)
-            if not ok or not _F32_TINY <= a <= _F32_MAX:  # stored as a float32: no under/overflow
+            if not ok or not F32_TINY <= a <= _F32_MAX:  # stored as a float32: no under/overflow
                 raise InvalidOptionError(f"levels[{name!r}]={a!r}: must be a finite positive number")
 
 

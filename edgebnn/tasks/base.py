@@ -10,7 +10,6 @@ register the same way a plug-in's does (docs/extending.md).
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from onnx import TensorProto, helper
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
 from edgebnn.metrics import AnyPredictive, Predictive
+from edgebnn.registry import REGISTRY, Table
 
 if TYPE_CHECKING:
     from edgebnn.data import Targets
@@ -238,8 +238,9 @@ class Task(ABC):
 
 T = TypeVar("T", bound=type[Task])
 
-TASKS: dict[str, type[Task]] = {}
-"""The registered tasks by name (:func:`register_task`): the built-in ones and those of the plug-ins imported."""
+TASKS: Table[type[Task]] = REGISTRY.tasks
+"""The registered tasks by name (:func:`register_task`): the built-in ones and those of the plug-ins imported (the
+registry's table; read, never written)."""
 
 
 def register_task(cls: T) -> T:
@@ -259,7 +260,7 @@ def register_task(cls: T) -> T:
         if other is not None:
             raise ValueError(f"task {n!r} registered twice ({other.__module__}.{other.__qualname__}, "
                              f"{cls.__module__}.{cls.__qualname__})")
-    TASKS[name] = cls
+    TASKS.add(name, cls)
     return cls
 
 
@@ -275,9 +276,8 @@ def known_tasks() -> str:
 
 
 def task_class(name: str, where: str, error: type[EdgeBNNError] = InvalidArtifactError) -> type[Task]:
-    """The task registered as ``name`` (or an alias); on a miss, the plug-ins are loaded (:func:`edgebnn.plugins.load`:
-    the entry points and ``$EDGEBNN_PLUGINS``, imported by name, as it sits above the tasks) and it is looked up
-    again.
+    """The task registered as ``name`` (or an alias); on a miss, the registry's loader hook loads the plug-ins (the
+    entry points and ``$EDGEBNN_PLUGINS``) and it is looked up again.
 
     Args:
         name: The task's name.
@@ -291,7 +291,7 @@ def task_class(name: str, where: str, error: type[EdgeBNNError] = InvalidArtifac
     """
     found = _lookup(name)
     if found is None:
-        importlib.import_module("edgebnn.plugins").load()
+        REGISTRY.ensure_loaded()
         found = _lookup(name)
     if found is None:
         raise error(f"{where}: task {name!r} is not known to this edgebnn (known: {known_tasks()}); {PLUGIN_HINT}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import numpy as np
 import onnx
@@ -140,6 +141,8 @@ def test_sigma_code_levels_stay_within_their_bin(values, bits, power, seed):
 
 
 @cases(500)
+# a subnormal step (3.66e-43 for 1.2e-38 at 16 bits) was stored with fewer bits than the codes: 43 steps off
+@example(post=(np.array([1.2e-38, -4e-39], np.float32), np.zeros(2, np.float32)), bits=16, clip=False, seed=0)
 @given(post=posterior, bits=st.sampled_from([None, 2, 3, 4, 8, 16]), clip=st.booleans(),
        seed=st.integers(0, 2**16))
 def test_fixed_point_decodes_to_the_nearest_grid_value(post, bits, clip, seed):
@@ -158,6 +161,9 @@ def test_fixed_point_decodes_to_the_nearest_grid_value(post, bits, clip, seed):
 @cases(500)
 @example(post=(np.array([5017.0], np.float32), np.array([0.125], np.float32)), bits=None, seed=0)  # clipped
 @example(post=(np.array([1.0], np.float32), np.array([1e-19], np.float32)), bits=None, seed=0)  # OverflowError
+# found by the whole reliability lane: the scale ||mu||_1 / N = 3.70e-43 was subnormal, decoded 61 steps off
+@example(post=(np.array([1.2099157e-38], np.float32), np.zeros(1, np.float32)), bits=None, seed=0)
+@example(post=(np.array([5e-39, -1e-40], np.float32), np.zeros(2, np.float32)), bits=16, seed=0)  # all subnormal
 @given(post=posterior, bits=st.sampled_from([None, 2, 4, 8, 16]), seed=st.integers(0, 2**16))
 def test_mcq_counts_are_within_one_step(post, bits, seed):
     mu, sigma = post
@@ -411,9 +417,50 @@ def test_verifier_accepts_exactly_the_valid_gaussians(which, layer, poison, resh
         ir.verify(model)
 
 
+def test_mcq_and_fixed_scales_stay_normal_float32():
+    """A mean just above float32's smallest normal (1.18e-38): the scale of either pass is a normal float32, never the
+    subnormal 3.7e-43 that 16 bits would ask for (stored with fewer bits than the counts: 61 steps off), and every
+    weight decodes within one MCQ step / half a fixed-point step."""
+    tiny = float(np.finfo(np.float32).tiny)
+    mu, sigma = np.array([1.2099157e-38, -3e-39], np.float32), np.zeros(2, np.float32)
+    for bits in (None, 16):
+        mcq = lower_mcq(mu, sigma, mu.shape, np.random.default_rng(0), McqConfig(bits=bits))
+        fixed = lower_fixed(mu, sigma, mu.shape, np.random.default_rng(0), bits=bits, noise_fraction=0.1,
+                            sigma_bits=2, clip=False).encoding
+        assert mcq.encoding.scale >= tiny and fixed.scale >= tiny
+        assert "smallest normal" in mcq.note
+        err = np.abs(mcq.encoding.mean().astype(np.float64) - mu)
+        assert np.all(err <= mcq.encoding.scale), err / mcq.encoding.scale
+        assert np.all(np.abs(fixed.mean().astype(np.float64) - mu) <= fixed.scale / 2)
+
+
 def test_mcq_denormal_means_are_stored_as_zeros():
     """Found by hypothesis in CI: mu = 1e-45 made the scale ||mu||_1 / N underflow to 0."""
     out = lower_mcq(np.array([1e-45], np.float32), np.zeros(1, np.float32), (1,), np.random.default_rng(0),
                     McqConfig())
     assert out.encoding.scale > 0 and not out.encoding.mean().any()
     assert "below float32 resolution" in out.note
+
+
+def test_the_cases_do_not_depend_on_the_modules_imported(tmp_path, monkeypatch):
+    """The same property test draws the same cases before and after a module full of literals is imported
+    (tests/conftest.py keeps Hypothesis from mining them), so a file alone and the whole lane test the same cases."""
+    drawn: list[tuple[int, float]] = []
+
+    @settings(max_examples=300, database=None, derandomize=True)
+    @given(st.integers(0, 2**32 - 1), finite32)
+    def draw(i, x):
+        drawn.append((i, x))
+
+    draw()
+    first, drawn[:] = list(drawn), []
+    (tmp_path / "eb_many_literals.py").write_text(
+        "".join(f"C{k} = {v!r}\n" for k, v in enumerate([123456789, 987654321, 4242, 31337, 2.5e-3, 1234.5,
+                                                          -777.25, 6.02e23, 3.3e-39])))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        import eb_many_literals  # noqa: F401
+        draw()
+    finally:
+        sys.modules.pop("eb_many_literals", None)
+    assert drawn == first

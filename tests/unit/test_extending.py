@@ -7,11 +7,12 @@ Rank-1 multiplicative Gaussian (Dusenberry et al. 2020) on a dense weight [out, 
     E[W] = M,   Var[W] = M² ⊙ ((1 + σ_r²)(1 + σ_s²)ᵀ − 1)   (r and s independent)
 
 The family (its encoding: stored fields, validation, draws, moments; its in-graph draw; what analytic mode does with
-it) is registered once with the public ``edgebnn.families.register_family``; every export mode then takes it:
-``baked`` draws members with the encoding's ``sample`` (the reference runtime's streams), ``noise`` draws it in the
-graph from host noise (every variant draws it whole: it is not Gaussian weight by weight), ``analytic`` reads its
-moments, which drop the correlation of a row's and a column's weights: the family states that approximation and its
-measured bound, and the export records it. Only public names are imported (the plug-in interface).
+it) is registered with the public ``edgebnn.families.register_family`` (for each test, in a registry scope: the
+``registry`` fixture); every export mode then takes it: ``baked`` draws members with the encoding's ``sample`` (the
+reference runtime's streams), ``noise`` draws it in the graph from host noise (every variant draws it whole: it is
+not Gaussian weight by weight), ``analytic`` reads its moments, which drop the correlation of a row's and a column's
+weights: the family states that approximation and its measured bound, and the export records it. Only
+public names are imported (the plug-in interface).
 """
 
 from __future__ import annotations
@@ -110,8 +111,6 @@ def rank1_draw(b: GraphBuilder, enc: Encoding, p: str, tag: str, eps: dict[str, 
 
 # measured by test_analytic_states_its_approximation (mean |Δp| 0.019 against S = 1000, its Monte Carlo error 0.007)
 BOUND = "per-weight moments drop the row and column correlation: mean |Δp| <= 0.04 on the test MLP (S = 1000)"
-register_family(Family("rank1", (Rank1GaussianWeight,), "rank-1 multiplicative Gaussian (test)",
-                       draws={"Rank1GaussianWeight": rank1_draw}, analytic=Analytic("approximate", bound=BOUND)))
 
 
 def _model(seed: int = 0, n_in: int = 5, hidden: int = 6, classes: int = 4) -> BNNModel:
@@ -251,8 +250,18 @@ def _keep_rank1(pass_, weight, rng):
     return LayerOutcome(weight.encoding, "rank-1: kept")
 
 
-register_family(Family("rank1-undrawn", (Rank1Undrawn,), lowerings={"Rank1UndrawnWeight": {"fixed": _keep_rank1}},
-                       analytic=Analytic("approximate", bound=BOUND)))
+
+
+@pytest.fixture(autouse=True)
+def rank1_families(registry):
+    """The test's two families, registered for each test in a registry scope (so every test here, and those that
+    register more, run again in one process)."""
+    register_family(Family("rank1", (Rank1GaussianWeight,), "rank-1 multiplicative Gaussian (test)",
+                           draws={"Rank1GaussianWeight": rank1_draw}, analytic=Analytic("approximate", bound=BOUND)))
+    register_family(Family("rank1-undrawn", (Rank1Undrawn,),
+                           lowerings={"Rank1UndrawnWeight": {"fixed": _keep_rank1}},
+                           analytic=Analytic("approximate", bound=BOUND)))
+    return registry
 
 
 def _undrawn() -> BNNModel:
@@ -357,22 +366,23 @@ def test_a_refused_family_registers_nothing():
     assert encoding_class("Rank1FreshWeight") is None and family_of("Rank1FreshWeight") is None
 
 
-def test_a_plugin_that_failed_is_tried_again_and_the_later_ones_too(monkeypatch, tmp_path):
+def test_a_plugin_that_failed_is_tried_again_and_the_later_ones_too(rank1_families, monkeypatch, tmp_path):
     """A failed plug-in does not mark loading done: the next lookup tries again, so every later source is loaded
-    once the broken one is fixed (here: removed from $EDGEBNN_PLUGINS), never skipped in silence."""
+    once the broken one is fixed (here: removed from $EDGEBNN_PLUGINS), never skipped in silence. The registry's
+    scope forgets the loading when the test ends."""
     from edgebnn import plugins
     from edgebnn.plugins import PluginError
 
     (tmp_path / "eb_broken_plugin.py").write_text("raise ImportError('no such thing')\n")
     (tmp_path / "eb_later_plugin.py").write_text("LOADED = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(plugins._state, "done", False)
+    monkeypatch.setattr(rank1_families, "_loaded", False)  # as in a fresh process, with the built-ins imported
     monkeypatch.setenv(plugins.ENV, "eb_broken_plugin,eb_later_plugin")
     for _ in range(2):  # the same one-line error each time, not a silent success the second time
         with pytest.raises(PluginError, match=r"plug-in 'eb_broken_plugin'.*failed to import: ImportError"):
             plugins.load()
+        assert not rank1_families.loaded
     assert "eb_later_plugin" not in plugins.LOADED
     monkeypatch.setenv(plugins.ENV, "eb_later_plugin")
     plugins.load()
-    assert "eb_later_plugin" in plugins.LOADED and plugins._state["done"]
-    monkeypatch.delitem(plugins.LOADED, "eb_later_plugin")
+    assert "eb_later_plugin" in plugins.LOADED and rank1_families.loaded

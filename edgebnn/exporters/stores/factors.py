@@ -24,9 +24,9 @@ from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store, code_pool, reshape_to, scaled, unpack_codes
 from edgebnn.exporters.stores.gaussian import RequantStore
 from edgebnn.exporters.stores.registry import SMALL, decode, store_for
+from edgebnn.family import family_of
 from edgebnn.ir.encodings import Encoding, RowCode
 from edgebnn.ir.encodings.lowrank import FixedMean
-from edgebnn.plugins import family_of
 
 
 class FactorStore(Store):

@@ -7,8 +7,8 @@ from edgebnn.exporters._graph import Builder
 from edgebnn.exporters.stores.base import Store
 from edgebnn.exporters.stores.float_ import FLOAT
 from edgebnn.exporters.stores.gaussian import RequantStore
+from edgebnn.family import family_of
 from edgebnn.ir.encodings import Encoding
-from edgebnn.plugins import family_of
 
 # tensors of fewer numbers stay fp32: their decode's nodes outweigh 4 bytes a number (on the bayesian-torch digits
 # CNN's noise export: 16 kept the fewest bytes of 8, 16, 32, 64)

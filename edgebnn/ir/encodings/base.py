@@ -30,8 +30,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from edgebnn.errors import InvalidArtifactError
+from edgebnn.registry import REGISTRY, Table
 
-ENCODINGS: dict[str, type[Encoding]] = {}
+ENCODINGS: Table[type[Encoding]] = REGISTRY.encodings
+"""The registered encoding classes by op type (the registry's table; :func:`register_encoding` adds to it)."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +88,12 @@ class JointGroup:
 
 
 def register_encoding(cls: type[Encoding]) -> type[Encoding]:
-    """Class decorator: make ``cls`` loadable from nodes whose op_type is ``cls.op_type``."""
-    if cls.op_type in ENCODINGS:
-        raise ValueError(f"encoding {cls.op_type} registered twice")
-    ENCODINGS[cls.op_type] = cls
-    return cls
+    """Class decorator: make ``cls`` loadable from nodes whose op_type is ``cls.op_type``.
+
+    Raises:
+        ValueError: the op type is taken.
+    """
+    return ENCODINGS.add(cls.op_type, cls)
 
 
 class Encoding(ABC):
