@@ -1,17 +1,17 @@
-"""The README's figures, from the commands the README names: run them, print what they print, and compare.
+"""The documented figures, from the commands the docs name: run them, print what they print, and compare.
 
-Runs ``edgebnn demo`` (or reads a finished ``--demo DIR``), then the commands of README.md's paragraphs on the demo's
-trained digits CNN (``edgebnn lower ... --scheme fixed``, the default export, ``--mode baked``, ``--weights int8``,
-``--hoist auto``, the ``--budget`` lowering and its default export) through the CLI, collects the figures they
-print, and sets each beside the README's figure (:data:`FIGURES`: a pattern that finds the figure in README.md and
-the measured key). Prints one JSON line, then a table; ``--check`` exits 1 when a size or metric in the README is
-more than 10% away from what the commands print today (timings are reported, not checked: they move by 10-50%
-between runs on a shared machine, as the README says).
+The README quotes no figure; the guides that do are docs/export-modes.md (the default export, ``--mode baked``,
+``--weights int8``, the ``--budget`` lowering and its default export, ``--hoist auto``) and docs/demo.md (the demo's
+table and profile). This runs ``edgebnn demo`` (or reads a finished ``--demo DIR``), then those pages' commands on
+the demo's trained digits CNN through the CLI, collects the figures they print, and sets each beside the page's
+figure (:data:`FIGURES`: the page, a pattern that finds the figure in it, and the measured key). Prints one JSON
+line, then a table; ``--check`` exits 1 when a size or metric is more than 10% away from what the commands print
+today (timings are reported, not checked: they move by 10-50% between runs on a shared machine).
 
     PYTHONPATH=$PWD .venv/bin/python bench/readme_figures.py [--demo demo-out] [--runs 200] [--check]
 
-``tests/integration/test_readme.py`` runs :func:`measure` on the demo of its own README run and checks the same
-figures, so a README figure that drifts more than 10% fails the tests.
+``tests/integration/test_readme.py`` runs :func:`measure` on the demo of its own run and checks the same figures, so
+a documented figure that drifts more than 10% fails the tests.
 """
 
 from __future__ import annotations
@@ -27,22 +27,24 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # Timings (unchecked) move by tens of percent between runs; figures marked training=True are held only where the
-# demo trains the README's weights (same_training).
+# demo trains the documented weights (same_training).
+EXPORT_MODES, DEMO = "docs/export-modes.md", "docs/demo.md"
 TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
 class Figure:
-    """One README figure: ``pattern`` finds it in README.md (group 1: the number as written), ``key`` is what
+    """One documented figure: ``pattern`` finds it in ``doc`` (group 1: the number as written), ``key`` is what
     :func:`measure` measured, ``checked`` whether ``--check`` holds it to :data:`TOLERANCE`; ``training``: it
     depends on the exact trained weights (a discrete choice: the budget's bits, which layers hoist), so it is held
-    only where the demo trained the README's weights (torch's CPU kernels differ between processors; the README's
-    demo NLL, to 4 decimals, tells)."""
+    only where the demo trained the documented weights (torch's CPU kernels differ between processors; the demo's
+    NLL in docs/demo.md, to 4 decimals, tells)."""
 
     key: str
     pattern: str
     checked: bool = True
     training: bool = False
+    doc: str = "docs/export-modes.md"
 
 
 def _kib(n: float) -> float:
@@ -50,7 +52,7 @@ def _kib(n: float) -> float:
 
 
 FIGURES: tuple[Figure, ...] = (
-    # "Without --mode ..." paragraph: the default export of the demo's CNN lowered with fixed
+    # docs/export-modes.md, "The default export keeps the compression": the demo's CNN lowered with fixed
     Figure("default_kib", r"the\s+default writes ([\d.]+) KiB"),
     Figure("default_ratio", r"the\s+default writes [\d.]+ KiB, ([\d.]+)x smaller than the fp32 BNN"),
     Figure("fp32_bnn_kib", r"smaller than the fp32 BNN \(([\d.]+) KiB\), where"),
@@ -68,21 +70,24 @@ FIGURES: tuple[Figure, ...] = (
     Figure("budget_test_ece", r"without `--budget`\) NLL \+[\d.]+, ECE \+(\d[\d.]*\d)", training=True),
     Figure("tight_kib", r"`--budget nll=\+0\.02,ece=\+0\.01` is certified at ([\d.]+) KiB", training=True),
     Figure("tight_ratio", r"`--budget nll=\+0\.02,ece=\+0\.01` is certified at [\d.]+ KiB, ([\d.]+)x", training=True),
-    # the demo's table
-    Figure("demo_fp32_accuracy", r"\| digits test accuracy / NLL / ECE \| ([\d.]+) /"),
-    Figure("demo_fp32_nll", r"\| digits test accuracy / NLL / ECE \| [\d.]+ / ([\d.]+) /"),
-    Figure("demo_int8_accuracy", r"\| digits test accuracy / NLL / ECE \| [\d./ ]+ \| ([\d.]+) /"),
-    Figure("demo_noise_accuracy", r"\| digits test accuracy / NLL / ECE \| [\d./ ]+ \| [\d./ ]+ \| ([\d.]+) /"),
-    Figure("demo_noise_nll", r"\| digits test accuracy / NLL / ECE \| [\d./ ]+ \| [\d./ ]+ \| [\d.]+ / ([\d.]+) /"),
-    Figure("demo_ir_kib", r"\| `\.ebnn` IR size \| ([\d.]+) KiB"),
-    Figure("demo_fixed_ir_kib", r"\| `\.ebnn` IR size \| [\d.]+ KiB \| ([\d.]+) KiB"),
-    Figure("demo_fp32_onnx_kib", r"\| ONNX ensemble \(16 members\) \| ([\d.]+) KiB"),
-    Figure("demo_int8_onnx_kib", r"\| ONNX ensemble \(16 members\) \| [\d.]+ KiB \| ([\d.]+) KiB"),
-    Figure("demo_noise_onnx_kib", r"\| ONNX ensemble \(16 members\) \| [\d.]+ KiB \| [\d.]+ KiB \| ([\d.]+) KiB"),
-    Figure("baked_int8_kib", r"into a file as large as the fp32 one \(([\d.]+) KiB"),
-    Figure("demo_p50_ms", r"the fp32\s+ensemble's p50 ([\d.]+) ms", checked=False),
-    Figure("demo_vs_deterministic", r"ms, ([\d.]+)x one float pass", checked=False),
-    Figure("demo_speedup", r"\), ([\d.]+)x faster than 16 sampled float-BNN passes", checked=False),
+    # docs/demo.md: the demo's table and profile
+    Figure("demo_fp32_accuracy", r"\| digits test accuracy / NLL / ECE \| ([\d.]+) /", doc=DEMO),
+    Figure("demo_fp32_nll", r"\| digits test accuracy / NLL / ECE \| [\d.]+ / ([\d.]+) /", doc=DEMO),
+    Figure("demo_int8_accuracy", r"\| digits test accuracy / NLL / ECE \| [\d./ ]+ \| ([\d.]+) /", doc=DEMO),
+    Figure("demo_noise_accuracy", r"\| digits test accuracy / NLL / ECE \| [\d./ ]+ \| [\d./ ]+ \| ([\d.]+) /",
+           doc=DEMO),
+    Figure("demo_noise_nll", r"\| digits test accuracy / NLL / ECE \| [\d./ ]+ \| [\d./ ]+ \| [\d.]+ / ([\d.]+) /",
+           doc=DEMO),
+    Figure("demo_ir_kib", r"\| `\.ebnn` IR size \| ([\d.]+) KiB", doc=DEMO),
+    Figure("demo_fixed_ir_kib", r"\| `\.ebnn` IR size \| [\d.]+ KiB \| ([\d.]+) KiB", doc=DEMO),
+    Figure("demo_fp32_onnx_kib", r"\| ONNX ensemble \(16 members\) \| ([\d.]+) KiB", doc=DEMO),
+    Figure("demo_int8_onnx_kib", r"\| ONNX ensemble \(16 members\) \| [\d.]+ KiB \| ([\d.]+) KiB", doc=DEMO),
+    Figure("demo_noise_onnx_kib", r"\| ONNX ensemble \(16 members\) \| [\d.]+ KiB \| [\d.]+ KiB \| ([\d.]+) KiB",
+           doc=DEMO),
+    Figure("baked_int8_kib", r"into a file as large as the fp32 one \(([\d.]+) KiB", doc=DEMO),
+    Figure("demo_p50_ms", r"the fp32\s+ensemble's p50 ([\d.]+) ms", checked=False, doc=DEMO),
+    Figure("demo_vs_deterministic", r"ms, ([\d.]+)x one float pass", checked=False, doc=DEMO),
+    Figure("demo_speedup", r"\), ([\d.]+)x faster than 16 sampled float-BNN passes", checked=False, doc=DEMO),
     # hoisting: at the earlier default noise fraction 0.25, and at today's
     Figure("hoist25_mi_off", r"noise_fraction=0\.25`[^)]*\) it hoisted [^(]*\(mean mutual information ([\d.]+) ->",
            training=True),
@@ -93,7 +98,12 @@ FIGURES: tuple[Figure, ...] = (
 )
 
 
-def readme_value(text: str, figure: Figure) -> float | None:
+def documents(root: Path = ROOT) -> dict[str, str]:
+    """The text of every page a figure is in, by its path relative to ``root``."""
+    return {doc: (root / doc).read_text() for doc in sorted({f.doc for f in FIGURES})}
+
+
+def doc_value(text: str, figure: Figure) -> float | None:
     m = re.search(figure.pattern, " ".join(text.split()))  # a sentence wraps anywhere in the Markdown
     return None if m is None else float(m.group(1))
 
@@ -122,7 +132,7 @@ def _mean_mi(onnx_path: Path) -> float:
 
 
 def measure(demo: Path, work: Path) -> dict[str, Any]:
-    """Every figure's key -> what the README's commands print today, on the finished demo in ``demo``."""
+    """Every figure's key -> what the documented commands print today, on the finished demo in ``demo``."""
     weights = demo / "digits_cnn.safetensors"
     model = ["--model", "edgebnn.models:digits_cnn", "--weights", weights, "--input-shape", "1,1,8,8"]
     out: dict[str, Any] = {}
@@ -195,21 +205,25 @@ def measure(demo: Path, work: Path) -> dict[str, Any]:
     return out
 
 
-def same_training(readme: str, measured: dict[str, Any]) -> bool:
-    """Whether this machine's demo trained the README's weights: its fp32 ensemble's NLL to the README's 4 decimals."""
-    written = readme_value(readme, next(f for f in FIGURES if f.key == "demo_fp32_nll"))
+def same_training(texts: dict[str, str], measured: dict[str, Any]) -> bool:
+    """Whether this machine's demo trained the documented weights: its fp32 ensemble's NLL to docs/demo.md's 4
+    decimals."""
+    nll = next(f for f in FIGURES if f.key == "demo_fp32_nll")
+    written = doc_value(texts[nll.doc], nll)
     return written is not None and abs(float(measured["demo_fp32_nll"]) - written) < 5e-5
 
 
-def compare(readme: str, measured: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per figure: the README's value, the measured one, their relative difference, whether it is held."""
+def compare(texts: dict[str, str], measured: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per figure: the documented value (``texts``: :func:`documents`), the measured one, their relative
+    difference, whether it is held."""
     rows = []
-    same = same_training(readme, measured)
+    same = same_training(texts, measured)
     for fig in FIGURES:
-        written, now = readme_value(readme, fig), measured.get(fig.key)
+        written, now = doc_value(texts[fig.doc], fig), measured.get(fig.key)
         diff = None if written is None or now is None or not written else abs(now - written) / abs(written)
         checked = fig.checked and (same or not fig.training)
-        rows.append({"key": fig.key, "readme": written, "measured": now, "rel_diff": diff, "checked": checked,
+        rows.append({"key": fig.key, "doc": fig.doc, "written": written, "measured": now, "rel_diff": diff,
+                     "checked": checked,
                      "ok": written is not None and ((not checked) or (diff is not None and diff <= TOLERANCE))})
     return rows
 
@@ -218,28 +232,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo", type=Path, help="a finished `edgebnn demo --out DIR` (default: run one)")
     parser.add_argument("--runs", type=int, default=200, help="timed runs of the demo's profile")
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md")
+    parser.add_argument("--root", type=Path, default=ROOT, help="the repository whose docs/ pages to compare with")
     parser.add_argument("--check", action="store_true", help="exit 1 when a checked figure is off by more than 10%")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="edgebnn-readme-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="edgebnn-figures-") as tmp:
         demo = args.demo
         if demo is None:
             demo = Path(tmp) / "demo-out"
             _cli("demo", "--out", demo, "--runs", args.runs)
         measured = measure(demo, Path(tmp))
-    rows = compare(args.readme.read_text(), measured)
+    rows = compare(documents(args.root), measured)
     from edgebnn._version import __version__
 
-    print(json.dumps({"schema": "edgebnn.bench.readme_figures/1", "edgebnn_version": __version__,
+    print(json.dumps({"schema": "edgebnn.bench.readme_figures/2", "edgebnn_version": __version__,
                       "measured": measured, "figures": rows}), flush=True)
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="README figures: as written vs what the commands print today", title_justify="left")
-    for col in ("figure", "README", "today", "diff", ""):
+    table = Table(title="documented figures: as written vs what the commands print today", title_justify="left")
+    for col in ("figure", "page", "as written", "today", "diff", ""):
         table.add_column(col, justify="left" if col in ("figure", "") else "right")
     for r in rows:
-        table.add_row(r["key"], "missing" if r["readme"] is None else f"{r['readme']:g}",
+        table.add_row(r["key"], r["doc"], "missing" if r["written"] is None else f"{r['written']:g}",
                       "-" if r["measured"] is None else f"{r['measured']:.4g}",
                       "-" if r["rel_diff"] is None else f"{r['rel_diff']:.1%}",
                       "ok" if r["ok"] and r["checked"] else "OFF" if not r["ok"] else "not held here")

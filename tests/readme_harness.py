@@ -1,4 +1,4 @@
-"""Read a Markdown file's commands and Python snippets the way a reader copies them (issue 38: the README is a test).
+"""Read a Markdown file's commands and Python snippets the way a reader copies them (the README and guides are tests).
 
 :func:`steps` walks the fenced blocks in order: a ```python block is one snippet; any other block gives its command
 lines (``edgebnn ...``, ``make ...``, ``.venv/bin/python SCRIPT ...``, ``pip ...``), a line ending in ``\\`` joined
@@ -89,8 +89,10 @@ def split_comment(line: str) -> tuple[str, str]:
     return line.rstrip(), ""
 
 
-def steps(path: Path) -> list[Step]:
-    """The commands and snippets of the fenced blocks of ``path``, in order."""
+def steps(path: Path, doc: str | None = None) -> list[Step]:
+    """The commands and snippets of the fenced blocks of ``path``, in order; ``doc``: the page's name in
+    :attr:`Step.where` (default the file name)."""
+    doc = doc or path.name
     lines = path.read_text().splitlines()
     out: list[Step] = []
     section = ""
@@ -110,9 +112,9 @@ def steps(path: Path) -> list[Step]:
         end = next(j for j in range(start, len(lines)) if FENCE.match(lines[j]))
         body = lines[start:end]
         if lang == "python":
-            out.append(Step(path.name, start + 1, section, "python", "\n".join(body)))
+            out.append(Step(doc, start + 1, section, "python", "\n".join(body)))
         else:
-            out += _commands(path.name, start, section, body)
+            out += _commands(doc, start, section, body)
         i = end + 1
     return out
 
