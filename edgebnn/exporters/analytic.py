@@ -45,6 +45,7 @@ from scipy.stats import norm, qmc
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata, static_shapes
+from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
@@ -87,10 +88,11 @@ def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:
     return quadrature_matrix_of(quadrature_points(samples, classes, seed))
 
 
-def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
-                    weights: str = "fp32", runtimes: tuple[str, ...] | None = None) -> onnx.ModelProto:
-    """The analytic graph; ``weights``: how the moments are stored (:data:`.stores.STORE_CHOICES`, decoded once in
-    the graph; the float store where a decode does not run on ``runtimes``)."""
+def export_analytic(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
+    """The analytic graph with ``spec.samples`` quadrature points; ``spec.weights``: how the moments are stored
+    (:data:`.stores.STORE_CHOICES`, decoded once in the graph; the float store where a decode does not run on
+    ``spec.runtimes``)."""
+    samples, progress, weights, runtimes = spec.samples, spec.progress, spec.weights, spec.runtimes
     refuse_recurrent(model, "analytic")
     encoded = {w.name: w for w in model.encoded_weights()}
     base = model.float_model()

@@ -1,8 +1,8 @@
 """Anytime ensembles (``edgebnn export --samples auto``): one graph that draws samples in chunks and stops each input
 when its predictive has settled (the rule: :mod:`edgebnn.stopping`; docs/anytime.md).
 
-The graph is a rewrite of what the fixed exporter writes for one chunk, ``export_onnx(model, c, ...)``, so every
-mode, weight store, form and device rule of the fixed export holds unchanged inside it::
+The graph is a rewrite of what the fixed export writes for one chunk (the mode handlers of :mod:`.export` at
+S = c), so every mode, weight store, form and device rule of the fixed export holds unchanged inside it::
 
     fixed chunk graph (S = c)             anytime graph
     ─────────────────────────             ──────────────────────────────────────────────────────────────
@@ -19,8 +19,8 @@ Two forms of "the next chunk", by what changes between chunks:
   ops draw afresh each iteration (onnxruntime: checked in tests/unit/test_anytime.py; a TensorRT Fill layer on a
   GPU: unverified, docs/tensorrt.md);
 - constants or inputs (``baked``, ``--noise mixed``'s baked kernels: chunk i is the fixed export of members
-  ``i·c .. i·c + c - 1`` of the S_max draw, ``export_onnx(..., window=(i·c, S_max))``; ``--rng host``: chunk i
-  slices those members from noise inputs that keep the S_max fixed export's shapes, which
+  ``i·c .. i·c + c - 1`` of the S_max draw, a :class:`~.config.GraphSpec` with ``window=(i·c, S_max)``;
+  ``--rng host``: chunk i slices those members from noise inputs that keep the S_max fixed export's shapes, which
   :class:`edgebnn.runtime.Session` fills): chunk 0 inline, then one ``If`` per chunk holding its own constants and
   slicing its noise at constant offsets (a Loop would copy each chunk's members per call, and TensorRT-RTX 1.7's
   builder fails on noise sliced by the iteration number). Random ops in chunk i's copy draw with seed +
@@ -40,8 +40,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
-from edgebnn.exporters.metadata import read_metadata, write_metadata
+from edgebnn.errors import UnsupportedLayerError
+from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.stopping import StoppingRule
 
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -51,80 +51,17 @@ S = A + "state/"  # the Loop body's inputs and outputs: iteration, condition, ru
 SAMPLES_OUTPUT = "samples"
 
 
-def rule_for(model: Any, *, min_samples: int | None = None, max_samples: int | None = None,
-             chunk: int | None = None, epsilon: float | None = None, delta: float | None = None) -> StoppingRule:
-    """The stopping rule of ``model`` with the options given and :class:`~edgebnn.stopping.StoppingRule`'s defaults
-    for the rest: at most 16 samples (a deep ensemble: its M members), 4 at a time and at least 4 (where 4 does not
-    divide the largest count: its largest divisor up to 4)."""
-    from edgebnn.exporters.families import ensemble_members
-
-    default = StoppingRule()
-    top = max_samples if max_samples is not None else ensemble_members(model) or default.max_samples
-    if chunk is None or min_samples is None:  # the largest chunk up to 4 that leaves a look before the top
-        pairs = [(c, c * -(-default.min_samples // c)) for c in ([chunk] if chunk else range(default.chunk, 0, -1))
-                 if top % c == 0]
-        c, m = next(((c, m) for c, m in pairs if m < top), (chunk or 1, min(2, top)))
-        chunk = chunk or c
-        min_samples = min_samples if min_samples is not None else m
-    return StoppingRule(min_samples=min_samples, max_samples=top, chunk=chunk,
-                        epsilon=default.epsilon if epsilon is None else epsilon,
-                        delta=default.delta if delta is None else delta)
-
-
-def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise: str = "auto",
-                   device: str | None = None, progress: Callable[[int, int], None] | None = None,
-                   **options: Any) -> tuple[onnx.ModelProto, Any]:
-    """The anytime ensemble of ``model`` under ``rule``, and the export choice (mode, noise variant, why).
-
-    ``mode``, ``noise``, ``device`` and ``options`` (``seed``, ``weights``, ``hoist``, ``form``, ``rng``) are the
-    fixed export's (:func:`edgebnn.exporters.defaults.export_auto`), applied to each chunk.
-
-    Raises:
-        InvalidOptionError: analytic mode (no samples to save), a task other than classification, a rule the model
-            cannot take (a deep ensemble's S_max is its M members).
-    """
-    from edgebnn.exporters.defaults import export_auto
-    from edgebnn.exporters.ensemble import export_onnx
-    from edgebnn.exporters.families import samples_fixed_by
-
-    task = model.manifest.task_spec(model.where)
-    if mode == "analytic":
-        raise InvalidOptionError("--samples auto --mode analytic: analytic mode draws no samples (one pass computes "
-                                 "the predictive), so there are none to save; give --samples N")
-    if not task.softmax_classifier:
-        raise InvalidOptionError(f"{model.where}: --samples auto: the rule bounds class probabilities, so it takes a "
-                                 f"classifier; this is a {task.name} model: give --samples N")
-    fixed = samples_fixed_by(model)
-    if fixed is not None and rule.max_samples != fixed[1]:
-        noun, members = fixed
-        raise InvalidOptionError(f"{model.where}: --max-samples {rule.max_samples}: a {noun} of {members} "
-                                 f"members draws each member once (--max-samples {members})")
-    options.setdefault("rng", "auto")  # as edgebnn.export: noise drawn in the graph where the device seeds it
-    total, c = rule.max_samples, rule.chunk
-    first, choice = export_auto(model, c, mode=mode, noise=noise, device=device, progress=progress,
-                                window=(0, total), **options)
-    if choice.mode == "analytic":
-        raise InvalidOptionError("--samples auto: analytic mode has no samples to save; give --samples N")
-    meta = read_metadata(first, model.where)
-    chunks = [first]
-    if rule.chunks > 1:
-        again = dict(options, mode=choice.mode, noise=choice.noise, device=device)
-        second = export_onnx(model, c, window=(c, total), **again)
-        if _differs(first, second):  # baked members: one graph per chunk, their constants stacked
-            chunks += [second] + [export_onnx(model, c, window=(i * c, total), **again)
-                                  for i in range(2, rule.chunks)]
-    proto = anytime_graph(chunks, rule, model.manifest.num_classes,
-                          {str(r["name"]) for r in meta.noise_inputs or () if r["per"] == "row"})
+def anytime_metadata(meta: ExportMetadata, rule: StoppingRule) -> ExportMetadata:
+    """The anytime graph's record from its first chunk's ``meta``: S is the largest count, the outputs end with
+    ``samples``, the rule is recorded, and host noise inputs keep the S_max fixed export's shapes."""
+    total = rule.max_samples
     records = [dict(r, shape=[r["shape"][0] if r["per"] == "row" else total, *r["shape"][1:]])
                for r in meta.noise_inputs or ()]
-    write_metadata(proto, dataclasses.replace(
-        meta, samples=total, outputs=(*meta.outputs, SAMPLES_OUTPUT), anytime=rule.to_dict(),
-        noise_inputs=tuple(records) if meta.noise_inputs is not None else None))
-    onnx.checker.check_model(proto)
-    return proto, choice
+    return dataclasses.replace(meta, samples=total, outputs=(*meta.outputs, SAMPLES_OUTPUT), anytime=rule.to_dict(),
+                               noise_inputs=tuple(records) if meta.noise_inputs is not None else None)
 
 
-def _differs(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+def differs(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
     """Whether two chunk graphs hold different constants (their nodes must be the same)."""
     if [n.SerializeToString() for n in a.graph.node] != [n.SerializeToString() for n in b.graph.node]:
         raise UnsupportedLayerError("--samples auto: two chunks of the export have different graphs; export with "

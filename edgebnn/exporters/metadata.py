@@ -28,6 +28,9 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     anytime         an anytime ensemble (``--samples auto``, :mod:`edgebnn.exporters.anytime`): its stopping rule
                     (:meth:`edgebnn.stopping.StoppingRule.to_dict`); ``samples`` is then the largest count, and the
                     outputs end with ``samples`` (members each input used)
+    config          the export configuration that reproduces the graph, every ``auto`` decided
+                    (:meth:`edgebnn.exporters.config.ExportConfig.to_dict`; absent: a float baseline, or a file
+                    written before edgebnn recorded it)
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class ExportMetadata:
     input_range: tuple[float, float] | None = None
     approximations: tuple[str, ...] | None = None
     anytime: Mapping[str, Any] | None = None
+    config: Mapping[str, Any] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -308,6 +312,7 @@ _CHECKS: dict[str, Any] = {
     "task_options": lambda v: isinstance(v, dict),
     "approximations": _is_text_list,
     "anytime": lambda v: isinstance(v, dict) and _anytime_ok(v),
+    "config": lambda v: isinstance(v, dict) and _config_ok(v),
     "input_range": lambda v: isinstance(v, list) and len(v) == 2 and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v) and v[0] <= v[1],
 }
@@ -320,7 +325,7 @@ _DESCRIBE = {
     "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
     "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
     "input_range": "[min, max] of finite numbers", "approximations": "a list of non-empty strings",
-    "anytime": "a stopping rule (edgebnn.stopping)",
+    "anytime": "a stopping rule (edgebnn.stopping)", "config": "an export configuration (edgebnn.exporters.config)",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 
@@ -332,6 +337,18 @@ def _anytime_ok(v: dict[str, Any]) -> bool:
 
     try:
         StoppingRule.from_dict(v, "<metadata>")
+    except EdgeBNNError:
+        return False
+    return True
+
+
+def _config_ok(v: dict[str, Any]) -> bool:
+    """An export configuration :class:`edgebnn.exporters.config.ExportConfig` accepts."""
+    from edgebnn.errors import EdgeBNNError
+    from edgebnn.exporters.config import ExportConfig
+
+    try:
+        ExportConfig.from_dict(v, "<metadata>")
     except EdgeBNNError:
         return False
     return True

@@ -71,14 +71,12 @@ Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-
 import numpy as np
 import onnx
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import NOISE_VARIANTS
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
+from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
 from edgebnn.exporters.layers import LayerKind, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
@@ -92,28 +90,22 @@ ROWS = "batch_x_samples"
 # sample (S·n numbers, cheap) where Flipout's few sign bits (a 4x1x3x3 kernel: 9 per sample) would leave the
 # samples measurably dependent (MC error 1.06-1.10x independent draws, docs/speed.md)
 FLIPOUT_MIN_WEIGHTS = 1024
-RNGS = ("host", "graph")  # where a noise graph's standard noise is drawn
 
 
-def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
-                 seed: int = 0, progress: Callable[[int, int], None] | None = None, weights: str = "fp32",
-                 rng: str = "host", runtimes: tuple[str, ...] | None = None,
-                 window: tuple[int, int] | None = None) -> onnx.ModelProto:
-    """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``, ``window`` their draws as in
-    :func:`.rewrite.baked_layers`; with ``rng="graph"`` also the first seed of the in-graph random ops).
+def export_noise(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
+    """The ``noise`` graph of the variant ``spec.noise`` (``shared``: the ``shared`` mode; ``spec.seed``: the baked
+    members of ``mixed``, ``spec.window`` their draws as in :func:`.rewrite.baked_layers`; with ``rng="graph"`` also
+    the first seed of the in-graph random ops).
 
-    ``weights``: how μ and σ are stored (:data:`.stores.STORE_CHOICES`; decoded once per call, shared by the S
-    samples); ``runtimes``: where the decodes must run (the float store elsewhere). ``rng``: ``host`` (noise
-    graph inputs) or ``graph`` (drawn inside, one graph input: the data)."""
-    if variant not in NOISE_VARIANTS:
-        raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(NOISE_VARIANTS)}")
+    ``spec.weights``: how μ and σ are stored (:data:`.stores.STORE_CHOICES`; decoded once per call, shared by the S
+    samples); ``spec.runtimes``: where the decodes must run (the float store elsewhere). ``spec.rng``: ``host``
+    (noise graph inputs) or ``graph`` (drawn inside, one graph input: the data)."""
+    variant, samples, seed, rng, weights = spec.noise, spec.samples, spec.seed, spec.rng, spec.weights
     encoded = {w.name: w for w in model.encoded_weights()}
     if variant != "mixed":  # mixed bakes whatever it does not run locally
         _check_drawable(model, list(encoded.values()), variant)
-    if rng not in RNGS:
-        raise InvalidOptionError(f"--rng {rng}: choose {' or '.join(RNGS)}")
     records: list[dict] = []
-    b = Builder(fmt=ExportFormat(weights=weights, runtimes=runtimes))
+    b = Builder(fmt=ExportFormat(weights=weights, runtimes=spec.runtimes))
 
     def noise_input(name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
         """Standard noise: a graph input the host fills, or (``rng="graph"``) a seeded random op, shaped
@@ -234,7 +226,7 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
                shapes: dict[str, list[int]], wide: bool) -> None:
         (auto if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes, wide)
 
-    baked = baked_layers(model, samples, seed, window=window)
+    baked = baked_layers(model, samples, seed, window=spec.window)
 
     def mixed(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
               shapes: dict[str, list[int]], wide: bool) -> None:
@@ -246,8 +238,8 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
 
     rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed,
                "flipout": flipout_auto}[variant]
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights,
-                                          progress=progress)
+    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, spec.hoist, takes_shared=draws_weights,
+                                          progress=spec.progress)
     mode = "shared" if variant == "shared" else "noise"
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}")
