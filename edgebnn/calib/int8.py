@@ -262,12 +262,12 @@ def _float_ensemble(model_path: str | os.PathLike[str], samples: int | None,
 
     if Path(model_path).suffix.lower() == ".ebnn":
         from edgebnn import ir
-        from edgebnn.exporters.ensemble import export_onnx
-        from edgebnn.exporters.families import default_samples
+        from edgebnn.exporters.config import ExportConfig
+        from edgebnn.exporters.export import export_model
 
         model = ir.load(model_path)
-        samples = samples if samples is not None else default_samples(model, 16)
-        proto = export_onnx(model, samples, mode="baked", weights="fp32", seed=seed)
+        result = export_model(model, ExportConfig(samples, mode="baked", weights="fp32", seed=seed))
+        proto, samples = result.proto, result.resolved.samples
         where = str(model_path)
         exported = {"from": where, "mode": "baked", "weights": "fp32", "samples": samples, "seed": seed}
         meta = read_metadata(proto, where)

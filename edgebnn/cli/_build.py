@@ -29,7 +29,7 @@ from edgebnn.cli._common import (
 from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
-from edgebnn.exporters.defaults import AUTO_MODE
+from edgebnn.exporters.config import AUTO, MODE_CHOICES
 from edgebnn.tables import (
     fmt_bytes,
     print_closest,
@@ -275,7 +275,7 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--epsilon", type=float, default=None,
               help="--samples auto: tolerance on every class probability [0.1]; 0 switches the rule off.")
 @click.option("--delta", type=float, default=None, help="--samples auto: error probability of the rule [0.1].")
-@click.option("--mode", type=click.Choice([AUTO_MODE, *MODES]), default=AUTO_MODE,
+@click.option("--mode", type=click.Choice(MODE_CHOICES), default=AUTO,
               show_default=True,
               help="auto: the device's default, which keeps the lowered compression (cpu, arm64: noise with the IR's "
                    "codes, noise drawn in the graph: one self-contained file; a deep ensemble: baked; TensorRT "
@@ -345,12 +345,16 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
            compute_capability: tuple[str, ...], output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
-    The graph has one input and three outputs: probs (mean over S), entropy, mutual_info. With --target tensorrt,
-    FILE may also be an ONNX export (e.g. what edgebnn calibrate wrote): the engine is built from it as it is.
+    The graph's first input is the data; its outputs are the task's: probs (mean over S), entropy and mutual_info for
+    classification (per pixel for segmentation), mean, variance, aleatoric and epistemic for regression, a plug-in
+    task's own. --samples auto adds an output samples (the members each input used); --rng host (TensorRT's
+    default for noise/shared) adds inputs noise/<weight> of standard noise that edgebnn.runtime.Session fills (the
+    export metadata lists them). The metadata records the export configuration that reproduces the file. With
+    --target tensorrt, FILE may also be an ONNX export (e.g. what edgebnn calibrate wrote): the engine is built from
+    it as it is.
     """
-    from edgebnn.exporters.defaults import export_auto
-    from edgebnn.exporters.ensemble import save_onnx
-    from edgebnn.exporters.families import default_samples
+    from edgebnn.api import export_result
+    from edgebnn.exporters.config import ExportConfig
     from edgebnn.exporters.metadata import read_metadata
     from edgebnn.stopping import parse_samples
 
@@ -372,18 +376,14 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     wanted = parse_samples(samples)
     rule = _anytime_rule(model, wanted, min_samples=min_samples, max_samples=max_samples, chunk=chunk,
                          epsilon=epsilon, delta=delta)
-    size = rule.max_samples if rule is not None else wanted if isinstance(wanted, int) else default_samples(model, 16)
-    _check_output_dir(output)
     where = device or ("cpu" if target == "onnx" else "rtx")
+    _check_output_dir(output)
+    resolved = ExportConfig(wanted, rule=rule, mode=mode, noise=noise_variant, weights=weight_format, rng=rng,
+                            hoist=_parse_hoist(hoist), form=form, seed=seed, device=where).resolve(model)
+    size = resolved.samples
     with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
-        options: dict[str, Any] = {"mode": mode, "seed": seed, "noise": noise_variant, "weights": weight_format,
-                   "hoist": _parse_hoist(hoist), "form": form, "device": where, "progress": progress, "rng": rng}
-        if rule is not None:
-            from edgebnn.exporters.anytime import export_anytime
-
-            proto, choice = export_anytime(model, rule, **options)
-        else:
-            proto, choice = export_auto(model, size, **options)
+        result = export_result(model, resolved, progress=progress)
+    proto, choice = result.proto, result.choice
     if rule is not None:
         from edgebnn.stopping import describe
 
@@ -413,6 +413,8 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         console.print("noise: " + ("drawn in the graph (one input)" if meta.rng == "graph"
                                    else "graph inputs the host fills (edgebnn.runtime.Session)"), highlight=False)
     if target == "onnx":
+        from edgebnn.exporters.ensemble import save_onnx
+
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, "
                       f"S={f'auto {rule.min_samples}..{size}' if rule else size})")
@@ -470,7 +472,7 @@ def _anytime_rule(model: Any, samples: int | str | None, **given: Any) -> Any:
             flags = ", ".join("--" + k.replace("_", "-") for k in named)
             raise InvalidOptionError(f"{flags}: only with --samples auto (an anytime ensemble)")
         return None
-    from edgebnn.exporters.anytime import rule_for
+    from edgebnn.exporters.config import rule_for
 
     return rule_for(model, **named)
 
@@ -498,8 +500,8 @@ def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None
 def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: str, samples: int, device: str,
                    seed: int) -> None:
     """One line when the file is larger than the fp32 BNN, naming the command of the smallest export the device
-    runs (tried in memory: :func:`edgebnn.exporters.defaults.smallest_export`)."""
-    from edgebnn.exporters.defaults import smallest_export
+    runs (tried in memory: :func:`edgebnn.exporters.export.smallest_export`)."""
+    from edgebnn.exporters.export import smallest_export
 
     size, ref = int(deployed["file_bytes"]), deployed.get("float_bnn_bytes")
     if not ref or size <= ref:

@@ -16,6 +16,7 @@ WEIGHT_FORMATS = ("fp32", "int8", "int4")  # how exported weight constants are s
 STORE_CHOICES = ("ir", *WEIGHT_FORMATS)
 RNG_CHOICES = ("auto", "host", "graph")  # --rng of the noise/shared modes: where standard noise is drawn
 NOISE_VARIANTS = ("auto", "local", "weight", "shared", "mixed", "flipout")  # --noise of the noise mode (noise.py)
+ORT, TRT = "onnxruntime", "tensorrt"  # the runtimes a graph's decodes are written for (stores.base.Store.runtimes)
 MAX_SAMPLES = 4096
 DEFAULT_SAMPLES = 16  # S when none is given and the posterior family fixes none (a deep ensemble fixes its M)
 

@@ -32,8 +32,10 @@ from edgebnn.exporters import (
     DEFAULT_SAMPLES,
     MODES,
     NOISE_VARIANTS,
+    ORT,
     RNG_CHOICES,
     STORE_CHOICES,
+    TRT,
     check_samples,
 )
 from edgebnn.exporters.forms import FORMS
@@ -93,7 +95,7 @@ class ExportConfig:
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
-        if not isinstance(self.version, int) or isinstance(self.version, bool) or not 1 <= self.version:
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
             raise InvalidOptionError(f"export config version={self.version!r}: must be a positive integer")
         if self.version > CONFIG_VERSION:
             raise InvalidOptionError(f"export config version={self.version}: this edgebnn reads export configs up "
@@ -222,8 +224,6 @@ class GraphSpec:
     @property
     def runtimes(self) -> tuple[str, ...] | None:
         """Where the graph's decodes must run (None: any): TensorRT or onnxruntime, from the device."""
-        from edgebnn.exporters.stores.base import ORT, TRT
-
         return None if self.profile is None else (TRT,) if self.profile.on_tensorrt else (ORT,)
 
 

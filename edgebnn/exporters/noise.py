@@ -71,6 +71,7 @@ Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape 
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import onnx
 
