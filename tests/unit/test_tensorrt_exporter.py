@@ -163,9 +163,10 @@ def test_batch_range_covers_host_noise_rows(tmp_path: Path) -> None:
     """A host-noise input has batch x S rows: its profile is the batch range times S (S from the metadata)."""
     import onnx
 
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
 
-    proto = export_onnx(synthetic_cnn(), 4, mode="noise", rng="host", device="rtx")
+    proto = export_model(synthetic_cnn(), ExportConfig(4, mode="noise", rng="host", device="rtx")).proto
     onnx.save(proto, str(tmp_path / "n.onnx"))
     manifest = build_engine(tmp_path / "n.onnx", tmp_path / "n.engine", "rtx", dry_run=True, min_batch=2,
                             max_batch=8)
