@@ -79,7 +79,7 @@ from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
 from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
-from edgebnn.exporters.layers import LayerKind, bias_name
+from edgebnn.exporters.layers import LayerKind, SampledLayer, bias_name
 from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
 from edgebnn.ir import BNNModel, EncodedWeight
@@ -174,7 +174,8 @@ def export_noise(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
             bias_s = draw(bias_w.name, bias_w.encoding, p, "b_")  # [S, out]
         elif bias:
             bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
-        kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
+        layer = SampledLayer(node, p, samples, w.encoding.shape, shapes, f"layer {w.layer!r}", shared=wide)
+        kind.batched(b, layer, ws, bias_s)
 
     def flipout(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                 shapes: dict[str, list[int]], wide: bool) -> None:

@@ -18,6 +18,7 @@ from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
 from edgebnn.exporters.layers import (
     LAYERS,
     LayerKind,
+    SampledLayer,
     bias_name,
     integer_kernel,
     layer_kind,
@@ -95,8 +96,9 @@ def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32"
         shape = w.encoding.shape
         bias = bias_samples(b, node, kind.out_dim(node, shape))
         # members on a grid: the store's codes where it writes them (a lowered deep ensemble), fp32 members only
-        kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias, shapes, f"layer {w.layer!r}", weights,
-                     w.encoding.sample_grid(), shared, source=w.encoding if weights == "fp32" else None)
+        layer = SampledLayer(node, f"{P}{w.name}/", samples, shape, shapes, f"layer {w.layer!r}", weights,
+                             w.encoding.sample_grid(), shared, source=w.encoding if weights == "fp32" else None)
+        kind.batched(b, layer, draw(w), bias)
 
     return rewrite
 

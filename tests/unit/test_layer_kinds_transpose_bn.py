@@ -153,12 +153,12 @@ def _emit(kind_node: onnx.NodeProto, x: np.ndarray, w: np.ndarray, bias: np.ndar
           shapes: dict[str, list[int]], shared: bool) -> np.ndarray:
     """One layer kind's batched form alone in a graph: input ``x`` ([B, ...] when ``shared``, else [B·S, ...])."""
     from edgebnn.exporters._graph import Builder
-    from edgebnn.exporters.layers import layer_kind
+    from edgebnn.exporters.layers import SampledLayer, layer_kind
 
     b = Builder()
     kind = layer_kind(kind_node)
     assert kind is not None
-    kind.batched(b, kind_node, "k/", len(w), w.shape[1:], w, bias, dict(shapes), "test", shared=shared)
+    kind.batched(b, SampledLayer(kind_node, "k/", len(w), w.shape[1:], dict(shapes), "test", shared=shared), w, bias)
     graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
                               [helper.make_tensor_value_info(kind_node.output[0], TensorProto.FLOAT, None)],
                               b.inits)
