@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -192,28 +193,51 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
     when every chunk is the same graph (noise drawn per iteration), else an If per chunk holding that chunk's
     constants (baked members: no copy per call); ``per_row``: the host noise inputs with one row per (input,
     member) (the others have one per member). The metadata is the caller's."""
-    base = chunks[0]
-    graph = base.graph
-    opset = next(o.version for o in base.opset_import if o.domain in ("", "ai.onnx"))
+    graph = chunks[0].graph
+    outer = _Graph(next(o.version for o in chunks[0].opset_import if o.domain in ("", "ai.onnx")))
     logits3 = member_logits(graph)
-    data = graph.input[0].name
     noise_inputs = {i.name: i for i in graph.input[1:]}
-    inits = {t.name: t for t in graph.initializer}
-    differing = ({name for name, t in inits.items()
-                  if any(t.SerializeToString() != next(u for u in ch.graph.initializer if u.name == name)
-                         .SerializeToString() for ch in chunks[1:])} if len(chunks) > 1 else set())
+    differing = _differing(chunks)
+    drawn = _split_nodes(graph, logits3, differing | set(noise_inputs), outer)
+    # the batch B of the data: the initial state's shape, and the host noise rows B·S_max are cut by
+    batch = outer.add("Slice", [outer.add("Shape", [graph.input[0].name], A + "x_shape"), outer.i64(A + "s0", 0),
+                                outer.i64(A + "s1", 1)], A + "batch")
+    coef, thresh = rule.constants(classes)
+    ch = _Chunking(drawn, logits3, rule, classes, coef, thresh, _noise_slicer(noise_inputs, per_row, batch, rule))
+    state = _initial_state(outer, batch, classes)
+    if len(chunks) == 1 and not noise_inputs:  # one body, drawn afresh each iteration
+        state = _loop(outer, graph, state, ch)
+    else:  # chunk i's constants, or its slice of the host noise, in its own branch (TensorRT-RTX 1.7's builder
+        # fails an internal check on a Loop body that slices a graph input by the iteration number)
+        state = _chain(outer, chunks if len(chunks) > 1 else chunks * rule.chunks, differing, state, ch)
+    _head(outer, state)
+    return _assemble(chunks[0], outer, differing, per_row, rule, classes)
+
+
+def _differing(chunks: list[onnx.ModelProto]) -> set[str]:
+    """The initializers whose values differ between the chunk graphs (baked members)."""
+    if len(chunks) == 1:
+        return set()
+    others = [{t.name: t.SerializeToString() for t in ch.graph.initializer} for ch in chunks[1:]]
+    return {t.name for t in chunks[0].graph.initializer
+            if any(t.SerializeToString() != other[t.name] for other in others)}
+
+
+def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer: _Graph) -> list[int]:
+    """The nodes the member logits are computed from, split: those that change per chunk (random ops and what reads
+    ``varying`` values, transitively) by position, returned; the others (decodes, constants, the input fold: once
+    per call) appended to ``outer``."""
     producer = {o: n for n in graph.node for o in n.output}
     needed: set[int] = set()
     stack = [logits3]
-    while stack:  # the nodes the member logits are computed from
+    while stack:
         node = producer.get(stack.pop())
         if node is None or id(node) in needed:
             continue
         needed.add(id(node))
         stack.extend(node.input)
-    varying = set(differing) | set(noise_inputs)
-    drawn: list[int] = []  # positions (in graph order) of the nodes that change per chunk
-    outer = _Graph(opset)
+    varying = set(varying)
+    drawn: list[int] = []
     for k, node in enumerate(graph.node):  # graph order is topological
         if id(node) not in needed:
             continue
@@ -221,13 +245,14 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
             varying.update(node.output)
             drawn.append(k)
         else:
-            outer.nodes.append(node)  # decodes, constants, the input fold: once per call
-    total = rule.max_samples
-    coef, thresh = rule.constants(classes)
+            outer.nodes.append(node)
+    return drawn
 
-    # the batch B of the data: the initial state's shape, and the host noise rows B·S_max are cut by
-    batch = outer.add("Slice", [outer.add("Shape", [data], A + "x_shape"), outer.i64(A + "s0", 0),
-                                outer.i64(A + "s1", 1)], A + "batch")
+
+def _noise_slicer(noise_inputs: dict[str, onnx.ValueInfoProto], per_row: set[str], batch: str,
+                  rule: StoppingRule) -> Slicer:
+    """How a chunk reads its members of each host noise input (the S_max fixed export's shapes)."""
+    total = rule.max_samples
 
     def slices(g: _Graph, p: str, bounds: Callable[[], tuple[str, str]], rename: dict[str, str]) -> None:
         """The chunk's members ``start .. end`` (``bounds()``: 1-D int64 values) of each host noise input, as
@@ -249,22 +274,22 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
                 g.add("Reshape", [part, g.i64(local + "/shape", rule.chunk, *dims)], local)
             rename[name] = local
 
-    # the initial state: zeros [B] / [B, K], every row drawing
+    return slices
+
+
+def _initial_state(outer: _Graph, batch: str, classes: int) -> list[str]:
+    """The running statistics before the first chunk (:data:`STATE` order): zeros [B] / [B, K], every row drawing."""
     rows_k = outer.add("Concat", [batch, outer.i64(A + "k", classes)], A + "batch_k", axis=0)
 
     def fill(shape: str, value: float, out: str) -> str:
         return outer.add("ConstantOfShape", [shape], out, value=numpy_helper.from_array(np.full(1, value, np.float32)))
 
     zeros_b, zeros_bk = fill(batch, 0.0, A + "zeros_b"), fill(rows_k, 0.0, A + "zeros_bk")
-    state = [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
-    if len(chunks) == 1 and not noise_inputs:  # one body, drawn afresh each iteration
-        state = _loop(outer, graph, drawn, state, logits3, rule, classes, coef, thresh, slices)
-    else:  # chunk i's constants, or its slice of the host noise, in its own branch (TensorRT-RTX 1.7's builder
-        # fails an internal check on a Loop body that slices a graph input by the iteration number)
-        chunks = chunks if len(chunks) > 1 else chunks * rule.chunks
-        state = _chain(outer, chunks, drawn, differing, state, logits3, rule, classes, coef, thresh, slices)
+    return [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
 
-    # the head on the running statistics (the fixed head's formulas: tasks.classification)
+
+def _head(outer: _Graph, state: list[str]) -> None:
+    """The head on the final running statistics (the fixed head's formulas: tasks.classification) and ``samples``."""
     n, _, mean, _, neg_h_state = state
     probs = outer.add("Identity", [mean], "probs")
     logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
@@ -274,19 +299,25 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
     outer.add("Max", [mi, outer.f32(A + "mi_floor", 0.0)], "mutual_info")
     outer.add("Cast", [n], SAMPLES_OUTPUT, to=TensorProto.INT64)
 
+
+def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row: set[str], rule: StoppingRule,
+              classes: int) -> onnx.ModelProto:
+    """The anytime model: ``outer``'s nodes, the first chunk's initializers they read (but the per-chunk ones),
+    the data and the S_max fixed export's noise inputs, the head's outputs."""
+    graph = base.graph
     used = set()
     for node in outer.nodes:
         used.update(node.input)
         for a in node.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
                 used.update(x for sub in a.g.node for x in sub.input)
-    kept = [t for name, t in inits.items() if name in used and name not in differing]
+    kept = [t for t in graph.initializer if t.name in used and t.name not in differing]
     vi = helper.make_tensor_value_info
     inputs = [graph.input[0]]
-    for name in sorted(noise_inputs):  # the S_max fixed export's noise shapes
-        dims = [d.dim_param or d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim]
-        dims[0] = dims[0] if name in per_row else total
-        inputs.append(vi(name, TensorProto.FLOAT, dims))
+    for noise in sorted(graph.input[1:], key=lambda i: i.name):  # the S_max fixed export's noise shapes
+        dims = [d.dim_param or d.dim_value for d in noise.type.tensor_type.shape.dim]
+        dims[0] = dims[0] if noise.name in per_row else rule.max_samples
+        inputs.append(vi(noise.name, TensorProto.FLOAT, dims))
     outputs = [vi("probs", TensorProto.FLOAT, ["batch", classes]), vi("entropy", TensorProto.FLOAT, ["batch"]),
                vi("mutual_info", TensorProto.FLOAT, ["batch"]), vi(SAMPLES_OUTPUT, TensorProto.INT64, ["batch"])]
     out_graph = helper.make_graph(outer.nodes, f"edgebnn_anytime_{graph.name}", inputs, outputs, kept + outer.inits)
@@ -298,10 +329,26 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
 Slicer = Callable[[_Graph, str, Callable[[], tuple[str, str]], dict[str, str]], None]
 
 
-def _loop(outer: _Graph, graph: onnx.GraphProto, drawn: list[int], state: list[str], logits3: str,
-          rule: StoppingRule, classes: int, coef: np.ndarray, thresh: np.ndarray, slices: Slicer) -> list[str]:
+@dataclass(frozen=True)
+class _Chunking:
+    """What every chunk's copy reads: the positions (in graph order) of the nodes that change per chunk, the member
+    logits [B, c, K], the rule and its per-iteration constants (:meth:`StoppingRule.constants`), and how a chunk
+    slices the host noise."""
+
+    drawn: list[int]
+    logits3: str
+    rule: StoppingRule
+    classes: int
+    coef: np.ndarray
+    thresh: np.ndarray
+    slices: Slicer
+
+
+def _loop(outer: _Graph, graph: onnx.GraphProto, state: list[str], ch: _Chunking) -> list[str]:
     """A Loop of at most S_max / c iterations over one chunk body; iteration i reads its members' noise and the
     rule's constants at i. Returns the final state's names."""
+    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
+                                                           ch.thresh, ch.slices)
     body = _Graph(outer.opset)
     it, cond = S + "i", S + "cond"
 
@@ -334,11 +381,12 @@ def _loop(outer: _Graph, graph: onnx.GraphProto, drawn: list[int], state: list[s
 SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP (If chain)
 
 
-def _chain(outer: _Graph, chunks: list[onnx.ModelProto], drawn: list[int], differing: set[str], state: list[str],
-           logits3: str, rule: StoppingRule, classes: int, coef: np.ndarray, thresh: np.ndarray,
-           slices: Slicer) -> list[str]:
+def _chain(outer: _Graph, chunks: list[onnx.ModelProto], differing: set[str], state: list[str],
+           ch: _Chunking) -> list[str]:
     """Chunk 0 inline, then one If per further chunk, run while any row is drawing, its constants inside its then
     branch (the else branch passes the state on). Returns the final state's names."""
+    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
+                                                           ch.thresh, ch.slices)
     c = rule.chunk
     for i, chunk in enumerate(chunks):
         p = f"at{i}/"
