@@ -41,6 +41,7 @@ from edgebnn.tables import (
 )
 
 if TYPE_CHECKING:
+    from edgebnn.exporters.tensorrt import BuildOptions
     from edgebnn.passes import LowerConfig
 
 
@@ -356,8 +357,13 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     from edgebnn.api import export_result
     from edgebnn.exporters.config import ExportConfig
     from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.exporters.tensorrt import BuildOptions
     from edgebnn.stopping import parse_samples
 
+    build = BuildOptions(workspace_mib=workspace_mib, dla_core=dla_core,
+                         timing_cache=Path(timing_cache) if timing_cache else None, dry_run=dry_run,
+                         max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
+                         compute_capability=compute_capability)
     if target == "tensorrt" and dry_run:
         from edgebnn.exporters.tensorrt import check_dry_run_path
 
@@ -367,10 +373,7 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
             raise InvalidOptionError(
                 f"{file}: already an ONNX export; export takes the .ebnn IR (edgebnn lower ... -o model.ebnn). To "
                 f"build a TensorRT engine from this export: edgebnn export {file} --target tensorrt -o model.engine")
-        _engine_from_onnx(file, output, device=device or "rtx", json_out=json_out, dry_run=dry_run,
-                          workspace_mib=workspace_mib, dla_core=dla_core, timing_cache=timing_cache,
-                          max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
-                          compute_capability=compute_capability)
+        _engine_from_onnx(file, output, device=device or "rtx", json_out=json_out, build=build)
         return
     model = load_ir(file)
     wanted = parse_samples(samples)
@@ -422,13 +425,10 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         if rule is None:  # its suggestions are fixed-S exports
             _say_if_larger(model, deployed, file=file, output=output, samples=size, device=where, seed=seed)
         return
-    _build_engine(proto, output, device=device or "rtx", dry_run=dry_run, workspace_mib=workspace_mib,
-                  dla_core=dla_core, timing_cache=timing_cache, max_batch=max_batch, min_batch=min_batch,
-                  opt_batch=opt_batch, compute_capability=compute_capability, export_meta=meta.to_dict(),
-                  json_out=json_out)
+    _build_engine(proto, output, device=device or "rtx", build=build, export_meta=meta.to_dict(), json_out=json_out)
 
 
-def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | None, **build: Any) -> None:
+def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | None, build: BuildOptions) -> None:
     """``export model.onnx --target tensorrt``: an engine built from an ONNX export as it is (a calibrated one)."""
     from edgebnn.runtime.session import read_export
 
@@ -436,31 +436,27 @@ def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | No
     _check_output_dir(output)
     precision = f", {meta.precision} ({meta.calibration['method']} calibration)" if meta.calibration else ""
     console.print(f"engine of {file}: {meta.mode}, S={meta.samples}{precision}, as exported", highlight=False)
-    _build_engine(proto, output, device=device, export_meta=meta.to_dict(), json_out=json_out, **build)
+    _build_engine(proto, output, device=device, build=build, export_meta=meta.to_dict(), json_out=json_out)
 
 
-def _build_engine(proto: Any, output: str, *, device: str, dry_run: bool, workspace_mib: int, dla_core: int | None,
-                  timing_cache: str | None, max_batch: int, min_batch: int, opt_batch: int | None,
-                  compute_capability: tuple[str, ...], export_meta: dict[str, Any], json_out: str | None) -> None:
+def _build_engine(proto: Any, output: str, *, device: str, build: BuildOptions, export_meta: dict[str, Any],
+                  json_out: str | None) -> None:
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.exporters.tensorrt import manifest_path as manifest_name
 
     onnx_path = engine_onnx_path(output)
     with _progress_bar(f"building the TensorRT engine for {device}"):
-        manifest = compile_engine(proto, output, device, workspace_mib=workspace_mib, dla_core=dla_core,
-                                  timing_cache=Path(timing_cache) if timing_cache else None, dry_run=dry_run,
-                                  max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
-                                  compute_capability=compute_capability)
+        manifest = compile_engine(proto, output, device, build)
     console.print(f"wrote {onnx_path} (the ONNX TensorRT compiled) and {manifest_name(output)}", highlight=False)
     for warning in manifest["builder_warnings"]:
         console.print(f"TensorRT warning: {warning}", highlight=False, markup=False)
-    if dry_run:
+    if build.dry_run:
         console.print(f"dry run: engine not built; trtexec equivalent:\n  {shlex.join(manifest['trtexec'])}",
                       highlight=False, markup=False)
     else:
         console.print(f"wrote {output} ({fmt_bytes(manifest['engine_bytes'])}; {manifest['builder']} "
                       f"{manifest['tensorrt_version']}, built in {manifest['build_seconds']:.2f} s, "
-                      f"batch {min_batch}..{max_batch})", highlight=False, markup=False)
+                      f"batch {build.min_batch}..{build.max_batch})", highlight=False, markup=False)
     _print_deployed(str(onnx_path), export_meta, json_out, engine=manifest)
 
 

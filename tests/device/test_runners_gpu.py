@@ -74,12 +74,12 @@ def test_ort_cuda_provider(cuda_torch):
 
 
 def test_tensorrt_runner_matches_onnxruntime(trt_device, cuda_torch, tmp_path):
-    from edgebnn.exporters.tensorrt import build_engine
+    from edgebnn.exporters.tensorrt import BuildOptions, build_engine
     from edgebnn.targets.runners import TensorRTRunner
 
     graph = export_model(synthetic_cnn(), ExportConfig(4, mode="baked")).proto
     onnx_path = save_onnx(graph, tmp_path / "ens.onnx")
-    build_engine(onnx_path, tmp_path / "ens.engine", trt_device, workspace_mib=256, max_batch=2)
+    build_engine(onnx_path, tmp_path / "ens.engine", trt_device, BuildOptions(workspace_mib=256, max_batch=2))
     runner = TensorRTRunner(tmp_path / "ens.engine", trt_device)
     want = OrtRunner(graph, threads=1).run(_x())
     got = runner.run(_x())

@@ -30,6 +30,7 @@ from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionErro
 from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.export import export_model
 from edgebnn.exporters.tensorrt import (
+    BuildOptions,
     check_engine,
     compile_engine,
     engine_onnx_path,
@@ -266,7 +267,7 @@ def test_every_export_builds_an_engine(name: str, workdir: Path) -> None:
         findings = check_trt_compat(proto, tensorrt="11")
         engine = workdir / (label.replace("/", "_") + ".engine")
         try:
-            manifest = compile_engine(proto, engine, "rtx", max_batch=2)
+            manifest = compile_engine(proto, engine, "rtx", BuildOptions(max_batch=2))
         except EdgeBNNError as e:
             assert has_errors(findings), f"{label}: the checker passed what TensorRT-RTX refused: {e}"
             refused.append((label, str(e)))
@@ -283,8 +284,7 @@ def test_engine_and_manifest_say_what_was_built(workdir: Path) -> None:
     ir = edgebnn.lower(MODELS["vi_digits_cnn"](), "fixed")
     engine = workdir / "digits.engine"
     manifest = compile_engine(export_model(ir, ExportConfig(S, mode="baked", weights="int8", device="rtx")).proto,
-                              engine, "rtx",
-                              min_batch=1, opt_batch=4, max_batch=8)
+                              engine, "rtx", BuildOptions(min_batch=1, opt_batch=4, max_batch=8))
     assert manifest["builder"] == "tensorrt-rtx" and manifest["tensorrt_version"] == trt.__version__
     assert manifest["shape_profile"]["input"] == {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [8, 1, 8, 8]}
     assert manifest["build_seconds"] > 0
@@ -332,10 +332,10 @@ def test_random_fills_are_drawn_at_run_time_not_folded_into_the_engine(op: str, 
 def test_compute_capability_turing_refuses_fp32_gemm_in_one_line(workdir: Path) -> None:
     ir = MODELS["vi_regression"]()
     proto = export_model(ir, ExportConfig(S, mode="baked", device="rtx")).proto
-    manifest = compile_engine(proto, workdir / "amp.engine", "rtx", compute_capability=["8.6"])
+    manifest = compile_engine(proto, workdir / "amp.engine", "rtx", BuildOptions(compute_capability=["8.6"]))
     assert manifest["compute_capabilities"] == ["SM86"]
     with pytest.raises(EdgeBNNError, match="Turing") as info:
-        compile_engine(proto, workdir / "turing.engine", "rtx", compute_capability=["7.5"])
+        compile_engine(proto, workdir / "turing.engine", "rtx", BuildOptions(compute_capability=["7.5"]))
     assert "\n" not in str(info.value) and str(info.value).startswith(str(workdir / "turing.engine"))
     assert not list(workdir.glob("turing.engine*"))  # all or nothing
 
@@ -496,7 +496,8 @@ def test_anytime_exports_build_an_engine(name: str, workdir: Path) -> None:
             continue
         assert not has_errors(check_trt_compat(proto, tensorrt="11")), label
         assert any(n.op_type in ("Loop", "If") for n in proto.graph.node), label
-        manifest = compile_engine(proto, workdir / (label.replace("/", "_") + ".engine"), "rtx", max_batch=2)
+        manifest = compile_engine(proto, workdir / (label.replace("/", "_") + ".engine"), "rtx",
+                                  BuildOptions(max_batch=2))
         assert manifest["engine_bytes"] > 0, label
         built.append(label)
     assert len(built) == (2 if name == "deep_ensemble" else len(ANYTIME_EXPORTS))

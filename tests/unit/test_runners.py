@@ -18,7 +18,7 @@ from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDepe
 from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.ensemble import float_deterministic, save_onnx
 from edgebnn.exporters.export import export_model
-from edgebnn.exporters.tensorrt import build_engine, manifest_path
+from edgebnn.exporters.tensorrt import BuildOptions, build_engine, manifest_path
 from edgebnn.targets.runners import OrtRunner, TensorRTRunner, TorchRunner
 
 torch = pytest.importorskip("torch")
@@ -206,7 +206,7 @@ def write_engine(tmp_path: Path, *, device: str = "jetson", version: str = "10.8
     onnx_path = tmp_path / "m.onnx"
     save_onnx(model, onnx_path)
     engine = tmp_path / "m.engine"
-    build_engine(onnx_path, engine, device, dry_run=True, max_batch=4)
+    build_engine(onnx_path, engine, device, BuildOptions(dry_run=True, max_batch=4))
     blob = b"serialized engine " + device.encode()
     engine.write_bytes(blob)
     manifest = json.loads(manifest_path(engine).read_text())

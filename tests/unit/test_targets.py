@@ -193,8 +193,8 @@ def test_gpu_compile_puts_the_engine_in_the_workdir_or_beside_the_onnx(monkeypat
     # TensorRT cannot be installed here: the build writes a placeholder engine, the runner only names it
     built = []
 
-    def build_engine(onnx_path, engine_path, device, **kw):
-        built.append((Path(onnx_path), Path(engine_path), device, kw["max_batch"], kw["dla_core"]))
+    def build_engine(onnx_path, engine_path, device, options):
+        built.append((Path(onnx_path), Path(engine_path), device, options.max_batch, options.dla_core))
         Path(engine_path).write_bytes(b"engine")
 
     monkeypatch.setattr(gpu, "import_tensorrt", lambda *a: None)
