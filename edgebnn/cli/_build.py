@@ -580,14 +580,15 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
     INT8 on a held-out split.
     """
     from edgebnn.calib.int8 import Int8Config, calibrate_ensemble
+    from edgebnn.exporters.config import ExportConfig
     from edgebnn.exporters.trt_compat import Finding, format_findings
 
     _check_output_dir(output)
     config = Int8Config(method=method, batch=batch, max_samples=max_samples)
     with _progress_bar(f"calibrating {Path(model).name} ({method})") as progress:
         report = calibrate_ensemble(model, output, data=data, config=config, calib_split=calib_split,
-                                    eval_split=eval_split, device=device, samples=samples, seed=seed,
-                                    progress=progress)
+                                    eval_split=eval_split, device=device, progress=progress,
+                                    export=ExportConfig(samples, mode="baked", weights="fp32", seed=seed))
     from edgebnn.calib.readers import divisor_near
 
     cal, exported = report["calibration"], report["exported"]

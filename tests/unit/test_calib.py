@@ -234,7 +234,7 @@ def test_an_ebnn_is_exported_baked_fp32_then_calibrated(tmp_path, baked):
     save_onnx(export_model(model, ExportConfig(4, mode="baked", weights="fp32", seed=3)).proto, tmp_path / "b.onnx")
     config = Int8Config(method="minmax", batch=16)
     report = calibrate_ensemble(tmp_path / "m.ebnn", tmp_path / "a.onnx", data=str(baked[1]), config=config,
-                                samples=4, seed=3)
+                                export=ExportConfig(4, mode="baked", weights="fp32", seed=3))
     assert report["exported"] == {"from": str(tmp_path / "m.ebnn"), "mode": "baked", "weights": "fp32", "samples": 4,
                                   "seed": 3}
     calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "b8.onnx", data=str(baked[1]), config=config)
@@ -243,4 +243,4 @@ def test_an_ebnn_is_exported_baked_fp32_then_calibrated(tmp_path, baked):
     for ta, tb in zip(a.graph.initializer, b.graph.initializer, strict=True):
         np.testing.assert_array_equal(onnx.numpy_helper.to_array(ta), onnx.numpy_helper.to_array(tb))
     with pytest.raises(InvalidOptionError, match="an export has its S built in"):
-        calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "c.onnx", data=str(baked[1]), samples=4)
+        calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "c.onnx", data=str(baked[1]), export=ExportConfig(4))
