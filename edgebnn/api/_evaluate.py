@@ -348,13 +348,7 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
     :meth:`~edgebnn.targets.base.Target.default_mode`, reading ``bench_results`` on the CPU). ``remote="user@host"``
     runs the whole profile on that machine over ssh (:mod:`edgebnn.targets.remote`) and returns its report.
     """
-    import dataclasses
-
-    from edgebnn.exporters.config import DEFAULT_EXPORT, ExportConfig
-    from edgebnn.exporters.export import export_model
-    from edgebnn.runtime.session import read_export
     from edgebnn.targets.profiler import profile
-    from edgebnn.targets.registry import get_target
 
     if Path(artifact).suffix == ".onnx":
         ir_path = Path(artifact).with_suffix(".ebnn")
@@ -391,29 +385,41 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             progress(f"on {remote}")
         return profile_remote(remote, artifact, options, engine=engine, onnx_path=onnx_path,
                               remote_edgebnn=remote_edgebnn)
-    ensemble = None
-    mode_reason = None
-    if engine:
-        if onnx_path:
-            raise InvalidOptionError("--engine and --onnx: give one (the engine is the ensemble that is profiled)")
-    elif onnx_path:
-        ensemble, meta, _ = read_export(onnx_path)
-        if meta.samples != samples:
-            raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
-    elif mode == "auto" and bench_results is None and get_target(device).name == "cpu":
-        result = export_model(model, dataclasses.replace(DEFAULT_EXPORT, samples=samples))
-        ensemble, choice = result.proto, result.choice  # what edgebnn export writes by default
-        mode, mode_reason = choice.mode, f"what edgebnn export writes by default ({choice.reason})"
-    else:
-        if mode == "auto":
-            mode, mode_reason = get_target(device).default_mode(samples=samples, batch=batch,
-                                                                bench_results=bench_results)
-        ensemble = export_model(model, ExportConfig(samples, mode=mode, rng="host")).proto
+    if engine and onnx_path:
+        raise InvalidOptionError("--engine and --onnx: give one (the engine is the ensemble that is profiled)")
+    ensemble, mode_reason = (None, None) if engine else _profiled_ensemble(model, device, samples, mode, onnx_path,
+                                                                          bench_results, batch)
     report = profile(model, ensemble, device=device, samples=samples, engine=engine,
                      baseline_runner=baseline_runner, batch=batch, runs=runs, warmup=warmup,
                      threads=threads, power_meter=power_meter, progress=progress)
     report["mode_reason"] = mode_reason
     return report
+
+
+def _profiled_ensemble(model: BNNModel, device: str, samples: int, mode: str, onnx_path: str | None,
+                       bench_results: str | None, batch: int) -> tuple[Any, str | None]:
+    """The fixed ensemble ``profile`` times and why its mode: ``onnx_path``, or exported in ``mode`` (``auto``: on the
+    CPU without ``bench_results`` what ``edgebnn export`` writes by default, else the target's default mode)."""
+    import dataclasses
+
+    from edgebnn.exporters.config import DEFAULT_EXPORT, ExportConfig
+    from edgebnn.exporters.export import export_model
+    from edgebnn.runtime.session import read_export
+    from edgebnn.targets.registry import get_target
+
+    if onnx_path:
+        ensemble, meta, _ = read_export(onnx_path)
+        if meta.samples != samples:
+            raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
+        return ensemble, None
+    if mode == "auto" and bench_results is None and get_target(device).name == "cpu":
+        result = export_model(model, dataclasses.replace(DEFAULT_EXPORT, samples=samples))
+        choice = result.choice  # what edgebnn export writes by default
+        return result.proto, f"what edgebnn export writes by default ({choice.reason})"
+    reason = None
+    if mode == "auto":
+        mode, reason = get_target(device).default_mode(samples=samples, batch=batch, bench_results=bench_results)
+    return export_model(model, ExportConfig(samples, mode=mode, rng="host")).proto, reason
 
 
 def _anytime_inputs(model: BNNModel, data: DataSource | None, ood_data: DataSource | None,

@@ -85,8 +85,8 @@ class FakeTensorRTRunner:
 def fake_gpu(monkeypatch):
     built = []
 
-    def build_engine(onnx_path, engine_path, device, **kw):
-        built.append((Path(onnx_path).name, device, kw["max_batch"]))
+    def build_engine(onnx_path, engine_path, device, options):
+        built.append((Path(onnx_path).name, device, options.max_batch))
         Path(engine_path).write_bytes(Path(onnx_path).read_bytes())
 
     def no_torch_cuda(graph, **kw):
