@@ -92,147 +92,179 @@ def export_analytic(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
     """The analytic graph with ``spec.samples`` quadrature points; ``spec.weights``: how the moments are stored
     (:data:`.stores.STORE_CHOICES`, decoded once in the graph; the float store where a decode does not run on
     ``spec.runtimes``)."""
-    samples, progress, weights, runtimes = spec.samples, spec.progress, spec.weights, spec.runtimes
+    samples, progress = spec.samples, spec.progress
     refuse_recurrent(model, "analytic")
-    encoded = {w.name: w for w in model.encoded_weights()}
-    base = model.float_model()
-    shapes = static_shapes(base)
-    fixed = {t.name: numpy_helper.to_array(t) for t in base.graph.initializer if t.name not in encoded}
-    b = Builder([t for t in base.graph.initializer if t.name not in encoded], ExportFormat(weights, runtimes))
-    var: dict[str, str | None] = {model.manifest.input_name: None}  # data values -> variance value (None = 0)
-
-    def where(node: onnx.NodeProto) -> str:
-        return f"{model.where}: {node.op_type} node {node.name or node.output[0]!r}"
-
-    def moments(name: str) -> tuple[np.ndarray, np.ndarray]:
-        if name in encoded:
-            return encoded[name].encoding.moments()
-        if name in fixed:
-            return fixed[name], np.zeros_like(fixed[name])
-        raise UnsupportedLayerError(f"{model.where}: weight {name!r} is not a constant; analytic mode needs one")
-
-    def stored(name: str, p: str) -> tuple[Operand, Operand]:
-        """The mean and variance operands of a weight: decoded by its store, or numpy (float store, fixed)."""
-        if name in encoded:
-            enc = encoded[name].encoding
-            if store_for(enc, weights, runtimes) is not FLOAT:
-                return decode(b, enc, "mean", p + "_mu"), decode(b, enc, "variance", p + "_s2")
-            b.stored[name] = FLOAT.op_type
-        return moments(name)
-
-    pool_of = _relu_then_max_pool(base.graph)
-    skip: set[str] = set()
-    for k, node in enumerate(base.graph.node, 1):
+    moments = _Moments(model, spec)
+    nodes = moments.base.graph.node
+    for k, node in enumerate(nodes, 1):
         if progress is not None:  # one step per node (a progress bar)
-            progress(k, len(base.graph.node))
-        if node.output[0] in skip:  # a MaxPool already emitted before its ReLU
-            continue
-        data_in = [i for i in node.input if i in var]
-        if not data_in or node.op_type == "Shape":
-            b.nodes.append(node)
-            continue
-        p = f"{P}{node.output[0]}/"
-        out = node.output[0]
-        op = node.op_type
-        kind = layer_kind(node)
-        if kind is not None:
-            _layer_moments(b, node, kind, var, moments, stored, encoded, where(node), p)
-        elif op == "Relu":
-            x, vx = node.input[0], var[node.input[0]]
-            if vx is None:
-                b.nodes.append(node)
-                var[out] = None
-                continue
-            pool = pool_of.get(out)
-            if pool is not None:  # max-pool first: relu(max x) = max(relu x) draw by draw, on a quarter of the units
-                pre = p + "pooled"
-                vx = _max_pool_moments(b, pool, x, vx, pre, p, shapes.get(x))
-                x, out = pre, pool.output[0]
-                skip.add(out)
-            var[out] = _relu_moments(b, x, vx, out, p)
-        elif op == "BatchNormalization":
-            vx = var[node.input[0]]
-            if vx is None:
-                b.nodes.append(node)
-                var[out] = None
-                continue
-            # inference BN is a per-channel a·x + c: two vectors instead of BN's four (plus a² for the variance)
-            scale, shift, mean, rvar = (fixed[n].astype(np.float64) for n in node.input[1:5])
-            a = scale / np.sqrt(rvar + attrs_of(node).get("epsilon", 1e-5))
-            rank = len(shapes.get(node.input[0], [0, 0, 0, 0]))  # [B, C, *spatial]: C on axis 1
-            axes = (-1, *([1] * (rank - 2)))
-            a_name = b.f32(p + "a", a.reshape(axes))
-            scaled = b.add("Mul", [node.input[0], a_name], p + "ax")
-            b.nodes.append(onnx.helper.make_node("Add", [scaled, b.f32(p + "c", (shift - mean * a).reshape(axes))],
-                                                 [out]))
-            var[out] = b.add("Mul", [vx, b.add("Mul", [a_name, a_name], p + "a2")], p + "v")
-        elif op == "MaxPool":
-            vx = var[node.input[0]]
-            if vx is None:
-                b.nodes.append(node)
-                var[out] = None
-                continue
-            var[out] = _max_pool_moments(b, node, node.input[0], vx, out, p, shapes.get(node.input[0]))
-        elif op in ("AveragePool", "GlobalAveragePool"):
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            if vx is None:
-                var[out] = None
-                continue
-            attrs = attrs_of(node)
-            n = math.prod(attrs["kernel_shape"]) if op == "AveragePool" else math.prod(shapes[node.input[0]][2:])
-            pooled = b.add(op, [vx], p + "v_pool", **attrs)
-            var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
-        elif op == "ReduceMean":  # e.g. AdaptiveAvgPool2d(1): mean of n independent units
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            if vx is None:
-                var[out] = None
-                continue
-            # n = elements averaged per output = |input| / |output| (however the axes are expressed)
-            if node.input[0] not in shapes or out not in shapes:
-                raise UnsupportedLayerError(f"{where(node)}: analytic mode needs static shapes around ReduceMean")
-            n = math.prod(shapes[node.input[0]]) // math.prod(shapes[out])
-            pooled = b.add("ReduceMean", [vx, *node.input[1:]], p + "v_mean", **attrs_of(node))
-            var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
-        elif op in SHAPE_OPS:
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            var[out] = None if vx is None else b.add(op, [vx, *node.input[1:]], p + "v", **attrs_of(node))
-        elif op in ("Add", "Sub"):
-            b.nodes.append(node)
-            vs = [v for i in node.input if (v := var.get(i))]
-            var[out] = _sum(b, vs, p)
-        elif op in ("Slice", "Pad"):  # selection / zero-variance padding: the same op on v, padding with 0
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            var[out] = None if vx is None else b.add(op, [vx, *_zero_pad_value(node)], p + "v", **attrs_of(node))
-        elif op == "ReduceMax":
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            var[out] = None if vx is None else _reduce_max_variance(b, node, vx, p)
-        elif op == "LogSoftmax" and out == base.graph.output[0].name:
-            b.nodes.append(node)  # the head: the predictive's softmax of log-softmaxed logits is that of the logits
-            _check_last_axis(node, shapes, where(node), model.manifest.task_spec(model.where).softmax_axis)
-            var[out] = var[node.input[0]]
-        else:
-            raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}; "
-                                        "use --mode baked or noise")
-
-    logits = base.graph.output[0].name
-    classes = model.manifest.num_classes
+            progress(k, len(nodes))
+        moments.visit(node)
+    b, base, logits = moments.b, moments.base, moments.logits
     # the task's head (edgebnn.tasks) on the output's moments; classification and segmentation integrate the softmax at
     # the quadrature points
-    analytic_head(b, logits, var.get(logits), samples, classes, model.manifest.task_spec(model.where),
-                  quadrature_points)
+    analytic_head(b, logits, moments.var.get(logits), samples, model.manifest.num_classes,
+                  model.manifest.task_spec(model.where), quadrature_points)
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}")
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0,
                  **store_metadata(b))
-    return out if weights == "fp32" else compact_names(out)
+    return out if spec.weights == "fp32" else compact_names(out)
 
 
 Operand = np.ndarray | str  # a constant not emitted yet (float store, fixed weights) or a decoded graph value
+
+
+class _Moments:
+    """The analytic pass over the posterior-mean network: every data value's variance (``var``: value -> its
+    variance value, None for 0), each node rewritten by the rule of its op (the module docstring)."""
+
+    def __init__(self, model: BNNModel, spec: GraphSpec) -> None:
+        self.model, self.weights, self.runtimes = model, spec.weights, spec.runtimes
+        self.encoded = {w.name: w for w in model.encoded_weights()}
+        self.base = model.float_model()
+        self.shapes = static_shapes(self.base)
+        inits = self.base.graph.initializer
+        self.fixed = {t.name: numpy_helper.to_array(t) for t in inits if t.name not in self.encoded}
+        self.b = Builder([t for t in inits if t.name not in self.encoded], ExportFormat(spec.weights, spec.runtimes))
+        self.var: dict[str, str | None] = {model.manifest.input_name: None}
+        self.logits = self.base.graph.output[0].name
+        self.pool_of = _relu_then_max_pool(self.base.graph)
+        self.skip: set[str] = set()  # MaxPools emitted before their ReLU
+
+    def where(self, node: onnx.NodeProto) -> str:
+        return f"{self.model.where}: {node.op_type} node {node.name or node.output[0]!r}"
+
+    def moments(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name in self.encoded:
+            return self.encoded[name].encoding.moments()
+        if name in self.fixed:
+            return self.fixed[name], np.zeros_like(self.fixed[name])
+        raise UnsupportedLayerError(f"{self.model.where}: weight {name!r} is not a constant; analytic mode needs one")
+
+    def stored(self, name: str, p: str) -> tuple[Operand, Operand]:
+        """The mean and variance operands of a weight: decoded by its store, or numpy (float store, fixed)."""
+        if name in self.encoded:
+            enc = self.encoded[name].encoding
+            if store_for(enc, self.weights, self.runtimes) is not FLOAT:
+                return decode(self.b, enc, "mean", p + "_mu"), decode(self.b, enc, "variance", p + "_s2")
+            self.b.stored[name] = FLOAT.op_type
+        return self.moments(name)
+
+    def visit(self, node: onnx.NodeProto) -> None:
+        """Rewrite one node of the posterior-mean network (graph order)."""
+        if node.output[0] in self.skip:  # a MaxPool already emitted before its ReLU
+            return
+        if not any(i in self.var for i in node.input) or node.op_type == "Shape":
+            self.b.nodes.append(node)
+            return
+        p = f"{P}{node.output[0]}/"
+        kind = layer_kind(node)
+        if kind is not None:
+            _layer_moments(self.b, node, kind, self.var, self.moments, self.stored, self.encoded, self.where(node), p)
+            return
+        op = node.op_type
+        rule = _Moments._log_softmax_head if op == "LogSoftmax" and node.output[0] == self.logits else _RULES.get(op)
+        if rule is None:
+            raise UnsupportedLayerError(f"{self.where(node)}: analytic mode cannot propagate variance through {op}; "
+                                        "use --mode baked or noise")
+        rule(self, node, p)
+
+    def _deterministic(self, node: onnx.NodeProto) -> None:
+        """A node on zero-variance input: itself, its output of zero variance."""
+        self.b.nodes.append(node)
+        self.var[node.output[0]] = None
+
+    def _relu(self, node: onnx.NodeProto, p: str) -> None:
+        b, out = self.b, node.output[0]
+        x, vx = node.input[0], self.var[node.input[0]]
+        if vx is None:
+            self._deterministic(node)
+            return
+        pool = self.pool_of.get(out)
+        if pool is not None:  # max-pool first: relu(max x) = max(relu x) draw by draw, on a quarter of the units
+            pre = p + "pooled"
+            vx = _max_pool_moments(b, pool, x, vx, pre, p, self.shapes.get(x))
+            x, out = pre, pool.output[0]
+            self.skip.add(out)
+        self.var[out] = _relu_moments(b, x, vx, out, p)
+
+    def _batch_norm(self, node: onnx.NodeProto, p: str) -> None:
+        """Inference BN is a per-channel a·x + c: two vectors instead of BN's four (plus a² for the variance)."""
+        b, out, vx = self.b, node.output[0], self.var[node.input[0]]
+        if vx is None:
+            self._deterministic(node)
+            return
+        scale, shift, mean, rvar = (self.fixed[n].astype(np.float64) for n in node.input[1:5])
+        a = scale / np.sqrt(rvar + attrs_of(node).get("epsilon", 1e-5))
+        rank = len(self.shapes.get(node.input[0], [0, 0, 0, 0]))  # [B, C, *spatial]: C on axis 1
+        axes = (-1, *([1] * (rank - 2)))
+        a_name = b.f32(p + "a", a.reshape(axes))
+        scaled = b.add("Mul", [node.input[0], a_name], p + "ax")
+        b.nodes.append(onnx.helper.make_node("Add", [scaled, b.f32(p + "c", (shift - mean * a).reshape(axes))], [out]))
+        self.var[out] = b.add("Mul", [vx, b.add("Mul", [a_name, a_name], p + "a2")], p + "v")
+
+    def _max_pool(self, node: onnx.NodeProto, p: str) -> None:
+        vx = self.var[node.input[0]]
+        if vx is None:
+            self._deterministic(node)
+            return
+        self.var[node.output[0]] = _max_pool_moments(self.b, node, node.input[0], vx, node.output[0], p,
+                                                     self.shapes.get(node.input[0]))
+
+    def _average(self, node: onnx.NodeProto, p: str) -> None:
+        """AveragePool, GlobalAveragePool, ReduceMean (e.g. AdaptiveAvgPool2d(1)): the mean of n independent units,
+        variance avg(v) / n."""
+        b, op, out = self.b, node.op_type, node.output[0]
+        b.nodes.append(node)
+        vx = self.var[node.input[0]]
+        if vx is None:
+            self.var[out] = None
+            return
+        attrs, shapes = attrs_of(node), self.shapes
+        if op == "ReduceMean":  # n = elements averaged per output = |input| / |output| (however the axes are given)
+            if node.input[0] not in shapes or out not in shapes:
+                raise UnsupportedLayerError(f"{self.where(node)}: analytic mode needs static shapes around ReduceMean")
+            n = math.prod(shapes[node.input[0]]) // math.prod(shapes[out])
+            pooled = b.add("ReduceMean", [vx, *node.input[1:]], p + "v_mean", **attrs)
+        else:
+            n = math.prod(attrs["kernel_shape"]) if op == "AveragePool" else math.prod(shapes[node.input[0]][2:])
+            pooled = b.add(op, [vx], p + "v_pool", **attrs)
+        self.var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
+
+    def _same_on_variance(self, node: onnx.NodeProto, p: str) -> None:
+        """Shape ops, Slice and Pad (padding adds variance 0: the constant value dropped): the same op on v."""
+        self.b.nodes.append(node)
+        vx = self.var[node.input[0]]
+        rest = list(node.input[1:]) if node.op_type in SHAPE_OPS else _zero_pad_value(node)
+        self.var[node.output[0]] = None if vx is None else self.b.add(node.op_type, [vx, *rest], p + "v",
+                                                                      **attrs_of(node))
+
+    def _add(self, node: onnx.NodeProto, p: str) -> None:
+        """Add, Sub of independent operands: the variances add."""
+        self.b.nodes.append(node)
+        self.var[node.output[0]] = _sum(self.b, [v for i in node.input if (v := self.var.get(i))], p)
+
+    def _reduce_max(self, node: onnx.NodeProto, p: str) -> None:
+        self.b.nodes.append(node)
+        vx = self.var[node.input[0]]
+        self.var[node.output[0]] = None if vx is None else _reduce_max_variance(self.b, node, vx, p)
+
+    def _log_softmax_head(self, node: onnx.NodeProto, p: str) -> None:
+        """The head: the predictive's softmax of log-softmaxed logits is that of the logits."""
+        self.b.nodes.append(node)
+        _check_last_axis(node, self.shapes, self.where(node),
+                         self.model.manifest.task_spec(self.model.where).softmax_axis)
+        self.var[node.output[0]] = self.var[node.input[0]]
+
+
+_RULES: dict[str, Callable[[_Moments, onnx.NodeProto, str], None]] = {
+    "Relu": _Moments._relu, "BatchNormalization": _Moments._batch_norm, "MaxPool": _Moments._max_pool,
+    "AveragePool": _Moments._average, "GlobalAveragePool": _Moments._average, "ReduceMean": _Moments._average,
+    **dict.fromkeys((*SHAPE_OPS, "Slice", "Pad"), _Moments._same_on_variance),
+    "Add": _Moments._add, "Sub": _Moments._add, "ReduceMax": _Moments._reduce_max,
+}
+"""Op type -> how the analytic pass rewrites it (a layer kind's node: :func:`_layer_moments`)."""
 
 
 def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[str, str | None],
