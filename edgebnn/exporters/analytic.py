@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -285,71 +286,103 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
     bias = bias_name(node)
     s2_b_np = moments(bias)[1] if bias else None
     mu_b, s2_b = stored(bias, p + "b") if bias else (None, None)
-    vx = var[x]
-    has_b = s2_b_np is not None and s2_b_np.any()
-
-    def const(v: Operand, name: str) -> str:
-        return b.f32(name, v) if isinstance(v, np.ndarray) else v
-
-    def cat(vs: list[Operand], axis: int, name: str) -> Operand:
-        if all(isinstance(v, np.ndarray) for v in vs):
-            return np.concatenate(vs, axis=axis)  # type: ignore[arg-type]
-        return b.add("Concat", [const(v, f"{name}_{i}") for i, v in enumerate(vs)], name, axis=axis)
-
-    def zeros(shape: tuple[int, ...], name: str, like: list[Operand]) -> Operand:
-        if all(isinstance(v, np.ndarray) for v in like):
-            return np.zeros(shape, np.float32)
-        return b.add("ConstantOfShape", [b.i64(name + "_shape", *shape)], name,
-                     value=onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0]))
-
-    if vx is None and s2_np.any() and node.op_type == "Conv" and _concatenable(node):
-        # deterministic input: mean and variance as one Conv on [x, x²] with block weights [[mu, 0], [0, s²]]
-        both = b.add("Concat", [x, b.add("Mul", [x, x], p + "m2")], p + "x_m2", axis=1)
-        c = len(mu_np)
-        zero_w = zeros(mu_np.shape, p + "zero_w", [mu_w, s2_w])
-        w = cat([cat([mu_w, zero_w], 1, p + "w_top"), cat([zero_w, s2_w], 1, p + "w_bottom")], 0, p + "w_block")
-        zero_b = zeros((c,), p + "zero_b", [v for v in (mu_b, s2_b, mu_w) if v is not None])
-        mean_b = zero_b if mu_b is None else mu_b
-        bias_mv = cat([mean_b, s2_b if has_b and s2_b is not None else zero_b], 0, p + "b_block")
-        mv = kind.plain(b, node, [both, const(w, p + "w_block"), const(bias_mv, p + "b_block")], p + "m_v")
-        axis1 = b.i64(p + "axis1", 1)  # two Slices, not a Split: the torch runner has no Split
-        b.add("Slice", [mv, b.i64(p + "zero", 0), b.i64(p + "c", c), axis1], out)
-        var[out] = b.add("Slice", [mv, p + "c", b.i64(p + "c2", 2 * c), axis1], p + "v")
+    t = _Terms(mu_np, s2_np, mu_w, s2_w, mu_b, s2_b, has_b=bool(s2_b_np is not None and s2_b_np.any()))
+    if var[x] is None and s2_np.any() and node.op_type == "Conv" and _concatenable(node):
+        var[out] = _fused_conv(b, node, kind, t, p)
         return
-    mean_in = [x, const(mu_w, p + "mu_w") if node.input[1] in encoded else node.input[1]]
+    mean_in = [x, _const(b, t.mu_w, p + "mu_w") if node.input[1] in encoded else node.input[1]]
     if bias:
-        mean_in.append(const(mu_b, p + "mu_b") if bias in encoded and mu_b is not None else bias)
+        mean_in.append(_const(b, t.mu_b, p + "mu_b") if bias in encoded and t.mu_b is not None else bias)
     kind.plain(b, node, mean_in, out)
+    var[out] = _layer_variance(b, node, kind, t, var[x], p)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """A layer's weight moments: numpy (which terms exist) and the operands the graph reads (``has_b``: the bias
+    has variance)."""
+
+    mu_np: np.ndarray
+    s2_np: np.ndarray
+    mu_w: Operand
+    s2_w: Operand
+    mu_b: Operand | None
+    s2_b: Operand | None
+    has_b: bool
+
+
+def _fused_conv(b: Builder, node: onnx.NodeProto, kind: LayerKind, t: _Terms, p: str) -> str:
+    """A 1-group Conv on a deterministic input: mean and variance as one Conv on [x, x²] with block weights
+    [[mu, 0], [0, s²]], then two Slices; writes the mean, returns the variance."""
+    x, out = node.input[0], node.output[0]
+    both = b.add("Concat", [x, b.add("Mul", [x, x], p + "m2")], p + "x_m2", axis=1)
+    c = len(t.mu_np)
+    zero_w = _zeros(b, t.mu_np.shape, p + "zero_w", [t.mu_w, t.s2_w])
+    w = _cat(b, [_cat(b, [t.mu_w, zero_w], 1, p + "w_top"), _cat(b, [zero_w, t.s2_w], 1, p + "w_bottom")], 0,
+             p + "w_block")
+    zero_b = _zeros(b, (c,), p + "zero_b", [v for v in (t.mu_b, t.s2_b, t.mu_w) if v is not None])
+    mean_b = zero_b if t.mu_b is None else t.mu_b
+    bias_mv = _cat(b, [mean_b, t.s2_b if t.has_b and t.s2_b is not None else zero_b], 0, p + "b_block")
+    mv = kind.plain(b, node, [both, _const(b, w, p + "w_block"), _const(b, bias_mv, p + "b_block")], p + "m_v")
+    axis1 = b.i64(p + "axis1", 1)  # two Slices, not a Split: the torch runner has no Split
+    b.add("Slice", [mv, b.i64(p + "zero", 0), b.i64(p + "c", c), axis1], out)
+    return b.add("Slice", [mv, p + "c", b.i64(p + "c2", 2 * c), axis1], p + "v")
+
+
+def _layer_variance(b: Builder, node: onnx.NodeProto, kind: LayerKind, t: _Terms, vx: str | None,
+                    p: str) -> str | None:
+    """v' = op(m², s²) + op(v, s² + mu²) + s_b² of a layer on input x (variance ``vx``)."""
+    x, out = node.input[0], node.output[0]
     operands: list[tuple[str, Operand]] = []  # (input, weight) pairs of the variance: op(m², s²), op(v, s² + mu²)
-    if s2_np.any():
-        operands.append((b.add("Mul", [x, x], p + "m2"), s2_w))
+    if t.s2_np.any():
+        operands.append((b.add("Mul", [x, x], p + "m2"), t.s2_w))
     if vx:
-        if isinstance(mu_w, np.ndarray) and isinstance(s2_w, np.ndarray):
-            operands.append((vx, s2_w + mu_w.astype(np.float64) ** 2))
+        if isinstance(t.mu_w, np.ndarray) and isinstance(t.s2_w, np.ndarray):
+            operands.append((vx, t.s2_w + t.mu_w.astype(np.float64) ** 2))
         else:
-            mu_v = const(mu_w, p + "mu_w")
-            operands.append((vx, b.add("Add", [const(s2_w, p + "s2_w"), b.add("Mul", [mu_v, mu_v], p + "mu2")],
+            mu_v = _const(b, t.mu_w, p + "mu_w")
+            operands.append((vx, b.add("Add", [_const(b, t.s2_w, p + "s2_w"), b.add("Mul", [mu_v, mu_v], p + "mu2")],
                                            p + "s2_mu2")))
+    has_b, s2_b = t.has_b, t.s2_b
     v: str | None = None
     if operands and _concatenable(node):
         # one op for both terms: inputs side by side on the reduction axis (channels / features), weights too
         axis = 0 if node.op_type == "Gemm" and not attrs_of(node).get("transB", 0) else 1
         both = (b.add("Concat", [operands[0][0], operands[1][0]], p + "m2_v", axis=1) if len(operands) == 2
                 else operands[0][0])
-        w2 = cat([wi for _, wi in operands], axis, p + "s2_w_s2_mu2")
-        bias_in = [const(s2_b, p + "s2_b")] if has_b and s2_b is not None else []
-        v = kind.plain(b, node, [both, const(w2, p + "s2_w_s2_mu2"), *bias_in], p + "v")
+        w2 = _cat(b, [wi for _, wi in operands], axis, p + "s2_w_s2_mu2")
+        bias_in = [_const(b, s2_b, p + "s2_b")] if has_b and s2_b is not None else []
+        v = kind.plain(b, node, [both, _const(b, w2, p + "s2_w_s2_mu2"), *bias_in], p + "v")
         has_b = False
     else:
-        v = _sum(b, [kind.plain(b, node, [xi, const(wi, f"{p}w2_{i}")], f"{p}v_{i}")
+        v = _sum(b, [kind.plain(b, node, [xi, _const(b, wi, f"{p}w2_{i}")], f"{p}v_{i}")
                      for i, (xi, wi) in enumerate(operands)], p)
     if has_b and s2_b is not None:
-        shape = kind.bias_shape(mu_np.shape)
+        shape = kind.bias_shape(t.mu_np.shape)
         s2b = (b.f32(p + "s2_b", s2_b.reshape(shape)) if isinstance(s2_b, np.ndarray)
                else b.add("Reshape", [s2_b, b.i64(p + "s2_b_shape", *shape)], p + "s2_b"))
         v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")
-    var[out] = v
+    return v
 
+
+def _const(b: Builder, v: Operand, name: str) -> str:
+    """A numpy operand as an fp32 constant named ``name``; a graph value as it is."""
+    return b.f32(name, v) if isinstance(v, np.ndarray) else v
+
+
+def _cat(b: Builder, vs: list[Operand], axis: int, name: str) -> Operand:
+    """Operands concatenated: in numpy when all are, else a Concat node."""
+    if all(isinstance(v, np.ndarray) for v in vs):
+        return np.concatenate(vs, axis=axis)  # type: ignore[arg-type]
+    return b.add("Concat", [_const(b, v, f"{name}_{i}") for i, v in enumerate(vs)], name, axis=axis)
+
+
+def _zeros(b: Builder, shape: tuple[int, ...], name: str, like: list[Operand]) -> Operand:
+    """Zeros of ``shape``: numpy when every operand in ``like`` is, else a ConstantOfShape node."""
+    if all(isinstance(v, np.ndarray) for v in like):
+        return np.zeros(shape, np.float32)
+    return b.add("ConstantOfShape", [b.i64(name + "_shape", *shape)], name,
+                 value=onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0]))
 
 
 def _relu_then_max_pool(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
