@@ -39,7 +39,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,10 +48,12 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from edgebnn._version import __version__
-from edgebnn.errors import InvalidArtifactError
+from edgebnn.errors import EdgeBNNError, InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
+from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.forms import FORMS
 from edgebnn.ir import MANIFEST_KEY, BNNModel
+from edgebnn.stopping import StoppingRule
 from edgebnn.tasks import Task
 
 EXPORT_KEY = "edgebnn.export"
@@ -311,8 +313,8 @@ _CHECKS: dict[str, Any] = {
     "task": _is_text,
     "task_options": lambda v: isinstance(v, dict),
     "approximations": _is_text_list,
-    "anytime": lambda v: isinstance(v, dict) and _anytime_ok(v),
-    "config": lambda v: isinstance(v, dict) and _config_ok(v),
+    "anytime": lambda v: isinstance(v, dict) and _parses(StoppingRule.from_dict, v),
+    "config": lambda v: isinstance(v, dict) and _parses(ExportConfig.from_dict, v),
     "input_range": lambda v: isinstance(v, list) and len(v) == 2 and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v) and v[0] <= v[1],
 }
@@ -330,25 +332,11 @@ _DESCRIBE = {
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 
 
-def _anytime_ok(v: dict[str, Any]) -> bool:
-    """A stopping rule :class:`edgebnn.stopping.StoppingRule` accepts."""
-    from edgebnn.errors import EdgeBNNError
-    from edgebnn.stopping import StoppingRule
-
+def _parses(parse: Callable[[Any, str], object], v: dict[str, Any]) -> bool:
+    """Whether ``parse`` (a ``from_dict``: :class:`edgebnn.stopping.StoppingRule`'s, :class:`ExportConfig`'s) accepts
+    ``v``."""
     try:
-        StoppingRule.from_dict(v, "<metadata>")
-    except EdgeBNNError:
-        return False
-    return True
-
-
-def _config_ok(v: dict[str, Any]) -> bool:
-    """An export configuration :class:`edgebnn.exporters.config.ExportConfig` accepts."""
-    from edgebnn.errors import EdgeBNNError
-    from edgebnn.exporters.config import ExportConfig
-
-    try:
-        ExportConfig.from_dict(v, "<metadata>")
+        parse(v, "<metadata>")
     except EdgeBNNError:
         return False
     return True
