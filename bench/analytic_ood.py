@@ -57,14 +57,17 @@ def aurocs(proto: Any, seed: int, x: np.ndarray, ood: dict[str, np.ndarray]) -> 
 
 def run(seed: int = 0, samples: int = 16, library: str = "edgebnn") -> dict[str, Any]:
     from edgebnn.data import digits
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
 
     bnn = train_digits(seed, library)
     x = digits(seed).x_test
     ood = ood_sets(x, seed)
-    runs = [aurocs(export_onnx(bnn, samples, mode="baked", seed=s), s, x, ood) for s in SAMPLING_SEEDS]
+    runs = [aurocs(export_model(bnn, ExportConfig(samples, mode="baked", seed=s)).proto, s, x,
+                   ood) for s in SAMPLING_SEEDS]
     ensemble = {k: round(float(np.mean([r[k] for r in runs])), 4) for k in runs[0]}
-    analytic = {k: round(v, 4) for k, v in aurocs(export_onnx(bnn, samples, mode="analytic"), 0, x, ood).items()}
+    analytic = {k: round(v, 4) for k, v in aurocs(export_model(bnn, ExportConfig(samples, mode="analytic")).proto, 0, x,
+                                                  ood).items()}
     deltas = {k: round(analytic[k] - ensemble[k], 4) for k in ood}
     return {"schema": SCHEMA, "library": library, "seed": seed, "samples": samples, "n_test": len(x),
             "float_ensemble": ensemble, "analytic": analytic, "d_auroc": deltas,

@@ -197,8 +197,9 @@ def _quality(session: Any, x: np.ndarray, y: np.ndarray, ood: dict[str, np.ndarr
 def run_model(name: str, *, cache: Path | None, seeds: list[int], inputs: int, rounds: int,
               progress: Any) -> dict[str, Any]:
     from edgebnn.data import digits
-    from edgebnn.exporters.anytime import export_anytime, rule_for
-    from edgebnn.exporters.defaults import export_auto
+    from edgebnn.exporters import DEFAULT_SAMPLES
+    from edgebnn.exporters.config import ExportConfig, rule_for
+    from edgebnn.exporters.export import export_model
     from edgebnn.runtime import Session
     from edgebnn.targets.profiler import profile_anytime
 
@@ -213,8 +214,8 @@ def run_model(name: str, *, cache: Path | None, seeds: list[int], inputs: int, r
         quality: dict[str, list[dict[str, Any]]] = {"anytime": [], "fixed16": []}
         for seed in seeds:
             progress(f"{name} {mode} seed {seed}: quality")
-            anytime, _ = export_anytime(bnn, rule, device="cpu", seed=seed, **options)
-            fixed, _ = export_auto(bnn, 16, device="cpu", seed=seed, **options)
+            anytime = export_model(bnn, ExportConfig("auto", rule=rule, device="cpu", seed=seed, **options)).proto
+            fixed = export_model(bnn, ExportConfig(DEFAULT_SAMPLES, device="cpu", seed=seed, **options)).proto
             quality["anytime"].append(_quality(Session(anytime, seed=seed, threads=2), x, y, ood))
             quality["fixed16"].append(_quality(Session(fixed, seed=seed, threads=2), x, y, ood))
         summary: dict[str, Any] = {}
@@ -224,8 +225,8 @@ def run_model(name: str, *, cache: Path | None, seeds: list[int], inputs: int, r
                                    for k in quality["anytime"][0]["samples"]}
         summary["delta"] = {k: summary["anytime"][k] - summary["fixed16"][k] for k in summary["anytime"]}
         progress(f"{name} {mode}: latency")
-        anytime, _ = export_anytime(bnn, rule, device="cpu", seed=seeds[0], **options)
-        fixed, _ = export_auto(bnn, 16, device="cpu", seed=seeds[0], **options)
+        anytime = export_model(bnn, ExportConfig("auto", rule=rule, device="cpu", seed=seeds[0], **options)).proto
+        fixed = export_model(bnn, ExportConfig(DEFAULT_SAMPLES, device="cpu", seed=seeds[0], **options)).proto
         latency = profile_anytime(bnn, anytime, fixed, {"in": x[:inputs], "ood": ood["blobs"][:max(1, inputs // 2)]},
                                   rounds=rounds, warmup=3)
         summary["latency"] = latency["per_input"]
@@ -240,7 +241,7 @@ def guarantee(name: str, *, cache: Path | None, orders: int, variants: list[dict
     from sklearn.metrics import roc_auc_score
 
     from edgebnn.data import digits
-    from edgebnn.exporters.anytime import rule_for
+    from edgebnn.exporters.config import rule_for
     from edgebnn.runtime.reference import Reference
     from edgebnn.stopping import RunningPredictive
 

@@ -306,10 +306,11 @@ def metrics(onnx_bytes: bytes, data: tuple[np.ndarray, np.ndarray], seed: int = 
 
 
 def export_bytes(model: Any, row: dict[str, Any], samples: int, extra: dict[str, Any], seed: int = 0) -> bytes:
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
 
     options = {"weights": row["weights"], "form": row["form"], "rng": row["rng"], "device": "cpu", **extra}
-    proto = export_onnx(model, samples, mode=row["mode"], seed=seed, **options)
+    proto = export_model(model, ExportConfig(samples, mode=row["mode"], seed=seed, **options)).proto
     return bytes(proto.SerializeToString(deterministic=True))
 
 
@@ -537,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=None, help="keep / reuse the trained ResNet's float IR here")
     parser.add_argument("--rng", default="graph", help="noise and shared rows: graph, host or both (graph,host)")
     parser.add_argument("--export-opt", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra export_onnx keyword argument for every export (JSON value), repeatable")
+                        help="extra ExportConfig field for every export (JSON value), repeatable")
     parser.add_argument("--json", type=Path, help="Also write the JSON here.")
     parser.add_argument("--plot", type=Path, help="Ratio against dNLL per export, a PNG.")
     args = parser.parse_args(argv)

@@ -53,9 +53,12 @@ def build_model(seed: int = 0) -> Any:
 
 def graphs(model: Any, samples: int) -> dict[str, Any]:
     """The exported modes and the two float baselines, as ONNX protos."""
-    from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import float_bnn, float_deterministic
+    from edgebnn.exporters.export import export_model
 
-    out = {name: export_onnx(model, samples, device="cpu", **options) for name, options in MODES.items()}
+    out = {name: export_model(model, ExportConfig(samples, device="cpu", **options)).proto for name,
+           options in MODES.items()}
     out["float_deterministic"] = float_deterministic(model)
     out["float_bnn"] = float_bnn(model)
     return out

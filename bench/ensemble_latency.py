@@ -120,7 +120,9 @@ def digits_quality(seed: int) -> tuple[dict[str, Any], float]:
     import torch
 
     from edgebnn.data import digits
-    from edgebnn.exporters.ensemble import export_onnx, float_deterministic
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import float_deterministic
+    from edgebnn.exporters.export import export_model
     from edgebnn.importers import import_model
     from edgebnn.metrics import classification_report
     from edgebnn.models import digits_cnn
@@ -150,7 +152,8 @@ def digits_quality(seed: int) -> tuple[dict[str, Any], float]:
     rows: dict[str, Any] = {}
     for name, mode, samples in (("baked_S16", "baked", 16), ("noise_S16", "noise", 16),
                                 ("analytic", "analytic", 16), ("baked_S64", "baked", 64)):
-        probs = Session(export_onnx(bnn, samples, mode=mode, seed=seed), seed=seed, threads=THREADS).predict(x).probs
+        probs = Session(export_model(bnn, ExportConfig(samples, mode=mode, seed=seed, rng="host")).proto, seed=seed,
+                        threads=THREADS).predict(x).probs
         rows[name] = {"mode": mode, "samples": samples, **_rounded(classification_report(probs, y))}
     probs = OrtRunner(float_deterministic(bnn), threads=THREADS).run(x)[0]  # Softmax head: probabilities
     rows["float_det"] = {"mode": "float_deterministic", "samples": 1, **_rounded(classification_report(probs, y))}
@@ -332,7 +335,9 @@ def bench_model(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
                 progress: Callable[[str], None]) -> dict[str, Any]:
     import torch
 
-    from edgebnn.exporters.ensemble import export_onnx, float_deterministic
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import float_deterministic
+    from edgebnn.exporters.export import export_model
     from edgebnn.exporters.noise import fill_noise
     from edgebnn.importers import import_model
     from edgebnn.models import FACTORIES, synthetic_posterior
@@ -356,7 +361,8 @@ def bench_model(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
         for samples in samples_grid:
             progress(f"{name} batch {batch} S={samples}")
             x_rep = np.ascontiguousarray(np.repeat(x, samples, axis=0))
-            sessions = {mode: Session(export_onnx(bnn, samples, mode=mode, seed=seed, noise=noise), seed=seed,
+            sessions = {mode: Session(export_model(bnn, ExportConfig(samples, mode=mode, seed=seed, noise=noise,
+                                                                     rng="host")).proto, seed=seed,
                                       threads=THREADS) for mode in MODES}
             calls: dict[str, Callable[[], Any]] = {m: (lambda s=s, x=x: s.predict(x)) for m, s in sessions.items()}
             calls["float_det"] = lambda x=x: det.run(x)
@@ -374,7 +380,8 @@ def bench_model(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
                 graphs = {"float_det": (det_proto, {bnn.manifest.input_name: x}),
                           "float_det_xS": (det_proto, {bnn.manifest.input_name: x_rep})}
                 for mode in MODES:
-                    proto = export_onnx(bnn, samples, mode=mode, seed=seed, noise=noise)
+                    proto = export_model(bnn, ExportConfig(samples, mode=mode, seed=seed, noise=noise,
+                                                           rng="host")).proto
                     feed = {bnn.manifest.input_name: x}
                     if mode == "noise":
                         feed.update(fill_noise(noise_sess.noise_inputs, batch, samples, np.random.default_rng(0)))
@@ -410,7 +417,8 @@ def bench_model(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
 
 FORMS_MODELS = {"lenet5": (1, 1, 28, 28), "resnet20": (1, 3, 32, 32), "bt_scnn": (1, 1, 28, 28)}
 FORMS_SAMPLES = 16
-# variant -> (IR: float | fixed | mcq, export_onnx keyword arguments); every one is timed through Session.predict
+# variant -> (IR: float | fixed | mcq, ExportConfig fields over mode baked, rng host); every one is timed through
+# Session.predict
 FORM_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "baked_fp32": ("float", {}),
     "fixed_fp32": ("fixed", {}),
@@ -460,7 +468,9 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
     from edgebnn.calib.int8 import Int8Config, quantize_int8
     from edgebnn.calib.readers import BatchReader
     from edgebnn.errors import EdgeBNNError
-    from edgebnn.exporters.ensemble import export_onnx, float_deterministic
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import float_deterministic
+    from edgebnn.exporters.export import export_model
     from edgebnn.exporters.forms import fold_constant_dequantize
     from edgebnn.importers import import_model
     from edgebnn.passes import lower
@@ -478,7 +488,8 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
     protos, refused = {}, {}
     for variant, (ir_name, kw) in FORM_VARIANTS.items():
         try:
-            proto = export_onnx(irs[ir_name], samples, seed=seed, **kw)
+            config = ExportConfig(samples, seed=seed, **{"mode": "baked", "rng": "host", **kw})
+            proto = export_model(irs[ir_name], config).proto
         except EdgeBNNError as e:  # e.g. analytic through the zoo model's LogSoftmax head
             refused[variant] = str(e)
             continue
@@ -527,7 +538,7 @@ def bench_forms(name: str, input_shape: tuple[int, ...], *, batches: list[int], 
 
 
 TABLE_MODELS = {"bt_lenet5": (1, 1, 28, 28), "lenet5": (1, 1, 28, 28), "resnet20": (1, 3, 32, 32)}
-# variant -> (IR: float | fixed, export_onnx keyword arguments): each mode as the CLI writes it (weights ir: the IR's
+# variant -> (IR: float | fixed, ExportConfig fields): each mode as the CLI writes it (weights ir: the IR's
 # codes; noise draws in the graph, rng graph, the self-contained default), the host-noise form, the low-bit forms
 TABLE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "noise": ("float", {"mode": "noise", "rng": "graph"}),
@@ -574,7 +585,9 @@ def bench_table(name: str, input_shape: tuple[int, ...], *, seed: int, sigma_rat
     import edgebnn.exporters.noise as noise_module
     from edgebnn.calib.int8 import Int8Config, quantize_int8
     from edgebnn.calib.readers import BatchReader
-    from edgebnn.exporters.ensemble import export_onnx, float_deterministic
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import float_deterministic
+    from edgebnn.exporters.export import export_model
     from edgebnn.importers import import_model
     from edgebnn.passes import lower
     from edgebnn.runtime import Session
@@ -591,7 +604,8 @@ def bench_table(name: str, input_shape: tuple[int, ...], *, seed: int, sigma_rat
         progress(f"table: {name}: export {variant}")
         with mock.patch.object(noise_module, "FLIPOUT_MIN_WEIGHTS",
                                math.inf if variant == "noise_independent" else noise_module.FLIPOUT_MIN_WEIGHTS):
-            proto = export_onnx(irs[ir_name], samples, seed=seed, **kw)
+            config = ExportConfig(samples, seed=seed, **{"mode": "baked", "rng": "host", **kw})
+            proto = export_model(irs[ir_name], config).proto
         if variant == "int8_calibrated_qdq":
             calib_x = np.random.default_rng(seed + 1).random((64, *input_shape[1:]), dtype=np.float32)
             calibrated = quantize_int8(proto, BatchReader(calib_x, in_name, batch=16), Int8Config(method="minmax"))

@@ -16,9 +16,12 @@ values; Laplace is fitted on 200 digits images), so the corpus runs in a few min
 Entries (name -> sha256 hex):
 
 - ``<model>/<lowering>.ebnn``: the saved IR's bytes;
-- ``<model>/<lowering>/<mode>/<weights>[/<extra>].onnx``: the exported ONNX bytes, or ``error:`` + the message's
-  hash where the export refuses with an ``EdgeBNNError`` (a refusal that changes is a change too; any other
-  exception stops the run);
+- ``<model>/<lowering>/<mode>/<weights>[/<extra>].onnx``: the exported ONNX bytes with the ``config`` key removed
+  from its ``edgebnn.export`` metadata (the export configuration every export records since issue 42, re-dumped as
+  ``write_metadata`` writes it: every other byte is compared; that the key is there, and reproduces the export's
+  options, is checked separately: a missing or wrong one stops the run), or ``error:`` + the message's hash where
+  the export refuses with an ``EdgeBNNError`` (a refusal that changes is a change too; any other exception stops
+  the run);
 - ``... .out``: the export run by ``Session(seed=0, threads=1)`` on a fixed batch of 4 inputs, every output array
   rounded to 5 decimals (host noise included, so a change of the noise sampler shows here and not in ``.onnx``).
 
@@ -48,7 +51,9 @@ from torch import nn
 
 import edgebnn
 from edgebnn.errors import EdgeBNNError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
+from edgebnn.exporters.metadata import EXPORT_KEY
 from edgebnn.nn import BayesConv2d, BayesLinear
 from edgebnn.runtime import Session
 
@@ -163,6 +168,24 @@ def models() -> Iterator[tuple[str, Callable[[], Any], tuple[str, ...], bool]]:
     yield ("swag", _swag, FAMILY_LOWERINGS, True)
 
 
+def _without_config(proto: Any, config: ExportConfig) -> bytes:
+    """The export's bytes with the ``config`` key dropped from its metadata (re-dumped as ``write_metadata`` does),
+    after checking that the key is there and records ``config`` (every field given, ``auto`` decided)."""
+    copy = type(proto)()
+    copy.CopyFrom(proto)
+    (entry,) = [p for p in copy.metadata_props if p.key == EXPORT_KEY]
+    record = json.loads(entry.value)
+    recorded = record.pop("config", None)
+    if recorded is None:
+        raise AssertionError("the export metadata records no config")
+    given = {k: v for k, v in config.to_dict().items() if v != "auto" and k != "rule"}
+    wrong = {k: (v, recorded.get(k)) for k, v in given.items() if recorded.get(k) != v}
+    if wrong or ExportConfig.from_dict(recorded).to_dict() != recorded:
+        raise AssertionError(f"the recorded config {recorded} does not record the export's options: {wrong}")
+    entry.value = json.dumps(record, sort_keys=True)
+    return copy.SerializeToString()
+
+
 def _error(exc: Exception) -> str:
     return "error:" + _sha(f"{type(exc).__name__}: {exc}".encode())
 
@@ -210,12 +233,13 @@ def corpus(only: str | None = None) -> dict[str, str]:
                 entry = f"{key}/{mode}/{weights}" + (f"/{tag}" if tag else "")
                 if only and only not in entry:
                     continue
+                config = ExportConfig(samples, mode=mode, weights=weights, seed=0, **{"rng": "host", **opts})
                 try:
-                    proto = export_onnx(model, samples, mode=mode, weights=weights, seed=0, **opts)
+                    proto = export_model(model, config).proto
                 except EdgeBNNError as exc:
                     out[f"{entry}.onnx"] = _error(exc)
                     continue
-                out[f"{entry}.onnx"] = _sha(proto.SerializeToString())
+                out[f"{entry}.onnx"] = _sha(_without_config(proto, config))
                 try:
                     out[f"{entry}.out"] = _outputs(proto, x)
                 except EdgeBNNError as exc:

@@ -34,7 +34,8 @@ from torch import nn
 
 import edgebnn
 from edgebnn.data import digits
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.sizes import deployed_bytes
 from edgebnn.metrics import accuracy, nll
 from edgebnn.passes import ebnn_bytes, float_bnn_bytes, lower
@@ -107,7 +108,7 @@ def row(family: str, ir: Any, samples: int, mode: str, xt: np.ndarray, yt: np.nd
                            "kinds": sorted({w.encoding.op_type for w in low.encoded_weights()})}
     preds = {}
     for name, model in (("float", ir), ("lowered", low)):
-        proto = export_onnx(model, samples, mode=mode, **opts)
+        proto = export_model(model, ExportConfig(samples, mode=mode, **{"rng": "host", **opts})).proto
         size = deployed_bytes(proto)
         out[f"{name}_onnx_bytes"] = size.file_bytes
         out[f"{name}_breakdown"] = size.breakdown
@@ -128,7 +129,7 @@ def requant_row(family: str, ir: Any, samples: int, mode: str, weights: str, xt:
                            "fp32_bnn_bytes": float_bnn_bytes(ir), "ir_bytes": ebnn_bytes(ir)}
     preds = {}
     for name, w in (("float", "fp32"), ("lowered", weights)):
-        proto = export_onnx(ir, samples, mode=mode, weights=w, **opts)
+        proto = export_model(ir, ExportConfig(samples, mode=mode, weights=w, **{"rng": "host", **opts})).proto
         out[f"{name}_onnx_bytes"] = deployed_bytes(proto).file_bytes
         preds[name] = Session(proto, seed=0).predict(xt).probs
     out["lowered_bytes"] = out["ir_bytes"]

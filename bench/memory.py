@@ -13,7 +13,7 @@ Stages, each in a fresh ``python`` process so that one stage's high-water mark c
     build          generate the posterior and ``ir.save`` it
     load           ``ir.load`` it (parse + verify, every encoding decoded and checked)
     lower/SCHEME   load, ``edgebnn.passes.lower(model, SCHEME, consume=True)``, ``ir.save`` the result
-    export/SCHEME  load the lowered IR, ``export_onnx(model, S, mode="baked")``, ``save_onnx``
+    export/SCHEME  load the lowered IR, ``export_model(model, ExportConfig(S, mode="baked"))``, ``save_onnx``
 
 Each stage reports its peak resident set (Linux ``VmHWM``, else ``getrusage(RUSAGE_SELF).ru_maxrss``), the
 same right after its imports (the interpreter, numpy, onnx, onnxruntime: the baseline), the difference
@@ -179,7 +179,9 @@ def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed:
     import onnxruntime  # noqa: F401
 
     from edgebnn import ir
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import save_onnx
+    from edgebnn.exporters.export import export_model
     from edgebnn.passes import lower
 
     posterior = workdir / "posterior.ebnn"
@@ -194,7 +196,7 @@ def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed:
     elif stage == "lower":
         out = ir.save(lower(ir.load(posterior), scheme, seed=seed, consume=True).model, lowered)
     elif stage == "export":
-        out = save_onnx(export_onnx(ir.load(lowered), samples, mode="baked", seed=seed),
+        out = save_onnx(export_model(ir.load(lowered), ExportConfig(samples, mode="baked", seed=seed)).proto,
                         workdir / f"{scheme}-S{samples}.onnx")
     else:
         raise ValueError(f"unknown stage {stage}")

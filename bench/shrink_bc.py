@@ -32,7 +32,8 @@ from torch import nn
 
 from edgebnn.data import digits
 from edgebnn.errors import EdgeBNNError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.sizes import deployed_bytes
 from edgebnn.importers import import_model
 from edgebnn.ir import BNNModel
@@ -66,7 +67,8 @@ def measure(model: BNNModel, samples: int, x: np.ndarray, y: np.ndarray) -> tupl
     for mode, weights in EXPORTS:
         form = "qdq" if mode == "baked" and weights != "fp32" else "auto"
         try:
-            proto = export_onnx(model, samples, mode=mode, weights=weights, seed=0, form=form)
+            proto = export_model(model, ExportConfig(samples, mode=mode, weights=weights, seed=0, form=form,
+                                                     rng="host")).proto
         except EdgeBNNError as e:
             out["exports"][f"{mode} {weights}"] = f"refused: {e}"
             continue
@@ -80,7 +82,8 @@ def measure(model: BNNModel, samples: int, x: np.ndarray, y: np.ndarray) -> tupl
     # the baked members' spread over seeds: what separates the two files' baked predictive (other draws)
     out["baked_accuracy_nll_seeds_1_2"] = []
     for seed in (1, 2):
-        report = classification_report(Session(export_onnx(model, samples, seed=seed)).predict(x).probs, y)
+        report = classification_report(Session(export_model(model, ExportConfig(samples, mode="baked",
+                                                                                seed=seed)).proto).predict(x).probs, y)
         out["baked_accuracy_nll_seeds_1_2"].append([round(report["accuracy"], 4), round(report["nll"], 4)])
     return out, analytic
 

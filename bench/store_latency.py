@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from edgebnn.data import digits
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
     from edgebnn.runtime import Session
 
     float_ir, lowered, report = build_irs(args.cache, args.epochs)
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         "lowered noise int4 (graph rng)": (lowered, "noise", {"rng": "graph", "weights": "int4"}),
     }
     float_of = {"noise": "float noise (graph rng)", "analytic": "float analytic", "baked": "float baked"}
-    protos = {name: export_onnx(ir, S, mode=mode, seed=0, **opts) for name, (ir, mode, opts) in specs.items()}
+    protos = {name: export_model(ir, ExportConfig(S, mode=mode, seed=0, **{"rng": "host", **opts})).proto
+              for name, (ir, mode, opts) in specs.items()}
     exports: dict[str, Any] = {}
     for name, proto in protos.items():
         _, mode, opts = specs[name]

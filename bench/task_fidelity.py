@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrat
 import test_tasks as T
 
 from edgebnn import from_torch
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.runtime import Session
 from edgebnn.tasks import predictive_from_samples
 
@@ -45,7 +46,7 @@ def regression(name: str, factory: Any, options: dict[str, Any], modes: list[str
     torch_var = _rms([(v - var) / var for _, v in blocks])
     rows = []
     for mode in modes:
-        p = Session(export_onnx(ir, S, mode=mode, seed=3), seed=5).predict(x)
+        p = Session(export_model(ir, ExportConfig(S, mode=mode, seed=3, rng="host")).proto, seed=5).predict(x)
         rows.append({"model": name, "mode": mode, "mean_rms_error": _rms(p.mean - mean),
                      "torch_s64_mean_rms_error": torch_mean, "variance_rel_rms_error": _rms((p.variance - var) / var),
                      "torch_s64_variance_rel_rms_error": torch_var})
@@ -64,7 +65,7 @@ def segmentation(name: str, factory: Any, options: dict[str, Any], modes: list[s
     torch_err = _rms([predictive_from_samples(task, draws[i * S:(i + 1) * S]).probs - ref for i in range(BLOCKS)])
     rows = []
     for mode in modes:
-        p = Session(export_onnx(ir, S, mode=mode, seed=3), seed=5).predict(x)
+        p = Session(export_model(ir, ExportConfig(S, mode=mode, seed=3, rng="host")).proto, seed=5).predict(x)
         rows.append({"model": name, "mode": mode, "probs_rms_error": _rms(p.probs - ref),
                      "torch_s64_probs_rms_error": torch_err})
     return rows

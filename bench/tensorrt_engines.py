@@ -34,7 +34,8 @@ def model(name: str) -> Any:
 
 
 def run(names: list[str], samples: int) -> dict[str, Any]:
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.passes import float_bnn_bytes
 
@@ -45,7 +46,7 @@ def run(names: list[str], samples: int) -> dict[str, Any]:
             fp32_bnn = float_bnn_bytes(ir)
             for mode, weights, rng in EXPORTS:
                 engine = Path(tmp) / f"{name}-{mode}-{weights}-{rng}.engine"
-                proto = export_onnx(ir, samples, mode=mode, weights=weights, device="rtx", rng=rng)
+                proto = export_model(ir, ExportConfig(samples, mode=mode, weights=weights, device="rtx", rng=rng)).proto
                 manifest = compile_engine(proto, engine, "rtx")
                 onnx_bytes = engine_onnx_path(engine).stat().st_size
                 rows.append({"model": name, "mode": mode, "weights": weights, "rng": rng, "samples": samples,

@@ -170,14 +170,16 @@ def run_mode(model: Any, mode: str, samples: int, x: np.ndarray, y: np.ndarray,
              ood: dict[str, np.ndarray]) -> dict[str, float] | str:
     """The metrics of ``model`` exported in ``mode``, averaged over the sampling seeds; or why it does not apply."""
     from edgebnn.errors import InvalidOptionError
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
 
     seeds = (0,) if mode == "analytic" else SAMPLING_SEEDS
     runs = []
     for seed in seeds:
         try:
-            proto = export_onnx(model, samples, mode="baked" if mode == "baked-int8" else mode, seed=seed,
-                                weights="int8" if mode == "baked-int8" else "fp32")
+            config = ExportConfig(samples, mode="baked" if mode == "baked-int8" else mode, seed=seed,
+                                  weights="int8" if mode == "baked-int8" else "fp32", rng="host")
+            proto = export_model(model, config).proto
         except InvalidOptionError as e:
             return str(e)
         runs.append(evaluate(proto, seed, x, y, ood))

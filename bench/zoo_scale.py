@@ -6,7 +6,7 @@ gives, no pretrained weights; batch-norm statistics from two random batches), on
 
     import       ``import_model`` (torch.onnx export of the posterior-mean net + shape folding + IR)
     lower        ``lower(ir, SCHEME)`` for each scheme asked for
-    export       ``export_onnx(ir, S, mode)`` for baked and noise, float scheme
+    export       ``export_model(ir, ExportConfig(S, mode=mode))`` for baked and noise, float scheme
     run          onnxruntime, one batch of B random images through the exported ensemble
     check        baked predictive vs the reference runtime's (same seed: the same members), max |diff|
     int8         the baked export with ``weights="int8"``: its serialized bytes against the 2 GiB limit
@@ -61,7 +61,7 @@ drawn, naming the largest S that fits, a smaller ``--weights`` format where ther
 
 Every model imports with static shapes and exports in baked and noise mode; the baked ensemble reproduces
 the reference runtime's members (max |diff| of the predictive, float32 summation order). Analytic mode is not
-timed here; ``export_onnx(ir, 4, mode="analytic")`` of variational resnet18 took 7.0 s and gives a valid
+timed here; ``export_model(ir, ExportConfig(4, mode="analytic"))`` of variational resnet18 took 7.0 s and gives a valid
 predictive (these ResNets downsample with 1x1 convs: no Slice/Pad, unlike the CIFAR option-A shortcut).
 """
 
@@ -102,7 +102,8 @@ def run(model_name: str, method: str, schemes: list[str], samples: int, batch: i
 
     import torch
 
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
     from edgebnn.importers import import_model
     from edgebnn.passes import lower
     from edgebnn.runtime import Session
@@ -149,7 +150,7 @@ def run(model_name: str, method: str, schemes: list[str], samples: int, batch: i
     x = np.random.default_rng(1).standard_normal((batch, 3, 224, 224)).astype(np.float32)
     for mode in ("baked", "noise"):
         t = time.perf_counter()
-        proto = export_onnx(ir, samples, mode=mode, seed=0)
+        proto = export_model(ir, ExportConfig(samples, mode=mode, seed=0, rng="host")).proto
         row[f"{mode}_export_s"] = round(time.perf_counter() - t, 2)
         session = Session(proto, seed=0)
         session.predict(x)  # warm-up
@@ -160,7 +161,7 @@ def run(model_name: str, method: str, schemes: list[str], samples: int, batch: i
             ref = predict(ir, x, samples, seed=0).probs
             row["baked_vs_reference_max_abs"] = float(np.abs(probs - ref).max())
         del proto, session
-    int8 = export_onnx(ir, samples, mode="baked", seed=0, weights="int8")
+    int8 = export_model(ir, ExportConfig(samples, mode="baked", seed=0, weights="int8")).proto
     row["int8_baked_bytes"] = int8.ByteSize()
     row["int8_baked_under_2GiB"] = row["int8_baked_bytes"] < 2**31
     return row

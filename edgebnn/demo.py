@@ -14,13 +14,15 @@ from typing import Any
 from rich.console import Console
 
 from edgebnn import schemas
+from edgebnn.exporters import DEFAULT_SAMPLES
 from edgebnn.tables import fmt_bytes, print_eval, print_lower_report, print_profile, write_json
 
 MODEL_SPEC = "edgebnn.models:digits_cnn"
 INPUT_SHAPE = (1, 1, 8, 8)
 
 
-def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, console: Console) -> dict[str, Any]:
+def run_demo(out: Path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, runs: int = 200,
+             console: Console) -> dict[str, Any]:
     import torch
     from safetensors.torch import save as safetensors_bytes
 
@@ -28,7 +30,9 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     from edgebnn._io import atomic_write
     from edgebnn.api import evaluate_artifact, lower_model, profile_artifact
     from edgebnn.data import digits
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import save_onnx
+    from edgebnn.exporters.export import export_model
     from edgebnn.exporters.metadata import read_metadata
     from edgebnn.models import digits_cnn
     from edgebnn.passes import lower
@@ -65,13 +69,13 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
     write_json(console, out / "lower.json", lower_report, schemas.LOWER)
 
     console.rule(f"3/5 export the S={samples} ensemble to ONNX (fp32 baked; fixed-point lowered: int8 baked, codes)")
-    save_onnx(export_onnx(bnn, samples, seed=seed), onnx_path)
+    save_onnx(export_model(bnn, ExportConfig(samples, mode="baked", seed=seed)).proto, onnx_path)
     console.print(f"wrote {onnx_path} ({fmt_bytes(onnx_path.stat().st_size)})")
     fixed = lower(bnn, "fixed", seed=seed).model
     ir.save(fixed, fixed_ebnn)
     # int8 members stored as int8 + DequantizeLinear (--form qdq); edgebnn export's cpu default (--form auto) folds
     # them back to fp32 constants for speed, a file as large as the fp32 one
-    small_proto = export_onnx(fixed, samples, seed=seed, weights="int8", form="qdq")
+    small_proto = export_model(fixed, ExportConfig(samples, mode="baked", weights="int8", form="qdq", seed=seed)).proto
     save_onnx(small_proto, small_onnx)
     layers = read_metadata(small_proto, str(small_onnx)).layers or {"sampled": [], "hoisted": []}
     console.print(f"wrote {fixed_ebnn} ({fmt_bytes(fixed_ebnn.stat().st_size)}, bits per layer from the "
@@ -80,7 +84,7 @@ def run_demo(out: Path, *, samples: int = 16, seed: int = 0, runs: int = 200, co
                   f"sampled layers: {', '.join(layers['sampled']) or 'none'}; run once, σ below their step: "
                   f"{', '.join(layers['hoisted']) or 'none'})", highlight=False)
     # the compact artifact: the lowered codes stored as such, decoded once per call, the noise drawn in the graph
-    save_onnx(export_onnx(fixed, samples, mode="noise", rng="graph", seed=seed), compact_onnx)
+    save_onnx(export_model(fixed, ExportConfig(samples, mode="noise", rng="graph", seed=seed)).proto, compact_onnx)
     console.print(f"wrote {compact_onnx} ({fmt_bytes(compact_onnx.stat().st_size)}, noise mode: the fixed-point "
                   "codes as lowered, decoded in the graph; noise drawn in the graph, so it runs on the data alone)",
                   highlight=False)

@@ -51,7 +51,7 @@ class DeviceProfile:
             by default).
         builder: What builds the device's engines (:data:`edgebnn.exporters.tensorrt.BUILDERS`): ``tensorrt-rtx``
             (ahead of time, any machine), ``tensorrt`` (on the device), None without TensorRT.
-        export_mode: The mode ``edgebnn export`` writes when none is given (:mod:`edgebnn.exporters.defaults`):
+        export_mode: The mode ``edgebnn export`` writes when none is given (:mod:`edgebnn.exporters.export`):
             ``noise`` keeps the lowered codes in one self-contained graph (onnxruntime decodes them and draws
             the noise); ``baked`` stores S drawn members.
     """

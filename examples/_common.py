@@ -20,10 +20,11 @@ def metrics(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
 
 def exported(ir: Any, x: np.ndarray, y: np.ndarray, *, seed: int = 0, samples: int = S) -> dict[str, Any]:
     """Export the baked ``samples``-member ONNX ensemble, run it with onnxruntime, report metrics and sizes."""
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
     from edgebnn.runtime.session import Session
 
-    proto = export_onnx(ir, samples, mode="baked", seed=seed)
+    proto = export_model(ir, ExportConfig(samples, mode="baked", seed=seed)).proto
     probs = Session(proto).predict(x).probs
     return {**metrics(probs, y), "bytes": int(ir.nbytes()), "onnx_bytes": len(proto.SerializeToString())}
 

@@ -10,7 +10,7 @@ from edgebnn.api._budget import lower_within_budget
 from edgebnn.api._evaluate import dataset_for, evaluate_artifact, lowering_quality, profile_artifact
 from edgebnn.api._files import PathLike, Progress, export_metadata, load_ir, save
 from edgebnn.api._lower import calibration_grams, lower_config_of, lower_model
-from edgebnn.api._model import export, from_swag, from_torch, lower
+from edgebnn.api._model import export, export_result, from_swag, from_torch, lower
 
 __all__ = [
     "PathLike",
@@ -20,6 +20,7 @@ __all__ = [
     "evaluate_artifact",
     "export",
     "export_metadata",
+    "export_result",
     "from_swag",
     "from_torch",
     "load_ir",

@@ -196,7 +196,7 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
 
     if order not in ORDERS:
         raise InvalidOptionError(f"order {order!r}: one of {', '.join(ORDERS)}")
-    samples = default_samples(float_ir, 16) if samples is None else samples
+    samples = default_samples(float_ir) if samples is None else samples
     check_samples(samples)
     draws = DRAWS if draws is None else draws
     if draws < 1:
@@ -430,21 +430,23 @@ def _not_certified(budget: Budget, rows: Rows, candidates: list[Candidate], test
 
 def budget_sizes(lowered: LoweredModel) -> dict[str, Any]:
     """Both sizes of the chosen lowering: the IR's (``total_bytes``, and the ``.ebnn`` file) and the deployed ONNX of
-    the default export for the device (:data:`edgebnn.exporters.defaults.DEFAULT_EXPORT`; a deep ensemble's S = M),
+    the default export for the device (:data:`edgebnn.exporters.config.DEFAULT_EXPORT`; a deep ensemble's S = M),
     with what was exported; ``deployed`` is null with ``deployed_error`` when that export is refused."""
     from edgebnn.errors import EdgeBNNError
-    from edgebnn.exporters.defaults import DEFAULT_EXPORT, export_size
-    from edgebnn.exporters.families import default_samples
+    from edgebnn.exporters.config import DEFAULT_EXPORT
+    from edgebnn.exporters.export import export_model
+    from edgebnn.exporters.sizes import deployed_bytes
 
     report = lowered.lowering_report
     out: dict[str, Any] = {"ir_bytes": int(report["total_bytes"]), "ebnn_bytes": int(report["ebnn_bytes"]),
                            "float_bnn_bytes": int(report["float_bnn_bytes"]), "deployed": None, "export": None}
     try:
-        fallback = DEFAULT_EXPORT["samples"]
-        assert isinstance(fallback, int)
-        size, what = export_size(lowered, samples=default_samples(lowered, fallback))
+        result = export_model(lowered, DEFAULT_EXPORT)
     except EdgeBNNError as e:
         out["deployed_error"] = str(e)
         return out
-    out.update(deployed=size.to_dict(), export=what)
+    choice, config = result.choice, result.resolved.config
+    what = {"mode": choice.mode, "samples": result.resolved.samples, "weights": config.weights,
+            "noise": choice.noise if choice.noise != "auto" else None, "device": config.device}
+    out.update(deployed=deployed_bytes(result.proto).to_dict(), export={k: v for k, v in what.items() if v is not None})
     return out

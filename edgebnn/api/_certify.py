@@ -2,7 +2,7 @@
 
 The evidence is per input. The float BNN is what ``lower --eval`` compares against: the reference runtime at S
 samples and the lowering seed, a fixed ensemble of S draws, the same function on every input. A candidate is
-judged by what the device runs: its default export (:data:`edgebnn.exporters.defaults.DEFAULT_EXPORT`, or the
+judged by what the device runs: its default export (:data:`edgebnn.exporters.config.DEFAULT_EXPORT`, or the
 export a ``search`` trial writes) in onnxruntime. A sampling export (``noise``, ``shared``) draws fresh noise on
 every call, so each input is run in a call of its own, ``draws`` times: the Monte Carlo noise of the device's
 predictive is in the evidence, independent from input to input (a call's rows share a layer's noise draw), and
@@ -21,6 +21,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from edgebnn.exporters import DEFAULT_SAMPLES
 
 if TYPE_CHECKING:
     from edgebnn.budget import Budget, Certificate
@@ -113,7 +115,7 @@ def session_evidence(session: Session, x: np.ndarray, ood: np.ndarray | None, dr
 
 def export_evidence(model: BNNModel, x: np.ndarray, ood: np.ndarray | None, *, seed: int,
                     draws: int = DRAWS, export: Callable[[BNNModel], bytes] | None = None,
-                    fallback_samples: int = 16) -> tuple[Evidence, dict[str, Any]]:
+                    fallback_samples: int = DEFAULT_SAMPLES) -> tuple[Evidence, dict[str, Any]]:
     """The evidence of ``model`` as the device runs it: its default export (``export`` gives other bytes), or, when
     the export is refused, the reference runtime at ``fallback_samples`` (what ``baked`` stores); and what ran."""
     from edgebnn.api._greedy import default_export

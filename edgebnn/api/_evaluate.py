@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgebnn.api._files import PathLike, Progress, load_ir
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters import DEFAULT_SAMPLES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     from edgebnn.tasks import Task
 
 def lowering_quality(float_ir: BNNModel, lowered: BNNModel, *, data: DataSource = "digits",
-                     split: str | None = None, ood_data: DataSource | None = None, samples: int = 16, seed: int = 0,
+                     split: str | None = None, ood_data: DataSource | None = None, samples: int = DEFAULT_SAMPLES,
+                     seed: int = 0,
                      progress: Progress | None = None) -> dict[str, Any]:
     """Accuracy/NLL/ECE/Brier of a lowered IR and of the float BNN it came from (same data, S and seed).
 
@@ -271,7 +273,7 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
         samples, runtime = model.samples, f"onnxruntime ({model.mode}{', anytime' if model.anytime else ''})"
         rule = model.meta.anytime
     elif samples == "auto":
-        from edgebnn.exporters.anytime import rule_for
+        from edgebnn.exporters.config import rule_for
         from edgebnn.runtime.reference import Reference
 
         anytime = rule_for(model)
@@ -284,7 +286,7 @@ def evaluate_artifact(artifact: BNNModel | Session | PathLike, *, data: DataSour
 
         if isinstance(samples, str):
             raise InvalidOptionError(f"--samples {samples}: a positive integer, or auto")
-        samples = samples if samples is not None else default_samples(model, 16)
+        samples = samples if samples is not None else default_samples(model)
         check_samples(samples)
         predict, runtime = _reference(model, samples, seed), "reference"
     dataset = dataset_for(model, data, split=split)
@@ -325,7 +327,8 @@ def _plot(task: Task, sums: _Sums, in_mi: np.ndarray, ood_mi: np.ndarray | None,
         plots.plot_evaluation(sums.metrics.reliability(), in_mi, ood_mi, path, title=title)
 
 
-def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int | str = 16, mode: str = "auto",
+def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int | str = DEFAULT_SAMPLES,
+                     mode: str = "auto",
                      onnx_path: str | None = None, engine: str | None = None, baseline_runner: str = "auto",
                      bench_results: str | None = None, remote: str | None = None, remote_edgebnn: str = "edgebnn",
                      batch: int = 1, runs: int | None = None, warmup: int = 20, threads: int = 2,
@@ -341,14 +344,11 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
 
     The ensemble is ``engine`` (a TensorRT engine, rtx/jetson), ``onnx_path`` (an exported ONNX), or exported
     on the fly in ``mode`` (``auto``: on the CPU without ``bench_results`` what ``edgebnn export`` writes by default,
-    :mod:`edgebnn.exporters.defaults`; else the target's :meth:`~edgebnn.targets.base.Target.default_mode`, reading
-    ``bench_results`` on the CPU). ``remote="user@host"`` runs the whole profile on that machine over ssh
-    (:mod:`edgebnn.targets.remote`) and returns its report.
+    :data:`edgebnn.exporters.config.DEFAULT_EXPORT`; else the target's
+    :meth:`~edgebnn.targets.base.Target.default_mode`, reading ``bench_results`` on the CPU). ``remote="user@host"``
+    runs the whole profile on that machine over ssh (:mod:`edgebnn.targets.remote`) and returns its report.
     """
-    from edgebnn.exporters.ensemble import export_onnx
-    from edgebnn.runtime.session import read_export
     from edgebnn.targets.profiler import profile
-    from edgebnn.targets.registry import get_target
 
     if Path(artifact).suffix == ".onnx":
         ir_path = Path(artifact).with_suffix(".ebnn")
@@ -364,9 +364,14 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
         proto, meta, _ = read_export(onnx_path)
         anytime_onnx = proto if meta.anytime is not None else None
     if samples == "auto" or anytime_onnx is not None:
-        return _profile_anytime(model, anytime_onnx, device=device, mode=mode, remote=remote, engine=engine,
-                                data=data, ood_data=ood_data, inputs=inputs, runs=3 if runs is None else runs,
-                                warmup=warmup, threads=threads, progress=progress)
+        if remote or engine or device != "cpu":
+            raise InvalidOptionError("--samples auto: profile times an anytime ensemble per input with onnxruntime "
+                                     "here (--device cpu); an engine or a remote board is not profiled that way yet")
+        sets = _anytime_inputs(model, data, ood_data, inputs)
+        report = _profile_anytime(model, anytime_onnx, mode, sets, runs=3 if runs is None else runs, warmup=warmup,
+                                  threads=threads, progress=progress)
+        report["data"] = {"in": str(data), **({"ood": str(ood_data)} if ood_data is not None else {})}
+        return report
     runs = 200 if runs is None else runs
     if isinstance(samples, str):
         raise InvalidOptionError(f"--samples {samples}: a positive integer, or auto")
@@ -380,25 +385,10 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
             progress(f"on {remote}")
         return profile_remote(remote, artifact, options, engine=engine, onnx_path=onnx_path,
                               remote_edgebnn=remote_edgebnn)
-    ensemble = None
-    mode_reason = None
-    if engine:
-        if onnx_path:
-            raise InvalidOptionError("--engine and --onnx: give one (the engine is the ensemble that is profiled)")
-    elif onnx_path:
-        ensemble, meta, _ = read_export(onnx_path)
-        if meta.samples != samples:
-            raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
-    elif mode == "auto" and bench_results is None and get_target(device).name == "cpu":
-        from edgebnn.exporters.defaults import export_auto
-
-        ensemble, choice = export_auto(model, samples, device="cpu")  # what edgebnn export writes by default
-        mode, mode_reason = choice.mode, f"what edgebnn export writes by default ({choice.reason})"
-    else:
-        if mode == "auto":
-            mode, mode_reason = get_target(device).default_mode(samples=samples, batch=batch,
-                                                                bench_results=bench_results)
-        ensemble = export_onnx(model, samples, mode=mode)
+    if engine and onnx_path:
+        raise InvalidOptionError("--engine and --onnx: give one (the engine is the ensemble that is profiled)")
+    ensemble, mode_reason = (None, None) if engine else _profiled_ensemble(model, device, samples, mode, onnx_path,
+                                                                          bench_results, batch)
     report = profile(model, ensemble, device=device, samples=samples, engine=engine,
                      baseline_runner=baseline_runner, batch=batch, runs=runs, warmup=warmup,
                      threads=threads, power_meter=power_meter, progress=progress)
@@ -406,36 +396,68 @@ def profile_artifact(artifact: str | Path, *, device: str = "cpu", samples: int 
     return report
 
 
-def _profile_anytime(model: BNNModel, ensemble: Any, *, device: str, mode: str, remote: str | None,
-                     engine: str | None, data: DataSource | None, ood_data: DataSource | None, inputs: int,
-                     runs: int, warmup: int, threads: int, progress: Callable[[str], None] | None) -> dict[str, Any]:
-    """profile of an anytime ensemble (``ensemble``, or exported here with the rule's defaults): per input, on
-    ``inputs`` rows of the data, against the fixed export of the same mode at its largest count."""
-    from edgebnn.exporters.anytime import export_anytime, rule_for
-    from edgebnn.exporters.defaults import export_auto
-    from edgebnn.exporters.metadata import read_metadata
-    from edgebnn.targets.profiler import profile_anytime
+def _profiled_ensemble(model: BNNModel, device: str, samples: int, mode: str, onnx_path: str | None,
+                       bench_results: str | None, batch: int) -> tuple[Any, str | None]:
+    """The fixed ensemble ``profile`` times and why its mode: ``onnx_path``, or exported in ``mode`` (``auto``: on the
+    CPU without ``bench_results`` what ``edgebnn export`` writes by default, else the target's default mode)."""
+    import dataclasses
 
-    if remote or engine or device != "cpu":
-        raise InvalidOptionError("--samples auto: profile times an anytime ensemble per input with onnxruntime here "
-                                 "(--device cpu); an engine or a remote board is not profiled that way yet")
+    from edgebnn.exporters.config import DEFAULT_EXPORT, ExportConfig
+    from edgebnn.exporters.export import export_model
+    from edgebnn.runtime.session import read_export
+    from edgebnn.targets.registry import get_target
+
+    if onnx_path:
+        ensemble, meta, _ = read_export(onnx_path)
+        if meta.samples != samples:
+            raise InvalidOptionError(f"{onnx_path}: was exported with S={meta.samples}; pass --samples {meta.samples}")
+        return ensemble, None
+    if mode == "auto" and bench_results is None and get_target(device).name == "cpu":
+        result = export_model(model, dataclasses.replace(DEFAULT_EXPORT, samples=samples))
+        choice = result.choice  # what edgebnn export writes by default
+        return result.proto, f"what edgebnn export writes by default ({choice.reason})"
+    reason = None
+    if mode == "auto":
+        mode, reason = get_target(device).default_mode(samples=samples, batch=batch, bench_results=bench_results)
+    return export_model(model, ExportConfig(samples, mode=mode, rng="host")).proto, reason
+
+
+def _anytime_inputs(model: BNNModel, data: DataSource | None, ood_data: DataSource | None,
+                    inputs: int) -> dict[str, np.ndarray]:
+    """The first ``inputs`` rows of ``data`` (``in``) and of ``ood_data`` (``ood``) an anytime ensemble is timed on."""
     if data is None:
         raise InvalidOptionError("--samples auto: an anytime ensemble's latency depends on its inputs; give --data "
                                  "(in-distribution inputs; --ood-data adds unfamiliar ones)")
     if inputs <= 0:
         raise InvalidOptionError(f"--inputs {inputs}: must be positive")
-    if ensemble is None:
-        ensemble, _ = export_anytime(model, rule_for(model), mode=mode, device="cpu")
-    meta = read_metadata(ensemble, "ensemble")
-    fixed, _ = export_auto(model, meta.samples, mode=meta.mode, noise=meta.noise or "auto", device="cpu",
-                           rng=meta.rng or "host", **({"weights": meta.weights} if meta.weights else {}))
     sets = {"in": _first_rows(dataset_for(model, data, split="test" if str(data) == "digits" else None), inputs)}
     if ood_data is not None:
         sets["ood"] = _first_rows(dataset_for(model, ood_data, labels=False, option="--ood-data"), inputs)
-    report = profile_anytime(model, ensemble, fixed, sets, device=device, rounds=runs, warmup=warmup,
-                             threads=threads, progress=progress)
-    report["data"] = {"in": str(data), **({"ood": str(ood_data)} if ood_data is not None else {})}
-    return report
+    return sets
+
+
+def _profile_anytime(model: BNNModel, ensemble: Any, mode: str, sets: dict[str, np.ndarray], *, runs: int,
+                     warmup: int, threads: int, progress: Callable[[str], None] | None) -> dict[str, Any]:
+    """profile of an anytime ensemble (``ensemble``, or exported here in ``mode`` with the rule's defaults): per
+    input, on the rows of ``sets``, against the fixed export of the same configuration at its largest count."""
+    import dataclasses
+
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
+    from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.targets.profiler import profile_anytime
+
+    if ensemble is None:
+        ensemble = export_model(model, ExportConfig("auto", mode=mode, device="cpu")).proto
+    meta = read_metadata(ensemble, "ensemble")
+    if meta.config is not None:  # what exported it, at a fixed S
+        config = dataclasses.replace(ExportConfig.from_dict(meta.config, "ensemble"), samples=meta.samples, rule=None)
+    else:  # an export that records no config: its mode, noise, rng and weights
+        config = ExportConfig(meta.samples, mode=meta.mode, noise=meta.noise or "auto", device="cpu",
+                              rng=meta.rng or "host", weights=meta.weights or "ir")
+    fixed = export_model(model, config).proto
+    return profile_anytime(model, ensemble, fixed, sets, device="cpu", rounds=runs, warmup=warmup, threads=threads,
+                           progress=progress)
 
 
 def _first_rows(dataset: Dataset, n: int) -> np.ndarray:

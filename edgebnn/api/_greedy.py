@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgebnn.api._evaluate import Progress, _measure, _reference, task_of
 from edgebnn.api._model import lower
+from edgebnn.exporters import DEFAULT_SAMPLES
 
 if TYPE_CHECKING:
     from edgebnn._lowered import LoweredModel
@@ -242,23 +243,25 @@ class _BudgetSearch:
         return rows
 
 
-def default_export(model: BNNModel, samples: int = 16, seed: int = 0) -> tuple[bytes, str]:
-    """The file ``edgebnn export model.ebnn`` writes (:data:`edgebnn.exporters.defaults.DEFAULT_EXPORT`, S
+def default_export(model: BNNModel, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> tuple[bytes, str]:
+    """The file ``edgebnn export model.ebnn`` writes (:data:`edgebnn.exporters.config.DEFAULT_EXPORT`, S
     ``samples``; a deep ensemble's M) and its mode.
 
     Raises:
         EdgeBNNError: The export is refused.
     """
-    from edgebnn.exporters.defaults import DEFAULT_EXPORT, export_auto
+    import dataclasses
+
+    from edgebnn.exporters.config import DEFAULT_EXPORT
+    from edgebnn.exporters.export import export_model
     from edgebnn.exporters.families import default_samples
 
-    proto, choice = export_auto(model, default_samples(model, samples), seed=seed,
-                                device=str(DEFAULT_EXPORT["device"]), mode=str(DEFAULT_EXPORT["mode"]),
-                                rng=str(DEFAULT_EXPORT["rng"]))
-    return proto.SerializeToString(deterministic=True), choice.mode
+    config = dataclasses.replace(DEFAULT_EXPORT, samples=default_samples(model, samples), seed=seed)
+    result = export_model(model, config)
+    return result.proto.SerializeToString(deterministic=True), result.choice.mode
 
 
-def deployed_size(model: LoweredModel, samples: int = 16) -> int:
+def deployed_size(model: LoweredModel, samples: int = DEFAULT_SAMPLES) -> int:
     """The bytes of the file the default export of ``model`` writes (what a device loads), or its IR's tensor bytes
     when that export is refused."""
     from edgebnn.errors import EdgeBNNError

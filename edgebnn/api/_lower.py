@@ -13,6 +13,7 @@ from edgebnn.api._evaluate import Progress, lowering_quality
 from edgebnn.api._files import load_ir
 from edgebnn.api._model import from_swag, from_torch, lower
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.exporters import DEFAULT_SAMPLES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -60,7 +61,7 @@ def calibration_grams(model: BNNModel, data: DataSource, *, limit: int = CALIBRA
 def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ...], *,
                 scheme: str | LowerConfig = "float", seed: int | None = None, bits: str | int | None = None,
                 output_index: int = 0, evaluate: DataSource | None = None, ood_data: DataSource | None = None,
-                budget: Budget | str | None = None, samples: int = 16,
+                budget: Budget | str | None = None, samples: int = DEFAULT_SAMPLES,
                 progress: Progress | None = None, mc_dropout: bool = False, swag: str | Path | None = None,
                 swag_scale: float = 0.5, laplace: str | Path | None = None, task: str | None = None,
                 noise_var: float | None = None, regression_head: str | None = None,

@@ -12,9 +12,10 @@ from edgebnn.errors import InvalidOptionError
 
 if TYPE_CHECKING:
     from edgebnn._lowered import LoweredModel
+    from edgebnn.exporters.config import ExportConfig, ResolvedExport
+    from edgebnn.exporters.export import ExportResult
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
-    from edgebnn.stopping import StoppingRule
 
 def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None,
                mc_dropout: bool = False, task: str | None = None, noise_var: float | None = None,
@@ -132,59 +133,87 @@ def lower(model: BNNModel, scheme: str | LowerConfig = "float", *, seed: int | N
     return LoweredModel(result.model, result.report)
 
 
-def export(model: BNNModel | PathLike, path: PathLike, *, samples: int | str | None = None, mode: str = "auto",
-           weights: str = "ir", seed: int = 0, noise: str = "auto", hoist: str | float = "off",
-           form: str = "auto", device: str | None = None, progress: Progress | None = None,
-           rng: str = "auto", rule: StoppingRule | None = None) -> Path:
-    """Export an IR as an ONNX ensemble computing the S-sample predictive (probs, entropy, mutual_info).
+def export_result(model: BNNModel | PathLike, config: ExportConfig | ResolvedExport | None = None, *,
+                  progress: Progress | None = None, **options: Any) -> ExportResult:
+    """The ensemble :func:`export` writes, in memory: the ONNX proto, the config as resolved against the model, and
+    the mode the export ran in with its reason (:class:`edgebnn.exporters.export.ExportResult`).
 
     Args:
         model: The IR, or the path of an ``.ebnn``.
-        path: The ``.onnx`` to write (atomically).
-        samples: Ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports), or ``"auto"``:
-            an anytime ensemble that draws samples in chunks until each input's predictive has settled
-            (``rule``, :mod:`edgebnn.stopping`; docs/anytime.md), with an output ``samples`` per input.
-        mode: ``auto`` (default: the device's default, which keeps the lowered compression; for ``cpu``, ``arm64``
-            and no device: ``noise`` with the IR's codes and the noise drawn in the graph, a deep ensemble
-            ``baked``: :mod:`edgebnn.exporters.defaults`), ``baked`` (S samples stored as constants;
-            TensorRT/DLA-safe), ``noise`` (μ and σ stored, noise drawn per call: ``rng``), ``shared`` (codebook
-            models) or ``analytic``.
-        weights: ``ir`` (default: noise/shared/analytic store μ, σ as the IR's own packed codes, decoded in the
-            graph; baked members fp32), ``fp32``, ``int8`` or ``int4`` (baked: member weights; the other modes:
-            μ and σ re-quantized at export).
-        seed: Seed of the baked samples.
-        noise: Noise mode variant: ``auto``, ``local``, ``weight`` or ``mixed``.
-        hoist: ``off``, ``auto`` or a σ threshold below which layers run once (see ``edgebnn export --help``).
-        form: How int8/int4 weights are written: ``auto`` (chosen from ``device``), ``qdq``, ``folded`` or
-            ``integer`` (see docs/speed.md).
-        device: Where the graph runs (``cpu``, ``arm64``, ``rtx``, ``jetson*``): picks the form, refuses a weight
-            format the device cannot run.
+        config: The export configuration (:class:`edgebnn.exporters.config.ExportConfig`; default its defaults), or
+            one already resolved against ``model``.
         progress: Called as ``progress(done, total)`` while the graph is built.
-        rng: Noise/shared mode: ``host`` (noise inputs :class:`Session` fills: reproducible), ``graph`` (seeded
-            random ops inside: the data is the only input) or ``auto`` (default: graph where ``device`` runs random
-            ops, or no device is given).
-        rule: ``samples="auto"``: the :class:`~edgebnn.stopping.StoppingRule` (default: its defaults; a deep
-            ensemble's largest count is its M members).
+        **options: :class:`~edgebnn.exporters.config.ExportConfig` fields, over ``config``'s (``samples``, ``rule``,
+            ``mode``, ``noise``, ``weights``, ``rng``, ``hoist``, ``form``, ``seed``, ``device``): see
+            :func:`export`.
+
+    Raises:
+        InvalidOptionError: An unknown option, or a choice the model or the device cannot take.
+    """
+    import dataclasses
+
+    from edgebnn.exporters.config import ExportConfig, ResolvedExport
+    from edgebnn.exporters.export import export_model
+
+    ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
+    if options:
+        names = {f.name for f in dataclasses.fields(ExportConfig)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise InvalidOptionError(f"export: unknown option(s) {', '.join(unknown)}; the options are "
+                                     f"{', '.join(sorted(names - {'version'}))}")
+        if isinstance(config, ResolvedExport):
+            raise InvalidOptionError("export: options with a resolved config: give an ExportConfig")
+        config = dataclasses.replace(config or ExportConfig(), **options)
+    return export_model(ir_model, config, progress=progress)
+
+
+def export(model: BNNModel | PathLike, path: PathLike, config: ExportConfig | None = None, *,
+           progress: Progress | None = None, **options: Any) -> Path:
+    """Export an IR as an ONNX ensemble computing the S-sample predictive, and write it (atomically).
+
+    The graph's first input is the data; its outputs are the task's (:attr:`edgebnn.tasks.Task.outputs`: a
+    classifier's ``probs`` (mean over S), ``entropy`` and ``mutual_info``; a regression's mean and variances; a
+    segmentation's per-pixel ones), and an anytime ensemble adds ``samples`` (the members each input used). A noise
+    graph with ``rng="host"`` takes the standard noise as further inputs (``noise/<weight>``), which
+    :class:`edgebnn.runtime.Session` fills; the export metadata lists them (``noise_inputs``) and records the
+    configuration that reproduces the file (``config``).
+
+    Args:
+        model: The IR, or the path of an ``.ebnn``.
+        path: The ``.onnx`` to write.
+        config: Every export choice as one :class:`edgebnn.exporters.config.ExportConfig` (default: its defaults);
+            or give them as ``options``.
+        progress: Called as ``progress(done, total)`` while the graph is built.
+        **options: ExportConfig's fields, over ``config``'s:
+
+            - ``samples``: ensemble size S (default 16; a deep ensemble's M members: M, the only S it exports), or
+              ``"auto"``: an anytime ensemble that draws samples in chunks until each input's predictive has
+              settled (``rule``, :mod:`edgebnn.stopping`; docs/anytime.md).
+            - ``rule``: ``samples="auto"``: the :class:`~edgebnn.stopping.StoppingRule` (default: its defaults; a
+              deep ensemble's largest count is its M members).
+            - ``mode``: ``auto`` (default: the device's default, which keeps the lowered compression; for ``cpu``,
+              ``arm64`` and no device: ``noise`` with the IR's codes and the noise drawn in the graph, a deep
+              ensemble ``baked``: :mod:`edgebnn.exporters.export`), ``baked`` (S samples stored as constants;
+              TensorRT/DLA-safe), ``noise`` (μ and σ stored, noise drawn per call: ``rng``), ``shared`` (codebook
+              models) or ``analytic``.
+            - ``weights``: ``ir`` (default: noise/shared/analytic store μ, σ as the IR's own packed codes, decoded in
+              the graph; baked members fp32), ``fp32``, ``int8`` or ``int4`` (baked: member weights; the other
+              modes: μ and σ re-quantized at export).
+            - ``seed``: seed of the baked samples.
+            - ``noise``: noise mode variant: ``auto``, ``local``, ``weight``, ``mixed`` or ``flipout``.
+            - ``hoist``: ``off``, ``auto`` or a σ threshold below which layers run once (``edgebnn export --help``).
+            - ``form``: how int8/int4 weights are written: ``auto`` (chosen from ``device``), ``qdq``, ``folded`` or
+              ``integer`` (see docs/speed.md).
+            - ``device``: where the graph runs (``cpu``, ``arm64``, ``rtx``, ``jetson*``): picks the form, refuses a
+              weight format the device cannot run.
+            - ``rng``: noise/shared mode: ``host`` (noise inputs :class:`Session` fills: reproducible), ``graph``
+              (seeded random ops inside: the data is the only input) or ``auto`` (default: graph where ``device``
+              runs random ops, or no device is given).
 
     Returns:
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.
     """
-    from edgebnn.exporters.defaults import export_auto
     from edgebnn.exporters.ensemble import save_onnx
-    from edgebnn.exporters.families import default_samples
 
-    ir_model = model if not isinstance(model, (str, os.PathLike)) else load_ir(model)
-    if samples == "auto" or rule is not None:
-        from edgebnn.exporters.anytime import export_anytime, rule_for
-
-        if samples not in ("auto", None):
-            raise InvalidOptionError(f"samples={samples!r} with a stopping rule: give samples='auto'")
-        proto, _ = export_anytime(ir_model, rule or rule_for(ir_model), mode=mode, seed=seed, noise=noise,
-                                  weights=weights, hoist=hoist, form=form, device=device, progress=progress, rng=rng)
-        return save_onnx(proto, path)
-    if isinstance(samples, str):
-        raise InvalidOptionError(f"samples={samples!r}: a positive integer, or 'auto'")
-    samples = samples if samples is not None else default_samples(ir_model, 16)
-    proto, _ = export_auto(ir_model, samples, mode=mode, seed=seed, noise=noise, weights=weights, hoist=hoist,
-                           form=form, device=device, progress=progress, rng=rng)
-    return save_onnx(proto, path)
+    return save_onnx(export_result(model, config, progress=progress, **options).proto, path)

@@ -68,11 +68,13 @@ from onnx import TensorProto, numpy_helper
 from edgebnn._version import __version__
 from edgebnn.calib.readers import DEFAULT_BATCH, BatchReader, digits_inputs, load_inputs
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.metadata import ExportMetadata, write_metadata
 
 METHODS = ("minmax", "percentile", "entropy")
 QUANTIZED_OPS = ("Conv", "MatMul", "Gemm")
 DIGITS_SHAPE = (1, 8, 8)
+BAKED_FP32 = ExportConfig(mode="baked", weights="fp32")  # what an .ebnn is exported as to be calibrated
 
 _log = logging.getLogger(__name__)
 
@@ -253,27 +255,28 @@ def _evaluate(proto: onnx.ModelProto, x: np.ndarray, y: np.ndarray) -> tuple[dic
     return classification_report(pred.probs, y), pred
 
 
-def _float_ensemble(model_path: str | os.PathLike[str], samples: int | None,
-                    seed: int) -> tuple[onnx.ModelProto, ExportMetadata, str, dict[str, Any] | None]:
+def _float_ensemble(model_path: str | os.PathLike[str], export: ExportConfig | None,
+                    ) -> tuple[onnx.ModelProto, ExportMetadata, str, dict[str, Any] | None]:
     """(the fp32 baked ensemble, its metadata, its name, how it was exported): read from an export, or exported
-    from an ``.ebnn`` (``samples``: default 16, a deep ensemble's M)."""
+    from an ``.ebnn`` as ``export`` says (default :data:`BAKED_FP32`: S the family's default, a deep ensemble's M)."""
     from edgebnn.exporters.metadata import read_metadata
     from edgebnn.runtime.session import Session, read_export
 
     if Path(model_path).suffix.lower() == ".ebnn":
         from edgebnn import ir
-        from edgebnn.exporters.ensemble import export_onnx
-        from edgebnn.exporters.families import default_samples
+        from edgebnn.exporters.export import export_model
 
         model = ir.load(model_path)
-        samples = samples if samples is not None else default_samples(model, 16)
-        proto = export_onnx(model, samples, mode="baked", weights="fp32", seed=seed)
+        result = export_model(model, export or BAKED_FP32)
+        proto, config = result.proto, result.config
         where = str(model_path)
-        exported = {"from": where, "mode": "baked", "weights": "fp32", "samples": samples, "seed": seed}
+        exported = {"from": where, "mode": config.mode, "weights": config.weights, "samples": config.samples,
+                    "seed": config.seed}
         meta = read_metadata(proto, where)
     else:
-        if samples is not None:
-            raise InvalidOptionError(f"--samples {samples}: an export has its S built in; --samples is for an .ebnn")
+        if export is not None and export.samples is not None:
+            raise InvalidOptionError(f"--samples {export.samples}: an export has its S built in; --samples is for an "
+                                     ".ebnn")
         proto, meta, where = read_export(model_path)
         exported = None
     _check_calibratable(meta, where)
@@ -290,15 +293,14 @@ def calibrate_ensemble(
     calib_split: str = "val",
     eval_split: str = "test",
     device: str = "jetson",
-    samples: int | None = None,
-    seed: int = 0,
+    export: ExportConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """INT8-calibrate a baked ensemble, write it, and report what it cost.
 
     Args:
         model_path: An ensemble written by ``edgebnn export --mode baked`` (fp32 members), or an ``.ebnn`` whose
-            baked fp32 ensemble is exported first (``samples``, ``seed``).
+            baked fp32 ensemble is exported first (``export``).
         output: Where to write the INT8 Q/DQ ONNX (atomically). Its ``edgebnn.export`` metadata is the
             input's plus ``precision: int8`` and a ``calibration`` entry (method, samples used, data, ...),
             so ``edgebnn eval``/``edgebnn.runtime.Session`` run it like any export.
@@ -308,8 +310,8 @@ def calibrate_ensemble(
         eval_split: Digits split for the before/after metrics; must differ from ``calib_split`` when
             calibrating on digits. Skipped (with the reason) for models that do not take 8x8 digits.
         device: TensorRT device profile whose TensorRT version the compatibility check targets.
-        samples: S of the ensemble exported from an ``.ebnn`` (default 16; a deep ensemble: its M members).
-        seed: Seed of the members exported from an ``.ebnn``.
+        export: How an ``.ebnn`` is exported first (default :data:`BAKED_FP32`: baked fp32 members, S 16 or a deep
+            ensemble's M, seed 0); for an export only ``samples`` None (an export has its S built in).
         progress: Called as ``progress(batches, batches per pass)`` while the float graph runs on the data.
 
     Returns:
@@ -323,52 +325,24 @@ def calibrate_ensemble(
     from edgebnn.devices import get_device
     from edgebnn.exporters.ensemble import save_onnx
     from edgebnn.exporters.trt_compat import check_trt_compat
+
     config = config or Int8Config()
     profile = get_device(device)
     if profile.tensorrt is None:
         raise InvalidOptionError(f"--device {device}: the compatibility check needs a TensorRT device (rtx, jetson)")
-    proto, meta, where, exported = _float_ensemble(model_path, samples, seed)
+    proto, meta, where, exported = _float_ensemble(model_path, export)
     if Path(output).resolve() == Path(model_path).resolve():
         raise InvalidOptionError(f"-o {output}: would overwrite the float model it is calibrated from")
     input_shape = tuple(meta.input_shape[1:])
-    input_name = meta.input_name
-    if data == "digits":
-        if input_shape != DIGITS_SHAPE:
-            raise InvalidOptionError(f"{where}: takes inputs {input_shape}, digits are {DIGITS_SHAPE}; "
-                                     "pass --data DIR with .npy inputs of the model's shape")
-        if calib_split == eval_split:
-            raise InvalidOptionError(f"--calib-split {calib_split}: calibrating on the evaluation split would "
-                                     "overstate the INT8 accuracy; pick another split")
-        x_cal = digits_inputs(calib_split)[0]
-        data_desc: dict[str, Any] = {"data": "digits", "split": calib_split}
-    else:
-        x_cal, data_desc = load_inputs(data, input_shape, limit=config.max_samples)
-    reader = BatchReader(x_cal, input_name, batch=config.batch, limit=config.max_samples, progress=progress)
+    x_cal, data_desc = _calibration_inputs(data, input_shape, where, (calib_split, eval_split), config)
+    reader = BatchReader(x_cal, meta.input_name, batch=config.batch, limit=config.max_samples, progress=progress)
     quantized = quantize_int8(proto, reader, config)
     calibration = {**asdict(config), **data_desc, "samples_used": reader.samples_used, "inputs": reader.inputs,
                    "batch_used": reader.batch,
                    "onnxruntime": _ort_version(), "edgebnn_version": __version__}
     write_metadata(quantized, replace(meta, precision="int8", calibration=calibration))
     onnx.checker.check_model(quantized)
-
-    evaluation: dict[str, Any] | None = None
-    evaluation_reason = None
-    if input_shape == DIGITS_SHAPE:
-        x_ev, y_ev = digits_inputs(eval_split)
-        before, p_f = _evaluate(proto, x_ev, y_ev)
-        after, p_q = _evaluate(quantized, x_ev, y_ev)
-        evaluation = {
-            "data": "digits", "split": eval_split, "n": len(y_ev), "before": before, "after": after,
-            "delta": {k: after[k] - before[k] for k in before},
-            "agreement": {
-                "top1": float((p_f.probs.argmax(-1) == p_q.probs.argmax(-1)).mean()),
-                "max_abs_probs": float(np.abs(p_f.probs - p_q.probs).max()),
-                "mean_abs_entropy": float(np.abs(p_f.entropy - p_q.entropy).mean()),
-                "mean_abs_mutual_info": float(np.abs(p_f.mutual_info - p_q.mutual_info).mean()),
-            },
-        }
-    else:
-        evaluation_reason = f"the model takes {input_shape} inputs; only digits (1, 8, 8) ships with labels offline"
+    evaluation, evaluation_reason = _before_after(proto, quantized, input_shape, eval_split)
     findings = check_trt_compat(quantized, tensorrt=profile.tensorrt)
     save_onnx(quantized, output)
     return {
@@ -390,6 +364,43 @@ def calibrate_ensemble(
             "findings": [asdict(f) for f in findings],
         },
     }
+
+
+def _calibration_inputs(data: str, input_shape: tuple[int, ...], where: str, splits: tuple[str, str],
+                        config: Int8Config) -> tuple[np.ndarray, dict[str, Any]]:
+    """The calibration inputs and how the report names them: ``digits`` (split ``splits[0]``, never the evaluation
+    split ``splits[1]``), or a file or folder of inputs of the model's shape."""
+    calib_split, eval_split = splits
+    if data != "digits":
+        return load_inputs(data, input_shape, limit=config.max_samples)
+    if input_shape != DIGITS_SHAPE:
+        raise InvalidOptionError(f"{where}: takes inputs {input_shape}, digits are {DIGITS_SHAPE}; "
+                                 "pass --data DIR with .npy inputs of the model's shape")
+    if calib_split == eval_split:
+        raise InvalidOptionError(f"--calib-split {calib_split}: calibrating on the evaluation split would "
+                                 "overstate the INT8 accuracy; pick another split")
+    return digits_inputs(calib_split)[0], {"data": "digits", "split": calib_split}
+
+
+def _before_after(proto: onnx.ModelProto, quantized: onnx.ModelProto, input_shape: tuple[int, ...],
+                  eval_split: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The float and INT8 models' metrics on the digits split ``eval_split`` and how they agree, or None and why
+    not (a model that takes no 8x8 digits)."""
+    if input_shape != DIGITS_SHAPE:
+        return None, f"the model takes {input_shape} inputs; only digits (1, 8, 8) ships with labels offline"
+    x_ev, y_ev = digits_inputs(eval_split)
+    before, p_f = _evaluate(proto, x_ev, y_ev)
+    after, p_q = _evaluate(quantized, x_ev, y_ev)
+    return {
+        "data": "digits", "split": eval_split, "n": len(y_ev), "before": before, "after": after,
+        "delta": {k: after[k] - before[k] for k in before},
+        "agreement": {
+            "top1": float((p_f.probs.argmax(-1) == p_q.probs.argmax(-1)).mean()),
+            "max_abs_probs": float(np.abs(p_f.probs - p_q.probs).max()),
+            "mean_abs_entropy": float(np.abs(p_f.entropy - p_q.entropy).mean()),
+            "mean_abs_mutual_info": float(np.abs(p_f.mutual_info - p_q.mutual_info).mean()),
+        },
+    }, None
 
 
 def _ort_version() -> str:

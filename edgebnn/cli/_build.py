@@ -29,7 +29,7 @@ from edgebnn.cli._common import (
 from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
-from edgebnn.exporters.defaults import AUTO_MODE
+from edgebnn.exporters.config import AUTO, MODE_CHOICES
 from edgebnn.tables import (
     fmt_bytes,
     print_closest,
@@ -41,6 +41,7 @@ from edgebnn.tables import (
 )
 
 if TYPE_CHECKING:
+    from edgebnn.exporters.tensorrt import BuildOptions
     from edgebnn.passes import LowerConfig
 
 
@@ -275,7 +276,7 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @click.option("--epsilon", type=float, default=None,
               help="--samples auto: tolerance on every class probability [0.1]; 0 switches the rule off.")
 @click.option("--delta", type=float, default=None, help="--samples auto: error probability of the rule [0.1].")
-@click.option("--mode", type=click.Choice([AUTO_MODE, *MODES]), default=AUTO_MODE,
+@click.option("--mode", type=click.Choice(MODE_CHOICES), default=AUTO,
               show_default=True,
               help="auto: the device's default, which keeps the lowered compression (cpu, arm64: noise with the IR's "
                    "codes, noise drawn in the graph: one self-contained file; a deep ensemble: baked; TensorRT "
@@ -345,15 +346,24 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
            compute_capability: tuple[str, ...], output: str, json_out: str | None) -> None:
     """Export an .ebnn IR as an ONNX model (or TensorRT engine) computing the S-sample predictive.
 
-    The graph has one input and three outputs: probs (mean over S), entropy, mutual_info. With --target tensorrt,
-    FILE may also be an ONNX export (e.g. what edgebnn calibrate wrote): the engine is built from it as it is.
+    The graph's first input is the data; its outputs are the task's: probs (mean over S), entropy and mutual_info for
+    classification (per pixel for segmentation), mean, variance, aleatoric and epistemic for regression, a plug-in
+    task's own. --samples auto adds an output samples (the members each input used); --rng host (TensorRT's
+    default for noise/shared) adds inputs noise/<weight> of standard noise that edgebnn.runtime.Session fills (the
+    export metadata lists them). The metadata records the export configuration that reproduces the file. With
+    --target tensorrt, FILE may also be an ONNX export (e.g. what edgebnn calibrate wrote): the engine is built from
+    it as it is.
     """
-    from edgebnn.exporters.defaults import export_auto
-    from edgebnn.exporters.ensemble import save_onnx
-    from edgebnn.exporters.families import default_samples
+    from edgebnn.api import export_result
+    from edgebnn.exporters.config import ExportConfig
     from edgebnn.exporters.metadata import read_metadata
+    from edgebnn.exporters.tensorrt import BuildOptions
     from edgebnn.stopping import parse_samples
 
+    build = BuildOptions(workspace_mib=workspace_mib, dla_core=dla_core,
+                         timing_cache=Path(timing_cache) if timing_cache else None, dry_run=dry_run,
+                         max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
+                         compute_capability=compute_capability)
     if target == "tensorrt" and dry_run:
         from edgebnn.exporters.tensorrt import check_dry_run_path
 
@@ -363,27 +373,20 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
             raise InvalidOptionError(
                 f"{file}: already an ONNX export; export takes the .ebnn IR (edgebnn lower ... -o model.ebnn). To "
                 f"build a TensorRT engine from this export: edgebnn export {file} --target tensorrt -o model.engine")
-        _engine_from_onnx(file, output, device=device or "rtx", json_out=json_out, dry_run=dry_run,
-                          workspace_mib=workspace_mib, dla_core=dla_core, timing_cache=timing_cache,
-                          max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
-                          compute_capability=compute_capability)
+        _engine_from_onnx(file, output, device=device or "rtx", json_out=json_out, build=build)
         return
     model = load_ir(file)
     wanted = parse_samples(samples)
     rule = _anytime_rule(model, wanted, min_samples=min_samples, max_samples=max_samples, chunk=chunk,
                          epsilon=epsilon, delta=delta)
-    size = rule.max_samples if rule is not None else wanted if isinstance(wanted, int) else default_samples(model, 16)
-    _check_output_dir(output)
     where = device or ("cpu" if target == "onnx" else "rtx")
+    _check_output_dir(output)
+    resolved = ExportConfig(wanted, rule=rule, mode=mode, noise=noise_variant, weights=weight_format, rng=rng,
+                            hoist=_parse_hoist(hoist), form=form, seed=seed, device=where).resolve(model)
+    size = resolved.samples
     with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
-        options: dict[str, Any] = {"mode": mode, "seed": seed, "noise": noise_variant, "weights": weight_format,
-                   "hoist": _parse_hoist(hoist), "form": form, "device": where, "progress": progress, "rng": rng}
-        if rule is not None:
-            from edgebnn.exporters.anytime import export_anytime
-
-            proto, choice = export_anytime(model, rule, **options)
-        else:
-            proto, choice = export_auto(model, size, **options)
+        result = export_result(model, resolved, progress=progress)
+    proto, choice = result.proto, result.choice
     if rule is not None:
         from edgebnn.stopping import describe
 
@@ -413,6 +416,8 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         console.print("noise: " + ("drawn in the graph (one input)" if meta.rng == "graph"
                                    else "graph inputs the host fills (edgebnn.runtime.Session)"), highlight=False)
     if target == "onnx":
+        from edgebnn.exporters.ensemble import save_onnx
+
         save_onnx(proto, output)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, "
                       f"S={f'auto {rule.min_samples}..{size}' if rule else size})")
@@ -420,13 +425,10 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         if rule is None:  # its suggestions are fixed-S exports
             _say_if_larger(model, deployed, file=file, output=output, samples=size, device=where, seed=seed)
         return
-    _build_engine(proto, output, device=device or "rtx", dry_run=dry_run, workspace_mib=workspace_mib,
-                  dla_core=dla_core, timing_cache=timing_cache, max_batch=max_batch, min_batch=min_batch,
-                  opt_batch=opt_batch, compute_capability=compute_capability, export_meta=meta.to_dict(),
-                  json_out=json_out)
+    _build_engine(proto, output, device=device or "rtx", build=build, export_meta=meta.to_dict(), json_out=json_out)
 
 
-def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | None, **build: Any) -> None:
+def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | None, build: BuildOptions) -> None:
     """``export model.onnx --target tensorrt``: an engine built from an ONNX export as it is (a calibrated one)."""
     from edgebnn.runtime.session import read_export
 
@@ -434,31 +436,27 @@ def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | No
     _check_output_dir(output)
     precision = f", {meta.precision} ({meta.calibration['method']} calibration)" if meta.calibration else ""
     console.print(f"engine of {file}: {meta.mode}, S={meta.samples}{precision}, as exported", highlight=False)
-    _build_engine(proto, output, device=device, export_meta=meta.to_dict(), json_out=json_out, **build)
+    _build_engine(proto, output, device=device, build=build, export_meta=meta.to_dict(), json_out=json_out)
 
 
-def _build_engine(proto: Any, output: str, *, device: str, dry_run: bool, workspace_mib: int, dla_core: int | None,
-                  timing_cache: str | None, max_batch: int, min_batch: int, opt_batch: int | None,
-                  compute_capability: tuple[str, ...], export_meta: dict[str, Any], json_out: str | None) -> None:
+def _build_engine(proto: Any, output: str, *, device: str, build: BuildOptions, export_meta: dict[str, Any],
+                  json_out: str | None) -> None:
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.exporters.tensorrt import manifest_path as manifest_name
 
     onnx_path = engine_onnx_path(output)
     with _progress_bar(f"building the TensorRT engine for {device}"):
-        manifest = compile_engine(proto, output, device, workspace_mib=workspace_mib, dla_core=dla_core,
-                                  timing_cache=Path(timing_cache) if timing_cache else None, dry_run=dry_run,
-                                  max_batch=max_batch, min_batch=min_batch, opt_batch=opt_batch,
-                                  compute_capability=compute_capability)
+        manifest = compile_engine(proto, output, device, build)
     console.print(f"wrote {onnx_path} (the ONNX TensorRT compiled) and {manifest_name(output)}", highlight=False)
     for warning in manifest["builder_warnings"]:
         console.print(f"TensorRT warning: {warning}", highlight=False, markup=False)
-    if dry_run:
+    if build.dry_run:
         console.print(f"dry run: engine not built; trtexec equivalent:\n  {shlex.join(manifest['trtexec'])}",
                       highlight=False, markup=False)
     else:
         console.print(f"wrote {output} ({fmt_bytes(manifest['engine_bytes'])}; {manifest['builder']} "
                       f"{manifest['tensorrt_version']}, built in {manifest['build_seconds']:.2f} s, "
-                      f"batch {min_batch}..{max_batch})", highlight=False, markup=False)
+                      f"batch {build.min_batch}..{build.max_batch})", highlight=False, markup=False)
     _print_deployed(str(onnx_path), export_meta, json_out, engine=manifest)
 
 
@@ -470,7 +468,7 @@ def _anytime_rule(model: Any, samples: int | str | None, **given: Any) -> Any:
             flags = ", ".join("--" + k.replace("_", "-") for k in named)
             raise InvalidOptionError(f"{flags}: only with --samples auto (an anytime ensemble)")
         return None
-    from edgebnn.exporters.anytime import rule_for
+    from edgebnn.exporters.config import rule_for
 
     return rule_for(model, **named)
 
@@ -498,8 +496,8 @@ def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None
 def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: str, samples: int, device: str,
                    seed: int) -> None:
     """One line when the file is larger than the fp32 BNN, naming the command of the smallest export the device
-    runs (tried in memory: :func:`edgebnn.exporters.defaults.smallest_export`)."""
-    from edgebnn.exporters.defaults import smallest_export
+    runs (tried in memory: :func:`edgebnn.exporters.export.smallest_export`)."""
+    from edgebnn.exporters.export import smallest_export
 
     size, ref = int(deployed["file_bytes"]), deployed.get("float_bnn_bytes")
     if not ref or size <= ref:
@@ -582,14 +580,15 @@ def calibrate(model: str, data: str, method: str, calib_split: str, eval_split: 
     INT8 on a held-out split.
     """
     from edgebnn.calib.int8 import Int8Config, calibrate_ensemble
+    from edgebnn.exporters.config import ExportConfig
     from edgebnn.exporters.trt_compat import Finding, format_findings
 
     _check_output_dir(output)
     config = Int8Config(method=method, batch=batch, max_samples=max_samples)
     with _progress_bar(f"calibrating {Path(model).name} ({method})") as progress:
         report = calibrate_ensemble(model, output, data=data, config=config, calib_split=calib_split,
-                                    eval_split=eval_split, device=device, samples=samples, seed=seed,
-                                    progress=progress)
+                                    eval_split=eval_split, device=device, progress=progress,
+                                    export=ExportConfig(samples, mode="baked", weights="fp32", seed=seed))
     from edgebnn.calib.readers import divisor_near
 
     cal, exported = report["calibration"], report["exported"]

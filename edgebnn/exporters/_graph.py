@@ -1,4 +1,7 @@
-"""Graph-building pieces shared by the ensemble exporters: constants, the sample fold, the predictive head.
+"""Graph-building pieces every mode's exporter shares: the :class:`Builder` of one exported graph (its nodes,
+constants, extra inputs, the sample fold, the final model with the opsets its ops need), the weight storage chosen
+once per export (:class:`ExportFormat`), static shapes at batch 1, and writing the export metadata
+(:func:`set_metadata`). The predictive head each graph ends in is the task's (:mod:`edgebnn.tasks`).
 
 Layout convention (every mode): the sample axis is folded into the batch, batch-major (row b·S + s), so
 deterministic ops run once on B·S rows and a sampled layer is one batched op.

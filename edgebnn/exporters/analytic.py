@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -45,6 +46,7 @@ from scipy.stats import norm, qmc
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata, static_shapes
+from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.layers import LayerKind, bias_name, layer_kind
 from edgebnn.exporters.recurrent import refuse_recurrent
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_for, store_metadata
@@ -87,150 +89,183 @@ def quadrature_matrix(samples: int, classes: int, seed: int = 0) -> np.ndarray:
     return quadrature_matrix_of(quadrature_points(samples, classes, seed))
 
 
-def export_analytic(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
-                    weights: str = "fp32", runtimes: tuple[str, ...] | None = None) -> onnx.ModelProto:
-    """The analytic graph; ``weights``: how the moments are stored (:data:`.stores.STORE_CHOICES`, decoded once in
-    the graph; the float store where a decode does not run on ``runtimes``)."""
+def export_analytic(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
+    """The analytic graph with ``spec.samples`` quadrature points; ``spec.weights``: how the moments are stored
+    (:data:`.stores.STORE_CHOICES`, decoded once in the graph; the float store where a decode does not run on
+    ``spec.runtimes``)."""
+    samples, progress = spec.samples, spec.progress
     refuse_recurrent(model, "analytic")
-    encoded = {w.name: w for w in model.encoded_weights()}
-    base = model.float_model()
-    shapes = static_shapes(base)
-    fixed = {t.name: numpy_helper.to_array(t) for t in base.graph.initializer if t.name not in encoded}
-    b = Builder([t for t in base.graph.initializer if t.name not in encoded], ExportFormat(weights, runtimes))
-    var: dict[str, str | None] = {model.manifest.input_name: None}  # data values -> variance value (None = 0)
-
-    def where(node: onnx.NodeProto) -> str:
-        return f"{model.where}: {node.op_type} node {node.name or node.output[0]!r}"
-
-    def moments(name: str) -> tuple[np.ndarray, np.ndarray]:
-        if name in encoded:
-            return encoded[name].encoding.moments()
-        if name in fixed:
-            return fixed[name], np.zeros_like(fixed[name])
-        raise UnsupportedLayerError(f"{model.where}: weight {name!r} is not a constant; analytic mode needs one")
-
-    def stored(name: str, p: str) -> tuple[Operand, Operand]:
-        """The mean and variance operands of a weight: decoded by its store, or numpy (float store, fixed)."""
-        if name in encoded:
-            enc = encoded[name].encoding
-            if store_for(enc, weights, runtimes) is not FLOAT:
-                return decode(b, enc, "mean", p + "_mu"), decode(b, enc, "variance", p + "_s2")
-            b.stored[name] = FLOAT.op_type
-        return moments(name)
-
-    pool_of = _relu_then_max_pool(base.graph)
-    skip: set[str] = set()
-    for k, node in enumerate(base.graph.node, 1):
+    moments = _Moments(model, spec)
+    nodes = moments.base.graph.node
+    for k, node in enumerate(nodes, 1):
         if progress is not None:  # one step per node (a progress bar)
-            progress(k, len(base.graph.node))
-        if node.output[0] in skip:  # a MaxPool already emitted before its ReLU
-            continue
-        data_in = [i for i in node.input if i in var]
-        if not data_in or node.op_type == "Shape":
-            b.nodes.append(node)
-            continue
-        p = f"{P}{node.output[0]}/"
-        out = node.output[0]
-        op = node.op_type
-        kind = layer_kind(node)
-        if kind is not None:
-            _layer_moments(b, node, kind, var, moments, stored, encoded, where(node), p)
-        elif op == "Relu":
-            x, vx = node.input[0], var[node.input[0]]
-            if vx is None:
-                b.nodes.append(node)
-                var[out] = None
-                continue
-            pool = pool_of.get(out)
-            if pool is not None:  # max-pool first: relu(max x) = max(relu x) draw by draw, on a quarter of the units
-                pre = p + "pooled"
-                vx = _max_pool_moments(b, pool, x, vx, pre, p, shapes.get(x))
-                x, out = pre, pool.output[0]
-                skip.add(out)
-            var[out] = _relu_moments(b, x, vx, out, p)
-        elif op == "BatchNormalization":
-            vx = var[node.input[0]]
-            if vx is None:
-                b.nodes.append(node)
-                var[out] = None
-                continue
-            # inference BN is a per-channel a·x + c: two vectors instead of BN's four (plus a² for the variance)
-            scale, shift, mean, rvar = (fixed[n].astype(np.float64) for n in node.input[1:5])
-            a = scale / np.sqrt(rvar + attrs_of(node).get("epsilon", 1e-5))
-            rank = len(shapes.get(node.input[0], [0, 0, 0, 0]))  # [B, C, *spatial]: C on axis 1
-            axes = (-1, *([1] * (rank - 2)))
-            a_name = b.f32(p + "a", a.reshape(axes))
-            scaled = b.add("Mul", [node.input[0], a_name], p + "ax")
-            b.nodes.append(onnx.helper.make_node("Add", [scaled, b.f32(p + "c", (shift - mean * a).reshape(axes))],
-                                                 [out]))
-            var[out] = b.add("Mul", [vx, b.add("Mul", [a_name, a_name], p + "a2")], p + "v")
-        elif op == "MaxPool":
-            vx = var[node.input[0]]
-            if vx is None:
-                b.nodes.append(node)
-                var[out] = None
-                continue
-            var[out] = _max_pool_moments(b, node, node.input[0], vx, out, p, shapes.get(node.input[0]))
-        elif op in ("AveragePool", "GlobalAveragePool"):
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            if vx is None:
-                var[out] = None
-                continue
-            attrs = attrs_of(node)
-            n = math.prod(attrs["kernel_shape"]) if op == "AveragePool" else math.prod(shapes[node.input[0]][2:])
-            pooled = b.add(op, [vx], p + "v_pool", **attrs)
-            var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
-        elif op == "ReduceMean":  # e.g. AdaptiveAvgPool2d(1): mean of n independent units
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            if vx is None:
-                var[out] = None
-                continue
-            # n = elements averaged per output = |input| / |output| (however the axes are expressed)
-            if node.input[0] not in shapes or out not in shapes:
-                raise UnsupportedLayerError(f"{where(node)}: analytic mode needs static shapes around ReduceMean")
-            n = math.prod(shapes[node.input[0]]) // math.prod(shapes[out])
-            pooled = b.add("ReduceMean", [vx, *node.input[1:]], p + "v_mean", **attrs_of(node))
-            var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
-        elif op in SHAPE_OPS:
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            var[out] = None if vx is None else b.add(op, [vx, *node.input[1:]], p + "v", **attrs_of(node))
-        elif op in ("Add", "Sub"):
-            b.nodes.append(node)
-            vs = [v for i in node.input if (v := var.get(i))]
-            var[out] = _sum(b, vs, p)
-        elif op in ("Slice", "Pad"):  # selection / zero-variance padding: the same op on v, padding with 0
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            var[out] = None if vx is None else b.add(op, [vx, *_zero_pad_value(node)], p + "v", **attrs_of(node))
-        elif op == "ReduceMax":
-            b.nodes.append(node)
-            vx = var[node.input[0]]
-            var[out] = None if vx is None else _reduce_max_variance(b, node, vx, p)
-        elif op == "LogSoftmax" and out == base.graph.output[0].name:
-            b.nodes.append(node)  # the head: the predictive's softmax of log-softmaxed logits is that of the logits
-            _check_last_axis(node, shapes, where(node), model.manifest.task_spec(model.where).softmax_axis)
-            var[out] = var[node.input[0]]
-        else:
-            raise UnsupportedLayerError(f"{where(node)}: analytic mode cannot propagate variance through {op}; "
-                                        "use --mode baked or noise")
-
-    logits = base.graph.output[0].name
-    classes = model.manifest.num_classes
+            progress(k, len(nodes))
+        moments.visit(node)
+    b, base, logits = moments.b, moments.base, moments.logits
     # the task's head (edgebnn.tasks) on the output's moments; classification and segmentation integrate the softmax at
     # the quadrature points
-    analytic_head(b, logits, var.get(logits), samples, classes, model.manifest.task_spec(model.where),
-                  quadrature_points)
+    analytic_head(b, logits, moments.var.get(logits), samples, model.manifest.num_classes,
+                  model.manifest.task_spec(model.where), quadrature_points)
     finish_stores(b)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}")
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0,
                  **store_metadata(b))
-    return out if weights == "fp32" else compact_names(out)
+    return out if spec.weights == "fp32" else compact_names(out)
 
 
 Operand = np.ndarray | str  # a constant not emitted yet (float store, fixed weights) or a decoded graph value
+
+
+class _Moments:
+    """The analytic pass over the posterior-mean network: every data value's variance (``var``: value -> its
+    variance value, None for 0), each node rewritten by the rule of its op (the module docstring)."""
+
+    def __init__(self, model: BNNModel, spec: GraphSpec) -> None:
+        self.model, self.weights, self.runtimes = model, spec.weights, spec.runtimes
+        self.encoded = {w.name: w for w in model.encoded_weights()}
+        self.base = model.float_model()
+        self.shapes = static_shapes(self.base)
+        inits = self.base.graph.initializer
+        self.fixed = {t.name: numpy_helper.to_array(t) for t in inits if t.name not in self.encoded}
+        self.b = Builder([t for t in inits if t.name not in self.encoded], ExportFormat(spec.weights, spec.runtimes))
+        self.var: dict[str, str | None] = {model.manifest.input_name: None}
+        self.logits = self.base.graph.output[0].name
+        self.pool_of = _relu_then_max_pool(self.base.graph)
+        self.skip: set[str] = set()  # MaxPools emitted before their ReLU
+
+    def where(self, node: onnx.NodeProto) -> str:
+        return f"{self.model.where}: {node.op_type} node {node.name or node.output[0]!r}"
+
+    def moments(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        if name in self.encoded:
+            return self.encoded[name].encoding.moments()
+        if name in self.fixed:
+            return self.fixed[name], np.zeros_like(self.fixed[name])
+        raise UnsupportedLayerError(f"{self.model.where}: weight {name!r} is not a constant; analytic mode needs one")
+
+    def stored(self, name: str, p: str) -> tuple[Operand, Operand]:
+        """The mean and variance operands of a weight: decoded by its store, or numpy (float store, fixed)."""
+        if name in self.encoded:
+            enc = self.encoded[name].encoding
+            if store_for(enc, self.weights, self.runtimes) is not FLOAT:
+                return decode(self.b, enc, "mean", p + "_mu"), decode(self.b, enc, "variance", p + "_s2")
+            self.b.stored[name] = FLOAT.op_type
+        return self.moments(name)
+
+    def visit(self, node: onnx.NodeProto) -> None:
+        """Rewrite one node of the posterior-mean network (graph order)."""
+        if node.output[0] in self.skip:  # a MaxPool already emitted before its ReLU
+            return
+        if not any(i in self.var for i in node.input) or node.op_type == "Shape":
+            self.b.nodes.append(node)
+            return
+        p = f"{P}{node.output[0]}/"
+        kind = layer_kind(node)
+        if kind is not None:
+            _layer_moments(self.b, node, kind, self.var, self.moments, self.stored, self.encoded, self.where(node), p)
+            return
+        op = node.op_type
+        rule = _Moments._log_softmax_head if op == "LogSoftmax" and node.output[0] == self.logits else _RULES.get(op)
+        if rule is None:
+            raise UnsupportedLayerError(f"{self.where(node)}: analytic mode cannot propagate variance through {op}; "
+                                        "use --mode baked or noise")
+        rule(self, node, p)
+
+    def _deterministic(self, node: onnx.NodeProto) -> None:
+        """A node on zero-variance input: itself, its output of zero variance."""
+        self.b.nodes.append(node)
+        self.var[node.output[0]] = None
+
+    def _relu(self, node: onnx.NodeProto, p: str) -> None:
+        b, out = self.b, node.output[0]
+        x, vx = node.input[0], self.var[node.input[0]]
+        if vx is None:
+            self._deterministic(node)
+            return
+        pool = self.pool_of.get(out)
+        if pool is not None:  # max-pool first: relu(max x) = max(relu x) draw by draw, on a quarter of the units
+            pre = p + "pooled"
+            vx = _max_pool_moments(b, pool, x, vx, pre, p, self.shapes.get(x))
+            x, out = pre, pool.output[0]
+            self.skip.add(out)
+        self.var[out] = _relu_moments(b, x, vx, out, p)
+
+    def _batch_norm(self, node: onnx.NodeProto, p: str) -> None:
+        """Inference BN is a per-channel a·x + c: two vectors instead of BN's four (plus a² for the variance)."""
+        b, out, vx = self.b, node.output[0], self.var[node.input[0]]
+        if vx is None:
+            self._deterministic(node)
+            return
+        scale, shift, mean, rvar = (self.fixed[n].astype(np.float64) for n in node.input[1:5])
+        a = scale / np.sqrt(rvar + attrs_of(node).get("epsilon", 1e-5))
+        rank = len(self.shapes.get(node.input[0], [0, 0, 0, 0]))  # [B, C, *spatial]: C on axis 1
+        axes = (-1, *([1] * (rank - 2)))
+        a_name = b.f32(p + "a", a.reshape(axes))
+        scaled = b.add("Mul", [node.input[0], a_name], p + "ax")
+        b.nodes.append(onnx.helper.make_node("Add", [scaled, b.f32(p + "c", (shift - mean * a).reshape(axes))], [out]))
+        self.var[out] = b.add("Mul", [vx, b.add("Mul", [a_name, a_name], p + "a2")], p + "v")
+
+    def _max_pool(self, node: onnx.NodeProto, p: str) -> None:
+        vx = self.var[node.input[0]]
+        if vx is None:
+            self._deterministic(node)
+            return
+        self.var[node.output[0]] = _max_pool_moments(self.b, node, node.input[0], vx, node.output[0], p,
+                                                     self.shapes.get(node.input[0]))
+
+    def _average(self, node: onnx.NodeProto, p: str) -> None:
+        """AveragePool, GlobalAveragePool, ReduceMean (e.g. AdaptiveAvgPool2d(1)): the mean of n independent units,
+        variance avg(v) / n."""
+        b, op, out = self.b, node.op_type, node.output[0]
+        b.nodes.append(node)
+        vx = self.var[node.input[0]]
+        if vx is None:
+            self.var[out] = None
+            return
+        attrs, shapes = attrs_of(node), self.shapes
+        if op == "ReduceMean":  # n = elements averaged per output = |input| / |output| (however the axes are given)
+            if node.input[0] not in shapes or out not in shapes:
+                raise UnsupportedLayerError(f"{self.where(node)}: analytic mode needs static shapes around ReduceMean")
+            n = math.prod(shapes[node.input[0]]) // math.prod(shapes[out])
+            pooled = b.add("ReduceMean", [vx, *node.input[1:]], p + "v_mean", **attrs)
+        else:
+            n = math.prod(attrs["kernel_shape"]) if op == "AveragePool" else math.prod(shapes[node.input[0]][2:])
+            pooled = b.add(op, [vx], p + "v_pool", **attrs)
+        self.var[out] = b.add("Mul", [pooled, b.f32(p + "inv_n", 1.0 / n)], p + "v")
+
+    def _same_on_variance(self, node: onnx.NodeProto, p: str) -> None:
+        """Shape ops, Slice and Pad (padding adds variance 0: the constant value dropped): the same op on v."""
+        self.b.nodes.append(node)
+        vx = self.var[node.input[0]]
+        rest = list(node.input[1:]) if node.op_type in SHAPE_OPS else _zero_pad_value(node)
+        self.var[node.output[0]] = None if vx is None else self.b.add(node.op_type, [vx, *rest], p + "v",
+                                                                      **attrs_of(node))
+
+    def _add(self, node: onnx.NodeProto, p: str) -> None:
+        """Add, Sub of independent operands: the variances add."""
+        self.b.nodes.append(node)
+        self.var[node.output[0]] = _sum(self.b, [v for i in node.input if (v := self.var.get(i))], p)
+
+    def _reduce_max(self, node: onnx.NodeProto, p: str) -> None:
+        self.b.nodes.append(node)
+        vx = self.var[node.input[0]]
+        self.var[node.output[0]] = None if vx is None else _reduce_max_variance(self.b, node, vx, p)
+
+    def _log_softmax_head(self, node: onnx.NodeProto, p: str) -> None:
+        """The head: the predictive's softmax of log-softmaxed logits is that of the logits."""
+        self.b.nodes.append(node)
+        _check_last_axis(node, self.shapes, self.where(node),
+                         self.model.manifest.task_spec(self.model.where).softmax_axis)
+        self.var[node.output[0]] = self.var[node.input[0]]
+
+
+_RULES: dict[str, Callable[[_Moments, onnx.NodeProto, str], None]] = {
+    "Relu": _Moments._relu, "BatchNormalization": _Moments._batch_norm, "MaxPool": _Moments._max_pool,
+    "AveragePool": _Moments._average, "GlobalAveragePool": _Moments._average, "ReduceMean": _Moments._average,
+    **dict.fromkeys((*SHAPE_OPS, "Slice", "Pad"), _Moments._same_on_variance),
+    "Add": _Moments._add, "Sub": _Moments._add, "ReduceMax": _Moments._reduce_max,
+}
+"""Op type -> how the analytic pass rewrites it (a layer kind's node: :func:`_layer_moments`)."""
 
 
 def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[str, str | None],
@@ -251,71 +286,103 @@ def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[
     bias = bias_name(node)
     s2_b_np = moments(bias)[1] if bias else None
     mu_b, s2_b = stored(bias, p + "b") if bias else (None, None)
-    vx = var[x]
-    has_b = s2_b_np is not None and s2_b_np.any()
-
-    def const(v: Operand, name: str) -> str:
-        return b.f32(name, v) if isinstance(v, np.ndarray) else v
-
-    def cat(vs: list[Operand], axis: int, name: str) -> Operand:
-        if all(isinstance(v, np.ndarray) for v in vs):
-            return np.concatenate(vs, axis=axis)  # type: ignore[arg-type]
-        return b.add("Concat", [const(v, f"{name}_{i}") for i, v in enumerate(vs)], name, axis=axis)
-
-    def zeros(shape: tuple[int, ...], name: str, like: list[Operand]) -> Operand:
-        if all(isinstance(v, np.ndarray) for v in like):
-            return np.zeros(shape, np.float32)
-        return b.add("ConstantOfShape", [b.i64(name + "_shape", *shape)], name,
-                     value=onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0]))
-
-    if vx is None and s2_np.any() and node.op_type == "Conv" and _concatenable(node):
-        # deterministic input: mean and variance as one Conv on [x, x²] with block weights [[mu, 0], [0, s²]]
-        both = b.add("Concat", [x, b.add("Mul", [x, x], p + "m2")], p + "x_m2", axis=1)
-        c = len(mu_np)
-        zero_w = zeros(mu_np.shape, p + "zero_w", [mu_w, s2_w])
-        w = cat([cat([mu_w, zero_w], 1, p + "w_top"), cat([zero_w, s2_w], 1, p + "w_bottom")], 0, p + "w_block")
-        zero_b = zeros((c,), p + "zero_b", [v for v in (mu_b, s2_b, mu_w) if v is not None])
-        mean_b = zero_b if mu_b is None else mu_b
-        bias_mv = cat([mean_b, s2_b if has_b and s2_b is not None else zero_b], 0, p + "b_block")
-        mv = kind.plain(b, node, [both, const(w, p + "w_block"), const(bias_mv, p + "b_block")], p + "m_v")
-        axis1 = b.i64(p + "axis1", 1)  # two Slices, not a Split: the torch runner has no Split
-        b.add("Slice", [mv, b.i64(p + "zero", 0), b.i64(p + "c", c), axis1], out)
-        var[out] = b.add("Slice", [mv, p + "c", b.i64(p + "c2", 2 * c), axis1], p + "v")
+    t = _Terms(mu_np, s2_np, mu_w, s2_w, mu_b, s2_b, has_b=bool(s2_b_np is not None and s2_b_np.any()))
+    if var[x] is None and s2_np.any() and node.op_type == "Conv" and _concatenable(node):
+        var[out] = _fused_conv(b, node, kind, t, p)
         return
-    mean_in = [x, const(mu_w, p + "mu_w") if node.input[1] in encoded else node.input[1]]
+    mean_in = [x, _const(b, t.mu_w, p + "mu_w") if node.input[1] in encoded else node.input[1]]
     if bias:
-        mean_in.append(const(mu_b, p + "mu_b") if bias in encoded and mu_b is not None else bias)
+        mean_in.append(_const(b, t.mu_b, p + "mu_b") if bias in encoded and t.mu_b is not None else bias)
     kind.plain(b, node, mean_in, out)
+    var[out] = _layer_variance(b, node, kind, t, var[x], p)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """A layer's weight moments: numpy (which terms exist) and the operands the graph reads (``has_b``: the bias
+    has variance)."""
+
+    mu_np: np.ndarray
+    s2_np: np.ndarray
+    mu_w: Operand
+    s2_w: Operand
+    mu_b: Operand | None
+    s2_b: Operand | None
+    has_b: bool
+
+
+def _fused_conv(b: Builder, node: onnx.NodeProto, kind: LayerKind, t: _Terms, p: str) -> str:
+    """A 1-group Conv on a deterministic input: mean and variance as one Conv on [x, x²] with block weights
+    [[mu, 0], [0, s²]], then two Slices; writes the mean, returns the variance."""
+    x, out = node.input[0], node.output[0]
+    both = b.add("Concat", [x, b.add("Mul", [x, x], p + "m2")], p + "x_m2", axis=1)
+    c = len(t.mu_np)
+    zero_w = _zeros(b, t.mu_np.shape, p + "zero_w", [t.mu_w, t.s2_w])
+    w = _cat(b, [_cat(b, [t.mu_w, zero_w], 1, p + "w_top"), _cat(b, [zero_w, t.s2_w], 1, p + "w_bottom")], 0,
+             p + "w_block")
+    zero_b = _zeros(b, (c,), p + "zero_b", [v for v in (t.mu_b, t.s2_b, t.mu_w) if v is not None])
+    mean_b = zero_b if t.mu_b is None else t.mu_b
+    bias_mv = _cat(b, [mean_b, t.s2_b if t.has_b and t.s2_b is not None else zero_b], 0, p + "b_block")
+    mv = kind.plain(b, node, [both, _const(b, w, p + "w_block"), _const(b, bias_mv, p + "b_block")], p + "m_v")
+    axis1 = b.i64(p + "axis1", 1)  # two Slices, not a Split: the torch runner has no Split
+    b.add("Slice", [mv, b.i64(p + "zero", 0), b.i64(p + "c", c), axis1], out)
+    return b.add("Slice", [mv, p + "c", b.i64(p + "c2", 2 * c), axis1], p + "v")
+
+
+def _layer_variance(b: Builder, node: onnx.NodeProto, kind: LayerKind, t: _Terms, vx: str | None,
+                    p: str) -> str | None:
+    """v' = op(m², s²) + op(v, s² + mu²) + s_b² of a layer on input x (variance ``vx``)."""
+    x, out = node.input[0], node.output[0]
     operands: list[tuple[str, Operand]] = []  # (input, weight) pairs of the variance: op(m², s²), op(v, s² + mu²)
-    if s2_np.any():
-        operands.append((b.add("Mul", [x, x], p + "m2"), s2_w))
+    if t.s2_np.any():
+        operands.append((b.add("Mul", [x, x], p + "m2"), t.s2_w))
     if vx:
-        if isinstance(mu_w, np.ndarray) and isinstance(s2_w, np.ndarray):
-            operands.append((vx, s2_w + mu_w.astype(np.float64) ** 2))
+        if isinstance(t.mu_w, np.ndarray) and isinstance(t.s2_w, np.ndarray):
+            operands.append((vx, t.s2_w + t.mu_w.astype(np.float64) ** 2))
         else:
-            mu_v = const(mu_w, p + "mu_w")
-            operands.append((vx, b.add("Add", [const(s2_w, p + "s2_w"), b.add("Mul", [mu_v, mu_v], p + "mu2")],
+            mu_v = _const(b, t.mu_w, p + "mu_w")
+            operands.append((vx, b.add("Add", [_const(b, t.s2_w, p + "s2_w"), b.add("Mul", [mu_v, mu_v], p + "mu2")],
                                            p + "s2_mu2")))
+    has_b, s2_b = t.has_b, t.s2_b
     v: str | None = None
     if operands and _concatenable(node):
         # one op for both terms: inputs side by side on the reduction axis (channels / features), weights too
         axis = 0 if node.op_type == "Gemm" and not attrs_of(node).get("transB", 0) else 1
         both = (b.add("Concat", [operands[0][0], operands[1][0]], p + "m2_v", axis=1) if len(operands) == 2
                 else operands[0][0])
-        w2 = cat([wi for _, wi in operands], axis, p + "s2_w_s2_mu2")
-        bias_in = [const(s2_b, p + "s2_b")] if has_b and s2_b is not None else []
-        v = kind.plain(b, node, [both, const(w2, p + "s2_w_s2_mu2"), *bias_in], p + "v")
+        w2 = _cat(b, [wi for _, wi in operands], axis, p + "s2_w_s2_mu2")
+        bias_in = [_const(b, s2_b, p + "s2_b")] if has_b and s2_b is not None else []
+        v = kind.plain(b, node, [both, _const(b, w2, p + "s2_w_s2_mu2"), *bias_in], p + "v")
         has_b = False
     else:
-        v = _sum(b, [kind.plain(b, node, [xi, const(wi, f"{p}w2_{i}")], f"{p}v_{i}")
+        v = _sum(b, [kind.plain(b, node, [xi, _const(b, wi, f"{p}w2_{i}")], f"{p}v_{i}")
                      for i, (xi, wi) in enumerate(operands)], p)
     if has_b and s2_b is not None:
-        shape = kind.bias_shape(mu_np.shape)
+        shape = kind.bias_shape(t.mu_np.shape)
         s2b = (b.f32(p + "s2_b", s2_b.reshape(shape)) if isinstance(s2_b, np.ndarray)
                else b.add("Reshape", [s2_b, b.i64(p + "s2_b_shape", *shape)], p + "s2_b"))
         v = b.add("Add", [v, s2b], p + "v") if v else b.add("Expand", [s2b, b.add("Shape", [out], p + "shp")], p + "v")
-    var[out] = v
+    return v
 
+
+def _const(b: Builder, v: Operand, name: str) -> str:
+    """A numpy operand as an fp32 constant named ``name``; a graph value as it is."""
+    return b.f32(name, v) if isinstance(v, np.ndarray) else v
+
+
+def _cat(b: Builder, vs: list[Operand], axis: int, name: str) -> Operand:
+    """Operands concatenated: in numpy when all are, else a Concat node."""
+    if all(isinstance(v, np.ndarray) for v in vs):
+        return np.concatenate(vs, axis=axis)  # type: ignore[arg-type]
+    return b.add("Concat", [_const(b, v, f"{name}_{i}") for i, v in enumerate(vs)], name, axis=axis)
+
+
+def _zeros(b: Builder, shape: tuple[int, ...], name: str, like: list[Operand]) -> Operand:
+    """Zeros of ``shape``: numpy when every operand in ``like`` is, else a ConstantOfShape node."""
+    if all(isinstance(v, np.ndarray) for v in like):
+        return np.zeros(shape, np.float32)
+    return b.add("ConstantOfShape", [b.i64(name + "_shape", *shape)], name,
+                 value=onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0]))
 
 
 def _relu_then_max_pool(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:

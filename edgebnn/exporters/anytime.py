@@ -1,8 +1,8 @@
 """Anytime ensembles (``edgebnn export --samples auto``): one graph that draws samples in chunks and stops each input
 when its predictive has settled (the rule: :mod:`edgebnn.stopping`; docs/anytime.md).
 
-The graph is a rewrite of what the fixed exporter writes for one chunk, ``export_onnx(model, c, ...)``, so every
-mode, weight store, form and device rule of the fixed export holds unchanged inside it::
+The graph is a rewrite of what the fixed export writes for one chunk (the mode handlers of :mod:`.export` at
+S = c), so every mode, weight store, form and device rule of the fixed export holds unchanged inside it::
 
     fixed chunk graph (S = c)             anytime graph
     ─────────────────────────             ──────────────────────────────────────────────────────────────
@@ -19,8 +19,8 @@ Two forms of "the next chunk", by what changes between chunks:
   ops draw afresh each iteration (onnxruntime: checked in tests/unit/test_anytime.py; a TensorRT Fill layer on a
   GPU: unverified, docs/tensorrt.md);
 - constants or inputs (``baked``, ``--noise mixed``'s baked kernels: chunk i is the fixed export of members
-  ``i·c .. i·c + c - 1`` of the S_max draw, ``export_onnx(..., window=(i·c, S_max))``; ``--rng host``: chunk i
-  slices those members from noise inputs that keep the S_max fixed export's shapes, which
+  ``i·c .. i·c + c - 1`` of the S_max draw, a :class:`~.config.GraphSpec` with ``window=(i·c, S_max)``;
+  ``--rng host``: chunk i slices those members from noise inputs that keep the S_max fixed export's shapes, which
   :class:`edgebnn.runtime.Session` fills): chunk 0 inline, then one ``If`` per chunk holding its own constants and
   slicing its noise at constant offsets (a Loop would copy each chunk's members per call, and TensorRT-RTX 1.7's
   builder fails on noise sliced by the iteration number). Random ops in chunk i's copy draw with seed +
@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
-from edgebnn.exporters.metadata import read_metadata, write_metadata
+from edgebnn.errors import UnsupportedLayerError
+from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.stopping import StoppingRule
 
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
@@ -51,80 +52,17 @@ S = A + "state/"  # the Loop body's inputs and outputs: iteration, condition, ru
 SAMPLES_OUTPUT = "samples"
 
 
-def rule_for(model: Any, *, min_samples: int | None = None, max_samples: int | None = None,
-             chunk: int | None = None, epsilon: float | None = None, delta: float | None = None) -> StoppingRule:
-    """The stopping rule of ``model`` with the options given and :class:`~edgebnn.stopping.StoppingRule`'s defaults
-    for the rest: at most 16 samples (a deep ensemble: its M members), 4 at a time and at least 4 (where 4 does not
-    divide the largest count: its largest divisor up to 4)."""
-    from edgebnn.exporters.families import ensemble_members
-
-    default = StoppingRule()
-    top = max_samples if max_samples is not None else ensemble_members(model) or default.max_samples
-    if chunk is None or min_samples is None:  # the largest chunk up to 4 that leaves a look before the top
-        pairs = [(c, c * -(-default.min_samples // c)) for c in ([chunk] if chunk else range(default.chunk, 0, -1))
-                 if top % c == 0]
-        c, m = next(((c, m) for c, m in pairs if m < top), (chunk or 1, min(2, top)))
-        chunk = chunk or c
-        min_samples = min_samples if min_samples is not None else m
-    return StoppingRule(min_samples=min_samples, max_samples=top, chunk=chunk,
-                        epsilon=default.epsilon if epsilon is None else epsilon,
-                        delta=default.delta if delta is None else delta)
-
-
-def export_anytime(model: Any, rule: StoppingRule, *, mode: str = "auto", noise: str = "auto",
-                   device: str | None = None, progress: Callable[[int, int], None] | None = None,
-                   **options: Any) -> tuple[onnx.ModelProto, Any]:
-    """The anytime ensemble of ``model`` under ``rule``, and the export choice (mode, noise variant, why).
-
-    ``mode``, ``noise``, ``device`` and ``options`` (``seed``, ``weights``, ``hoist``, ``form``, ``rng``) are the
-    fixed export's (:func:`edgebnn.exporters.defaults.export_auto`), applied to each chunk.
-
-    Raises:
-        InvalidOptionError: analytic mode (no samples to save), a task other than classification, a rule the model
-            cannot take (a deep ensemble's S_max is its M members).
-    """
-    from edgebnn.exporters.defaults import export_auto
-    from edgebnn.exporters.ensemble import export_onnx
-    from edgebnn.exporters.families import samples_fixed_by
-
-    task = model.manifest.task_spec(model.where)
-    if mode == "analytic":
-        raise InvalidOptionError("--samples auto --mode analytic: analytic mode draws no samples (one pass computes "
-                                 "the predictive), so there are none to save; give --samples N")
-    if not task.softmax_classifier:
-        raise InvalidOptionError(f"{model.where}: --samples auto: the rule bounds class probabilities, so it takes a "
-                                 f"classifier; this is a {task.name} model: give --samples N")
-    fixed = samples_fixed_by(model)
-    if fixed is not None and rule.max_samples != fixed[1]:
-        noun, members = fixed
-        raise InvalidOptionError(f"{model.where}: --max-samples {rule.max_samples}: a {noun} of {members} "
-                                 f"members draws each member once (--max-samples {members})")
-    options.setdefault("rng", "auto")  # as edgebnn.export: noise drawn in the graph where the device seeds it
-    total, c = rule.max_samples, rule.chunk
-    first, choice = export_auto(model, c, mode=mode, noise=noise, device=device, progress=progress,
-                                window=(0, total), **options)
-    if choice.mode == "analytic":
-        raise InvalidOptionError("--samples auto: analytic mode has no samples to save; give --samples N")
-    meta = read_metadata(first, model.where)
-    chunks = [first]
-    if rule.chunks > 1:
-        again = dict(options, mode=choice.mode, noise=choice.noise, device=device)
-        second = export_onnx(model, c, window=(c, total), **again)
-        if _differs(first, second):  # baked members: one graph per chunk, their constants stacked
-            chunks += [second] + [export_onnx(model, c, window=(i * c, total), **again)
-                                  for i in range(2, rule.chunks)]
-    proto = anytime_graph(chunks, rule, model.manifest.num_classes,
-                          {str(r["name"]) for r in meta.noise_inputs or () if r["per"] == "row"})
+def anytime_metadata(meta: ExportMetadata, rule: StoppingRule) -> ExportMetadata:
+    """The anytime graph's record from its first chunk's ``meta``: S is the largest count, the outputs end with
+    ``samples``, the rule is recorded, and host noise inputs keep the S_max fixed export's shapes."""
+    total = rule.max_samples
     records = [dict(r, shape=[r["shape"][0] if r["per"] == "row" else total, *r["shape"][1:]])
                for r in meta.noise_inputs or ()]
-    write_metadata(proto, dataclasses.replace(
-        meta, samples=total, outputs=(*meta.outputs, SAMPLES_OUTPUT), anytime=rule.to_dict(),
-        noise_inputs=tuple(records) if meta.noise_inputs is not None else None))
-    onnx.checker.check_model(proto)
-    return proto, choice
+    return dataclasses.replace(meta, samples=total, outputs=(*meta.outputs, SAMPLES_OUTPUT), anytime=rule.to_dict(),
+                               noise_inputs=tuple(records) if meta.noise_inputs is not None else None)
 
 
-def _differs(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+def differs(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
     """Whether two chunk graphs hold different constants (their nodes must be the same)."""
     if [n.SerializeToString() for n in a.graph.node] != [n.SerializeToString() for n in b.graph.node]:
         raise UnsupportedLayerError("--samples auto: two chunks of the export have different graphs; export with "
@@ -255,28 +193,51 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
     when every chunk is the same graph (noise drawn per iteration), else an If per chunk holding that chunk's
     constants (baked members: no copy per call); ``per_row``: the host noise inputs with one row per (input,
     member) (the others have one per member). The metadata is the caller's."""
-    base = chunks[0]
-    graph = base.graph
-    opset = next(o.version for o in base.opset_import if o.domain in ("", "ai.onnx"))
+    graph = chunks[0].graph
+    outer = _Graph(next(o.version for o in chunks[0].opset_import if o.domain in ("", "ai.onnx")))
     logits3 = member_logits(graph)
-    data = graph.input[0].name
     noise_inputs = {i.name: i for i in graph.input[1:]}
-    inits = {t.name: t for t in graph.initializer}
-    differing = ({name for name, t in inits.items()
-                  if any(t.SerializeToString() != next(u for u in ch.graph.initializer if u.name == name)
-                         .SerializeToString() for ch in chunks[1:])} if len(chunks) > 1 else set())
+    differing = _differing(chunks)
+    drawn = _split_nodes(graph, logits3, differing | set(noise_inputs), outer)
+    # the batch B of the data: the initial state's shape, and the host noise rows B·S_max are cut by
+    batch = outer.add("Slice", [outer.add("Shape", [graph.input[0].name], A + "x_shape"), outer.i64(A + "s0", 0),
+                                outer.i64(A + "s1", 1)], A + "batch")
+    coef, thresh = rule.constants(classes)
+    ch = _Chunking(drawn, logits3, rule, classes, coef, thresh, _noise_slicer(noise_inputs, per_row, batch, rule))
+    state = _initial_state(outer, batch, classes)
+    if len(chunks) == 1 and not noise_inputs:  # one body, drawn afresh each iteration
+        state = _loop(outer, graph, state, ch)
+    else:  # chunk i's constants, or its slice of the host noise, in its own branch (TensorRT-RTX 1.7's builder
+        # fails an internal check on a Loop body that slices a graph input by the iteration number)
+        state = _chain(outer, chunks if len(chunks) > 1 else chunks * rule.chunks, differing, state, ch)
+    _head(outer, state)
+    return _assemble(chunks[0], outer, differing, per_row, rule, classes)
+
+
+def _differing(chunks: list[onnx.ModelProto]) -> set[str]:
+    """The initializers whose values differ between the chunk graphs (baked members)."""
+    if len(chunks) == 1:
+        return set()
+    others = [{t.name: t.SerializeToString() for t in ch.graph.initializer} for ch in chunks[1:]]
+    return {t.name for t in chunks[0].graph.initializer
+            if any(t.SerializeToString() != other[t.name] for other in others)}
+
+
+def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer: _Graph) -> list[int]:
+    """The nodes the member logits are computed from, split: those that change per chunk (random ops and what reads
+    ``varying`` values, transitively) by position, returned; the others (decodes, constants, the input fold: once
+    per call) appended to ``outer``."""
     producer = {o: n for n in graph.node for o in n.output}
     needed: set[int] = set()
     stack = [logits3]
-    while stack:  # the nodes the member logits are computed from
+    while stack:
         node = producer.get(stack.pop())
         if node is None or id(node) in needed:
             continue
         needed.add(id(node))
         stack.extend(node.input)
-    varying = set(differing) | set(noise_inputs)
-    drawn: list[int] = []  # positions (in graph order) of the nodes that change per chunk
-    outer = _Graph(opset)
+    varying = set(varying)
+    drawn: list[int] = []
     for k, node in enumerate(graph.node):  # graph order is topological
         if id(node) not in needed:
             continue
@@ -284,13 +245,14 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
             varying.update(node.output)
             drawn.append(k)
         else:
-            outer.nodes.append(node)  # decodes, constants, the input fold: once per call
-    total = rule.max_samples
-    coef, thresh = rule.constants(classes)
+            outer.nodes.append(node)
+    return drawn
 
-    # the batch B of the data: the initial state's shape, and the host noise rows B·S_max are cut by
-    batch = outer.add("Slice", [outer.add("Shape", [data], A + "x_shape"), outer.i64(A + "s0", 0),
-                                outer.i64(A + "s1", 1)], A + "batch")
+
+def _noise_slicer(noise_inputs: dict[str, onnx.ValueInfoProto], per_row: set[str], batch: str,
+                  rule: StoppingRule) -> Slicer:
+    """How a chunk reads its members of each host noise input (the S_max fixed export's shapes)."""
+    total = rule.max_samples
 
     def slices(g: _Graph, p: str, bounds: Callable[[], tuple[str, str]], rename: dict[str, str]) -> None:
         """The chunk's members ``start .. end`` (``bounds()``: 1-D int64 values) of each host noise input, as
@@ -312,22 +274,22 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
                 g.add("Reshape", [part, g.i64(local + "/shape", rule.chunk, *dims)], local)
             rename[name] = local
 
-    # the initial state: zeros [B] / [B, K], every row drawing
+    return slices
+
+
+def _initial_state(outer: _Graph, batch: str, classes: int) -> list[str]:
+    """The running statistics before the first chunk (:data:`STATE` order): zeros [B] / [B, K], every row drawing."""
     rows_k = outer.add("Concat", [batch, outer.i64(A + "k", classes)], A + "batch_k", axis=0)
 
     def fill(shape: str, value: float, out: str) -> str:
         return outer.add("ConstantOfShape", [shape], out, value=numpy_helper.from_array(np.full(1, value, np.float32)))
 
     zeros_b, zeros_bk = fill(batch, 0.0, A + "zeros_b"), fill(rows_k, 0.0, A + "zeros_bk")
-    state = [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
-    if len(chunks) == 1 and not noise_inputs:  # one body, drawn afresh each iteration
-        state = _loop(outer, graph, drawn, state, logits3, rule, classes, coef, thresh, slices)
-    else:  # chunk i's constants, or its slice of the host noise, in its own branch (TensorRT-RTX 1.7's builder
-        # fails an internal check on a Loop body that slices a graph input by the iteration number)
-        chunks = chunks if len(chunks) > 1 else chunks * rule.chunks
-        state = _chain(outer, chunks, drawn, differing, state, logits3, rule, classes, coef, thresh, slices)
+    return [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
 
-    # the head on the running statistics (the fixed head's formulas: tasks.classification)
+
+def _head(outer: _Graph, state: list[str]) -> None:
+    """The head on the final running statistics (the fixed head's formulas: tasks.classification) and ``samples``."""
     n, _, mean, _, neg_h_state = state
     probs = outer.add("Identity", [mean], "probs")
     logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
@@ -337,19 +299,25 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
     outer.add("Max", [mi, outer.f32(A + "mi_floor", 0.0)], "mutual_info")
     outer.add("Cast", [n], SAMPLES_OUTPUT, to=TensorProto.INT64)
 
+
+def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row: set[str], rule: StoppingRule,
+              classes: int) -> onnx.ModelProto:
+    """The anytime model: ``outer``'s nodes, the first chunk's initializers they read (but the per-chunk ones),
+    the data and the S_max fixed export's noise inputs, the head's outputs."""
+    graph = base.graph
     used = set()
     for node in outer.nodes:
         used.update(node.input)
         for a in node.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
                 used.update(x for sub in a.g.node for x in sub.input)
-    kept = [t for name, t in inits.items() if name in used and name not in differing]
+    kept = [t for t in graph.initializer if t.name in used and t.name not in differing]
     vi = helper.make_tensor_value_info
     inputs = [graph.input[0]]
-    for name in sorted(noise_inputs):  # the S_max fixed export's noise shapes
-        dims = [d.dim_param or d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim]
-        dims[0] = dims[0] if name in per_row else total
-        inputs.append(vi(name, TensorProto.FLOAT, dims))
+    for noise in sorted(graph.input[1:], key=lambda i: i.name):  # the S_max fixed export's noise shapes
+        dims = [d.dim_param or d.dim_value for d in noise.type.tensor_type.shape.dim]
+        dims[0] = dims[0] if noise.name in per_row else rule.max_samples
+        inputs.append(vi(noise.name, TensorProto.FLOAT, dims))
     outputs = [vi("probs", TensorProto.FLOAT, ["batch", classes]), vi("entropy", TensorProto.FLOAT, ["batch"]),
                vi("mutual_info", TensorProto.FLOAT, ["batch"]), vi(SAMPLES_OUTPUT, TensorProto.INT64, ["batch"])]
     out_graph = helper.make_graph(outer.nodes, f"edgebnn_anytime_{graph.name}", inputs, outputs, kept + outer.inits)
@@ -361,10 +329,26 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
 Slicer = Callable[[_Graph, str, Callable[[], tuple[str, str]], dict[str, str]], None]
 
 
-def _loop(outer: _Graph, graph: onnx.GraphProto, drawn: list[int], state: list[str], logits3: str,
-          rule: StoppingRule, classes: int, coef: np.ndarray, thresh: np.ndarray, slices: Slicer) -> list[str]:
+@dataclass(frozen=True)
+class _Chunking:
+    """What every chunk's copy reads: the positions (in graph order) of the nodes that change per chunk, the member
+    logits [B, c, K], the rule and its per-iteration constants (:meth:`StoppingRule.constants`), and how a chunk
+    slices the host noise."""
+
+    drawn: list[int]
+    logits3: str
+    rule: StoppingRule
+    classes: int
+    coef: np.ndarray
+    thresh: np.ndarray
+    slices: Slicer
+
+
+def _loop(outer: _Graph, graph: onnx.GraphProto, state: list[str], ch: _Chunking) -> list[str]:
     """A Loop of at most S_max / c iterations over one chunk body; iteration i reads its members' noise and the
     rule's constants at i. Returns the final state's names."""
+    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
+                                                           ch.thresh, ch.slices)
     body = _Graph(outer.opset)
     it, cond = S + "i", S + "cond"
 
@@ -397,11 +381,12 @@ def _loop(outer: _Graph, graph: onnx.GraphProto, drawn: list[int], state: list[s
 SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP (If chain)
 
 
-def _chain(outer: _Graph, chunks: list[onnx.ModelProto], drawn: list[int], differing: set[str], state: list[str],
-           logits3: str, rule: StoppingRule, classes: int, coef: np.ndarray, thresh: np.ndarray,
-           slices: Slicer) -> list[str]:
+def _chain(outer: _Graph, chunks: list[onnx.ModelProto], differing: set[str], state: list[str],
+           ch: _Chunking) -> list[str]:
     """Chunk 0 inline, then one If per further chunk, run while any row is drawing, its constants inside its then
     branch (the else branch passes the state on). Returns the final state's names."""
+    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
+                                                           ch.thresh, ch.slices)
     c = rule.chunk
     for i, chunk in enumerate(chunks):
         p = f"at{i}/"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters import DEFAULT_SAMPLES
 from edgebnn.family import ExportRequest, Family, family_of
 from edgebnn.ir import DOMAIN, BNNModel
 
@@ -44,7 +45,7 @@ def family_of_model(model: BNNModel) -> str | None:
     return next((family.noun for family, _ in _families(model) if family.lowerings), None)
 
 
-def default_samples(model: BNNModel, fallback: int) -> int:
+def default_samples(model: BNNModel, fallback: int = DEFAULT_SAMPLES) -> int:
     """The S an export of ``model`` takes when none is given: M for a deep ensemble, else ``fallback``."""
     return ensemble_members(model) or fallback
 

@@ -32,7 +32,6 @@ family's reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -40,6 +39,7 @@ import onnx
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters._graph import Builder, P, set_metadata
 from edgebnn.exporters.analytic import VAR_FLOOR, quadrature_matrix
+from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.layers import layer_kind
 from edgebnn.family import Analytic, family_of
 from edgebnn.ir import BNNModel, attrs_of
@@ -102,10 +102,10 @@ def uses_glm(model: BNNModel) -> bool:
         n is not node and n.domain != "ai.edgebnn" and layer_kind(n) is not None for n in model.proto.graph.node))
 
 
-def export_glm(model: BNNModel, samples: int, *, progress: Callable[[int, int], None] | None = None,
-               ) -> onnx.ModelProto:
-    """The GLM/probit predictive of a last-layer posterior (see the module docstring); ``samples`` quadrature
+def export_glm(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
+    """The GLM/probit predictive of a last-layer posterior (see the module docstring); ``spec.samples`` quadrature
     points for ``mutual_info`` only."""
+    samples = spec.samples
     node = _last_layer(model)
     if node is None:
         raise InvalidOptionError(f"{model.where}: the GLM predictive needs one sampled layer, the final Gemm")
@@ -122,8 +122,8 @@ def export_glm(model: BNNModel, samples: int, *, progress: Callable[[int, int], 
         bias = encoded[node.input[2]].encoding
         terms.append(b.f32(p + "b_var", np.square(bias.stddev().astype(np.float64))))
     var = terms[0] if len(terms) == 1 else b.add("Add", terms, p + "var")
-    if progress is not None:
-        progress(1, 1)
+    if spec.progress is not None:
+        spec.progress(1, 1)
     mean = node.output[0]
     classes = model.manifest.num_classes
     kappa = b.add("Reciprocal", [b.add("Sqrt", [b.add("Add", [b.f32(p + "one", 1.0), b.add(

@@ -54,7 +54,9 @@ Adding a layer kind is one :class:`LayerKind` subclass registered here.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -104,6 +106,36 @@ def unsqueeze(b: Builder, v: Operand, axis: int, axes_name: str, out: str) -> Op
     return b.add("Unsqueeze", [v, b.i64(axes_name, axis)], out)
 
 
+@dataclass(frozen=True)
+class SampledLayer:
+    """One sampled layer a layer kind emits over the sample axis (:meth:`LayerKind.batched`).
+
+    Attributes:
+        node: The layer's node; ``node.input[0]`` is [B·S, ...], or [B, ...] identical for every sample when
+            ``shared``; ``node.output[0]`` is written [B·S, ...].
+        p: Prefix of every value emitted for it.
+        samples: S.
+        wshape: The weight's shape (one member's).
+        shapes: Static shapes of the graph's values (batch 1).
+        where: How messages name the layer.
+        dtype: The format constant weights take (in the builder's form; with ``grid``: exact); biases stay fp32.
+        grid: The integer grid the constant members lie on, if any.
+        shared: Whether the input is shared by every sample (the wide form: members side by side).
+        source: The encoding whose store writes fp32 members on its grid (:func:`.stores.constants.constant`).
+    """
+
+    node: onnx.NodeProto
+    p: str
+    samples: int
+    wshape: tuple[int, ...]
+    shapes: dict[str, list[int]]
+    where: str
+    dtype: str = "fp32"
+    grid: Grid | None = None
+    shared: bool = False
+    source: Encoding | None = None
+
+
 class LayerKind(ABC):
     """One op type that reads a sampled weight as its input 1 (and an optional bias as input 2)."""
 
@@ -149,15 +181,14 @@ class LayerKind(ABC):
         raise NotImplementedError(self.op_type)
 
     @abstractmethod
-    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
-                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
-                source: Encoding | None = None) -> None:
-        """Emit the op over the sample axis: ``w`` is [S, *wshape], ``bias`` [S, out]; ``node.output[0]`` is
-        [B·S, ...]. ``node.input[0]`` is [B·S, ...], or [B, ...] identical for every sample when ``shared``.
-        Constant weights take ``dtype`` (with ``grid``: exact) in the builder's form, constant biases fp32; fp32
-        members of ``source`` on its grid are written by its store where it writes members
-        (:func:`.stores.constants.constant`)."""
+    def batched(self, b: Builder, layer: SampledLayer, w: Operand, bias: Operand | None) -> None:
+        """Emit ``layer`` over the sample axis (:class:`SampledLayer`): ``w`` is [S, *wshape], ``bias`` [S, out]."""
+
+    def _member(self, b: Builder, layer: SampledLayer, w: Operand, tag: str) -> str:
+        """The members ``w`` as one graph value named ``layer.p + tag``: a constant in the weight format of this
+        kind for ``layer.dtype`` (written by the source's store where it writes members), or ``w`` itself."""
+        fmt = self.weight_format(layer.node, layer.wshape, layer.dtype, True)
+        return _const(b, w, layer.p + tag, fmt, layer.grid, layer.source)
 
 
 def _const(b: Builder, v: Operand, name: str, dtype: str = "fp32", grid: Grid | None = None,
@@ -206,16 +237,14 @@ class Gemm(LayerKind):
         k_axis_ok = batched or not attrs_of(node).get("transB", 0)
         return dtype if dtype != "int4" or (k_axis_ok and self.out_dim(node, wshape) % 2 == 0) else "int8"
 
-    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
-                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
-                source: Encoding | None = None) -> None:
-        attrs = self.attrs(node, where)
+    def batched(self, b: Builder, layer: SampledLayer, w: Operand, bias: Operand | None) -> None:
+        node, p, samples, wshape, grid = layer.node, layer.p, layer.samples, layer.wshape, layer.grid
+        attrs = self.attrs(node, layer.where)
         n_out = self.out_dim(node, wshape)
         n_in = int(wshape[1] if attrs.get("transB", 0) else wshape[0])
-        fmt = self.weight_format(node, wshape, dtype, True)
-        if shared:
-            self._wide(b, node, p, samples, n_in, n_out, attrs, w, bias, fmt, grid, source)
+        fmt = self.weight_format(node, wshape, layer.dtype, True)
+        if layer.shared:
+            self._wide(b, layer, (n_in, n_out), attrs, w, bias, fmt)
             return
         if attrs.get("transB", 0):
             w = transpose(b, w, (0, 2, 1), p + "W_t")  # [S, out, in] -> [S, in, out]
@@ -238,7 +267,7 @@ class Gemm(LayerKind):
                       for s in range(samples)]
             y = b.add("Concat", ys, p + "xw", axis=0)
         else:
-            y = b.add("MatMul", [xt, _const(b, w, p + "W", fmt, grid, source)], p + "xw")
+            y = b.add("MatMul", [xt, self._member(b, layer, w, "W")], p + "xw")
         if bias is not None:
             y = b.add("Add", [y, _bias(b, unsqueeze(b, bias, 1, p + "axis1", p + "b3"), p + "b")], p + "y")
         y = b.add("Transpose", [y], p + "y_t", perm=[1, 0, 2])  # [B, S, out]
@@ -264,11 +293,12 @@ class Gemm(LayerKind):
         if len(node.input) > 2 and node.input[2]:
             b.add("Add", [y, node.input[2]], node.output[0])
 
-    def _wide(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, n_in: int, n_out: int,
-              attrs: dict[str, Any], w: Operand, bias: Operand | None, fmt: str, grid: Grid | None,
-              source: Encoding | None) -> None:
+    def _wide(self, b: Builder, layer: SampledLayer, dims: tuple[int, int], attrs: dict[str, Any], w: Operand,
+              bias: Operand | None, fmt: str) -> None:
         """[B, in] -> [B, S·out] in one Gemm with the members side by side (W_s as [S·out, in]; int4: a MatMul
-        on [in, S·out], its blocks along the reduction axis)."""
+        on [in, S·out], its blocks along the reduction axis); ``dims``: (in, out)."""
+        node, p, samples, grid, source = layer.node, layer.p, layer.samples, layer.grid, layer.source
+        n_in, n_out = dims
         b_wide = None if bias is None else _bias(b, reshape(b, bias, (-1,), p + "b_shape", p + "b_wide"), p + "b")
         if fmt == "int4":
             if attrs.get("transB", 0):
@@ -319,20 +349,17 @@ class Conv(LayerKind):
     def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
         return (-1, *[1] * (len(wshape) - 2))
 
-    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
-                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
-                source: Encoding | None = None) -> None:
-        (_, c, *spatial), (_, o, *out_spatial) = self.shapes(node, wshape, shapes, where)
+    def batched(self, b: Builder, layer: SampledLayer, w: Operand, bias: Operand | None) -> None:
+        node, p, samples, wshape, shared = layer.node, layer.p, layer.samples, layer.wshape, layer.shared
+        (_, c, *spatial), (_, o, *out_spatial) = self.shapes(node, wshape, layer.shapes, layer.where)
         attrs = attrs_of(node)
         group = int(attrs.pop("group", 1))
         x = node.input[0]
         if shared and group > 1:  # side by side, S members' groups would interleave: fold the input instead
             x, shared = b.fold_samples(x, p + "x_s", samples, [c, *spatial], p + "fold/"), False
-        fmt = self.weight_format(node, wshape, dtype, True)
+        fmt = self.weight_format(node, wshape, layer.dtype, True)
         if not shared and isinstance(w, np.ndarray) and not isinstance(bias, str) and c // group < SPLIT_BELOW:
-            self._split(b, p, samples, x, (c, spatial, o, out_spatial), w, bias, group, attrs, fmt, grid,
-                        node.output[0], source)
+            self._split(b, layer, x, (c, spatial, o, out_spatial), w, bias, {**attrs, "group": group}, fmt)
             return
         if not shared:
             x = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
@@ -341,23 +368,24 @@ class Conv(LayerKind):
         # no ConvInteger in the integer form: onnxruntime 1.32's ConvInteger ran LeNet-5's grouped conv 4.6x slower
         # than the fp32 Conv (docs/speed.md); the builder folds the int8 weight to fp32 there
         b_flat = None if bias is None else _bias(b, reshape(b, bias, (-1,), p + "b_shape", p + "b"), p + "b")
-        y = b.add(self.op_type, [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid, source),
-                           *([b_flat] if b_flat else [])], p + "y", group=group, **attrs)
+        y = b.add(self.op_type, [x, self._member(b, layer, w, "W"), *([b_flat] if b_flat else [])], p + "y",
+                  group=group, **attrs)
         _wide_out(b, p, y, [o, *out_spatial], node.output[0])
 
 
-    def _split(self, b: Builder, p: str, samples: int, x: str, dims: tuple[int, list[int], int, list[int]],
-               w: np.ndarray, bias: Operand | None, group: int, attrs: dict[str, Any], fmt: str, grid: Grid | None,
-               out: str, source: Encoding | None = None) -> None:
-        """[B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Split into S -> S Convs (W_s, b_s) -> Concat [B, S·O, *sp']."""
+    def _split(self, b: Builder, layer: SampledLayer, x: str, dims: tuple[int, list[int], int, list[int]],
+               w: np.ndarray, bias: Operand | None, attrs: dict[str, Any], fmt: str) -> None:
+        """[B·S, C, *sp] -> Reshape [B, S·C, *sp] -> Split into S -> S Convs (W_s, b_s; ``attrs``: the Conv's, its
+        group included) -> Concat [B, S·O, *sp']."""
+        p, samples, grid, source = layer.p, layer.samples, layer.grid, layer.source
         c, spatial, o, out_spatial = dims
         xs = [f"{p}x{s}" for s in range(samples)]
         folded = b.add("Reshape", [x, b.i64(p + "in_shape", -1, samples * c, *spatial)], p + "x")
         b.nodes.append(onnx.helper.make_node("Split", [folded, b.i64(p + "split", *[c] * samples)], xs, axis=1))
         ys = [b.add(self.op_type, [xs[s], _const(b, w[s], f"{p}W{s}", fmt, grid, source),
                              *([_bias(b, bias[s], f"{p}b{s}")] if isinstance(bias, np.ndarray) else [])],
-                    f"{p}y{s}", group=group, **attrs) for s in range(samples)]
-        _wide_out(b, p, b.add("Concat", ys, p + "y", axis=1), [o, *out_spatial], out)
+                    f"{p}y{s}", **attrs) for s in range(samples)]
+        _wide_out(b, p, b.add("Concat", ys, p + "y", axis=1), [o, *out_spatial], layer.node.output[0])
 
 
 def _wide_out(b: Builder, p: str, y: str, dims: list[int], out: str) -> None:
@@ -482,15 +510,12 @@ class ConvTranspose(Conv):
     def out_dim(self, node: onnx.NodeProto, wshape: tuple[int, ...]) -> int:
         return int(wshape[1]) * int(attrs_of(node).get("group", 1))
 
-    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
-                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
-                source: Encoding | None = None) -> None:
+    def batched(self, b: Builder, layer: SampledLayer, w: Operand, bias: Operand | None) -> None:
         """As Conv, on the folded input; a ``shared`` input ([B, ...], the same for every sample) is folded first
         (the members side by side on the output axis would need the weight interleaved on its axis 1)."""
-        if shared:
-            node = _folded_input(b, node, p, samples, shapes)
-        super().batched(b, node, p, samples, wshape, w, bias, shapes, where, dtype, grid, source=source)
+        if layer.shared:
+            layer = dataclasses.replace(layer, node=_folded_input(b, layer), shared=False)
+        super().batched(b, layer, w, bias)
 
 
 @register_layer
@@ -536,16 +561,14 @@ class BatchNormalization(LayerKind):
         return b.add("BatchNormalization", [inputs[0], inputs[1], shift, *node.input[3:5]], out,
                      **attrs_of(node))
 
-    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
-                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
-                source: Encoding | None = None) -> None:
-        c, *spatial = self.out_dims(node, wshape, shapes, where)
+    def batched(self, b: Builder, layer: SampledLayer, w: Operand, bias: Operand | None) -> None:
+        node, p, samples, wshape = layer.node, layer.p, layer.samples, layer.wshape
+        c, *spatial = self.out_dims(node, wshape, layer.shapes, layer.where)
         ones = (1,) * len(spatial)
-        rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
+        rows = 1 if layer.shared else samples  # a shared input [B, ...] broadcasts over the S members
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, c, *spatial)], p + "x")
         w = reshape(b, w, (samples, c, *ones), p + "w_shape", p + "W")
-        y = b.add("Mul", [x, _const(b, w, p + "W", self.weight_format(node, wshape, dtype, True), grid, source)],
+        y = b.add("Mul", [x, self._member(b, layer, w, "W")],
                   p + "xw")
         if bias is not None:
             bias = reshape(b, bias, (samples, c, *ones), p + "b_shape", p + "b")
@@ -584,21 +607,19 @@ class DropoutMul(LayerKind):
     def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
         return (-1,)  # no bias
 
-    def batched(self, b: Builder, node: onnx.NodeProto, p: str, samples: int, wshape: tuple[int, ...],
-                w: Operand, bias: Operand | None, shapes: dict[str, list[int]], where: str,
-                dtype: str = "fp32", grid: Grid | None = None, shared: bool = False,
-                source: Encoding | None = None) -> None:
-        dims = self.out_dims(node, wshape, shapes, where)
-        rows = 1 if shared else samples  # a shared input [B, ...] broadcasts over the S members
+    def batched(self, b: Builder, layer: SampledLayer, w: Operand, bias: Operand | None) -> None:
+        node, p, samples, wshape = layer.node, layer.p, layer.samples, layer.wshape
+        dims = self.out_dims(node, wshape, layer.shapes, layer.where)
+        rows = 1 if layer.shared else samples  # a shared input [B, ...] broadcasts over the S members
         x = b.add("Reshape", [node.input[0], b.i64(p + "in_shape", -1, rows, *dims)], p + "x")
-        y = b.add("Mul", [x, _const(b, w, p + "M", self.weight_format(node, wshape, dtype, True), grid, source)],
+        y = b.add("Mul", [x, self._member(b, layer, w, "M")],
                   p + "xm")
         b.add("Reshape", [y, b.i64(p + "out_shape", -1, *dims)], node.output[0])
 
 
-def _folded_input(b: Builder, node: onnx.NodeProto, p: str, samples: int, shapes: dict[str, list[int]],
-                  ) -> onnx.NodeProto:
-    """``node`` reading its input [B, *dims] folded to [B·S, *dims]."""
+def _folded_input(b: Builder, layer: SampledLayer) -> onnx.NodeProto:
+    """The layer's node reading its input [B, *dims] folded to [B·S, *dims]."""
+    node, p, samples, shapes = layer.node, layer.p, layer.samples, layer.shapes
     dims = shapes[node.input[0]][1:]
     folded = b.fold_samples(node.input[0], p + "x_s", samples, dims, p + "fold/")
     shapes[folded] = shapes[node.input[0]]

@@ -28,6 +28,9 @@ Fields (``None`` optionals are left out of the JSON, so the bytes are those the 
     anytime         an anytime ensemble (``--samples auto``, :mod:`edgebnn.exporters.anytime`): its stopping rule
                     (:meth:`edgebnn.stopping.StoppingRule.to_dict`); ``samples`` is then the largest count, and the
                     outputs end with ``samples`` (members each input used)
+    config          the export configuration that reproduces the graph, every ``auto`` decided
+                    (:meth:`edgebnn.exporters.config.ExportConfig.to_dict`; absent: a float baseline, or a file
+                    written before edgebnn recorded it)
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,10 +48,12 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from edgebnn._version import __version__
-from edgebnn.errors import InvalidArtifactError
+from edgebnn.errors import EdgeBNNError, InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
+from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.forms import FORMS
 from edgebnn.ir import MANIFEST_KEY, BNNModel
+from edgebnn.stopping import StoppingRule
 from edgebnn.tasks import Task
 
 EXPORT_KEY = "edgebnn.export"
@@ -92,6 +97,7 @@ class ExportMetadata:
     input_range: tuple[float, float] | None = None
     approximations: tuple[str, ...] | None = None
     anytime: Mapping[str, Any] | None = None
+    config: Mapping[str, Any] | None = None
 
     @classmethod
     def describe(cls, model: BNNModel, *, mode: str, samples: int, seed: int | None, **extra: Any) -> ExportMetadata:
@@ -307,7 +313,8 @@ _CHECKS: dict[str, Any] = {
     "task": _is_text,
     "task_options": lambda v: isinstance(v, dict),
     "approximations": _is_text_list,
-    "anytime": lambda v: isinstance(v, dict) and _anytime_ok(v),
+    "anytime": lambda v: isinstance(v, dict) and _parses(StoppingRule.from_dict, v),
+    "config": lambda v: isinstance(v, dict) and _parses(ExportConfig.from_dict, v),
     "input_range": lambda v: isinstance(v, list) and len(v) == 2 and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v) and v[0] <= v[1],
 }
@@ -320,18 +327,16 @@ _DESCRIBE = {
     "float_bnn_bytes": "a non-negative integer", "ebnn_bytes": "a non-negative integer",
     "calibration": "an object with a method", "stores": "an object {store: tensors}", "rng": "host or graph",
     "input_range": "[min, max] of finite numbers", "approximations": "a list of non-empty strings",
-    "anytime": "a stopping rule (edgebnn.stopping)",
+    "anytime": "a stopping rule (edgebnn.stopping)", "config": "an export configuration (edgebnn.exporters.config)",
 }
 _DESCRIBE.update({k: "a non-empty string" for k in _CHECKS if k not in _DESCRIBE})
 
 
-def _anytime_ok(v: dict[str, Any]) -> bool:
-    """A stopping rule :class:`edgebnn.stopping.StoppingRule` accepts."""
-    from edgebnn.errors import EdgeBNNError
-    from edgebnn.stopping import StoppingRule
-
+def _parses(parse: Callable[[Any, str], object], v: dict[str, Any]) -> bool:
+    """Whether ``parse`` (a ``from_dict``: :class:`edgebnn.stopping.StoppingRule`'s, :class:`ExportConfig`'s) accepts
+    ``v``."""
     try:
-        StoppingRule.from_dict(v, "<metadata>")
+        parse(v, "<metadata>")
     except EdgeBNNError:
         return False
     return True

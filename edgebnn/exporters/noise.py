@@ -71,17 +71,16 @@ Noise inputs are recorded in the export metadata (``noise_inputs``: name, shape 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import numpy as np
 import onnx
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import NOISE_VARIANTS
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
+from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
-from edgebnn.exporters.layers import LayerKind, bias_name
-from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
+from edgebnn.exporters.layers import LayerKind, SampledLayer, bias_name
+from edgebnn.exporters.rewrite import LayerRewrite, baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, decode, finish_stores, store_metadata
 from edgebnn.family import family_of
 from edgebnn.ir import BNNModel, EncodedWeight
@@ -92,45 +91,67 @@ ROWS = "batch_x_samples"
 # sample (S·n numbers, cheap) where Flipout's few sign bits (a 4x1x3x3 kernel: 9 per sample) would leave the
 # samples measurably dependent (MC error 1.06-1.10x independent draws, docs/speed.md)
 FLIPOUT_MIN_WEIGHTS = 1024
-RNGS = ("host", "graph")  # where a noise graph's standard noise is drawn
 
 
-def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist: str | float = "off",
-                 seed: int = 0, progress: Callable[[int, int], None] | None = None, weights: str = "fp32",
-                 rng: str = "host", runtimes: tuple[str, ...] | None = None,
-                 window: tuple[int, int] | None = None) -> onnx.ModelProto:
-    """The ``noise`` graph of ``variant`` (``seed``: the baked members of ``mixed``, ``window`` their draws as in
-    :func:`.rewrite.baked_layers`; with ``rng="graph"`` also the first seed of the in-graph random ops).
+def export_noise(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
+    """The ``noise`` graph of the variant ``spec.noise`` (``shared``: the ``shared`` mode; ``spec.seed``: the baked
+    members of ``mixed``, ``spec.window`` their draws as in :func:`.rewrite.baked_layers`; with ``rng="graph"`` also
+    the first seed of the in-graph random ops).
 
-    ``weights``: how μ and σ are stored (:data:`.stores.STORE_CHOICES`; decoded once per call, shared by the S
-    samples); ``runtimes``: where the decodes must run (the float store elsewhere). ``rng``: ``host`` (noise
-    graph inputs) or ``graph`` (drawn inside, one graph input: the data)."""
-    if variant not in NOISE_VARIANTS:
-        raise InvalidOptionError(f"--noise {variant}: choose {' or '.join(NOISE_VARIANTS)}")
-    encoded = {w.name: w for w in model.encoded_weights()}
+    ``spec.weights``: how μ and σ are stored (:data:`.stores.STORE_CHOICES`; decoded once per call, shared by the S
+    samples); ``spec.runtimes``: where the decodes must run (the float store elsewhere). ``spec.rng``: ``host``
+    (noise graph inputs) or ``graph`` (drawn inside, one graph input: the data)."""
+    variant, samples, rng = spec.noise, spec.samples, spec.rng
+    b = Builder(fmt=ExportFormat(weights=spec.weights, runtimes=spec.runtimes))
+    noise = _NoiseLayers(model, spec, b)
     if variant != "mixed":  # mixed bakes whatever it does not run locally
-        _check_drawable(model, list(encoded.values()), variant)
-    if rng not in RNGS:
-        raise InvalidOptionError(f"--rng {rng}: choose {' or '.join(RNGS)}")
-    records: list[dict] = []
-    b = Builder(fmt=ExportFormat(weights=weights, runtimes=runtimes))
+        _check_drawable(model, list(noise.encoded.values()), variant)
+    base, layers = rewrite_sampled_layers(model, samples, noise.rewrite(), b, spec.hoist,
+                                          takes_shared=noise.draws_weights, progress=spec.progress)
+    mode = "shared" if variant == "shared" else "noise"
+    finish_stores(b)
+    out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}")
+    in_graph = rng == "graph"
+    set_metadata(out, model, mode=mode, samples=samples,
+                 seed=spec.seed if variant == "mixed" or in_graph else None, noise=variant,
+                 noise_inputs=[] if in_graph else noise.records, layers=layers, rng=rng if in_graph else None,
+                 **store_metadata(b))
+    return out if spec.weights == "fp32" else compact_names(out)
 
-    def noise_input(name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
+
+class _NoiseLayers:
+    """The ``noise`` mode's layer rewrites (the variants of the module docstring, each a
+    :data:`~.rewrite.LayerRewrite`) and the standard noise they read (``records``: the noise inputs' metadata)."""
+
+    def __init__(self, model: BNNModel, spec: GraphSpec, b: Builder) -> None:
+        self.spec, self.b = spec, b
+        self.samples, self.variant = spec.samples, spec.noise
+        self.encoded = {w.name: w for w in model.encoded_weights()}
+        self.records: list[dict] = []
+        self.baked = baked_layers(model, spec.samples, spec.seed, window=spec.window)
+
+    def rewrite(self) -> LayerRewrite:
+        """The rewrite of the variant."""
+        return {"auto": self.auto, "local": self.local_or_mask, "weight": self.weight, "shared": self.shared,
+                "mixed": self.mixed, "flipout": self.flipout_auto}[self.variant]
+
+    def noise_input(self, name: str, dims: list[int], per: str, dist: str = "normal", like: str | None = None) -> str:
         """Standard noise: a graph input the host fills, or (``rng="graph"``) a seeded random op, shaped
         [S, *dims] per sample, like ``like`` ([B·S, *dims]) per row, or [*dims] once per call (``call``: a host
         input of S rows of ceil(n / S) numbers, its first n read)."""
+        b, samples, rng, records = self.b, self.samples, self.spec.rng, self.records
         if any(r["name"] == name for r in records):  # a shared input (NoiseNeed.shared): made once
             return P + name if rng == "graph" else name
         if per == "call" and rng == "host":
             n = math.prod(dims)
-            rows = noise_input(name, [-(-n // samples)], "sample", dist)
+            rows = self.noise_input(name, [-(-n // samples)], "sample", dist)
             q = P + name + "/"
             flat = b.add("Reshape", [rows, b.i64(q + "flat_shape", -1)], q + "flat")
             first = b.add("Slice", [flat, b.i64(q + "start", 0), b.i64(q + "end", n)], q + "first")
             return b.add("Reshape", [first, b.i64(q + "shape", *dims)], P + name)
         if rng == "graph":
             op = {"normal": "RandomNormal", "uniform": "RandomUniform"}[dist]
-            attrs = {"seed": float(seed + len(records)), "dtype": onnx.TensorProto.FLOAT}
+            attrs = {"seed": float(self.spec.seed + len(records)), "dtype": onnx.TensorProto.FLOAT}
             records.append({"name": name})
             if per == "row":
                 assert like is not None
@@ -139,20 +160,20 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         records.append({"name": name, "shape": [-1 if per == "row" else samples, *dims], "per": per, "dist": dist})
         return b.input(name, [ROWS if per == "row" else samples, *dims])
 
-    def draw(name: str, enc: Encoding, p: str, tag: str) -> str:
+    def draw(self, name: str, enc: Encoding, p: str, tag: str) -> str:
         """W_s [S, *shape] of one encoded weight, from its noise inputs (one set per sample)."""
         emitter, needs = draw_emitter(enc), enc.noise_needs()
         assert emitter is not None and needs is not None  # _check_drawable
-        eps = {n.suffix: noise_input(f"noise/{n.suffix.lstrip('.')}" if n.shared else f"noise/{name}{n.suffix}",
-                                     list(n.dims), "sample", n.dist) for n in needs}
-        return emitter(b, enc, p, tag, eps, samples)
+        eps = {n.suffix: self.noise_input(f"noise/{n.suffix.lstrip('.')}" if n.shared else f"noise/{name}{n.suffix}",
+                                          list(n.dims), "sample", n.dist) for n in needs}
+        return emitter(self.b, enc, p, tag, eps, self.samples)
 
-    def local(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def local(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
               shapes: dict[str, list[int]], wide: bool) -> None:
         """mean = op(x, mu) + b_mu, var = op(x², σ²) + b_σ², y = mean + √var ⊙ ε_row."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
-        bias_w = encoded.get(bias) if bias else None
+        bias_w = self.encoded.get(bias) if bias else None
         x = node.input[0]
         mean_in = [x, decode(b, w.encoding, "mean", p + "mu")]
         var_in = [b.add("Mul", [x, x], p + "x2"), decode(b, w.encoding, "variance", p + "sigma2")]
@@ -163,27 +184,28 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
             mean_in.append(bias)
         dims = kind.out_dims(node, w.encoding.shape, shapes, f"layer {w.layer!r}")
         mean, var = kind.plain(b, node, mean_in, p + "mean"), kind.plain(b, node, var_in, p + "var")
-        eps = noise_input(f"noise/{w.name}", dims, "row", like=mean)
+        eps = self.noise_input(f"noise/{w.name}", dims, "row", like=mean)
         std = b.add("Sqrt", [var], p + "std")
         b.add("Add", [mean, b.add("Mul", [std, eps], p + "scaled")], node.output[0])
 
-    def weight(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def weight(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                shapes: dict[str, list[int]], wide: bool, ws: str | None = None) -> None:
         """W_s drawn in the graph per sample (or given: ``ws``), then the layer kind's batched op (as ``baked``);
         a Bayesian bias draws per sample."""
         p = f"{P}{w.name}/"
         bias = bias_name(node)
-        bias_w = encoded.get(bias) if bias else None
-        ws = ws or draw(w.name, w.encoding, p, "")
+        bias_w = self.encoded.get(bias) if bias else None
+        ws = ws or self.draw(w.name, w.encoding, p, "")
         out_dim = kind.out_dim(node, w.encoding.shape)
         bias_s = None
         if bias_w is not None:
-            bias_s = draw(bias_w.name, bias_w.encoding, p, "b_")  # [S, out]
+            bias_s = self.draw(bias_w.name, bias_w.encoding, p, "b_")  # [S, out]
         elif bias:
-            bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", samples, out_dim)], p + "b_s")
-        kind.batched(b, node, p, samples, w.encoding.shape, ws, bias_s, shapes, f"layer {w.layer!r}", shared=wide)
+            bias_s = b.add("Expand", [bias, b.i64(p + "b_expand", self.samples, out_dim)], p + "b_s")
+        layer = SampledLayer(node, p, self.samples, w.encoding.shape, shapes, f"layer {w.layer!r}", shared=wide)
+        kind.batched(b, layer, ws, bias_s)
 
-    def flipout(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def flipout(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                 shapes: dict[str, list[int]], wide: bool) -> None:
         """Flipout (Wen et al. 2018) on the weight viewed as a matrix [d0, J] (axis 0 by the rest: a Conv's
         im2col GEMM): ``W_s = mu + (sigma ⊙ ε) ⊙ f_s`` with ONE ε per call and random signs per sample f_s along
@@ -191,14 +213,14 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         ``weight``); a bias draws independently per sample. Two ops over the S members (a Mul by the signs and the
         Add of mu), as the independent draw's ``mu + sigma ⊙ ε_s``; signs on both axes (r_s c_sᵀ) took a third
         (docs/speed.md)."""
-        p = f"{P}{w.name}/"
+        p, samples = f"{P}{w.name}/", self.samples
         enc, shape = w.encoding, [int(d) for d in w.encoding.shape]
         d0, rest = shape[0], math.prod(shape[1:])
-        eps = noise_input(f"noise/{w.name}", [d0, rest], "call")
+        eps = self.noise_input(f"noise/{w.name}", [d0, rest], "call")
         sigma = b.add("Reshape", [decode(b, enc, "stddev", p + "sigma"), b.i64(p + "matrix", d0, rest)], p + "sigma_m")
         delta = b.add("Mul", [sigma, eps], p + "delta")  # [d0, J]: the call's one draw
         n, dims = (rest, (samples, 1, rest)) if rest >= d0 else (d0, (samples, d0, 1))
-        u = noise_input(f"noise/{w.name}.flip", [n], "sample", "uniform")
+        u = self.noise_input(f"noise/{w.name}.flip", [n], "sample", "uniform")
         sign = b.add("Where", [b.add("Less", [u, b.f32(p + "half", 0.5)], p + "neg"), b.f32(p + "minus", -1.0),
                                b.f32(p + "plus", 1.0)], p + "sign")  # [S, n]: -1 where u < 1/2
         sign = b.add("Reshape", [sign, b.i64(p + "sign_shape", *dims)], p + "sign_r")
@@ -206,57 +228,43 @@ def export_noise(model: BNNModel, samples: int, *, variant: str = "auto", hoist:
         mu = b.add("Reshape", [decode(b, enc, "mean", p + "mu"), b.i64(p + "mu_shape", d0, rest)], p + "mu_m")
         ws = b.add("Reshape", [b.add("Add", [mu, flipped], p + "W_m"), b.i64(p + "ws_shape", samples, *shape)],
                    p + "W_s")
-        weight(b, node, kind, w, shapes, wide, ws)
+        self.weight(b, node, kind, w, shapes, wide, ws)
 
-    def local_or_mask(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def local_or_mask(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                       shapes: dict[str, list[int]], wide: bool) -> None:
         """``local``: Gaussian layers propagate their moments; a dropout mask is drawn (it is Bernoulli)."""
-        (local if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes, wide)
+        (self.local if w.encoding.GAUSSIAN else self.weight)(b, node, kind, w, shapes, wide)
 
-    def auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def auto(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
              shapes: dict[str, list[int]], wide: bool) -> None:
-        if rng == "graph":  # numbers drawn in the graph cost ~11-17 ns each: Flipout where weights are shared
-            flipout_auto(b, node, kind, w, shapes, wide)
+        if self.spec.rng == "graph":  # numbers drawn in the graph cost ~11-17 ns each: Flipout where weights are shared
+            self.flipout_auto(b, node, kind, w, shapes, wide)
             return
-        (local if kind.LOCAL_EXACT and w.encoding.GAUSSIAN and not w.encoding.CORRELATED else weight)(
+        (self.local if kind.LOCAL_EXACT and w.encoding.GAUSSIAN and not w.encoding.CORRELATED else self.weight)(
             b, node, kind, w, shapes, wide)
 
-    def flipout_auto(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def flipout_auto(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                      shapes: dict[str, list[int]], wide: bool) -> None:
         """``local`` where it is exact, Flipout where a mean-field Gaussian weight is shared across positions."""
         if kind.LOCAL_EXACT and w.encoding.GAUSSIAN and not w.encoding.CORRELATED:
-            local(b, node, kind, w, shapes, wide)
+            self.local(b, node, kind, w, shapes, wide)
+        elif flips(w) and (self.variant == "flipout" or w.encoding.size >= FLIPOUT_MIN_WEIGHTS):
+            self.flipout(b, node, kind, w, shapes, wide)
         else:
-            (flipout if flips(w) and (variant == "flipout" or w.encoding.size >= FLIPOUT_MIN_WEIGHTS) else weight)(
-                b, node, kind, w, shapes, wide)
+            self.weight(b, node, kind, w, shapes, wide)
 
-    def shared(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def shared(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
                shapes: dict[str, list[int]], wide: bool) -> None:
-        (auto if w.encoding.GAUSSIAN else weight)(b, node, kind, w, shapes, wide)
+        (self.auto if w.encoding.GAUSSIAN else self.weight)(b, node, kind, w, shapes, wide)
 
-    baked = baked_layers(model, samples, seed, window=window)
-
-    def mixed(b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
+    def mixed(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
               shapes: dict[str, list[int]], wide: bool) -> None:
-        (local if kind.LOCAL_EXACT and w.encoding.GAUSSIAN else baked)(b, node, kind, w, shapes, wide)
+        (self.local if kind.LOCAL_EXACT and w.encoding.GAUSSIAN else self.baked)(b, node, kind, w, shapes, wide)
 
-    def draws_weights(kind: LayerKind, w: EncodedWeight) -> bool:
+    def draws_weights(self, kind: LayerKind, w: EncodedWeight) -> bool:
         """Whether the layer has S weight sets (the batched op, which takes an input shared by every sample)."""
+        variant = self.variant
         return variant == "weight" or not (w.encoding.GAUSSIAN and (kind.LOCAL_EXACT or variant == "local"))
-
-    rewrite = {"auto": auto, "local": local_or_mask, "weight": weight, "shared": shared, "mixed": mixed,
-               "flipout": flipout_auto}[variant]
-    base, layers = rewrite_sampled_layers(model, samples, rewrite, b, hoist, takes_shared=draws_weights,
-                                          progress=progress)
-    mode = "shared" if variant == "shared" else "noise"
-    finish_stores(b)
-    out = b.model(base, list(base.graph.input), f"edgebnn_{mode}_{variant}_S{samples}")
-    in_graph = rng == "graph"
-    set_metadata(out, model, mode=mode, samples=samples,
-                 seed=seed if variant == "mixed" or in_graph else None, noise=variant,
-                 noise_inputs=[] if in_graph else records, layers=layers, rng=rng if in_graph else None,
-                 **store_metadata(b))
-    return out if weights == "fp32" else compact_names(out)
 
 
 def flips(w: EncodedWeight) -> bool:

@@ -18,6 +18,7 @@ from edgebnn.exporters._graph import Builder, P, renamed_input, static_shapes
 from edgebnn.exporters.layers import (
     LAYERS,
     LayerKind,
+    SampledLayer,
     bias_name,
     integer_kernel,
     layer_kind,
@@ -95,8 +96,9 @@ def baked_layers(model: BNNModel, samples: int, seed: int, weights: str = "fp32"
         shape = w.encoding.shape
         bias = bias_samples(b, node, kind.out_dim(node, shape))
         # members on a grid: the store's codes where it writes them (a lowered deep ensemble), fp32 members only
-        kind.batched(b, node, f"{P}{w.name}/", samples, shape, draw(w), bias, shapes, f"layer {w.layer!r}", weights,
-                     w.encoding.sample_grid(), shared, source=w.encoding if weights == "fp32" else None)
+        layer = SampledLayer(node, f"{P}{w.name}/", samples, shape, shapes, f"layer {w.layer!r}", weights,
+                             w.encoding.sample_grid(), shared, source=w.encoding if weights == "fp32" else None)
+        kind.batched(b, layer, draw(w), bias)
 
     return rewrite
 
@@ -124,90 +126,114 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     Returns the float skeleton (for its graph input, opsets and output) and ``{"sampled", "hoisted"}`` layer
     names for the export report.
     """
-    encoded_order = model.encoded_weight_names()
-    encoded = set(encoded_order)  # decoded one layer at a time, when its node is reached
-    layer_of = {n.output[0]: next((a.s.decode() for a in n.attribute if a.name == "layer"), n.output[0])
-                for n in model.proto.graph.node if n.output and n.output[0] in encoded}
-    quiet = quiet_weights(model, hoist)
-    base = model.weights_as_inputs()  # the skeleton with shapes only: no posterior is copied
-    shapes = static_shapes(base)
-    in_name = model.manifest.input_name
-    del base.graph.input[1:]  # the weights were inputs only for shape inference
-    b.adopt(base.graph.initializer)
-    nodes = list(base.graph.node)
-    for name in (n for n in encoded_order if n in quiet):  # hoisted layers run once with their mean
-        _hoisted_weight(b, nodes, model.encoded_weight(name), weights)
-    sampled_at = {i for i, n in enumerate(nodes) if any(x in encoded and x not in quiet for x in n.input)}
-    start = _fold_point(nodes, in_name, sampled_at)
-
-    folded: dict[str, str] = {}
-    axes: dict[str, int] = {}  # batch axis of values computed before the fold (sequence-major ones: recurrent)
-    moved = any(n.op_type in MOVES_BATCH for n in nodes[:start])
-
-    def fold(value: str) -> str:
-        """``value`` [B, ...] as [B·S, ...] (once per value; on its batch axis, :mod:`.recurrent`)."""
-        if value not in folded:
-            dims = shapes.get(value)
-            if dims is None:
-                raise UnsupportedLayerError(f"{model.where}: hoisting needs a static shape for {value!r}; "
-                                            "export with --hoist off")
-            prefix = P if value == in_name else f"{P}fold/{value}/"
-            axis: int | None = 0
-            if value != in_name and moved:  # only a graph that moves axes before the fold needs to look
-                axes.update(axes or batch_axes(model.weights_as_inputs()))
-                axis = axes.get(value)
-            if axis is None:
-                raise UnsupportedLayerError(f"{model.where}: cannot tell the batch axis of {value!r} to fold the "
-                                            "samples into it")
-            folded[value] = (fold_on_axis(b, value, prefix + "out", samples, dims, axis, prefix) if axis else
-                             b.fold_samples(value, prefix + "input" if value == in_name else prefix + "out",
-                                            samples, dims[1:], prefix))
-            shapes[folded[value]] = dims
-        return folded[value]
-
-    pre_data = {in_name}  # data values computed on B rows, before the sample axis starts
-    shape_vals: set[str] = set()  # values computed from Shape(...): batch arithmetic
-    emitted = 0  # sampled layers rewritten so far
-    for i, node in enumerate(nodes):
-        kind = layer_kind(node) if i in sampled_at else None
-        shared = (kind is not None and takes_shared is not None and node.input[0] in pre_data
-                  and node.input[1] in encoded and takes_shared(kind, model.encoded_weight(node.input[1])))
-        uses_shape = any(x in shape_vals for x in node.input)
-        uses_data = any(x in pre_data for x in node.input)
-        if node.op_type == "Shape" and uses_data:
-            node = renamed_input(node, node.input[0], fold(node.input[0]))  # batch arithmetic sees B·S
-            shape_vals.update(node.output)
-        elif uses_shape and not uses_data:
-            shape_vals.update(node.output)
-        elif i < start and uses_data:
-            pre_data.update(node.output)
-        elif i >= start:
-            keep = {node.input[0]} if shared else set()
-            for x in set(node.input) & pre_data - keep:
-                node = renamed_input(node, x, fold(x))
-        if i not in sampled_at:
-            b.nodes.append(node)
-            continue
-        hit = [x for x in node.input if x in encoded and x not in quiet]
-        if kind is None or node.input[1] not in hit:
-            raise UnsupportedLayerError(
-                f"{model.where}: layer {layer_of[hit[0]]!r}: a sampled weight feeds {node.op_type} "
-                f"({node.name or node.output[0]}); ensembles handle {' and '.join(LAYERS)} weights"
-            )
-        rewrite(b, node, kind, model.encoded_weight(node.input[1]), shapes, shared)
-        emitted += 1
-        if progress is not None:  # one step per sampled layer (a progress bar)
-            progress(emitted, len(sampled_at))
-    logits = base.graph.output[0].name
-    if logits in pre_data:
-        logits = fold(logits)  # every layer was hoisted: S identical members
+    run = _Sampling(model, b, samples, quiet_weights(model, hoist))
+    for name in (n for n in model.encoded_weight_names() if n in run.quiet):  # hoisted layers run once: their mean
+        _hoisted_weight(b, run.nodes, model.encoded_weight(name), weights)
+    run.locate()
+    run.emit(rewrite, takes_shared, progress)
+    logits = run.base.graph.output[0].name
+    if logits in run.pre_data:
+        logits = run.fold(logits)  # every layer was hoisted: S identical members
     _stay_sample_major(b)
-    sink_wide_outputs(b, shapes, ELEMENTWISE)
+    sink_wide_outputs(b, run.shapes, ELEMENTWISE)
     if wide:
         run_wide(b, samples, ELEMENTWISE, frozenset({logits}))
     sampled_head(b, logits, samples, model.manifest.num_classes, model.manifest.task_spec(model.where))
-    sampled = {layer_of[n] for n in encoded if n not in quiet}
-    return base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
+    layer_of, quiet = run.layer_of, run.quiet
+    sampled = {layer_of[n] for n in run.encoded if n not in quiet}
+    return run.base, {"sampled": sorted(sampled), "hoisted": sorted({layer_of[n] for n in quiet} - sampled)}
+
+
+class _Sampling:
+    """One rewrite of the IR's skeleton around its sampled layers (:func:`rewrite_sampled_layers`): where the
+    sample axis starts, which values were computed before it (on B rows), their folds to B·S rows."""
+
+    def __init__(self, model: BNNModel, b: Builder, samples: int, quiet: set[str]) -> None:
+        self.model, self.b, self.samples, self.quiet = model, b, samples, quiet
+        self.encoded = set(model.encoded_weight_names())  # decoded one layer at a time, when its node is reached
+        self.layer_of = {n.output[0]: next((a.s.decode() for a in n.attribute if a.name == "layer"), n.output[0])
+                         for n in model.proto.graph.node if n.output and n.output[0] in self.encoded}
+        self.base = model.weights_as_inputs()  # the skeleton with shapes only: no posterior is copied
+        self.shapes = static_shapes(self.base)
+        self.in_name = model.manifest.input_name
+        del self.base.graph.input[1:]  # the weights were inputs only for shape inference
+        b.adopt(self.base.graph.initializer)
+        self.nodes = list(self.base.graph.node)
+        self.folded: dict[str, str] = {}
+        self.axes: dict[str, int] = {}  # batch axis of values computed before the fold (sequence-major: recurrent)
+        self.pre_data = {self.in_name}  # data values computed on B rows, before the sample axis starts
+        self.shape_vals: set[str] = set()  # values computed from Shape(...): batch arithmetic
+
+    def locate(self) -> None:
+        """The sampled layers' positions and where the sample axis starts (after hoisting rewrote the nodes)."""
+        self.sampled_at = {i for i, n in enumerate(self.nodes)
+                           if any(x in self.encoded and x not in self.quiet for x in n.input)}
+        self.start = _fold_point(self.nodes, self.in_name, self.sampled_at)
+        self.moved = any(n.op_type in MOVES_BATCH for n in self.nodes[:self.start])
+
+    def fold(self, value: str) -> str:
+        """``value`` [B, ...] as [B·S, ...] (once per value; on its batch axis, :mod:`.recurrent`)."""
+        if value in self.folded:
+            return self.folded[value]
+        where, in_name, b, samples = self.model.where, self.in_name, self.b, self.samples
+        dims = self.shapes.get(value)
+        if dims is None:
+            raise UnsupportedLayerError(f"{where}: hoisting needs a static shape for {value!r}; export with "
+                                        "--hoist off")
+        prefix = P if value == in_name else f"{P}fold/{value}/"
+        axis: int | None = 0
+        if value != in_name and self.moved:  # only a graph that moves axes before the fold needs to look
+            self.axes.update(self.axes or batch_axes(self.model.weights_as_inputs()))
+            axis = self.axes.get(value)
+        if axis is None:
+            raise UnsupportedLayerError(f"{where}: cannot tell the batch axis of {value!r} to fold the samples into it")
+        self.folded[value] = (fold_on_axis(b, value, prefix + "out", samples, dims, axis, prefix) if axis else
+                              b.fold_samples(value, prefix + "input" if value == in_name else prefix + "out",
+                                             samples, dims[1:], prefix))
+        self.shapes[self.folded[value]] = dims
+        return self.folded[value]
+
+    def emit(self, rewrite: LayerRewrite, takes_shared: TakesShared | None,
+             progress: Callable[[int, int], None] | None) -> None:
+        """Copy every node (its inputs folded where it runs on B·S rows); ``rewrite`` each sampled layer."""
+        model, encoded = self.model, self.encoded
+        emitted = 0  # sampled layers rewritten so far
+        for i, node in enumerate(self.nodes):
+            kind = layer_kind(node) if i in self.sampled_at else None
+            shared = (kind is not None and takes_shared is not None and node.input[0] in self.pre_data
+                      and node.input[1] in encoded and takes_shared(kind, model.encoded_weight(node.input[1])))
+            node = self._on_rows(i, node, shared)
+            if i not in self.sampled_at:
+                self.b.nodes.append(node)
+                continue
+            hit = [x for x in node.input if x in encoded and x not in self.quiet]
+            if kind is None or node.input[1] not in hit:
+                raise UnsupportedLayerError(
+                    f"{model.where}: layer {self.layer_of[hit[0]]!r}: a sampled weight feeds {node.op_type} "
+                    f"({node.name or node.output[0]}); ensembles handle {' and '.join(LAYERS)} weights"
+                )
+            rewrite(self.b, node, kind, model.encoded_weight(node.input[1]), self.shapes, shared)
+            emitted += 1
+            if progress is not None:  # one step per sampled layer (a progress bar)
+                progress(emitted, len(self.sampled_at))
+
+    def _on_rows(self, i: int, node: onnx.NodeProto, shared: bool) -> onnx.NodeProto:
+        """Node ``i`` as it runs: before the fold point on B rows (its outputs recorded), after it on B·S rows (its
+        B-row inputs folded, but a shared input); ``Shape`` reads the folded input (batch arithmetic sees B·S)."""
+        uses_shape = any(x in self.shape_vals for x in node.input)
+        uses_data = any(x in self.pre_data for x in node.input)
+        if node.op_type == "Shape" and uses_data:
+            node = renamed_input(node, node.input[0], self.fold(node.input[0]))
+            self.shape_vals.update(node.output)
+        elif uses_shape and not uses_data:
+            self.shape_vals.update(node.output)
+        elif i < self.start and uses_data:
+            self.pre_data.update(node.output)
+        elif i >= self.start:
+            keep = {node.input[0]} if shared else set()
+            for x in set(node.input) & self.pre_data - keep:
+                node = renamed_input(node, x, self.fold(x))
+        return node
 
 
 def _fold_point(nodes: list[onnx.NodeProto], in_name: str, sampled_at: set[int]) -> int:

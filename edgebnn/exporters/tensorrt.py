@@ -43,7 +43,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -261,26 +261,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_engine(
-    onnx_path: str | Path,
-    engine_path: str | Path,
-    device: str,
-    *,
-    workspace_mib: int = DEFAULT_WORKSPACE_MIB,
-    dla_core: int | None = None,
-    timing_cache: str | Path | None = None,
-    dry_run: bool = False,
-    max_batch: int = 1,
-    min_batch: int = 1,
-    opt_batch: int | None = None,
-    compute_capability: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """Build a TensorRT engine from an ONNX model and write its manifest and trtexec command.
+@dataclass(frozen=True)
+class BuildOptions:
+    """How TensorRT builds an engine (:func:`build_engine`, :func:`compile_engine`).
 
-    Args:
-        onnx_path: TensorRT-ready ONNX model (standard domain only).
-        engine_path: Engine file to write; the manifest and trtexec files go next to it, named after it.
-        device: Device profile name (``rtx``, ``jetson-orin-nano``, ...); its ``builder`` builds.
+    Attributes:
         workspace_mib: Workspace memory pool limit in MiB.
         dla_core: DLA core to build for, with GPU fallback; only on devices with DLA.
         timing_cache: Timing cache file, loaded when it exists and saved after the build.
@@ -290,6 +275,36 @@ def build_engine(
         opt_batch: The batch TensorRT tunes for (default ``max_batch``).
         compute_capability: rtx: GPUs the engine runs on (``8.6``, ``12.0``, ...); default the builder's
             portable set (Ampere and later).
+    """
+
+    workspace_mib: int = DEFAULT_WORKSPACE_MIB
+    dla_core: int | None = None
+    timing_cache: str | Path | None = None
+    dry_run: bool = False
+    max_batch: int = 1
+    min_batch: int = 1
+    opt_batch: int | None = None
+    compute_capability: Sequence[str] | None = None
+
+    @property
+    def batches(self) -> tuple[int, int, int]:
+        """(min, opt, max) batch of the inputs whose axis 0 is dynamic."""
+        return self.min_batch, self.opt_batch if self.opt_batch is not None else self.max_batch, self.max_batch
+
+    @property
+    def cache(self) -> Path | None:
+        return Path(self.timing_cache) if self.timing_cache is not None else None
+
+
+def build_engine(onnx_path: str | Path, engine_path: str | Path, device: str,
+                 options: BuildOptions | None = None) -> dict[str, Any]:
+    """Build a TensorRT engine from an ONNX model and write its manifest and trtexec command.
+
+    Args:
+        onnx_path: TensorRT-ready ONNX model (standard domain only).
+        engine_path: Engine file to write; the manifest and trtexec files go next to it, named after it.
+        device: Device profile name (``rtx``, ``jetson-orin-nano``, ...); its ``builder`` builds.
+        options: How to build (:class:`BuildOptions`; default its defaults).
 
     Returns:
         The manifest (also written to ``<engine>.manifest.json``).
@@ -301,14 +316,34 @@ def build_engine(
         MissingDependencyError: A real build without the device's TensorRT package.
         EdgeBNNError: TensorRT could not start or the build failed.
     """
+    opts = options or BuildOptions()
     profile = get_device(device)
-    batches = (min_batch, opt_batch if opt_batch is not None else max_batch, max_batch)
-    _check_options(profile, workspace_mib, dla_core, batches)
-    caps = compute_capabilities(profile, compute_capability)
-    assert profile.tensorrt is not None  # checked above
+    _check_options(profile, opts.workspace_mib, opts.dla_core, opts.batches)
+    caps = compute_capabilities(profile, opts.compute_capability)
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
-    timing_cache = Path(timing_cache) if timing_cache is not None else None
     model = _load_onnx(onnx_path)
+    findings = _checked(onnx_path, model, profile, opts.dla_core)
+    inputs = _tensor_info([i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}])
+    shapes = _shape_profile(onnx_path, model, inputs, opts.batches)
+    side_by_side = onnx_path.parent == engine_path.parent  # the command then runs from that folder, wherever it is
+    command = trtexec_command(onnx_path.name if side_by_side else onnx_path,
+                              engine_path.name if side_by_side else engine_path, profile.name,
+                              workspace_mib=opts.workspace_mib, dla_core=opts.dla_core, timing_cache=opts.cache,
+                              shape_profile=shapes)
+    manifest = _manifest(onnx_path, engine_path, profile, opts, model)
+    manifest.update(compute_capabilities=caps or None, inputs=inputs, findings=[asdict(f) for f in findings],
+                    shape_profile={name: {"min": s[0], "opt": s[1], "max": s[2]} for name, s in shapes.items()} or None,
+                    trtexec=command)
+    if not opts.dry_run:
+        _build_into(manifest, onnx_path, engine_path, profile, (opts, shapes, caps))
+    atomic_write_text(trtexec_path(engine_path), shlex.join(command) + "\n")
+    atomic_write_json(manifest_path(engine_path), manifest)
+    return manifest
+
+
+def _checked(onnx_path: Path, model: onnx.ModelProto, profile: DeviceProfile, dla_core: int | None) -> list[Any]:
+    """The static compatibility findings of ``model`` for the device's TensorRT (logged); refuses errors."""
+    assert profile.tensorrt is not None  # _check_options
     findings = check_trt_compat(model, tensorrt=profile.tensorrt, dla=dla_core is not None)
     if has_errors(findings):
         first = next(f for f in findings if f.severity == "error")
@@ -319,19 +354,15 @@ def build_engine(
         )
     for line in format_findings(findings).splitlines()[1:]:
         _log.info("%s: %s", onnx_path, line.strip())
-    inputs = _tensor_info([i for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}])
-    shapes = _shape_profile(onnx_path, model, inputs, batches)
-    side_by_side = onnx_path.parent == engine_path.parent  # the command then runs from that folder, wherever it is
-    command = trtexec_command(
-        onnx_path.name if side_by_side else onnx_path,
-        engine_path.name if side_by_side else engine_path,
-        profile.name,
-        workspace_mib=workspace_mib,
-        dla_core=dla_core,
-        timing_cache=timing_cache,
-        shape_profile=shapes,
-    )
-    manifest: dict[str, Any] = {
+    return findings
+
+
+def _manifest(onnx_path: Path, engine_path: Path, profile: DeviceProfile, opts: BuildOptions,
+              model: onnx.ModelProto) -> dict[str, Any]:
+    """The build manifest before the build: what is built, from what, for which device, how (the build's results
+    null)."""
+    dla = opts.dla_core is not None
+    return {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
         "engine": engine_path.name,
@@ -343,48 +374,50 @@ def build_engine(
         "builder": profile.builder,
         "tensorrt_expected": profile.tensorrt,
         "tensorrt_version": None,
-        "dry_run": dry_run,
-        "flags": ["STRONGLY_TYPED", *(["GPU_FALLBACK"] if dla_core is not None else [])],
-        "default_device_type": "DLA" if dla_core is not None else "GPU",
-        "dla_core": dla_core,
-        "compute_capabilities": caps or None,
-        "workspace_mib": workspace_mib,
-        "timing_cache": str(timing_cache) if timing_cache is not None else None,
+        "dry_run": opts.dry_run,
+        "flags": ["STRONGLY_TYPED", *(["GPU_FALLBACK"] if dla else [])],
+        "default_device_type": "DLA" if dla else "GPU",
+        "dla_core": opts.dla_core,
+        "compute_capabilities": None,
+        "workspace_mib": opts.workspace_mib,
+        "timing_cache": str(opts.cache) if opts.cache is not None else None,
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None),
-        "inputs": inputs,
+        "inputs": None,
         "outputs": _tensor_info(model.graph.output),
-        "shape_profile": {name: {"min": s[0], "opt": s[1], "max": s[2]} for name, s in shapes.items()} or None,
-        "findings": [asdict(f) for f in findings],
-        "trtexec": command,
+        "shape_profile": None,
+        "findings": None,
+        "trtexec": None,
         "builder_warnings": [],
         "network": None,
         "build_seconds": None,
         "engine_sha256": None,
         "engine_bytes": None,
     }
-    if not dry_run:
-        if profile.kind == "jetson" and platform.machine() != "aarch64":
-            raise InvalidOptionError(
-                f"{engine_path}: a {profile.name} engine must be built on the Jetson; use --dry-run here and "
-                f"run {trtexec_path(engine_path).name} there"
-            )
-        trt = import_builder(profile)
-        manifest["tensorrt_version"] = str(trt.__version__)
-        t0 = time.perf_counter()
-        engine, network, warnings = _build(trt, onnx_path, engine_path, workspace_mib, dla_core, timing_cache,
-                                           shapes, caps)
-        manifest["build_seconds"] = round(time.perf_counter() - t0, 3)
-        manifest["builder_warnings"], manifest["network"] = warnings, network
-        atomic_write_bytes(engine_path, engine)
-        manifest["engine_sha256"] = hashlib.sha256(engine).hexdigest()
-        manifest["engine_bytes"] = len(engine)
-    atomic_write_text(trtexec_path(engine_path), shlex.join(command) + "\n")
-    atomic_write_json(manifest_path(engine_path), manifest)
-    return manifest
 
 
-def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str, *, dry_run: bool = False,
-                   **build: Any) -> dict[str, Any]:
+def _build_into(manifest: dict[str, Any], onnx_path: Path, engine_path: Path, profile: DeviceProfile,
+                how: tuple[BuildOptions, ShapeProfile, list[str]]) -> None:
+    """Build the engine with the device's TensorRT, write it, and record the build in ``manifest``."""
+    opts, shapes, caps = how
+    if profile.kind == "jetson" and platform.machine() != "aarch64":
+        raise InvalidOptionError(
+            f"{engine_path}: a {profile.name} engine must be built on the Jetson; use --dry-run here and "
+            f"run {trtexec_path(engine_path).name} there"
+        )
+    trt = import_builder(profile)
+    manifest["tensorrt_version"] = str(trt.__version__)
+    t0 = time.perf_counter()
+    engine, network, warnings = _build(trt, onnx_path, engine_path, opts.workspace_mib, opts.dla_core, opts.cache,
+                                       shapes, caps)
+    manifest["build_seconds"] = round(time.perf_counter() - t0, 3)
+    manifest["builder_warnings"], manifest["network"] = warnings, network
+    atomic_write_bytes(engine_path, engine)
+    manifest["engine_sha256"] = hashlib.sha256(engine).hexdigest()
+    manifest["engine_bytes"] = len(engine)
+
+
+def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str,
+                   options: BuildOptions | None = None) -> dict[str, Any]:
     """Write ``proto`` as ``<engine>.onnx`` and build ``<engine>`` from it (:func:`build_engine`), all or nothing.
 
     Everything is written in a temporary folder beside the engine and moved into place only once the build has
@@ -395,8 +428,8 @@ def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str,
         proto: The ONNX to compile (an edgebnn export).
         engine_path: The engine to write (``model.engine``; not an ``.onnx`` path).
         device: Device profile name.
-        dry_run: Write the ONNX, the manifest and the trtexec command only.
-        **build: :func:`build_engine`'s keyword options.
+        options: How to build (:class:`BuildOptions`; ``dry_run``: write the ONNX, the manifest and the trtexec
+            command only).
 
     Returns:
         The build manifest.
@@ -404,10 +437,12 @@ def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str,
     engine_path = Path(engine_path)
     if engine_path.suffix == ".onnx":
         raise InvalidOptionError(f"-o {engine_path}: give the engine path (e.g. model.engine), not an .onnx path")
+    opts = options or BuildOptions()
+    dry_run = opts.dry_run
     profile = get_device(device)
     if dry_run:
         check_dry_run_path(engine_path, device)
-    findings = check_trt_compat(proto, tensorrt=profile.tensorrt or "11", dla=build.get("dla_core") is not None)
+    findings = check_trt_compat(proto, tensorrt=profile.tensorrt or "11", dla=opts.dla_core is not None)
     if profile.tensorrt is not None and has_errors(findings):
         first = next(f for f in findings if f.severity == "error")
         raise InvalidArtifactError(f"{engine_path}: not TensorRT-compatible: {first.op} {first.node!r}: "
@@ -417,7 +452,7 @@ def compile_engine(proto: onnx.ModelProto, engine_path: str | Path, device: str,
         staged = Path(tmp) / engine_path.name
         atomic_write_bytes(engine_onnx_path(staged), proto.SerializeToString(deterministic=True))
         try:
-            manifest = build_engine(engine_onnx_path(staged), staged, device, dry_run=dry_run, **build)
+            manifest = build_engine(engine_onnx_path(staged), staged, device, opts)
         except EdgeBNNError as e:  # name the user's files, not the staging folder
             message = str(e).replace(str(Path(tmp)), str(engine_path.parent))
             raise type(e)(message) from e

@@ -18,6 +18,7 @@ from edgebnn import schemas
 from edgebnn._version import __version__
 from edgebnn.budget import DEFAULT_CONFIDENCE, BudgetNotMetError, check_confidence
 from edgebnn.errors import InvalidOptionError
+from edgebnn.exporters import DEFAULT_SAMPLES
 from edgebnn.exporters.forms import DEVICE_FORMATS
 from edgebnn.search.certify import certify_best, rows_spec
 from edgebnn.search.executors import LocalExecutor, RayExecutor
@@ -30,7 +31,7 @@ from edgebnn.search.objectives import (
     parse_budget,
     parse_objectives,
 )
-from edgebnn.search.space import SearchSpace, TrialConfig, exact_noise, family_space
+from edgebnn.search.space import SearchSpace, TrialConfig, family_space
 from edgebnn.search.study import (
     BASELINE_KEY,
     CONFIG_KEY,
@@ -40,7 +41,7 @@ from edgebnn.search.study import (
     open_study,
     trial_sampler,
 )
-from edgebnn.search.trial import TrialJob, data_split
+from edgebnn.search.trial import TrialJob, data_split, trial_export_config
 from edgebnn.targets.registry import get_target
 
 SCHEMA = schemas.SEARCH
@@ -83,7 +84,7 @@ class SearchSettings:
     space: SearchSpace = field(default_factory=SearchSpace)
     seed: int = 0
     population: int = DEFAULT_POPULATION
-    baseline_samples: int = 16
+    baseline_samples: int = DEFAULT_SAMPLES
     runs: int = 20
     warmup: int = 3
     threads: int = 1
@@ -322,7 +323,6 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
         BudgetNotMetError: The report has no best trial.
     """
     from edgebnn.api import export, load_ir, lower
-    from edgebnn.exporters.families import default_samples
 
     best = report["best"]
     if best is None:
@@ -331,7 +331,4 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
     c = TrialConfig.from_dict(best["config"])
     seed = report["settings"]["seed"]
     lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value, **c.options)
-    top = c.samples if isinstance(c.samples, int) else default_samples(lowered, 16)  # auto: its largest count
-    return export(lowered, path, samples=c.samples, mode=c.mode, weights=c.weights, seed=seed, hoist=c.hoist,
-                  device=get_target(report["settings"]["device"]).name,
-                  noise=exact_noise(lowered, c.mode, top) or "auto", rng="host")
+    return export(lowered, path, trial_export_config(lowered, c, seed, get_target(report["settings"]["device"]).name))

@@ -18,6 +18,7 @@ leaves latency and energy null with ``profile_error``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import tempfile
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from edgebnn.search.space import ANYTIME, TrialConfig, exact_noise
 
 if TYPE_CHECKING:
     from edgebnn.data import Dataset
+    from edgebnn.exporters.config import ExportConfig
     from edgebnn.ir import BNNModel
 
 
@@ -124,7 +126,7 @@ def open_inputs(model: str, data: str, ood_data: str | None,
 
 def warm_up(model: str, data: str, ood_data: str | None, rows: tuple[float, int, int] | None = None) -> None:
     """Import what a trial runs and open its inputs in this process, before its first trial arrives."""
-    import edgebnn.exporters.ensemble
+    import edgebnn.exporters.export
     import edgebnn.runtime
     import edgebnn.targets.profiler
     import edgebnn.targets.registry  # noqa: F401
@@ -133,26 +135,28 @@ def warm_up(model: str, data: str, ood_data: str | None, rows: tuple[float, int,
         open_inputs(model, data, ood_data, rows)
 
 
+def trial_export_config(lowered: BNNModel, config: TrialConfig, seed: int, device: str) -> ExportConfig:
+    """The export configuration of a trial: what ``edgebnn export --rng host`` writes for its config on ``device``
+    (the graph form export writes for the device; ``auto`` samples: the anytime ensemble with the rule's defaults;
+    SWAG: per-weight noise, :func:`~edgebnn.search.space.exact_noise`)."""
+    from edgebnn.exporters.config import ExportConfig
+
+    c = config
+    export = ExportConfig(c.samples if c.samples == ANYTIME else int(c.samples), mode=c.mode, weights=c.weights,
+                          hoist=c.hoist, seed=seed, device=device, rng="host")
+    top = export.resolve(lowered).samples  # an anytime ensemble's largest count
+    return dataclasses.replace(export, noise=exact_noise(lowered, c.mode, top) or "auto")
+
+
 def trial_export(model: BNNModel, config: TrialConfig, seed: int, device: str) -> tuple[Any, Any]:
     """``(lowered IR, exported ONNX proto)`` of a trial: the file ``edgebnn export --rng host`` writes for its config
-    (and ``search --export-best`` for the best trial)."""
+    (and ``search --export-best`` for the best trial): :func:`trial_export_config`."""
     from edgebnn.api import lower
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.export import export_model
 
     c = config
     lowered = lower(model, c.scheme, seed=seed, bits=c.bits_value, **c.options)
-    if c.samples == ANYTIME:  # the anytime ensemble with the rule's defaults
-        from edgebnn.exporters.anytime import export_anytime, rule_for
-
-        rule = rule_for(lowered)
-        proto, _ = export_anytime(lowered, rule, mode=c.mode, seed=seed, weights=c.weights, hoist=c.hoist,
-                                  device=device, rng="host",
-                                  noise=exact_noise(lowered, c.mode, rule.max_samples) or "auto")
-    else:
-        proto = export_onnx(lowered, int(c.samples), mode=c.mode, seed=seed, weights=c.weights, hoist=c.hoist,
-                            device=device,  # the graph form export writes for the device
-                            noise=exact_noise(lowered, c.mode, int(c.samples)) or "auto")  # SWAG: per weight
-    return lowered, proto
+    return lowered, export_model(lowered, trial_export_config(lowered, c, seed, device)).proto
 
 
 def evaluate_trial(job: TrialJob) -> tuple[dict[str, Any], bytes | None]:

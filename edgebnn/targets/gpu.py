@@ -53,7 +53,7 @@ class TensorRTTarget(Target):
                              where=str(path) if path is not None else None), onnx_size(proto, path)
         import_tensorrt(self.name)  # fail first, with what to install, before writing or building anything
         from edgebnn.exporters.ensemble import save_onnx
-        from edgebnn.exporters.tensorrt import build_engine
+        from edgebnn.exporters.tensorrt import BuildOptions, build_engine
 
         if options.workdir is not None:
             workdir = Path(options.workdir)
@@ -64,8 +64,8 @@ class TensorRTTarget(Target):
         else:
             raise InvalidOptionError(f"{options.name}: building a TensorRT engine of an in-memory graph needs a "
                                      "workdir for the engine file")
-        build_engine(onnx_path, engine, self.name, workspace_mib=options.workspace_mib, dla_core=options.dla_core,
-                     max_batch=options.max_batch)
+        build_engine(onnx_path, engine, self.name, BuildOptions(workspace_mib=options.workspace_mib,
+                                                                dla_core=options.dla_core, max_batch=options.max_batch))
         runner = TensorRTRunner(engine, self.name)
         return runner, runner.engine_path.stat().st_size
 

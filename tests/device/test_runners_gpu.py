@@ -13,7 +13,9 @@ import onnxruntime as ort
 import pytest
 from synthetic import INPUT_SHAPE, synthetic_cnn
 
-from edgebnn.exporters.ensemble import export_onnx, float_deterministic, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_deterministic, save_onnx
+from edgebnn.exporters.export import export_model
 from edgebnn.targets import CompileOptions, get_target
 from edgebnn.targets.runners import OrtRunner, TorchRunner
 
@@ -52,7 +54,7 @@ def trt_device():
 
 @pytest.mark.parametrize("mode", ["baked", "analytic"])
 def test_torch_cuda_matches_onnxruntime_cpu(cuda_torch, mode):
-    graph = export_onnx(synthetic_cnn(), 4, mode=mode)
+    graph = export_model(synthetic_cnn(), ExportConfig(4, mode=mode, rng="host")).proto
     want = OrtRunner(graph, threads=1).run(_x())
     runner = TorchRunner(graph, device="cuda")
     for got, ref in zip(runner.run(_x()), want, strict=True):
@@ -72,12 +74,12 @@ def test_ort_cuda_provider(cuda_torch):
 
 
 def test_tensorrt_runner_matches_onnxruntime(trt_device, cuda_torch, tmp_path):
-    from edgebnn.exporters.tensorrt import build_engine
+    from edgebnn.exporters.tensorrt import BuildOptions, build_engine
     from edgebnn.targets.runners import TensorRTRunner
 
-    graph = export_onnx(synthetic_cnn(), 4)
+    graph = export_model(synthetic_cnn(), ExportConfig(4, mode="baked")).proto
     onnx_path = save_onnx(graph, tmp_path / "ens.onnx")
-    build_engine(onnx_path, tmp_path / "ens.engine", trt_device, workspace_mib=256, max_batch=2)
+    build_engine(onnx_path, tmp_path / "ens.engine", trt_device, BuildOptions(workspace_mib=256, max_batch=2))
     runner = TensorRTRunner(tmp_path / "ens.engine", trt_device)
     want = OrtRunner(graph, threads=1).run(_x())
     got = runner.run(_x())
@@ -89,7 +91,7 @@ def test_tensorrt_runner_matches_onnxruntime(trt_device, cuda_torch, tmp_path):
 @pytest.mark.parametrize("runtime", ["torch", "tensorrt"])
 def test_gpu_target_compiles_for_its_runtimes(cuda_torch, runtime, tmp_path, request):
     device = request.getfixturevalue("trt_device") if runtime == "tensorrt" else "rtx"
-    graph = export_onnx(synthetic_cnn(), 4)
+    graph = export_model(synthetic_cnn(), ExportConfig(4, mode="baked")).proto
     exe = get_target(device).compile(graph, runtime=runtime, options=CompileOptions(workdir=tmp_path, max_batch=2))
     assert exe.name == runtime and exe.meta["mode"] == "baked"
     for got, want in zip(exe.run(_x()), OrtRunner(graph, threads=1).run(_x()), strict=True):
@@ -100,7 +102,8 @@ def test_profile_on_the_gpu(trt_device, cuda_torch):
     from edgebnn.targets.profiler import profile
 
     model = synthetic_cnn()
-    report = profile(model, export_onnx(model, 4), device=trt_device, samples=4, runs=20, warmup=5)
+    report = profile(model, export_model(model, ExportConfig(4, mode="baked")).proto, device=trt_device, samples=4,
+                     runs=20, warmup=5)
     assert report["runner"] == "tensorrt" and report["mode"] == "baked"
     assert report["baselines"]["float_deterministic"]["runner"] == "tensorrt"
     assert report["baselines"]["float_bnn"]["runner"] == "torch"

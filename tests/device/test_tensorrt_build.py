@@ -12,7 +12,7 @@ import pytest
 from synthetic import write_trt_model as write_model
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.exporters.tensorrt import build_engine, check_engine, trtexec_path
+from edgebnn.exporters.tensorrt import BuildOptions, build_engine, check_engine, trtexec_path
 
 pytestmark = pytest.mark.device
 trt = pytest.importorskip("tensorrt")
@@ -44,7 +44,7 @@ def io_shapes(engine_path: Path) -> dict[str, tuple[int, ...]]:
 
 def test_real_build_static(tmp_path: Path, device: str) -> None:
     engine = tmp_path / "m.engine"
-    manifest = build_engine(write_model(tmp_path / "m.onnx"), engine, device, workspace_mib=256)
+    manifest = build_engine(write_model(tmp_path / "m.onnx"), engine, device, BuildOptions(workspace_mib=256))
     assert manifest["tensorrt_version"] == trt.__version__ and manifest["dry_run"] is False
     assert engine.stat().st_size == manifest["engine_bytes"] > 0
     assert trtexec_path(engine).is_file()
@@ -58,9 +58,9 @@ def test_real_build_dynamic_batch_with_timing_cache(tmp_path: Path, device: str)
     onnx_path = write_model(tmp_path / "m.onnx", batch="N")
     cache = tmp_path / "timing.cache"
     engine = tmp_path / "m.engine"
-    build_engine(onnx_path, engine, device, timing_cache=cache, max_batch=4)
+    build_engine(onnx_path, engine, device, BuildOptions(timing_cache=cache, max_batch=4))
     assert cache.stat().st_size > 0
-    build_engine(onnx_path, engine, device, timing_cache=cache, max_batch=4)  # reloads the cache
+    build_engine(onnx_path, engine, device, BuildOptions(timing_cache=cache, max_batch=4))  # reloads the cache
     assert io_shapes(engine) == {"x": (-1, 8), "probs": (-1, 4)}
 
 
@@ -73,5 +73,6 @@ def test_real_build_stops_on_compat_errors(tmp_path: Path, device: str) -> None:
 def test_real_build_on_dla(tmp_path: Path, builder) -> None:
     if builder.num_DLA_cores == 0:
         pytest.skip("no DLA core on this machine")
-    manifest = build_engine(write_model(tmp_path / "m.onnx"), tmp_path / "m.engine", "jetson-agx-orin", dla_core=0)
+    manifest = build_engine(write_model(tmp_path / "m.onnx"), tmp_path / "m.engine", "jetson-agx-orin",
+                            BuildOptions(dla_core=0))
     assert manifest["flags"] == ["STRONGLY_TYPED", "GPU_FALLBACK"] and manifest["dla_core"] == 0

@@ -166,7 +166,9 @@ def build_bases(out: Path, torch: bool = True, laplace: bool = True) -> dict[str
     from hostile import digits_shaped
 
     from edgebnn import ir
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import save_onnx
+    from edgebnn.exporters.export import export_model
     from edgebnn.passes import LowerConfig, lower
 
     out.mkdir(parents=True, exist_ok=True)
@@ -174,8 +176,9 @@ def build_bases(out: Path, torch: bool = True, laplace: bool = True) -> dict[str
     model = digits_shaped()
     b["model.ebnn"] = ir.save(model, out / "model.ebnn")
     b["fixed.ebnn"] = ir.save(lower(digits_shaped(), "fixed").model, out / "fixed.ebnn")
-    b["model.onnx"] = save_onnx(export_onnx(model, 2), out / "model.onnx")
-    b["noise.onnx"] = save_onnx(export_onnx(model, 2, mode="noise"), out / "noise.onnx")
+    b["model.onnx"] = save_onnx(export_model(model, ExportConfig(2, mode="baked")).proto, out / "model.onnx")
+    b["noise.onnx"] = save_onnx(export_model(model, ExportConfig(2, mode="noise", rng="host")).proto,
+                                out / "noise.onnx")
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, (12, 1, 8, 8)).astype(np.float32)
     y = rng.integers(0, 10, 12)

@@ -92,7 +92,9 @@ def test_npz_with_a_flipped_bit_in_compressed_data_is_one_line(tmp_path):
     from hostile import digits_shaped
 
     from edgebnn.cli import main
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import save_onnx
+    from edgebnn.exporters.export import export_model
 
     buf = io.BytesIO()
     x = np.random.default_rng(0).uniform(0, 1, (16, 1, 8, 8)).astype(np.float32)
@@ -104,7 +106,7 @@ def test_npz_with_a_flipped_bit_in_compressed_data_is_one_line(tmp_path):
     data[start + info.compress_size // 2] ^= 0x10
     bad = tmp_path / "bad.npz"
     bad.write_bytes(bytes(data))
-    model = save_onnx(export_onnx(digits_shaped(), 2), tmp_path / "model.onnx")
+    model = save_onnx(export_model(digits_shaped(), ExportConfig(2, mode="baked")).proto, tmp_path / "model.onnx")
     result = CliRunner().invoke(main, ["eval", str(model), "--data", str(bad), "--json", str(tmp_path / "e.json")])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert result.exit_code == 2

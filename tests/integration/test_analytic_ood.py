@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from scripts import script_module
 
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 
 pytestmark = pytest.mark.slow
 S = 16
@@ -26,10 +27,11 @@ def test_analytic_mutual_information_keeps_the_ood_ranking(digits_ir, digits_dat
     bench = _bench()
     x = digits_data.split("test")[0]
     ood = bench.ood_sets(x, 0)
-    analytic = bench.aurocs(export_onnx(digits_ir, S, mode="analytic"), 0, x, ood)
+    analytic = bench.aurocs(export_model(digits_ir, ExportConfig(S, mode="analytic")).proto, 0, x, ood)
     # the same moments integrated with 1024 points: the quadrature's own error is below 0.003 there
-    converged = bench.aurocs(export_onnx(digits_ir, 1024, mode="analytic"), 0, x, ood)
-    runs = [bench.aurocs(export_onnx(digits_ir, S, mode="baked", seed=s), s, x, ood) for s in bench.SAMPLING_SEEDS]
+    converged = bench.aurocs(export_model(digits_ir, ExportConfig(1024, mode="analytic")).proto, 0, x, ood)
+    runs = [bench.aurocs(export_model(digits_ir, ExportConfig(S, mode="baked", seed=s)).proto, s, x,
+                         ood) for s in bench.SAMPLING_SEEDS]
     ensemble = {k: float(np.mean([r[k] for r in runs])) for k in ood}
     for name in ood:
         # 16 raw Sobol points were 0.015 off on the mirrored digits (0.810 vs 0.826); matched points, 0.006 at most

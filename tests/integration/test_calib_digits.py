@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from edgebnn.calib.int8 import METHODS
 from edgebnn.cli import main
-from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import save_onnx
+from edgebnn.exporters.export import export_model
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,8 @@ def digits_export(tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     path = tmp_path_factory.mktemp("digits") / "digits_S8.onnx"
-    save_onnx(export_onnx(import_model(model, (1, 1, 8, 8), where="digits_cnn"), 8), path)
+    save_onnx(export_model(import_model(model, (1, 1, 8, 8), where="digits_cnn"), ExportConfig(8, mode="baked")).proto,
+              path)
     return path
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import read_metadata
 from edgebnn.metrics import accuracy, nll
 from edgebnn.passes import lower
@@ -29,14 +30,15 @@ def _fp32_bnn_bytes(model) -> int:
 
 def test_baked_is_the_reference_and_noise_analytic_carry_the_codes(lowered, digits_data):
     x, y = digits_data.split("test")
-    baked = export_onnx(lowered, S, seed=0)  # the members are the reference's draws (streams [seed, i])
+    # the members are the reference's draws (streams [seed, i])
+    baked = export_model(lowered, ExportConfig(S, mode="baked", seed=0)).proto
     sess = ort.InferenceSession(baked.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(sess.run(["probs"], {"input": x})[0], predict(lowered, x, S, seed=0).probs,
                                atol=1e-5)  # float32 round-off of the same members
     ref = predict(lowered, x, 1024, seed=1).probs
     fp32_bnn = _fp32_bnn_bytes(lowered)
     for mode, kw in (("noise", {"rng": "graph"}), ("noise", {}), ("analytic", {})):
-        proto = export_onnx(lowered, S, mode=mode, **kw)
+        proto = export_model(lowered, ExportConfig(S, mode=mode, **{"rng": "host", **kw})).proto
         assert read_metadata(proto, "d.onnx").stores.get("FixedPointWeight", 0) >= 4  # the layers' codes
         # the file is the codes, not fp32 moments (fp32: 1.0x noise, 0.6x analytic); analytic also holds the ReLU
         # moments' constants and its Q·K quadrature points

@@ -16,7 +16,8 @@ import pytest
 import edgebnn
 from edgebnn.cli import main
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError, UnsupportedLayerError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import BNNModel, from_bytes, to_bytes, verify
 from edgebnn.runtime.reference import predict
 
@@ -95,12 +96,14 @@ def test_exported_predictive_is_the_members_mean_softmax(members, ensemble_ir, d
     kinds = {w.name: w.encoding.op_type for w in ensemble_ir.encoded_weights()}
     assert set(kinds.values()) == {"MemberSetWeight"} and "2.weight" in kinds  # BatchNorm per member too
     ref = _mean_softmax(members, x)
-    np.testing.assert_allclose(_run(export_onnx(ensemble_ir, M), x), ref, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(ensemble_ir, ExportConfig(M, mode="baked")).proto, x), ref,
+                               atol=ROUNDOFF)
     np.testing.assert_allclose(predict(ensemble_ir, x, M).probs, ref, atol=ROUNDOFF)  # the reference runtime
     # conv + BatchNorm2d members with different running statistics: member k's BN, not member 0's
     cnns = [_cnn(s) for s in range(3)]
     ir = edgebnn.from_torch(nn.ModuleList(cnns), (1, 1, 8, 8))
-    np.testing.assert_allclose(_run(export_onnx(ir, 3), x[:50]), _mean_softmax(cnns, x[:50]), atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(ir, ExportConfig(3, mode="baked")).proto, x[:50]),
+                               _mean_softmax(cnns, x[:50]), atol=ROUNDOFF)
 
 
 def test_list_tuple_modulelist_and_wrapper_import_alike(members, ensemble_ir):
@@ -131,7 +134,8 @@ def test_fixed_lowering_keeps_nll_and_accuracy(members, ensemble_ir, digits_data
     assert nll_low - nll <= 0.05 and abs(acc_low - acc) <= 0.01, (acc, nll, acc_low, nll_low)
     # int8 members: the grid is at most 8 bits, so int8 storage holds the lowered members exactly
     assert max(r["bits"] for r in rows) <= 8
-    np.testing.assert_allclose(_run(export_onnx(lowered, M, weights="int8", form="qdq"), x), probs, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(lowered, ExportConfig(M, mode="baked", weights="int8",
+                                                                       form="qdq")).proto, x), probs, atol=ROUNDOFF)
     again = from_bytes(to_bytes(lowered), "again")
     np.testing.assert_array_equal(predict(again, x[:20], M).probs, predict(lowered, x[:20], M).probs)
 
@@ -168,7 +172,7 @@ def test_bad_ensembles_are_one_line(members, ensemble_ir):
     for kwargs, needle in (({"samples": M + 1}, f"--samples {M}"), ({"samples": M, "mode": "analytic"}, "Gaussian"),
                            ({"samples": M, "mode": "noise"}, "constants")):
         with pytest.raises(InvalidOptionError, match=needle):
-            export_onnx(ensemble_ir, **kwargs)
+            export_model(ensemble_ir, ExportConfig(**{"mode": "baked", "rng": "host", **kwargs}))
     with pytest.raises(InvalidOptionError, match="codebook cannot lower"):
         edgebnn.lower(ensemble_ir, "codebook")
 

@@ -7,7 +7,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.metrics import accuracy, nll
 from edgebnn.runtime.reference import predict
 
@@ -36,7 +37,7 @@ def test_mean_network_matches_torch(trained_digits, digits_ir, digits_data):
 def test_onnx_ensemble_agrees_with_reference_within_monte_carlo_error(digits_ir, digits_data):
     x, y = digits_data.split("test")
     # Same seed: the baked members are the reference's members, so the metrics agree to round-off.
-    same = _onnx_probs(export_onnx(digits_ir, S, seed=0), x)
+    same = _onnx_probs(export_model(digits_ir, ExportConfig(S, mode="baked", seed=0)).proto, x)
     ref0 = predict(digits_ir, x, S, seed=0).probs
     np.testing.assert_allclose(same, ref0, atol=1e-5)
 
@@ -45,7 +46,7 @@ def test_onnx_ensemble_agrees_with_reference_within_monte_carlo_error(digits_ir,
     # the reference mean (the std of a difference of one draw and an R-mean is sd*sqrt(1 + 1/R)).
     R = 6
     ref_runs = [predict(digits_ir, x, S, seed=100 + r).probs for r in range(R)]
-    got = _onnx_probs(export_onnx(digits_ir, S, seed=7), x)
+    got = _onnx_probs(export_model(digits_ir, ExportConfig(S, mode="baked", seed=7)).proto, x)
     for metric in (accuracy, nll):
         values = np.array([metric(p, y) for p in ref_runs])
         sd = max(values.std(ddof=1), 1.0 / len(y))  # floor: one test example's worth of accuracy
@@ -55,6 +56,6 @@ def test_onnx_ensemble_agrees_with_reference_within_monte_carlo_error(digits_ir,
 
 def test_trained_ensemble_is_accurate(digits_ir, digits_data):
     x, y = digits_data.split("test")
-    probs = _onnx_probs(export_onnx(digits_ir, S, seed=0), x)
+    probs = _onnx_probs(export_model(digits_ir, ExportConfig(S, mode="baked", seed=0)).proto, x)
     assert accuracy(probs, y) >= 0.93  # the trainer's own test asserts this bound for the torch model
     assert nll(probs, y) < 0.3  # measured 0.115; an untrained 10-class model gives about ln 10 = 2.3

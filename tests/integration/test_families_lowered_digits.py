@@ -18,7 +18,8 @@ import pytest
 
 import edgebnn
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.sizes import deployed_bytes
 from edgebnn.ir import from_bytes, to_bytes
 from edgebnn.metrics import nll
@@ -69,7 +70,7 @@ def test_deep_ensemble_member_codes_are_exact(members, data):
     ir = edgebnn.from_torch(members, (1, 1, 8, 8))
     low = lower(ir, "fixed", seed=0).model
     assert {w.encoding.op_type for w in low.encoded_weights()} == {"MemberSetFixedWeight"}
-    coded, floats = export_onnx(low, 3), export_onnx(low, 3, weights="fp32")
+    coded, floats = (export_model(low, ExportConfig(3, mode="baked", weights=w)).proto for w in ("ir", "fp32"))
     np.testing.assert_allclose(_probs(coded, xt), _probs(floats, xt), atol=ROUNDOFF)
     size, float_size = deployed_bytes(coded), deployed_bytes(floats)
     assert size.file_bytes < 0.4 * float_size.file_bytes  # <= 8-bit codes for 32-bit members, plus the decode
@@ -92,17 +93,19 @@ def test_swag_lowered_with_fixed_stays_within_the_variance_rule(swag_ir, data):
     assert {w.encoding.op_type for w in low.encoded_weights()} == {"LowRankFixedWeight"}
     assert ebnn_bytes(low) < ebnn_bytes(swag_ir) / 3  # the deviations are most of it: 8 bits for 32
     assert float_bnn_bytes(low) == float_bnn_bytes(swag_ir)  # the fp32 reference is the same before and after
-    coded, floats = (export_onnx(m, S, mode="noise", noise="weight") for m in (low, swag_ir))
+    coded, floats = (export_model(m, ExportConfig(S, mode="noise", noise="weight",
+                                                  rng="host")).proto for m in (low, swag_ir))
     assert abs(nll(_probs(coded, xt), yt) - nll(_probs(floats, xt), yt)) <= DNLL
     size = deployed_bytes(coded)
     assert size.file_bytes < deployed_bytes(floats).file_bytes / 2.5  # measured 2.8x
     assert size.codes > 10 * size.float_weights
     # --weights int8 on the float posterior: the same codes fitted at export (measured dNLL +0.0000, 2.6x)
-    int8, fp32 = (export_onnx(swag_ir, S, mode="noise", noise="weight", weights=w) for w in ("int8", "fp32"))
+    int8, fp32 = (export_model(swag_ir, ExportConfig(S, mode="noise", noise="weight", weights=w,
+                                                     rng="host")).proto for w in ("int8", "fp32"))
     assert abs(nll(_probs(int8, xt), yt) - nll(_probs(fp32, xt), yt)) <= DNLL
     assert deployed_bytes(int8).file_bytes < deployed_bytes(fp32).file_bytes / 2.5
     with pytest.raises(InvalidOptionError, match="analytic") as e:  # the family's refusals hold for the lowered kind
-        export_onnx(low, S, mode="analytic")
+        export_model(low, ExportConfig(S, mode="analytic"))
     assert "\n" not in str(e.value)
 
 
@@ -114,10 +117,10 @@ def test_laplace_kron_lowered_with_fixed_stays_within_the_variance_rule(kron_ir,
     for row in result.report["layers"]:  # the whitened rule: mean_j (L⁻¹ e)_j² <= f / 100
         assert row["whitened_error"] <= 0.1 * 0.01
     for mode in ("noise", "analytic"):
-        coded, floats = (export_onnx(m, S, mode=mode) for m in (low, kron_ir))
+        coded, floats = (export_model(m, ExportConfig(S, mode=mode, rng="host")).proto for m in (low, kron_ir))
         assert abs(nll(_probs(coded, xt), yt) - nll(_probs(floats, xt), yt)) <= DNLL, mode
-    size, float_size = deployed_bytes(export_onnx(low, S, mode="noise")), deployed_bytes(export_onnx(kron_ir, S,
-                                                                                                    mode="noise"))
+    size, float_size = (deployed_bytes(export_model(m, ExportConfig(S, mode="noise", rng="host")).proto)
+                        for m in (low, kron_ir))
     assert size.file_bytes < float_size.file_bytes and size.codes > 0
     with pytest.raises(InvalidOptionError, match="KronGaussianWeight, which codebook cannot lower") as e:
         lower(kron_ir, "codebook")

@@ -175,7 +175,8 @@ def laplace_states(trained, digits_data, laplace_kron_ll, laplace_diag_all):
 
 @pytest.mark.parametrize("which", [("last_layer", "kron"), ("all", "diag")])
 def test_laplace_from_the_cli_is_the_python_apis_posterior(trained, laplace_states, tmp_path, digits_data, which):
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
 
     root, members = trained
     la, state = laplace_states[which]
@@ -186,7 +187,8 @@ def test_laplace_from_the_cli_is_the_python_apis_posterior(trained, laplace_stat
     assert _invoke("export", out, "-S", 16, "--mode", "baked", "-o", onnx).exit_code == 0
     x = digits_data.x_test[:50]
     cli = edgebnn.Session(str(onnx)).predict(x).probs
-    api = edgebnn.Session(export_onnx(edgebnn.from_torch(la, (1, 1, 8, 8)), 16)).predict(x).probs
+    baked = export_model(edgebnn.from_torch(la, (1, 1, 8, 8)), ExportConfig(16, mode="baked")).proto
+    api = edgebnn.Session(baked).predict(x).probs
     np.testing.assert_allclose(cli, api, atol=ROUNDOFF)  # the same posterior, the same 16 draws (seed 0)
     with torch.no_grad():
         map_probs = torch.softmax(members[0](torch.from_numpy(x)), -1).numpy()
@@ -234,7 +236,8 @@ def test_a_damped_kron_state_imports_the_posterior_laplace_torch_samples(trained
     """laplace-torch 0.3's state does not record KronLaplace(damping=True), and its posterior precision (a sum of
     KronDecomposed) drops the flag, so its own samples ignore damping: the state is the posterior it samples."""
     laplace = pytest.importorskip("laplace")
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
 
     root, members = trained
     x, y = torch.from_numpy(digits_data.x_train[:400]), torch.from_numpy(digits_data.y_train[:400])
@@ -248,5 +251,6 @@ def test_a_damped_kron_state_imports_the_posterior_laplace_torch_samples(trained
     assert r.exit_code == 0, r.output
     assert _invoke("export", out, "-S", 16, "--mode", "baked", "-o", onnx).exit_code == 0
     xs = digits_data.x_test[:50]
-    api = edgebnn.Session(export_onnx(edgebnn.from_torch(la, (1, 1, 8, 8)), 16)).predict(xs).probs
+    baked = export_model(edgebnn.from_torch(la, (1, 1, 8, 8)), ExportConfig(16, mode="baked")).proto
+    api = edgebnn.Session(baked).predict(xs).probs
     np.testing.assert_allclose(edgebnn.Session(str(onnx)).predict(xs).probs, api, atol=ROUNDOFF)

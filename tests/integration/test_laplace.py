@@ -19,7 +19,8 @@ import pytest
 
 import edgebnn
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import from_bytes, to_bytes
 from edgebnn.passes import lower
 from edgebnn.runtime import Session
@@ -124,7 +125,8 @@ def _library_error(la: Any, x: np.ndarray) -> tuple[np.ndarray, float]:
 def _export_error(ir: Any, x: np.ndarray, ref: np.ndarray, mode: str) -> float:
     """Mean max-abs error of edgebnn's S = 64 export on the reference (8 seeds: the max over 1000 entries is
     heavy-tailed, 4 repetitions of it scatter by about ±30%)."""
-    return float(np.mean([np.abs(Session(export_onnx(ir, S, mode=mode, seed=s), seed=s).predict(x).probs - ref).max()
+    return float(np.mean([np.abs(Session(export_model(ir, ExportConfig(S, mode=mode, seed=s, rng="host")).proto,
+                                         seed=s).predict(x).probs - ref).max()
                           for s in range(8)]))
 
 
@@ -189,7 +191,7 @@ def test_last_layer_analytic_is_laplace_torchs_glm_probit(which, request, digits
     la = request.getfixturevalue(which)
     x = digits_torch[2]
     glm = la(torch.from_numpy(x), pred_type="glm", link_approx="probit").numpy()
-    out = Session(export_onnx(_ir(la), 16, mode="analytic")).predict(x)
+    out = Session(export_model(_ir(la), ExportConfig(16, mode="analytic")).proto).predict(x)
     assert np.abs(out.probs - glm).max() < 1e-4  # the same closed form in float32 (the goal is 0.01)
     assert np.all(out.mutual_info >= 0) and out.mutual_info.mean() > 0.01
 
@@ -218,7 +220,8 @@ def test_lowering_schemes_on_laplace_irs(kron_ll, diag_all, digits_torch):
     assert [r["kind"] for r in fixed.report["layers"]] == ["KronFixedWeight", "DenseFixedWeight"]
     with pytest.raises(InvalidOptionError, match="codebook cannot lower"):
         lower(kron, "codebook", seed=0)
-    assert Session(export_onnx(fixed.model, 8, mode="noise")).predict(x).probs.shape == (20, 10)
+    assert Session(export_model(fixed.model, ExportConfig(8, mode="noise",
+                                                          rng="host")).proto).predict(x).probs.shape == (20, 10)
 
 
 def test_kron_on_all_weights_of_a_cnn(digits_torch):
@@ -244,11 +247,11 @@ def test_kron_on_all_weights_of_a_cnn(digits_torch):
         start += enc.size
     assert start == len(cov)
     x = digits_torch[2][:20]
-    probs = Session(export_onnx(ir, 8, mode="noise")).predict(x).probs
+    probs = Session(export_model(ir, ExportConfig(8, mode="noise", rng="host")).proto).predict(x).probs
     assert probs.shape == (20, 10) and np.allclose(probs.sum(1), 1, atol=1e-5)
     with pytest.raises(InvalidOptionError, match=r"layer '0' is KronGaussianWeight \(Laplace posterior\): "
                                                  r"--mode analytic is exact for it only as the last layer"):
-        export_onnx(ir, 8, mode="analytic")
+        export_model(ir, ExportConfig(8, mode="analytic"))
 
 
 def test_the_float_bnn_baseline_draws_the_kronecker_posterior(kron_ll, digits_torch):

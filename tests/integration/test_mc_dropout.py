@@ -18,7 +18,8 @@ import pytest
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters.analytic import quadrature_points
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.importers import import_model
 from edgebnn.ir import from_bytes, to_bytes
 from edgebnn.metrics import predictive_from_logits
@@ -67,14 +68,17 @@ def test_masks_import_as_encodings_and_round_trip():
 def test_baked_and_noise_are_the_reference_ensemble():
     ir, x = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True), _x()
     ref = predictive_from_logits(sample_logits(ir, x, 8, seed=3)).probs
-    np.testing.assert_allclose(_run(export_onnx(ir, 8, seed=3), x), ref, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(ir, ExportConfig(8, mode="baked", seed=3)).proto, x), ref,
+                               atol=ROUNDOFF)
     int8 = lower(ir, "fixed", seed=0, bits=8).model  # the plain weights on an 8-bit grid: int8 storage is exact
     ref8 = predictive_from_logits(sample_logits(int8, x, 8, seed=3)).probs
-    np.testing.assert_allclose(_run(export_onnx(int8, 8, seed=3, weights="int8"), x), ref8, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(int8, ExportConfig(8, mode="baked", seed=3, weights="int8")).proto, x),
+                               ref8, atol=ROUNDOFF)
     # noise --noise weight: masks drawn per sample from uniform inputs; fed the reference's uniforms
     uniforms = {f"noise/{w.name}": np.random.default_rng([3, i]).random((8, *w.encoding.shape), dtype=np.float32)
                 for i, w in enumerate(ir.encoded_weights()) if w.encoding.op_type == "DropoutMask"}
-    np.testing.assert_allclose(_run(export_onnx(ir, 8, mode="noise", noise="weight"), x, **uniforms), ref,
+    np.testing.assert_allclose(_run(export_model(ir, ExportConfig(8, mode="noise", noise="weight", rng="host")).proto,
+                                    x, **uniforms), ref,
                                atol=ROUNDOFF)
 
 
@@ -89,7 +93,7 @@ def test_analytic_propagates_the_mask_moments():
     z = m[:, None] + np.sqrt(m * m * 0.25 / 0.75)[:, None] * quadrature_points(16, 5)[None]
     e = np.exp(z - z.max(-1, keepdims=True))
     want = (e / e.sum(-1, keepdims=True)).mean(1)
-    np.testing.assert_allclose(_run(export_onnx(ir, 16, mode="analytic"), x), want, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(ir, ExportConfig(16, mode="analytic")).proto, x), want, atol=ROUNDOFF)
 
 
 def test_float_bnn_baseline_draws_bernoulli_masks():
@@ -121,7 +125,7 @@ def test_every_export_is_clean():
     ir = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True)
     for mode, kw in [("baked", {}), ("baked", {"weights": "int8"}), ("noise", {"noise": "weight"}), ("shared", {}),
                      ("analytic", {})]:
-        proto = export_onnx(ir, 4, mode=mode, **kw)
+        proto = export_model(ir, ExportConfig(4, mode=mode, **{"rng": "host", **kw})).proto
         onnx.checker.check_model(proto, full_check=True)
         used = {x for node in proto.graph.node for x in node.input}
         assert [t.name for t in proto.graph.initializer if t.name not in used] == []
@@ -190,10 +194,11 @@ def test_digits_export_matches_torch_mc_dropout():
     model, x, y = _digits_mlp()
     lib = _torch_mc_dropout(model, x, 64)
     ir = import_model(model, (1, 64), where="digits-mlp", mc_dropout=True)
-    got = Session(export_onnx(ir, 64, seed=0)).predict(x).probs
+    got = Session(export_model(ir, ExportConfig(64, mode="baked", seed=0)).proto).predict(x).probs
     (acc_lib, nll_lib), (acc, nll) = _scores(lib, y), _scores(got, y)
     assert acc >= acc_lib - 0.01 and nll <= nll_lib + 0.03, (acc_lib, nll_lib, acc, nll)
-    noise = Session(export_onnx(ir, 64, mode="noise", noise="weight"), seed=0).predict(x).probs
+    noise = Session(export_model(ir, ExportConfig(64, mode="noise", noise="weight", rng="host")).proto,
+                    seed=0).predict(x).probs
     acc_n, nll_n = _scores(noise, y)
     assert acc_n >= acc_lib - 0.01 and nll_n <= nll_lib + 0.03, (acc_lib, nll_lib, acc_n, nll_n)
 
@@ -205,7 +210,7 @@ def test_digits_lowered_with_fixed_stores_the_weights_once():
     ir = import_model(model, (1, 64), where="digits-mlp", mc_dropout=True)
     lowered = lower(ir, "fixed", seed=0).model
     assert {w.encoding.op_type for w in lowered.encoded_weights()} == {"FixedPointWeight", "DropoutMask"}
-    proto = export_onnx(lowered, 16, seed=0)
+    proto = export_model(lowered, ExportConfig(16, mode="baked", seed=0)).proto
     weights = sum(p.numel() for p in model.parameters())  # 17,226 (weights and biases)
     assert len(proto.SerializeToString()) < 1.5 * 4 * weights  # fp32 once (S copies: 16x that)
     lib = _torch_mc_dropout(model, x, 16)
@@ -223,7 +228,7 @@ def test_every_scheme_encodes_the_deterministic_weights(scheme):
     assert kinds[3:] == ["DropoutMask", "DropoutMask"]
     assert ("GaussianWeight" in kinds) == (scheme == "prune")  # prune keeps Gaussians; the others encode them
     assert all(not w.encoding.stddev().any() for w in out.encoded_weights() if w.encoding.op_type != "DropoutMask")
-    meta = json.loads(export_onnx(out, 4, seed=0).metadata_props[0].value)
+    meta = json.loads(export_model(out, ExportConfig(4, mode="baked", seed=0)).proto.metadata_props[0].value)
     assert meta["layers"] == {"sampled": ["2", "6"], "hoisted": ["0", "4", "7"]}
 
 
@@ -233,7 +238,7 @@ def test_gaussian_noise_variants_draw_masks(variant):
     ``weight`` does: fed the reference's uniforms, the same ensemble; the Gaussian layers of this plain model
     are deterministic, so the only noise inputs are the masks'."""
     ir, x = import_model(_cnn(), (1, 1, 8, 8), where="cnn", mc_dropout=True), _x()
-    proto = export_onnx(ir, 8, mode="noise", noise=variant)
+    proto = export_model(ir, ExportConfig(8, mode="noise", noise=variant, rng="host")).proto
     ref = predictive_from_logits(sample_logits(ir, x, 8, seed=3)).probs
     index = {name: i for i, name in enumerate(ir.encoded_weight_names())}
     masks = [w for w in ir.encoded_weights() if w.encoding.op_type == "DropoutMask"]

@@ -85,16 +85,18 @@ def test_profile_help_says_one_thing_about_auto():
 def test_eval_and_lower_say_when_no_input_range_is_recorded(tmp_path):
     import numpy as np
 
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import save_onnx
+    from edgebnn.exporters.export import export_model
 
     model = synthetic_linear()
-    save_onnx(export_onnx(model, 2), tmp_path / "m.onnx")
+    save_onnx(export_model(model, ExportConfig(2, mode="baked")).proto, tmp_path / "m.onnx")
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "d.npz", x=rng.uniform(0, 255, (8, 5)).astype(np.float32), y=rng.integers(0, 4, 8))
     r = run("eval", tmp_path / "m.onnx", "--data", tmp_path / "d.npz")
     assert r.exit_code == 0, r.output
     assert "records no input range (lowered without --eval or --calibrate data)" in flat(r.output)
     model.manifest.input_range = [0.0, 1.0]
-    save_onnx(export_onnx(model, 2), tmp_path / "r.onnx")
+    save_onnx(export_model(model, ExportConfig(2, mode="baked")).proto, tmp_path / "r.onnx")
     r = run("eval", tmp_path / "r.onnx", "--data", tmp_path / "d.npz")
     assert r.exit_code == 2 and "far outside [0, 1]" in r.output

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.importers import import_model
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.models import FACTORIES, digits_cnn, lenet5, resnet20, synthetic_posterior
@@ -100,7 +101,7 @@ def test_lenet5_imports(lenet_ir):
 @pytest.mark.parametrize("samples", [1, 16])
 def test_lenet5_baked_export_matches_reference(lenet_ir, samples):
     x = _x("lenet5")
-    probs, entropy, mi = _ort(export_onnx(lenet_ir, samples, mode="baked", seed=7), x)
+    probs, entropy, mi = _ort(export_model(lenet_ir, ExportConfig(samples, mode="baked", seed=7)).proto, x)
     ref = predict(lenet_ir, x, samples, seed=7)
     np.testing.assert_allclose(probs, ref.probs, atol=ROUNDOFF)
     np.testing.assert_allclose(entropy, ref.entropy, atol=ROUNDOFF)
@@ -110,7 +111,8 @@ def test_lenet5_baked_export_matches_reference(lenet_ir, samples):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_lenet5_every_mode_runs(lenet_ir, mode):
-    pred = Session(export_onnx(lenet_ir, 4, mode=mode, seed=0), threads=1).predict(_x("lenet5"))
+    pred = Session(export_model(lenet_ir, ExportConfig(4, mode=mode, seed=0, rng="host")).proto,
+                   threads=1).predict(_x("lenet5"))
     assert pred.probs.shape == (3, 10) and pred.entropy.shape == (3,) and pred.mutual_info.shape == (3,)
     np.testing.assert_allclose(pred.probs.sum(-1), 1.0, atol=ROUNDOFF)
 
@@ -132,7 +134,7 @@ def test_resnet20_imports(resnet_ir):
 @pytest.mark.slow
 def test_resnet20_baked_export_matches_reference(resnet_ir):
     x = _x("resnet20", batch=2)
-    probs, entropy, mi = _ort(export_onnx(resnet_ir, 4, mode="baked", seed=3), x)
+    probs, entropy, mi = _ort(export_model(resnet_ir, ExportConfig(4, mode="baked", seed=3)).proto, x)
     ref = predict(resnet_ir, x, 4, seed=3)
     np.testing.assert_allclose(probs, ref.probs, atol=ROUNDOFF)
     np.testing.assert_allclose(entropy, ref.entropy, atol=ROUNDOFF)
@@ -145,7 +147,7 @@ def test_resnet20_noise_and_analytic_modes_run(resnet_ir, mode):
     """Residual Adds, BatchNorm and the AveragePool head go through both modes; probabilities stay near
     the sampled predictive (loose bound: analytic treats the residual operands as independent)."""
     x = _x("resnet20", batch=2)
-    pred = Session(export_onnx(resnet_ir, 16, mode=mode), threads=1).predict(x)
+    pred = Session(export_model(resnet_ir, ExportConfig(16, mode=mode, rng="host")).proto, threads=1).predict(x)
     assert pred.probs.shape == (2, 10) and np.isfinite(pred.probs).all()
     ref = predictive_from_logits(sample_logits(resnet_ir, x, 256, seed=5)).probs
     assert np.abs(pred.probs - ref).max() < 0.1
@@ -187,7 +189,8 @@ def test_biasless_conv_exports(mode):
     torch.manual_seed(0)
     ir = import_model(synthetic_posterior(_BiaslessConvNet()), (1, 3, 8, 8))
     x = np.random.default_rng(1).random((2, 3, 8, 8), dtype=np.float32)
-    assert Session(export_onnx(ir, 4, mode=mode), threads=1).predict(x).probs.shape == (2, 3)
+    assert Session(export_model(ir, ExportConfig(4, mode=mode, rng="host")).proto,
+                   threads=1).predict(x).probs.shape == (2, 3)
 
 
 @pytest.mark.parametrize("mode", ["baked", "noise"])
@@ -195,7 +198,8 @@ def test_adaptive_pool_exports_in_sampling_modes(mode):
     torch.manual_seed(0)
     ir = import_model(synthetic_posterior(_AdaptivePoolNet()), (1, 3, 8, 8))
     x = np.random.default_rng(1).random((2, 3, 8, 8), dtype=np.float32)
-    assert Session(export_onnx(ir, 4, mode=mode), threads=1).predict(x).probs.shape == (2, 3)
+    assert Session(export_model(ir, ExportConfig(4, mode=mode, rng="host")).proto,
+                   threads=1).predict(x).probs.shape == (2, 3)
 
 
 def test_analytic_export_of_adaptive_avg_pool():
@@ -205,7 +209,7 @@ def test_analytic_export_of_adaptive_avg_pool():
     torch.manual_seed(0)
     ir = import_model(synthetic_posterior(_AdaptivePoolNet()), (1, 3, 8, 8))
     x = np.random.default_rng(1).random((2, 3, 8, 8), dtype=np.float32)
-    got = Session(export_onnx(ir, 64, mode="analytic"), threads=1).predict(x).probs
+    got = Session(export_model(ir, ExportConfig(64, mode="analytic")).proto, threads=1).predict(x).probs
     ref = predict(ir, x, 2048).probs
     # moment propagation is an approximation (docs/design.md); 2048 reference draws add at most ~0.02 (4 sd)
     assert np.abs(got - ref).max() < 0.03
@@ -227,6 +231,6 @@ def test_analytic_through_batchnorm1d():
             layer.weight_rho.fill_(-2.0)
     ir = import_model(model, (1, 6))
     x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
-    got = Session(export_onnx(ir, 256, mode="analytic")).predict(x).probs
+    got = Session(export_model(ir, ExportConfig(256, mode="analytic")).proto).predict(x).probs
     # moment propagation is approximate; 4096 reference draws add at most ~0.016 (4 sd of a probability)
     assert np.abs(got - predict(ir, x, 4096).probs).max() < 0.03

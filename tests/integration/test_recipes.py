@@ -120,7 +120,8 @@ def test_vnq_sampled_ensemble_is_within_one_test_image_of_the_posterior_mean():
     import onnxruntime as ort
 
     from edgebnn.data import digits
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
     from edgebnn.importers import import_model
     from edgebnn.metrics import accuracy
     from edgebnn.runtime import Session
@@ -150,12 +151,13 @@ def test_vnq_sampled_ensemble_is_within_one_test_image_of_the_posterior_mean():
     # the ternary mean network (no draws) within one image too: two below without the phase
     assert accuracy(mean_logits(ternary), y) >= mean_acc - 1 / len(y) - 1e-9, (accuracy(mean_logits(ternary), y),
                                                                               mean_acc)
-    probs = Session(export_onnx(ternary, ENSEMBLE_SAMPLES, mode="baked", seed=0)).predict(x).probs
+    probs = Session(export_model(ternary, ExportConfig(ENSEMBLE_SAMPLES, mode="baked", seed=0)).proto).predict(x).probs
     assert accuracy(probs, y) >= mean_acc - 1 / len(y) - 1e-9, (accuracy(probs, y), mean_acc)
 
 
 def test_bc_prunes_groups_and_picks_bits(small_digits):
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
     from edgebnn.exporters.sizes import deployed_bytes
     from edgebnn.importers import import_model
     from edgebnn.passes import ebnn_bytes
@@ -175,7 +177,7 @@ def test_bc_prunes_groups_and_picks_bits(small_digits):
     assert sum(a["groups"] - a["kept"] for a in arch.values()) > 0  # some groups pruned
     assert all(a["kept"] > 0 for a in arch.values())
     assert all(2 <= a["bits"] < 16 for a in arch.values())
-    probs = Session(export_onnx(ir, 8, seed=0, hoist="off")).predict(x_test).probs
+    probs = Session(export_model(ir, ExportConfig(8, mode="baked", seed=0, hoist="off")).proto).predict(x_test).probs
     assert np.mean(probs.argmax(1) == y_test) > 0.8
     # the pruned input neurons of fc2 leave the graph: fc1 loses those units (rounded to an even width), so the
     # layer shapes, the .ebnn and the deployed file shrink; the analytic predictive is unchanged
@@ -187,7 +189,7 @@ def test_bc_prunes_groups_and_picks_bits(small_digits):
     unshrunk = _lowered_without_shrink(imported, group_scales(model))
     assert {w.name: w.encoding.shape for w in unshrunk.encoded_weights()}["fc1.weight"] == (32, 128)
     assert ebnn_bytes(ir) < ebnn_bytes(unshrunk)
-    small, full = (export_onnx(m, 8, mode="analytic") for m in (ir, unshrunk))
+    small, full = (export_model(m, ExportConfig(8, mode="analytic")).proto for m in (ir, unshrunk))
     assert deployed_bytes(small).file_bytes < deployed_bytes(full).file_bytes
     # float32 sums of the same non-zero terms, in another order
     np.testing.assert_allclose(Session(small).predict(x_test).probs, Session(full).predict(x_test).probs, atol=1e-5)

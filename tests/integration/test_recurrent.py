@@ -19,7 +19,9 @@ from torch import nn  # noqa: E402
 import edgebnn  # noqa: E402
 from edgebnn.cli import main  # noqa: E402
 from edgebnn.errors import ArtifactRuntimeError, UnsupportedLayerError  # noqa: E402
-from edgebnn.exporters.ensemble import export_onnx, save_onnx  # noqa: E402
+from edgebnn.exporters.config import ExportConfig  # noqa: E402
+from edgebnn.exporters.ensemble import save_onnx  # noqa: E402
+from edgebnn.exporters.export import export_model  # noqa: E402
 from edgebnn.importers._torch import import_model  # noqa: E402
 from edgebnn.ir import gaussian_mlp  # noqa: E402
 from edgebnn.runtime import Session  # noqa: E402
@@ -119,14 +121,15 @@ def test_bayesian_torch_lstm_draws_every_step(bayes_lstm):
 def test_bayesian_torch_lstm_matches_torch(bayes_lstm, mode, noise):
     _, ir, ref = bayes_lstm
     x = signals(40)
-    probs = Session(export_onnx(ir, 32, mode=mode, noise=noise), seed=0).predict(x).probs
+    probs = Session(export_model(ir, ExportConfig(32, mode=mode, noise=noise, rng="host")).proto,
+                    seed=0).predict(x).probs
     check_within_mc_error(probs, ref, 32)
 
 
 def test_baked_lstm_is_the_reference_runtime(bayes_lstm):
     _, ir, _ = bayes_lstm
     x = signals(3, seed=1)
-    got = Session(export_onnx(ir, 5, seed=3)).predict(x).probs
+    got = Session(export_model(ir, ExportConfig(5, mode="baked", seed=3)).proto).predict(x).probs
     np.testing.assert_allclose(got, predict(ir, x, 5, seed=3).probs, atol=1e-5)  # same members, fp32 round-off
 
 
@@ -142,7 +145,7 @@ def test_mc_dropout_two_layer_lstm(tmp_path):
     model.train()  # nn.LSTM drops between its layers in training mode only: torch's MC dropout
     ref = torch_predictive(model, x, 500)
     for mode in ("baked", "noise"):
-        pred = Session(export_onnx(ir, 32, mode=mode), seed=0).predict(x)
+        pred = Session(export_model(ir, ExportConfig(32, mode=mode, rng="host")).proto, seed=0).predict(x)
         check_within_mc_error(pred.probs, ref, 32)
         assert pred.mutual_info.mean() > 1e-3  # the masks are sampled (zero without them)
 
@@ -156,9 +159,11 @@ def gru_ir():
 def test_gru_any_batch_and_samples(gru_ir):
     ir = gru_ir
     x = signals(3, seed=2)
-    np.testing.assert_allclose(Session(export_onnx(ir, 5)).predict(x).probs, predict(ir, x, 5).probs, atol=1e-5)
+    np.testing.assert_allclose(Session(export_model(ir, ExportConfig(5, mode="baked")).proto).predict(x).probs,
+                               predict(ir, x, 5).probs, atol=1e-5)
     for mode in ("noise", "baked"):  # other batches and S: the GRU's state follows the folded batch
-        assert Session(export_onnx(ir, 7, mode=mode)).predict(signals(11)).probs.shape == (11, CLASSES)
+        proto = export_model(ir, ExportConfig(7, mode=mode, rng="host")).proto
+        assert Session(proto).predict(signals(11)).probs.shape == (11, CLASSES)
 
 
 def test_lstm_layer_with_bayesian_head_any_batch():
@@ -179,16 +184,16 @@ def test_lstm_layer_with_bayesian_head_any_batch():
     lstm = next(n for n in ir.proto.graph.node if n.op_type == "LSTM")
     assert list(lstm.input)[5:] in ([], [""], ["", ""])  # zero initial states dropped: the op's default
     x = signals(40)
-    got = Session(export_onnx(ir, 16, seed=1)).predict(x).probs
+    got = Session(export_model(ir, ExportConfig(16, mode="baked", seed=1)).proto).predict(x).probs
     np.testing.assert_allclose(got, predict(ir, x, 16, seed=1).probs, atol=1e-5)
 
 
 def test_analytic_refuses_recurrent(bayes_lstm, gru_ir):
     _, ir, _ = bayes_lstm
     with pytest.raises(UnsupportedLayerError, match=r"layer 'rnn.ih' is recurrent.*analytic mode.*--mode baked"):
-        export_onnx(ir, 8, mode="analytic")
+        export_model(ir, ExportConfig(8, mode="analytic"))
     with pytest.raises(UnsupportedLayerError, match=r"GRU node .*analytic mode does not propagate") as err:
-        export_onnx(gru_ir, 8, mode="analytic")
+        export_model(gru_ir, ExportConfig(8, mode="analytic"))
     assert "\n" not in str(err.value)
 
 
@@ -197,7 +202,7 @@ def _broken_artifact(path):
     rng = np.random.default_rng(0)
     ir = gaussian_mlp([(rng.standard_normal((4, 5)).astype(np.float32), np.full((4, 5), 0.1, np.float32),
                         np.zeros(4, np.float32), None)])
-    proto = export_onnx(ir, 4)
+    proto = export_model(ir, ExportConfig(4, mode="baked")).proto
     shape = next(t for t in proto.graph.initializer if t.name == "ens/head/shape")
     shape.CopyFrom(onnx.numpy_helper.from_array(np.array([-1, 3, 7], np.int64), shape.name))  # 4 x 4 logits
     save_onnx(proto, path)

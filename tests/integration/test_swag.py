@@ -18,7 +18,8 @@ import pytest
 import edgebnn
 from edgebnn.cli import main
 from edgebnn.errors import EdgeBNNError, InvalidWeightsError, UnsupportedLayerError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import from_bytes, to_bytes
 from edgebnn.ir.encodings import LowRankGaussianWeight
 
@@ -73,9 +74,10 @@ def test_swag_export_within_monte_carlo_error_of_the_reference(swag, swag_ir):
     ref = _torch_swag_probs(model, stats, x, 4000, seed=1).mean(0)
     # the library's own S = 64 Monte Carlo error (mean over 8 independent S = 64 predictives of the torch sampler)
     mc = np.mean([_error(_torch_swag_probs(model, stats, x, 64, seed=100 + r).mean(0), ref) for r in range(8)])
-    sess = ort.InferenceSession(export_onnx(ir, 64, seed=0).SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(export_model(ir, ExportConfig(64, mode="baked", seed=0)).proto.SerializeToString(),
+                                providers=["CPUExecutionProvider"])
     baked = sess.run(["probs"], {"input": x})[0]
-    path = export_onnx(ir, 64, mode="noise", noise="weight")
+    path = export_model(ir, ExportConfig(64, mode="noise", noise="weight", rng="host")).proto
     from edgebnn.runtime import Session
 
     session = Session(path.SerializeToString(), seed=0, noise_pool=False)
@@ -88,7 +90,7 @@ def test_swag_export_within_monte_carlo_error_of_the_reference(swag, swag_ir):
 def test_swag_noise_graph_is_the_numpy_draw(swag, swag_ir):
     """noise --noise weight: z₂ one input [S, K] read by every layer; fed noise, the graph is the encoding's draw."""
     x, ir = swag[2], swag_ir
-    proto = export_onnx(ir, 8, mode="noise", noise="weight")
+    proto = export_model(ir, ExportConfig(8, mode="noise", noise="weight", rng="host")).proto
     sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     assert names.count("noise/swag_z2") == 1
@@ -160,7 +162,7 @@ def test_bad_swag_inputs_are_one_line(swag, swag_ir):
     ir = swag_ir
     for mode, noise in (("analytic", "auto"), ("noise", "auto"), ("noise", "local")):
         with pytest.raises(EdgeBNNError, match="low-rank") as e:
-            export_onnx(ir, 8, mode=mode, noise=noise)
+            export_model(ir, ExportConfig(8, mode=mode, noise=noise, rng="host"))
         assert "\n" not in str(e.value)
     with pytest.raises(EdgeBNNError, match="codebook cannot lower"):
         edgebnn.lower(ir, "codebook")

@@ -18,7 +18,8 @@ from torch import nn
 
 from edgebnn import evaluate, from_torch
 from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import BNNModel, Manifest, from_bytes, to_bytes
 from edgebnn.metrics import RegressionPredictive
 from edgebnn.runtime import Session
@@ -156,7 +157,7 @@ def test_mean_logvar_regression_matches_torch(mode: str, mean_logvar) -> None:
     ir, x, draws = mean_logvar
     task = ir.manifest.task_spec()
     assert (task.name, task.head, task.dims) == ("regression", "mean_logvar", 1)
-    pred = Session(export_onnx(ir, S, mode=mode, seed=3), seed=5).predict(x)
+    pred = Session(export_model(ir, ExportConfig(S, mode=mode, seed=3, rng="host")).proto, seed=5).predict(x)
     assert isinstance(pred, RegressionPredictive) and pred.mean.shape == (len(x), 1)
     _check_regression(task, draws, pred, mode)
     # the split: aleatoric is the mean of exp(log-variance), epistemic the spread of the means
@@ -168,7 +169,7 @@ def test_mean_only_regression_with_noise_var_matches_torch(mode: str, mean_only)
     ir, x, draws = mean_only
     task = ir.manifest.task_spec()
     assert (task.head, task.dims, task.noise_var) == ("mean", 2, 0.05)
-    pred = Session(export_onnx(ir, S, mode=mode, seed=3), seed=5).predict(x)
+    pred = Session(export_model(ir, ExportConfig(S, mode=mode, seed=3, rng="host")).proto, seed=5).predict(x)
     assert isinstance(pred, RegressionPredictive) and pred.mean.shape == (len(x), 2)
     np.testing.assert_allclose(pred.aleatoric, 0.05, rtol=1e-6)
     _check_regression(task, draws, pred, mode)
@@ -185,7 +186,7 @@ def test_analytic_regression_is_exact_for_a_gaussian_output(kind: str) -> None:
     assert ir.manifest.task_spec().head == kind
     x = _inputs()
     draws = _torch_draws(model, x, REF)
-    pred = Session(export_onnx(ir, S, mode="analytic")).predict(x)
+    pred = Session(export_model(ir, ExportConfig(S, mode="analytic")).proto).predict(x)
     assert isinstance(pred, RegressionPredictive)
     _check_regression(ir.manifest.task_spec(), draws, pred, "analytic")
 
@@ -197,7 +198,7 @@ def test_tuple_head_and_evaluate_report() -> None:
     assert ir.manifest.task_spec().head == "mean_logvar" and ir.manifest.num_classes == 2
     x = _inputs(64)
     y = (x[:, :1] * 0.5).astype(np.float32)
-    report = evaluate(Session(export_onnx(ir, 16, mode="baked")), data=(x, y))
+    report = evaluate(Session(export_model(ir, ExportConfig(16, mode="baked")).proto), data=(x, y))
     assert report["task"] == "regression"
     for key in ("nll", "rmse", "mae", "calibration_error", "aleatoric", "epistemic", "variance"):
         assert np.isfinite(report[key]), key
@@ -265,7 +266,7 @@ def _pixel_checks(ir: BNNModel, draws: np.ndarray, x: np.ndarray, modes: list[st
     blocks = [predictive_from_samples(task, draws[i * S:(i + 1) * S]).probs for i in range(BLOCKS)]
     err = np.sqrt(np.mean([(b - ref) ** 2 for b in blocks]))
     for mode in modes:
-        pred = Session(export_onnx(ir, S, mode=mode, seed=3), seed=5).predict(x)
+        pred = Session(export_model(ir, ExportConfig(S, mode=mode, seed=3, rng="host")).proto, seed=5).predict(x)
         assert pred.probs.shape == (len(x), 3, 6, 6)
         assert pred.entropy.shape == pred.mutual_info.shape == (len(x), 6, 6)
         got = np.sqrt(np.mean((pred.probs - ref) ** 2))
@@ -311,7 +312,8 @@ def test_segmentation_analytic_and_evaluate(tmp_path) -> None:
     _pixel_checks(ir, _torch_draws(model, x, REF), x, ["analytic"])
     y = np.random.default_rng(5).integers(0, 3, (6, 6, 6))
     png = tmp_path / "seg.png"
-    report = evaluate(Session(export_onnx(ir, 8, mode="baked")), data=(x, y), ood_data=x[::-1] * 3, plot=png)
+    report = evaluate(Session(export_model(ir, ExportConfig(8, mode="baked")).proto), data=(x, y), ood_data=x[::-1] * 3,
+                      plot=png)
     assert report["task"] == "segmentation" and png.stat().st_size > 0
     for key in ("pixel_accuracy", "mean_iou", "nll", "ece"):
         assert 0 <= report[key] < np.inf, key
@@ -337,7 +339,7 @@ def test_one_dimensional_dense_output() -> None:
     assert ir.manifest.task_spec().shape == (4, 10)
     x = np.random.default_rng(6).random((3, 2, 10), dtype=np.float32)
     for mode in ("baked", "noise", "analytic"):
-        pred = Session(export_onnx(ir, 8, mode=mode)).predict(x)
+        pred = Session(export_model(ir, ExportConfig(8, mode=mode, rng="host")).proto).predict(x)
         assert pred.probs.shape == (3, 4, 10) and pred.mutual_info.shape == (3, 10), mode
         np.testing.assert_allclose(pred.probs.sum(1), 1.0, atol=1e-5)
 
@@ -431,7 +433,8 @@ def test_analytic_takes_a_per_pixel_log_softmax_head() -> None:
     logged = Seg(True)
     logged.load_state_dict(plain.state_dict())
     x = np.random.default_rng(7).random((2, 1, 5, 5), dtype=np.float32)
-    p = [Session(export_onnx(from_torch(m, (1, 1, 5, 5)), 16, mode="analytic")).predict(x) for m in (plain, logged)]
+    p = [Session(export_model(from_torch(m, (1, 1, 5, 5)), ExportConfig(16, mode="analytic")).proto).predict(x)
+         for m in (plain, logged)]
     np.testing.assert_allclose(p[0].probs, p[1].probs, atol=1e-5)
     np.testing.assert_allclose(p[0].mutual_info, p[1].mutual_info, atol=1e-5)
 
@@ -444,7 +447,7 @@ def test_compare_regression_export_with_its_ir(tmp_path, mean_only) -> None:
 
     ir, x, _ = mean_only
     save(ir, tmp_path / "m.ebnn")
-    save_onnx(export_onnx(ir, 16, mode="baked", seed=1), tmp_path / "m.onnx")
+    save_onnx(export_model(ir, ExportConfig(16, mode="baked", seed=1)).proto, tmp_path / "m.onnx")
     np.savez(tmp_path / "d.npz", x=x, y=x[:, :2] * 0.5)
     report = compare_artifacts(str(tmp_path / "m.onnx"), str(tmp_path / "m.ebnn"), str(tmp_path / "d.npz"),
                                null_runs=19)

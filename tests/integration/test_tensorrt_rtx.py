@@ -27,8 +27,10 @@ from onnx import TensorProto, helper, numpy_helper
 import edgebnn
 from edgebnn.devices import get_device
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.tensorrt import (
+    BuildOptions,
     check_engine,
     compile_engine,
     engine_onnx_path,
@@ -235,10 +237,10 @@ def _exports(name: str) -> list[tuple[str, onnx.ModelProto | None, str]]:
             label = f"{name}/{scheme}/{mode}/{weights}/{rng}"
             samples = 3 if name == "deep_ensemble" else S
             try:
-                proto = export_onnx(ir, samples, mode=mode, weights=weights, device="rtx", rng=rng)
+                proto = export_model(ir, ExportConfig(samples, mode=mode, weights=weights, device="rtx", rng=rng)).proto
             except EdgeBNNError as e:
                 try:
-                    export_onnx(ir, samples, mode=mode, weights=weights, device="cpu", rng=rng)
+                    export_model(ir, ExportConfig(samples, mode=mode, weights=weights, device="cpu", rng=rng))
                 except EdgeBNNError:
                     continue  # not an export of this model on any device (a family's exact modes)
                 out.append((label, None, str(e)))
@@ -265,7 +267,7 @@ def test_every_export_builds_an_engine(name: str, workdir: Path) -> None:
         findings = check_trt_compat(proto, tensorrt="11")
         engine = workdir / (label.replace("/", "_") + ".engine")
         try:
-            manifest = compile_engine(proto, engine, "rtx", max_batch=2)
+            manifest = compile_engine(proto, engine, "rtx", BuildOptions(max_batch=2))
         except EdgeBNNError as e:
             assert has_errors(findings), f"{label}: the checker passed what TensorRT-RTX refused: {e}"
             refused.append((label, str(e)))
@@ -281,8 +283,8 @@ def test_every_export_builds_an_engine(name: str, workdir: Path) -> None:
 def test_engine_and_manifest_say_what_was_built(workdir: Path) -> None:
     ir = edgebnn.lower(MODELS["vi_digits_cnn"](), "fixed")
     engine = workdir / "digits.engine"
-    manifest = compile_engine(export_onnx(ir, S, mode="baked", weights="int8", device="rtx"), engine, "rtx",
-                              min_batch=1, opt_batch=4, max_batch=8)
+    manifest = compile_engine(export_model(ir, ExportConfig(S, mode="baked", weights="int8", device="rtx")).proto,
+                              engine, "rtx", BuildOptions(min_batch=1, opt_batch=4, max_batch=8))
     assert manifest["builder"] == "tensorrt-rtx" and manifest["tensorrt_version"] == trt.__version__
     assert manifest["shape_profile"]["input"] == {"min": [1, 1, 8, 8], "opt": [4, 1, 8, 8], "max": [8, 1, 8, 8]}
     assert manifest["build_seconds"] > 0
@@ -300,10 +302,12 @@ def test_graph_rng_builds_with_the_ignored_seed_said(workdir: Path) -> None:
     """``--rng graph`` on rtx: the Fill layers draw at run time (the engine does not grow with the noise) and the
     builder's warning that it ignores the seed reaches the manifest."""
     ir = edgebnn.lower(MODELS["vi_digits_cnn"](), "fixed")
-    manifest = compile_engine(export_onnx(ir, S, mode="noise", device="rtx", rng="graph"), workdir / "g.engine", "rtx")
+    manifest = compile_engine(export_model(ir, ExportConfig(S, mode="noise", device="rtx", rng="graph")).proto,
+                              workdir / "g.engine", "rtx")
     assert manifest["network"]["random_fills"] > 0
     assert any("seed" in w for w in manifest["builder_warnings"])
-    assert export_onnx(ir, S, mode="noise", device="rtx").graph.input[1:]  # rtx's default stays host noise
+    assert export_model(ir, ExportConfig(S, mode="noise", device="rtx",
+                                         rng="host")).proto.graph.input[1:]  # rtx's default stays host noise
 
 
 @pytest.mark.parametrize("op", ["RandomNormal", "RandomNormalLike"])
@@ -327,11 +331,11 @@ def test_random_fills_are_drawn_at_run_time_not_folded_into_the_engine(op: str, 
 
 def test_compute_capability_turing_refuses_fp32_gemm_in_one_line(workdir: Path) -> None:
     ir = MODELS["vi_regression"]()
-    proto = export_onnx(ir, S, mode="baked", device="rtx")
-    manifest = compile_engine(proto, workdir / "amp.engine", "rtx", compute_capability=["8.6"])
+    proto = export_model(ir, ExportConfig(S, mode="baked", device="rtx")).proto
+    manifest = compile_engine(proto, workdir / "amp.engine", "rtx", BuildOptions(compute_capability=["8.6"]))
     assert manifest["compute_capabilities"] == ["SM86"]
     with pytest.raises(EdgeBNNError, match="Turing") as info:
-        compile_engine(proto, workdir / "turing.engine", "rtx", compute_capability=["7.5"])
+        compile_engine(proto, workdir / "turing.engine", "rtx", BuildOptions(compute_capability=["7.5"]))
     assert "\n" not in str(info.value) and str(info.value).startswith(str(workdir / "turing.engine"))
     assert not list(workdir.glob("turing.engine*"))  # all or nothing
 
@@ -352,7 +356,7 @@ def test_a_refused_build_writes_nothing_and_replaces_nothing(tmp_path: Path) -> 
 def test_check_engine_refuses_bytes_that_are_no_engine(workdir: Path) -> None:
     ir = MODELS["vi_regression"]()
     engine = workdir / "r.engine"
-    compile_engine(export_onnx(ir, S, mode="baked", device="rtx"), engine, "rtx")
+    compile_engine(export_model(ir, ExportConfig(S, mode="baked", device="rtx")).proto, engine, "rtx")
     manifest = json.loads(manifest_path(engine).read_text())
     engine.write_bytes(b"vtrt" + bytes(40))
     import hashlib
@@ -439,7 +443,7 @@ def test_the_engine_is_the_builders_own(mode: str, weights: str, tmp_path: Path)
     """A plain TensorRT-RTX build (builder defaults, batch 1) of the ONNX edgebnn compiled gives an engine of the
     same size within 2x: edgebnn adds a profile and a manifest, not bytes."""
     ir = edgebnn.lower(MODELS["vi_lenet5"](), "fixed")
-    proto = export_onnx(ir, S, mode=mode, weights=weights, device="rtx", rng="host")
+    proto = export_model(ir, ExportConfig(S, mode=mode, weights=weights, device="rtx", rng="host")).proto
     manifest = compile_engine(proto, tmp_path / "m.engine", "rtx")
     shapes = {name: (p["min"], p["opt"], p["max"]) for name, p in (manifest["shape_profile"] or {}).items()}
     plain = _raw_build(engine_onnx_path(tmp_path / "m.engine"), shapes)
@@ -480,20 +484,20 @@ ANYTIME_EXPORTS = [("baked", "int8", "auto"), ("baked", "fp32", "auto"), ("noise
 
 @pytest.mark.parametrize("name", ["vi_digits_cnn", "vi_lenet5", "deep_ensemble"])
 def test_anytime_exports_build_an_engine(name: str, workdir: Path) -> None:
-    from edgebnn.exporters.anytime import export_anytime, rule_for
 
     ir = edgebnn.lower(MODELS[name](), "fixed")
     built = []
     for mode, weights, rng in ANYTIME_EXPORTS:
         label = f"anytime/{name}/{mode}/{weights}/{rng}"
         try:
-            proto, _ = export_anytime(ir, rule_for(ir), mode=mode, weights=weights, rng=rng, device="rtx")
+            proto = export_model(ir, ExportConfig("auto", mode=mode, weights=weights, rng=rng, device="rtx")).proto
         except InvalidOptionError:
             assert name == "deep_ensemble" and mode == "noise", label  # a deep ensemble exports baked only
             continue
         assert not has_errors(check_trt_compat(proto, tensorrt="11")), label
         assert any(n.op_type in ("Loop", "If") for n in proto.graph.node), label
-        manifest = compile_engine(proto, workdir / (label.replace("/", "_") + ".engine"), "rtx", max_batch=2)
+        manifest = compile_engine(proto, workdir / (label.replace("/", "_") + ".engine"), "rtx",
+                                  BuildOptions(max_batch=2))
         assert manifest["engine_bytes"] > 0, label
         built.append(label)
     assert len(built) == (2 if name == "deep_ensemble" else len(ANYTIME_EXPORTS))

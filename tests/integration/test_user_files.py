@@ -197,10 +197,12 @@ def test_a_file_of_the_wrong_kind_names_the_right_command(args, says, tmp_path, 
 
 
 def test_an_export_is_not_exported_again_but_can_become_an_engine(tmp_path, monkeypatch):
-    from edgebnn.exporters.ensemble import export_onnx, save_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.ensemble import save_onnx
+    from edgebnn.exporters.export import export_model
 
     monkeypatch.chdir(tmp_path)
-    save_onnx(export_onnx(synthetic_cnn(), 2), tmp_path / "m.onnx")
+    save_onnx(export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto, tmp_path / "m.onnx")
     line = one_line_error(run("export", "m.onnx", "-o", "again.onnx"))
     assert "already an ONNX export" in line and "edgebnn export m.onnx --target tensorrt -o model.engine" in line
     r = run("export", "m.onnx", "--target", "tensorrt", "--device", "jetson-orin-nano", "--dry-run", "-o", "m.engine")
@@ -238,12 +240,13 @@ def test_a_dry_run_never_takes_over_a_built_engines_companions(tmp_path, monkeyp
 
 
 def test_session_predict_checks_the_input_range_as_eval_does(tmp_path):
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
     from edgebnn.runtime import Session
 
     model = synthetic_cnn()
     model.manifest.input_range = [0.0, 1.0]
-    session = Session(export_onnx(model, 2))
+    session = Session(export_model(model, ExportConfig(2, mode="baked")).proto)
     x = np.random.default_rng(0).uniform(0, 1, (4, 1, 6, 6)).astype(np.float32)
     session.predict(x)
     session.predict(x * 1.9 - 0.4)  # within one range width of [0, 1]: the same preprocessing, new data
@@ -252,4 +255,5 @@ def test_session_predict_checks_the_input_range_as_eval_does(tmp_path):
     with pytest.raises(InvalidOptionError, match=r"inputs span \[0\.\d+, 2\d\d\.\d+\], far outside \[0, 1\]"):
         session.predict(x * 255)
     model.manifest.input_range = None
-    Session(export_onnx(model, 2)).predict(x * 255)  # nothing recorded: nothing to check against (eval says so)
+    # nothing recorded: nothing to check against (eval says so)
+    Session(export_model(model, ExportConfig(2, mode="baked")).proto).predict(x * 255)

@@ -55,7 +55,8 @@ import onnx
 import pytest
 
 from edgebnn.errors import UnsupportedLayerError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.importers import import_model
 from edgebnn.ir import BNNModel, GaussianWeight
 from edgebnn.passes import SCHEMES, lower
@@ -372,7 +373,8 @@ def test_reference_runtime_matches_library(name: str) -> None:
 @functools.cache
 def exported(name: str, mode: str) -> onnx.ModelProto:
     """Each zoo model's S-sample export in ``mode`` (baked with seed 3), once for the tests that read it."""
-    return export_onnx(prepared(name).ir, S, mode=mode, **({"seed": 3} if mode == "baked" else {}))
+    return export_model(prepared(name).ir, ExportConfig(S, mode=mode, seed=3 if mode == "baked" else 0,
+                                                        rng="host")).proto
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -426,7 +428,7 @@ def test_every_scheme_exports_baked(name: str, scheme: str) -> None:
     """The lowered model's baked ensemble in onnxruntime equals the reference runtime's draws (same seed)."""
     p = prepared(name)
     model = lowered(name, scheme)
-    got = Session(export_onnx(model, 4, mode="baked", seed=0)).predict(p.x).probs
+    got = Session(export_model(model, ExportConfig(4, mode="baked", seed=0)).proto).predict(p.x).probs
     np.testing.assert_allclose(got, predict(model, p.x, 4, seed=0).probs, rtol=0, atol=ROUNDOFF)
 
 
@@ -441,9 +443,9 @@ def test_resnet20_exports(module: str) -> None:
     # no shape arithmetic is left: slice bounds and pads folded, the flatten's view(batch, -1) a constant [-1, 64]
     assert not [n.op_type for n in ir.proto.graph.node if n.op_type in ("Shape", "Gather", "Cast", "Concat")]
     x = np.random.default_rng(1).standard_normal((3, 3, 32, 32)).astype(np.float32)
-    got = Session(export_onnx(ir, 4, mode="baked", seed=0)).predict(x).probs
+    got = Session(export_model(ir, ExportConfig(4, mode="baked", seed=0)).proto).predict(x).probs
     np.testing.assert_allclose(got, predict(ir, x, 4, seed=0).probs, rtol=0, atol=ROUNDOFF)
-    noise = Session(export_onnx(ir, 4, mode="noise"), seed=0).predict(x).probs
+    noise = Session(export_model(ir, ExportConfig(4, mode="noise", rng="host")).proto, seed=0).predict(x).probs
     assert noise.shape == (3, 10) and np.allclose(noise.sum(-1), 1.0, atol=1e-5)
 
 

@@ -29,7 +29,8 @@ from test_corpus import CASES, Ctx
 
 from edgebnn import ir
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import BNNModel, gaussian_mlp
 from edgebnn.passes import SCHEMES, lower
 
@@ -111,7 +112,8 @@ def test_lowering_holds_one_layer_at_a_time(scheme):
 def test_baked_export_holds_one_layer_at_a_time():
     samples = 4
 
-    assert extra_per_layer(lambda m: export_onnx(m, samples), lambda proto: proto.ByteSize()) < 0.25
+    assert extra_per_layer(lambda m: export_model(m, ExportConfig(samples, mode="baked")).proto,
+                           lambda proto: proto.ByteSize()) < 0.25
 
 
 # -- protobuf's own memory, which tracemalloc does not see ---------------------------------------------------
@@ -193,4 +195,4 @@ def test_baked_export_over_2gib_is_refused_naming_what_fits(weights, suggests, m
     model = synthetic_cnn()  # 148 weights: 592, 148 and 74 bytes a member in fp32, int8 and int4
     monkeypatch.setattr(ensemble, "MAX_GRAPH_BYTES", 8_000)  # stands for protobuf's 2 GiB
     with pytest.raises(InvalidOptionError, match=f"--samples 200: .* use at most {suggests}"):
-        export_onnx(model, 200, weights=weights)
+        export_model(model, ExportConfig(200, mode="baked", weights=weights))

@@ -52,7 +52,9 @@ from synthetic import synthetic_cnn, synthetic_linear
 from edgebnn import _io, ir
 from edgebnn.cli import main
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx, float_deterministic, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_deterministic, save_onnx
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import EXPORT_KEY
 from edgebnn.passes import lower
 
@@ -318,7 +320,7 @@ def saved(ctx: Ctx, model: ir.BNNModel, name: str = "model.ebnn") -> Path:
 
 
 def exported(ctx: Ctx, model: ir.BNNModel, name: str = "model.onnx", samples: int = 4) -> Path:
-    return save_onnx(export_onnx(model, samples), ctx.tmp / name)
+    return save_onnx(export_model(model, ExportConfig(samples, mode="baked")).proto, ctx.tmp / name)
 
 
 for samples in ("0", "-3"):
@@ -462,7 +464,8 @@ TAMPERED: dict[str, tuple[Callable[[onnx.ModelProto], onnx.ModelProto], str]] = 
 
 def tampered_export(ctx: Ctx, kind: str) -> tuple[Path, str]:
     mutate, needle = TAMPERED[kind]
-    return write(ctx.tmp / "tampered.onnx", mutate(export_onnx(digits_shaped(), 4))), needle
+    proto = export_model(digits_shaped(), ExportConfig(4, mode="baked")).proto
+    return write(ctx.tmp / "tampered.onnx", mutate(proto)), needle
 
 
 META_COMMANDS: dict[str, Callable[[Ctx, Path], list[str]]] = {
@@ -604,7 +607,7 @@ def _(ctx: Ctx) -> Bad:
     folder = ctx.tmp / "calib"
     folder.mkdir()
     np.save(folder / "a.npy", np.full((2, 1, 8, 8), np.inf, np.float32))
-    src = save_onnx(export_onnx(digits_shaped(), 2), ctx.tmp / "m.onnx")
+    src = save_onnx(export_model(digits_shaped(), ExportConfig(2, mode="baked")).proto, ctx.tmp / "m.onnx")
     return Bad(["calibrate", str(src), "--data", str(folder), "-o", str(ctx.tmp / "q.onnx")],
                (str(folder / "a.npy"), "NaN or infinite input at row 0"))
 
@@ -1019,7 +1022,7 @@ def test_session_refuses_wrong_input_shape_and_dtype(tmp_path):
     """The same contract in Python: Session.predict names the file and the shape it wants."""
     from edgebnn.runtime import Session
 
-    path = save_onnx(export_onnx(synthetic_cnn(), 2), tmp_path / "m.onnx")
+    path = save_onnx(export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto, tmp_path / "m.onnx")
     sess = Session(path)
     for x, needle in [(np.zeros((2, 1, 8, 8), np.float32), "takes (batch, 1, 6, 6)"),
                       (np.zeros((1, 6, 6), np.float32), "input has shape (1, 6, 6)"),

@@ -20,7 +20,9 @@ from synthetic import synthetic_cnn
 
 from edgebnn import __version__, ir
 from edgebnn.cli import main
-from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_bnn, float_deterministic
+from edgebnn.exporters.export import export_model
 from edgebnn.passes import SCHEMES, lower
 
 HERE = Path(__file__).parent
@@ -48,11 +50,11 @@ def test_lowering_is_byte_reproducible_and_records_itself(scheme):
 
 def test_baked_export_same_seed_same_bytes_other_seed_other_samples():
     model = synthetic_cnn()
-    a = export_onnx(model, 4, seed=0).SerializeToString(deterministic=True)
-    b = export_onnx(model, 4, seed=0).SerializeToString(deterministic=True)
+    a = export_model(model, ExportConfig(4, mode="baked", seed=0)).proto.SerializeToString(deterministic=True)
+    b = export_model(model, ExportConfig(4, mode="baked", seed=0)).proto.SerializeToString(deterministic=True)
     assert a == b
     w0 = baked_weights(onnx.load_from_string(a))
-    w1 = baked_weights(export_onnx(model, 4, seed=1))
+    w1 = baked_weights(export_model(model, ExportConfig(4, mode="baked", seed=1)).proto)
     assert sorted(w0) == sorted(w1) and w0
     for name in w0:
         if name.endswith("/W"):  # every sampled weight: no sample of seed 0 reappears under seed 1
@@ -81,7 +83,8 @@ sys.path[:0] = sys.argv[1:3]
 from synthetic import synthetic_cnn
 from edgebnn import ir
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.passes import SCHEMES, lower
 out = {}
 for scheme in SCHEMES:
@@ -89,7 +92,7 @@ for scheme in SCHEMES:
     out[scheme + ".ebnn"] = hashlib.sha256(ir.to_bytes(model)).hexdigest()
     for mode in ("baked", "noise", "analytic"):
         try:
-            proto = export_onnx(model, 4, mode=mode, seed=0)
+            proto = export_model(model, ExportConfig(4, mode=mode, seed=0, rng="host")).proto
         except InvalidOptionError:  # noise and analytic draw Gaussian weights only
             out[f"{scheme}.{mode}.onnx"] = "refused"
             continue
@@ -117,7 +120,7 @@ def test_every_artifact_records_the_edgebnn_version(tmp_path):
     path = ir.save(model, tmp_path / "m.ebnn")
     manifest = json.loads({p.key: p.value for p in onnx.load(str(path)).metadata_props}[ir.MANIFEST_KEY])
     assert manifest["edgebnn_version"] == __version__ and manifest["format_version"] == ir.FORMAT_VERSION
-    exports = [export_onnx(model, 2, mode=m) for m in ("baked", "noise", "analytic")]
+    exports = [export_model(model, ExportConfig(2, mode=m, rng="host")).proto for m in ("baked", "noise", "analytic")]
     exports += [float_deterministic(model), float_bnn(model)]
     for proto in exports:
         meta = json.loads({p.key: p.value for p in proto.metadata_props}["edgebnn.export"])

@@ -19,7 +19,9 @@ from synthetic import synthetic_cnn
 from edgebnn import _io, ir
 from edgebnn.cli import main
 from edgebnn.errors import ArtifactWriteError
-from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import save_onnx
+from edgebnn.exporters.export import export_model
 
 PREVIOUS = b"previous artifact: must survive byte for byte"
 
@@ -29,7 +31,7 @@ def _save_ebnn(path: Path) -> None:
 
 
 def _save_onnx(path: Path) -> None:
-    save_onnx(export_onnx(synthetic_cnn(), 2), path)
+    save_onnx(export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto, path)
 
 
 def _save_json(path: Path) -> None:

@@ -11,7 +11,8 @@ from scipy.stats import norm
 
 from edgebnn.errors import UnsupportedLayerError
 from edgebnn.exporters.analytic import quadrature_points
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
 
 ROUNDOFF = 1e-5
@@ -36,7 +37,7 @@ def _model(tail: list, inits: list, classes: int) -> BNNModel:
 
 
 def _analytic(model: BNNModel) -> np.ndarray:
-    sess = ort.InferenceSession(export_onnx(model, Q, mode="analytic").SerializeToString(),
+    sess = ort.InferenceSession(export_model(model, ExportConfig(Q, mode="analytic")).proto.SerializeToString(),
                                 providers=["CPUExecutionProvider"])
     return sess.run(None, {"input": X})[0]
 
@@ -107,4 +108,4 @@ def test_log_softmax_before_the_head_is_refused():
     tail = [helper.make_node("LogSoftmax", ["h"], ["ls"], axis=1), helper.make_node("Relu", ["ls"], ["logits"])]
     with pytest.raises(UnsupportedLayerError, match=r"^ops: LogSoftmax node 'ls': analytic mode cannot propagate "
                                                     r"variance through LogSoftmax; use --mode baked or noise$"):
-        export_onnx(_model(tail, [], 12), Q, mode="analytic")
+        export_model(_model(tail, [], 12), ExportConfig(Q, mode="analytic"))

@@ -14,8 +14,9 @@ from scipy import stats
 from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.anytime import export_anytime, member_logits, rule_for
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.anytime import member_logits
+from edgebnn.exporters.config import ExportConfig, rule_for
+from edgebnn.exporters.export import build_graph, export_model
 from edgebnn.exporters.metadata import EXPORT_KEY, read_metadata
 from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
 from edgebnn.runtime import Session
@@ -172,8 +173,9 @@ def test_rule_off_equals_the_fixed_export_at_s_max(mode: str, options: dict) -> 
     mutual information is a difference of two such sums)."""
     model = synthetic_cnn(sigma=0.3)
     x = _inputs(6)
-    anytime, _ = export_anytime(model, StoppingRule(epsilon=0), mode=mode, device="cpu", seed=4, **options)
-    fixed = export_onnx(model, 16, mode=mode, device="cpu", seed=4, **options)
+    anytime = export_model(model, ExportConfig(rule=StoppingRule(epsilon=0), mode=mode, device="cpu", seed=4,
+                                               **options)).proto
+    fixed = export_model(model, ExportConfig(16, mode=mode, device="cpu", seed=4, **options)).proto
     assert [i.name for i in anytime.graph.input] == sorted(i.name for i in fixed.graph.input)[:1] + \
         sorted(i.name for i in fixed.graph.input[1:])
     feed = {"input": x}
@@ -194,9 +196,10 @@ def test_in_graph_draws_are_fresh_every_iteration() -> None:
     numbers each iteration, they would be the first call's."""
     model = synthetic_cnn(sigma=0.3)
     x = _inputs(3)
-    anytime, _ = export_anytime(model, StoppingRule(epsilon=0), mode="noise", rng="graph", device="cpu", seed=5)
+    anytime = export_model(model, ExportConfig(rule=StoppingRule(epsilon=0), mode="noise", rng="graph", device="cpu",
+                                               seed=5)).proto
     assert any(n.op_type == "Loop" for n in anytime.graph.node)
-    fixed = _sess(export_onnx(model, 4, mode="noise", rng="graph", device="cpu", seed=5))
+    fixed = _sess(export_model(model, ExportConfig(4, mode="noise", rng="graph", device="cpu", seed=5)).proto)
     calls = [fixed.run(["probs"], {"input": x})[0] for _ in range(4)]
     probs = _sess(anytime).run(["probs"], {"input": x})[0]
     np.testing.assert_allclose(probs, np.mean(calls, 0), atol=1e-6, rtol=0)
@@ -210,7 +213,7 @@ def test_baked_graph_equals_the_reference_runtime_row_by_row() -> None:
     model = synthetic_cnn(sigma=0.15)
     x = _inputs(40, seed=6)
     rule = StoppingRule(epsilon=0.1, delta=0.1)
-    proto, _ = export_anytime(model, rule, mode="baked", device="cpu", seed=7)
+    proto = export_model(model, ExportConfig(rule=rule, mode="baked", device="cpu", seed=7)).proto
     got = Session(proto).predict(x)
     ref = Reference(model).predict_anytime(x, rule, seed=7)
     assert got.samples is not None and ref.samples is not None
@@ -228,10 +231,11 @@ def test_settled_rows_keep_their_statistics() -> None:
     first 4 = ``window=(0, 16)``)."""
     model = synthetic_cnn(sigma=0.15)
     x = _inputs(40, seed=6)
-    proto, _ = export_anytime(model, StoppingRule(), mode="baked", device="cpu", seed=7)
+    proto = export_model(model, ExportConfig(rule=StoppingRule(), mode="baked", device="cpu", seed=7)).proto
     got = Session(proto).predict(x)
     assert got.samples is not None
-    first = export_onnx(model, 4, mode="baked", device="cpu", seed=7, window=(0, 16))
+    resolved = ExportConfig(16, mode="baked", device="cpu", seed=7).resolve(model)
+    first = build_graph(model, resolved.spec("baked", "auto", samples=4, window=(0, 16)))
     want = _sess(first).run(["probs"], {"input": x})[0]
     four = got.samples == 4
     assert four.any() and (~four).any()
@@ -241,13 +245,13 @@ def test_settled_rows_keep_their_statistics() -> None:
 def test_export_refusals_are_one_line() -> None:
     model = synthetic_cnn()
     with pytest.raises(InvalidOptionError, match="analytic mode draws no samples") as e:
-        export_anytime(model, StoppingRule(), mode="analytic")
+        export_model(model, ExportConfig(rule=StoppingRule(), mode="analytic"))
     assert "\n" not in str(e.value)
     regression = synthetic_linear()
     regression.manifest.task, regression.manifest.task_options = "regression", {"head": "mean", "dims": 4,
                                                                                 "noise_var": 0.1}
     with pytest.raises(InvalidOptionError, match="takes a classifier"):
-        export_anytime(regression, StoppingRule(), mode="baked")
+        export_model(regression, ExportConfig(rule=StoppingRule(), mode="baked"))
 
 
 def test_rule_defaults_follow_the_model() -> None:
@@ -257,11 +261,12 @@ def test_rule_defaults_follow_the_model() -> None:
 
 
 def test_metadata_names_the_rule_and_the_samples_output() -> None:
-    proto, _ = export_anytime(synthetic_cnn(), StoppingRule(epsilon=0.05), mode="baked", device="cpu")
+    proto = export_model(synthetic_cnn(), ExportConfig(rule=StoppingRule(epsilon=0.05), mode="baked",
+                                                       device="cpu")).proto
     meta = read_metadata(proto, "a.onnx")
     assert meta.samples == 16 and meta.outputs[-1] == "samples"
     assert StoppingRule.from_dict(meta.anytime or {}, "a.onnx") == StoppingRule(epsilon=0.05)
-    assert member_logits(export_onnx(synthetic_cnn(), 4, mode="baked").graph)
+    assert member_logits(export_model(synthetic_cnn(), ExportConfig(4, mode="baked")).proto.graph)
     bad = onnx.ModelProto()
     bad.CopyFrom(proto)
     entry = next(p for p in bad.metadata_props if p.key == EXPORT_KEY)
@@ -275,20 +280,21 @@ def test_metadata_names_the_rule_and_the_samples_output() -> None:
 def test_tensorrt_checker_passes_the_anytime_graphs(mode: str, options: dict) -> None:
     """The static checker reads the Loop body's and the If branches' own constants (axes, shapes); the real build is
     tests/integration/test_tensorrt_rtx.py's."""
-    proto, _ = export_anytime(synthetic_cnn(), StoppingRule(), mode=mode, device="rtx", **options)
+    proto = export_model(synthetic_cnn(), ExportConfig(rule=StoppingRule(), mode=mode, device="rtx", **options)).proto
     findings = check_trt_compat(proto, tensorrt="11")
     assert not has_errors(findings), findings
 
 
 def test_session_and_errors() -> None:
-    proto, _ = export_anytime(synthetic_cnn(sigma=0.3), StoppingRule(), mode="noise", rng="host", device="cpu")
+    proto = export_model(synthetic_cnn(sigma=0.3), ExportConfig(rule=StoppingRule(), mode="noise", rng="host",
+                                                                device="cpu")).proto
     sess = Session(proto, seed=0)
     assert sess.anytime and sess.samples == 16
     assert {r["name"]: r["shape"][0] for r in sess.noise_inputs}["noise/conv.weight"] == 16
     pred = sess.predict(_inputs(5))
     assert pred.samples is not None and pred.samples.shape == (5,)
     assert set(pred.samples.tolist()) <= {4, 8, 12, 16}
-    assert not Session(export_onnx(synthetic_cnn(), 4, mode="baked")).anytime
+    assert not Session(export_model(synthetic_cnn(), ExportConfig(4, mode="baked")).proto).anytime
     with pytest.raises(EdgeBNNError):
         Session(proto).predict(np.zeros((2, 3), np.float32))
 

@@ -15,7 +15,9 @@ from edgebnn.calib.int8 import METHODS, QUANTIZED_OPS, Int8Config, calibrate_ens
 from edgebnn.calib.readers import BatchReader, load_inputs
 from edgebnn.cli import main
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import save_onnx
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.trt_compat import check_trt_compat
 from edgebnn.runtime import Session
 from edgebnn.runtime.session import read_export
@@ -32,7 +34,7 @@ def baked(tmp_path_factory):
     """The synthetic CNN's baked S=4 ensemble on disk, and a folder of .npy calibration inputs."""
     root = tmp_path_factory.mktemp("calib")
     path = root / "syn.onnx"
-    save_onnx(export_onnx(synthetic_cnn(), 4), path)
+    save_onnx(export_model(synthetic_cnn(), ExportConfig(4, mode="baked")).proto, path)
     data = root / "npy"
     data.mkdir()
     x = _inputs(96, seed=1)
@@ -120,19 +122,19 @@ def test_only_baked_float_exports_are_calibrated(tmp_path, baked):
     model = synthetic_cnn()
     for mode in ("noise", "analytic"):
         path = tmp_path / f"{mode}.onnx"
-        save_onnx(export_onnx(model, 4, mode=mode), path)
+        save_onnx(export_model(model, ExportConfig(4, mode=mode, rng="host")).proto, path)
         with pytest.raises(InvalidOptionError, match=f"a {mode} export cannot be INT8-calibrated"):
             calibrate_ensemble(path, tmp_path / "o.onnx", data=str(baked[1]))
     # the CPU default (noise drawn in the graph): the true reason, and the command that works, naming the .ebnn
     default = tmp_path / "model.onnx"
-    save_onnx(export_onnx(model, 4, mode="noise", rng="graph"), default)
+    save_onnx(export_model(model, ExportConfig(4, mode="noise", rng="graph")).proto, default)
     ir.save(model, tmp_path / "model.ebnn")
     with pytest.raises(InvalidOptionError, match=(
             r"it draws its weights on every call, in the graph: there are no stored weights to quantize.*"
             rf"edgebnn calibrate {re.escape(str(tmp_path / 'model.ebnn'))} -o ")):
         calibrate_ensemble(default, tmp_path / "o.onnx", data=str(baked[1]))
     int8w = tmp_path / "w8.onnx"
-    save_onnx(export_onnx(model, 4, weights="int8"), int8w)
+    save_onnx(export_model(model, ExportConfig(4, mode="baked", weights="int8")).proto, int8w)
     with pytest.raises(InvalidOptionError, match=r"its members are stored as int8 \(export --weights int8\)"):
         calibrate_ensemble(int8w, tmp_path / "o.onnx", data=str(baked[1]))
     plain = tmp_path / "plain.onnx"
@@ -229,10 +231,10 @@ def test_an_ebnn_is_exported_baked_fp32_then_calibrated(tmp_path, baked):
     model as calibrating the baked fp32 export of the same S and seed."""
     model = synthetic_cnn()
     ir.save(model, tmp_path / "m.ebnn")
-    save_onnx(export_onnx(model, 4, mode="baked", weights="fp32", seed=3), tmp_path / "b.onnx")
+    save_onnx(export_model(model, ExportConfig(4, mode="baked", weights="fp32", seed=3)).proto, tmp_path / "b.onnx")
     config = Int8Config(method="minmax", batch=16)
     report = calibrate_ensemble(tmp_path / "m.ebnn", tmp_path / "a.onnx", data=str(baked[1]), config=config,
-                                samples=4, seed=3)
+                                export=ExportConfig(4, mode="baked", weights="fp32", seed=3))
     assert report["exported"] == {"from": str(tmp_path / "m.ebnn"), "mode": "baked", "weights": "fp32", "samples": 4,
                                   "seed": 3}
     calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "b8.onnx", data=str(baked[1]), config=config)
@@ -241,4 +243,4 @@ def test_an_ebnn_is_exported_baked_fp32_then_calibrated(tmp_path, baked):
     for ta, tb in zip(a.graph.initializer, b.graph.initializer, strict=True):
         np.testing.assert_array_equal(onnx.numpy_helper.to_array(ta), onnx.numpy_helper.to_array(tb))
     with pytest.raises(InvalidOptionError, match="an export has its S built in"):
-        calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "c.onnx", data=str(baked[1]), samples=4)
+        calibrate_ensemble(tmp_path / "b.onnx", tmp_path / "c.onnx", data=str(baked[1]), export=ExportConfig(4))

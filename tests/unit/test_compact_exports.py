@@ -11,7 +11,8 @@ import pytest
 from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import read_metadata
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.passes import lower
@@ -43,7 +44,8 @@ def test_the_irs_encoding_computes_what_fp32_moments_compute(scheme, mode, x, ca
     """Same noise (Session seed), same predictive: the decode is exact (σ² as the same float32 product). analytic's
     s² + μ² is float32 in the graph (float64 then rounded in the fp32 store): float32 round-off of a sum."""
     model = lower(synthetic_cnn(sigma=0.3), scheme, seed=0).model
-    compact, fp32 = (export_onnx(model, 8, mode=mode, weights=w) for w in ("ir", "fp32"))
+    compact, fp32 = (export_model(model, ExportConfig(8, mode=mode, weights=w,
+                                                      rng="host")).proto for w in ("ir", "fp32"))
     _load_quietly(compact, capfd)
     stores = read_metadata(compact, "compact.onnx").stores
     assert stores and set(stores) <= {w.encoding.op_type for w in model.encoded_weights()} | {"float"}
@@ -61,7 +63,7 @@ def _mc_bound(n_draws: int, entries: int) -> float:
 def test_in_graph_noise_runs_on_the_data_alone_and_samples_the_reference(x, capfd):
     model = lower(synthetic_cnn(sigma=0.3), "fixed", seed=0).model
     ref = predictive_from_logits(sample_logits(model, x, REF_SAMPLES, seed=5)).probs
-    proto = export_onnx(model, 64, mode="noise", rng="graph", seed=11)
+    proto = export_model(model, ExportConfig(64, mode="noise", rng="graph", seed=11)).proto
     sess = _load_quietly(proto, capfd)
     assert [i.name for i in sess.get_inputs()] == ["input"]  # one graph input: the data
     assert read_metadata(proto, "g.onnx").rng == "graph"
@@ -76,7 +78,7 @@ def test_in_graph_noise_local_and_weight_draws_and_compact_stores_together(x):
     """auto draws Conv weights per sample (RandomNormal [S, *w]) and Gemm pre-activations per row
     (RandomNormalLike): both kinds present, one graph input, codes in the file."""
     model = lower(synthetic_cnn(sigma=0.3), "fixed", seed=0).model
-    proto = export_onnx(model, 16, mode="noise", rng="graph")
+    proto = export_model(model, ExportConfig(16, mode="noise", rng="graph")).proto
     ops = {n.op_type for n in proto.graph.node}
     assert {"RandomNormal", "RandomNormalLike"} <= ops and len(proto.graph.input) == 1
 
@@ -87,13 +89,16 @@ def test_tensorrt_devices_default_to_host_noise_and_rtx_takes_the_codes():
     Jetson's TensorRT 10.3 (unverified) the float store."""
     model = lower(synthetic_cnn(), "fixed", seed=0).model
     for device in ("rtx", "jetson"):
-        proto = export_onnx(model, 4, mode="noise", rng="auto", device=device)
+        proto = export_model(model, ExportConfig(4, mode="noise", rng="auto", device=device)).proto
         assert not [n for n in proto.graph.node if n.op_type.startswith("Random")]
-    assert read_metadata(export_onnx(model, 4, mode="noise", device="jetson"), "t.onnx").stores is None
-    assert "FixedPointWeight" in (read_metadata(export_onnx(model, 4, mode="noise", device="rtx"), "t.onnx").stores
+    assert read_metadata(export_model(model, ExportConfig(4, mode="noise", device="jetson", rng="host")).proto,
+                         "t.onnx").stores is None
+    assert "FixedPointWeight" in (read_metadata(export_model(model, ExportConfig(4, mode="noise", device="rtx",
+                                                                                 rng="host")).proto, "t.onnx").stores
                                   or {})
-    assert export_onnx(model, 4, mode="noise", rng="graph", device="jetson").graph.input[1:] == []
-    assert export_onnx(model, 4, mode="noise", rng="auto").graph.input[1:] == []  # no device: in the graph
+    assert export_model(model, ExportConfig(4, mode="noise", rng="graph", device="jetson")).proto.graph.input[1:] == []
+    assert export_model(model, ExportConfig(4, mode="noise",
+                                            rng="auto")).proto.graph.input[1:] == []  # no device: in the graph
 
 
 def test_baked_int4_on_onnxruntime_is_about_the_fp32_posteriors_size_and_exact_on_a_grid(capfd):
@@ -103,12 +108,12 @@ def test_baked_int4_on_onnxruntime_is_about_the_fp32_posteriors_size_and_exact_o
     int8 step (the biases are fixed point with noise: no grid)."""
     model = lower(synthetic_linear(n_in=256, classes=32), "binary", seed=0).model
     posterior = sum(w.encoding.size for w in model.encoded_weights()) * 8
-    int4 = export_onnx(model, 16, weights="int4", form="qdq", device="cpu")
+    int4 = export_model(model, ExportConfig(16, mode="baked", weights="int4", form="qdq", device="cpu")).proto
     _load_quietly(int4, capfd)
     assert int4.ByteSize() <= 1.05 * posterior
     assert read_metadata(int4, "b.onnx").weights == "int4"
     xl = np.random.default_rng(0).normal(size=(6, 256)).astype(np.float32)
-    fp32 = export_onnx(model, 16)
+    fp32 = export_model(model, ExportConfig(16, mode="baked")).proto
     p4, p32 = (Session(p).predict(xl).probs for p in (int4, fp32))
     # each bias moves by at most max|b| / 254 (int8, one scale per channel): logits move by that much
     np.testing.assert_allclose(p4, p32, atol=0.01)
@@ -116,7 +121,8 @@ def test_baked_int4_on_onnxruntime_is_about_the_fp32_posteriors_size_and_exact_o
 
 def test_a_folded_baked_export_names_its_compact_alternative():
     model = lower(synthetic_cnn(), "fixed", seed=0).model
-    meta = read_metadata(export_onnx(model, 4, weights="int8", device="cpu"), "f.onnx")
+    meta = read_metadata(export_model(model, ExportConfig(4, mode="baked", weights="int8", device="cpu")).proto,
+                         "f.onnx")
     assert meta.form in ("folded", "integer") and meta.compact is not None and "--form qdq" in meta.compact
 
 
@@ -125,11 +131,12 @@ def test_shared_codebook_draws_read_the_packed_indices():
     with --weights fp32): the same draws from the same noise, in fewer bytes, and in-graph noise works too."""
     model = lower(synthetic_linear(n_in=128, classes=8, sigma=0.2), "codebook", seed=0, sampling="shared").model
     xl = np.random.default_rng(4).normal(size=(6, 128)).astype(np.float32)
-    compact, fp32 = (export_onnx(model, 8, mode="shared", weights=w) for w in ("ir", "fp32"))
+    compact, fp32 = (export_model(model, ExportConfig(8, mode="shared", weights=w,
+                                                      rng="host")).proto for w in ("ir", "fp32"))
     np.testing.assert_array_equal(Session(compact, seed=3).predict(xl).probs, Session(fp32, seed=3).predict(xl).probs)
     assert compact.ByteSize() < fp32.ByteSize()
     assert "CodebookWeight" in (read_metadata(compact, "s.onnx").stores or {})
-    graph_rng = export_onnx(model, 8, mode="shared", rng="graph")
+    graph_rng = export_model(model, ExportConfig(8, mode="shared", rng="graph")).proto
     assert len(graph_rng.graph.input) == 1 and Session(graph_rng).predict(xl).probs.shape == (6, 8)
 
 
@@ -147,16 +154,17 @@ def test_one_device_table_answers_formats_decodes_and_random_ops():
     assert export_device("arm64").name == "cpu"
     model = lower(synthetic_cnn(), "fixed", seed=0).model
     with pytest.raises(InvalidOptionError, match="--weights int4: jetson-orin-nx"):
-        export_onnx(model, 4, weights="int4", device="jetson-orin-nx")
+        export_model(model, ExportConfig(4, mode="baked", weights="int4", device="jetson-orin-nx"))
     with pytest.raises(InvalidOptionError, match="--device tpu"):
-        export_onnx(model, 4, mode="noise", device="tpu")
+        export_model(model, ExportConfig(4, mode="noise", device="tpu", rng="host"))
 
 
 def test_hoisted_means_of_a_baked_export_are_the_irs_codes():
     """--hoist: a quiet layer runs once with its mean, decoded from the IR's codes (fp32 with --weights fp32)."""
     model = lower(synthetic_linear(n_in=256, classes=32), "fixed", seed=0).model
     xl = np.random.default_rng(0).normal(size=(3, 256)).astype(np.float32)
-    compact, fp32 = (export_onnx(model, 4, seed=2, hoist=10.0, weights=w) for w in ("ir", "fp32"))
+    compact, fp32 = (export_model(model, ExportConfig(4, mode="baked", seed=2, hoist=10.0,
+                                                      weights=w)).proto for w in ("ir", "fp32"))
     assert read_metadata(compact, "h.onnx").layers == {"sampled": [], "hoisted": ["fc"]}
     assert "FixedPointWeight" in (read_metadata(compact, "h.onnx").stores or {})
     np.testing.assert_array_equal(Session(compact).predict(xl).probs, Session(fp32).predict(xl).probs)
@@ -195,7 +203,8 @@ def test_the_torch_runner_runs_the_decodes(scheme, x):
     from edgebnn.targets.runners import OrtRunner, TorchRunner
 
     model = lower(synthetic_cnn(), scheme, seed=0).model
-    for proto in (export_onnx(model, 4, mode="analytic"), export_onnx(model, 4, hoist=10.0)):
+    for config in (ExportConfig(4, mode="analytic"), ExportConfig(4, mode="baked", hoist=10.0)):
+        proto = export_model(model, config).proto
         want, got = OrtRunner(proto, threads=1).run(x), TorchRunner(proto).run(x)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, atol=1e-5)  # float32 round-off of the same ops

@@ -10,7 +10,9 @@ from synthetic import synthetic_cnn
 from edgebnn import ir
 from edgebnn.compare import compare_artifacts
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import save_onnx
+from edgebnn.exporters.export import export_model
 
 NULL_RUNS = 39  # p-values down to 0.025; alpha 0.05 keeps the test fast and still decisive
 
@@ -27,13 +29,13 @@ def files(tmp_path_factory):
     model = synthetic_cnn(sigma=0.3)
     ir.save(model, d / "m.ebnn")
     for mode, seed in (("baked", 11), ("noise", 0), ("analytic", 0)):
-        save_onnx(export_onnx(model, 16, mode=mode, seed=seed), d / f"{mode}.onnx")
+        save_onnx(export_model(model, ExportConfig(16, mode=mode, seed=seed, rng="host")).proto, d / f"{mode}.onnx")
     # The same skeleton with every sigma tripled: a different posterior.
     wider = synthetic_cnn(sigma=0.3)
     for t in wider.proto.graph.initializer:
         if t.name.endswith(".sigma"):
             t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t) * 3, t.name))
-    save_onnx(export_onnx(wider, 16, seed=11), d / "wider.onnx")
+    save_onnx(export_model(wider, ExportConfig(16, mode="baked", seed=11)).proto, d / "wider.onnx")
     return d
 
 

@@ -11,7 +11,9 @@ import pytest
 from synthetic import synthetic_cnn
 
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_bnn, float_deterministic, save_onnx
+from edgebnn.exporters.export import export_model
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.runtime.reference import sample_logits
 
@@ -32,7 +34,7 @@ def x():
 
 @pytest.mark.parametrize("samples", [1, 4, 16])
 def test_baked_matches_reference_for_same_seed(cnn_ir, x, samples):
-    probs, entropy, mi = _run(export_onnx(cnn_ir, samples, seed=11), x)
+    probs, entropy, mi = _run(export_model(cnn_ir, ExportConfig(samples, mode="baked", seed=11)).proto, x)
     ref = predictive_from_logits(sample_logits(cnn_ir, x, samples, seed=11))
     np.testing.assert_allclose(probs, ref.probs, atol=ROUNDOFF)
     np.testing.assert_allclose(entropy, ref.entropy, atol=ROUNDOFF)
@@ -44,14 +46,14 @@ def test_baked_matches_reference_for_same_seed(cnn_ir, x, samples):
 
 
 def test_batch_rows_are_independent(cnn_ir, x):
-    proto = export_onnx(cnn_ir, 8, seed=0)
+    proto = export_model(cnn_ir, ExportConfig(8, mode="baked", seed=0)).proto
     full = _run(proto, x)[0]
     one = _run(proto, x[3:4])[0]
     np.testing.assert_allclose(one[0], full[3], atol=ROUNDOFF)
 
 
 def test_graph_is_batched_not_unrolled_and_has_no_random_ops(cnn_ir):
-    proto = export_onnx(cnn_ir, 16)
+    proto = export_model(cnn_ir, ExportConfig(16, mode="baked")).proto
     ops = [n.op_type for n in proto.graph.node]
     assert ops.count("Conv") == 1 and ops.count("MatMul") == 1  # one op per layer, not 16 copies
     assert not [o for o in ops if o.startswith("Random")]
@@ -69,9 +71,9 @@ def test_graph_is_batched_not_unrolled_and_has_no_random_ops(cnn_ir):
 
 def test_seed_is_reproducible_and_matters(cnn_ir, tmp_path):
     a, b, c = (tmp_path / f"{n}.onnx" for n in "abc")
-    save_onnx(export_onnx(cnn_ir, 4, seed=3), a)
-    save_onnx(export_onnx(synthetic_cnn(), 4, seed=3), b)
-    save_onnx(export_onnx(cnn_ir, 4, seed=4), c)
+    save_onnx(export_model(cnn_ir, ExportConfig(4, mode="baked", seed=3)).proto, a)
+    save_onnx(export_model(synthetic_cnn(), ExportConfig(4, mode="baked", seed=3)).proto, b)
+    save_onnx(export_model(cnn_ir, ExportConfig(4, mode="baked", seed=4)).proto, c)
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes() != c.read_bytes()
 
@@ -82,7 +84,8 @@ def test_more_samples_approach_the_predictive(x):
     # (S=4 vs S=256: expected ratio 8; we ask for 2 to stay clear of sampling luck with a fixed seed).
     model = synthetic_cnn(sigma=0.5)
     ref = predictive_from_logits(sample_logits(model, x, 4096, seed=99)).probs
-    gap = {s: np.abs(_run(export_onnx(model, s, seed=1), x)[0] - ref).mean() for s in (4, 256)}
+    gap = {s: np.abs(_run(export_model(model, ExportConfig(s, mode="baked", seed=1)).proto,
+                          x)[0] - ref).mean() for s in (4, 256)}
     assert gap[256] * 2 < gap[4]
 
 
@@ -105,18 +108,19 @@ def test_float_baselines(cnn_ir, x):
 @pytest.mark.parametrize("samples", [0, -3, 10**6])
 def test_bad_sample_counts(cnn_ir, samples):
     with pytest.raises(InvalidOptionError, match="--samples"):
-        export_onnx(cnn_ir, samples)
+        export_model(cnn_ir, ExportConfig(samples, mode="baked"))
 
 
 def test_unknown_mode(cnn_ir):
     with pytest.raises(InvalidOptionError, match="--mode magic"):
-        export_onnx(cnn_ir, 4, mode="magic")
+        export_model(cnn_ir, ExportConfig(4, mode="magic", rng="host"))
 
 
 def test_int8_weights_follow_tensorrt_rules_and_stay_within_a_rounding_step(cnn_ir, x):
     from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
 
-    fp32, int8 = (export_onnx(cnn_ir, 4, seed=2, weights=w) for w in ("fp32", "int8"))
+    fp32, int8 = (export_model(cnn_ir, ExportConfig(4, mode="baked", seed=2,
+                                                    weights=w)).proto for w in ("fp32", "int8"))
     assert not has_errors(check_trt_compat(int8))
     dq = [n for n in int8.graph.node if n.op_type == "DequantizeLinear"]
     assert len(dq) == 2  # one per sampled layer
@@ -139,7 +143,7 @@ def test_int8_moments_export_in_noise_and_analytic_too(cnn_ir):
 
     big = sum(w.encoding.size >= 16 for w in cnn_ir.encoded_weights())  # fewer numbers stay fp32 (stores.SMALL)
     for mode in ("noise", "analytic"):
-        proto = export_onnx(cnn_ir, 4, mode=mode, weights="int8")
+        proto = export_model(cnn_ir, ExportConfig(4, mode=mode, weights="int8", rng="host")).proto
         assert read_metadata(proto, "x.onnx").stores["int8"] == 2 * big  # μ and σ of every weight
 
 
@@ -153,7 +157,8 @@ def _quiet_conv(model):
 
 def test_hoisting_runs_quiet_layers_once_and_keeps_the_predictive(x):
     model = _quiet_conv(synthetic_cnn())
-    hoisted, plain = (export_onnx(model, 8, seed=5, hoist=h) for h in ("auto", "off"))
+    hoisted, plain = (export_model(model, ExportConfig(8, mode="baked", seed=5,
+                                                       hoist=h)).proto for h in ("auto", "off"))
     conv = next(n for n in hoisted.graph.node if n.op_type == "Conv")
     assert all(a.i == 1 for a in conv.attribute if a.name == "group")  # one pass on B rows, not S·B
     meta = json.loads(hoisted.metadata_props[0].value)
@@ -164,12 +169,13 @@ def test_hoisting_runs_quiet_layers_once_and_keeps_the_predictive(x):
 
 
 def test_hoisting_threshold(cnn_ir):
-    meta = json.loads(export_onnx(cnn_ir, 4, hoist=10.0).metadata_props[0].value)
+    meta = json.loads(export_model(cnn_ir, ExportConfig(4, mode="baked", hoist=10.0)).proto.metadata_props[0].value)
     assert meta["layers"] == {"sampled": [], "hoisted": ["conv", "fc"]}  # every sigma below 10
-    _, _, mi = _run(export_onnx(cnn_ir, 4, hoist=10.0), np.ones((2, 1, 6, 6), np.float32))
+    _, _, mi = _run(export_model(cnn_ir, ExportConfig(4, mode="baked", hoist=10.0)).proto, np.ones((2, 1, 6, 6),
+                                                                                                   np.float32))
     np.testing.assert_allclose(mi, 0.0, atol=ROUNDOFF)  # S identical members
     with pytest.raises(InvalidOptionError, match="--hoist"):
-        export_onnx(cnn_ir, 4, hoist=-1.0)
+        export_model(cnn_ir, ExportConfig(4, mode="baked", hoist=-1.0))
 
 
 def test_quiet_weight_with_a_sampled_bias_samples_as_a_layer(x):
@@ -177,7 +183,7 @@ def test_quiet_weight_with_a_sampled_bias_samples_as_a_layer(x):
     for t in model.proto.graph.initializer:
         if t.name == "conv.weight.sigma":  # the weight is quiet, its bias still samples
             t.CopyFrom(onnx.numpy_helper.from_array(np.zeros(tuple(t.dims), np.float32), t.name))
-    proto = export_onnx(model, 4, seed=1)
+    proto = export_model(model, ExportConfig(4, mode="baked", seed=1)).proto
     assert json.loads(proto.metadata_props[0].value)["layers"]["sampled"] == ["conv", "fc"]
     ref = predictive_from_logits(sample_logits(model, x, 4, seed=1))
     np.testing.assert_allclose(_run(proto, x)[0], ref.probs, atol=ROUNDOFF)
@@ -191,7 +197,7 @@ def test_int4_gemm_weights_are_blockwise_and_odd_outputs_fall_back_to_int8():
     even, odd = synthetic_linear(n_in=64, classes=4), synthetic_linear(n_in=64, classes=3)
     xl = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)
     for model, dtype in ((even, onnx.TensorProto.INT4), (odd, onnx.TensorProto.INT8)):
-        proto = export_onnx(model, 4, seed=1, weights="int4")
+        proto = export_model(model, ExportConfig(4, mode="baked", seed=1, weights="int4")).proto
         opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
         assert opset == (21 if dtype == onnx.TensorProto.INT4 else 18)  # int4 DequantizeLinear needs opset 21
         dq = next(n for n in proto.graph.node if n.op_type == "DequantizeLinear")
@@ -212,14 +218,15 @@ def test_too_many_samples_for_one_onnx_file_is_refused_before_drawing(monkeypatc
 
     monkeypatch.setattr(ensemble, "MAX_GRAPH_BYTES", 8_000)  # the synthetic CNN has 148 weights: 592 B/member
     with pytest.raises(InvalidOptionError, match=r"--samples 16: .* use at most -S 13, --weights int8"):
-        export_onnx(synthetic_cnn(), 16)
-    export_onnx(synthetic_cnn(), 13)  # 7.7 kB fits
+        export_model(synthetic_cnn(), ExportConfig(16, mode="baked"))
+    export_model(synthetic_cnn(), ExportConfig(13, mode="baked"))  # 7.7 kB fits
 
 
 @pytest.mark.parametrize("mode", ["baked", "noise", "analytic"])
 def test_progress_reaches_its_total_once_per_step(mode):
     calls: list[tuple[int, int]] = []
-    export_onnx(synthetic_cnn(), 2, mode=mode, progress=lambda done, total: calls.append((done, total)))
+    export_model(synthetic_cnn(), ExportConfig(2, mode=mode, rng="host"),
+                 progress=lambda done, total: calls.append((done, total)))
     total = calls[-1][1]
     # baked/noise: one step per sampled layer (the CNN's Conv and Gemm); analytic: one per node of the graph
     assert calls == [(i, total) for i in range(1, total + 1)]

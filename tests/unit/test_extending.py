@@ -26,7 +26,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import read_metadata
 from edgebnn.families import (
     Analytic,
@@ -170,7 +171,7 @@ def test_hostile_fields_are_one_line():
 
 def test_baked_export_is_the_reference_runtimes_predictive():
     ir, x = _model(), _x()
-    proto = export_onnx(ir, 16, mode="baked", seed=3)
+    proto = export_model(ir, ExportConfig(16, mode="baked", seed=3)).proto
     got = Session(proto).predict(x)
     want = predict(ir, x, 16, seed=3)
     np.testing.assert_allclose(got.probs, want.probs, atol=ROUNDOFF)
@@ -181,7 +182,7 @@ def test_noise_export_draws_the_weight_in_the_graph():
     """``--noise weight``: the graph's draw from host noise is the encoding's ``draw`` of the same noise."""
     ir, x = _model(), _x(3)
     samples = 4
-    sess = Session(export_onnx(ir, samples, mode="noise", noise="weight"), seed=0)
+    sess = Session(export_model(ir, ExportConfig(samples, mode="noise", noise="weight", rng="host")).proto, seed=0)
     rng = np.random.default_rng(5)
     assert all(rec["per"] == "sample" for rec in sess.noise_inputs)  # weight noise: one draw per sample
     noise = {rec["name"]: rng.standard_normal((samples, *rec["shape"][1:])).astype(np.float32)
@@ -203,7 +204,7 @@ def test_analytic_states_its_approximation():
     reference's own Monte Carlo error (0.007 between two S = 1000 seeds); 0.04 is twice that. The family states the
     approximation, and the export records it."""
     ir, x = _model(), _x(64)
-    proto = export_onnx(ir, 64, mode="analytic")
+    proto = export_model(ir, ExportConfig(64, mode="analytic")).proto
     got = Session(proto).predict(x).probs
     ref = predict(ir, x, 1000, seed=0).probs
     assert np.abs(got - ref).mean() < 0.04
@@ -215,7 +216,8 @@ def test_every_noise_variant_draws_it_whole():
     as ``weight`` does, where they run the Gaussian fc2 on its moments (one ε per row of B·S)."""
     ir = _model()
     for variant in ("local", "auto", "weight"):
-        records = {r["name"]: r for r in read_metadata(export_onnx(ir, 4, mode="noise", noise=variant), "m")
+        records = {r["name"]: r for r in read_metadata(export_model(ir, ExportConfig(4, mode="noise", noise=variant,
+                                                                                     rng="host")).proto, "m")
                    .noise_inputs or ()}
         assert records["noise/fc1.weight.r"]["shape"] == [4, 6] and records["noise/fc1.weight.s"]["shape"] == [4, 5]
         assert records["noise/fc1.weight.r"]["per"] == "sample"
@@ -234,7 +236,7 @@ def test_a_family_that_states_no_analytic_rule_is_refused_there():
     ir = _model()
     ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Silent(rank1.m, rank1.r_sigma, rank1.s_sigma))
     with pytest.raises(Exception, match=r"rank1-silent.*--mode analytic.*states no analytic rule") as e:
-        export_onnx(ir, 4, mode="analytic")
+        export_model(ir, ExportConfig(4, mode="analytic"))
     assert "\n" not in str(e.value)
 
 
@@ -288,9 +290,7 @@ def test_float_keeps_a_family_that_declares_other_lowerings_and_others_are_refus
 def test_the_default_mode_says_why_it_is_not_the_devices_default():
     """A family without a draw cannot export ``noise`` (cpu's default): ``--mode auto`` writes ``baked`` and its
     reason names the default it could not take, never calls baked the default."""
-    from edgebnn.exporters.defaults import export_auto
-
-    _, choice = export_auto(_undrawn(), 4, device="cpu")
+    choice = export_model(_undrawn(), ExportConfig(4, device="cpu")).choice
     assert choice.mode == "baked"
     assert choice.reason is not None and choice.reason.startswith(
         "the default on cpu is --mode noise, which cannot export it: --mode noise: ")
@@ -330,7 +330,7 @@ def test_noise_suggests_analytic_only_where_the_family_takes_it():
 
     with pytest.raises(InvalidOptionError, match=r"cannot draw \(its family has no in-graph draw\): use --mode "
                                                  r"baked, or analytic$"):
-        export_onnx(_undrawn(), 4, mode="noise")
+        export_model(_undrawn(), ExportConfig(4, mode="noise", rng="host"))
 
     class Rank1Closed(Rank1GaussianWeight):
         op_type = "Rank1ClosedWeight"
@@ -341,7 +341,7 @@ def test_noise_suggests_analytic_only_where_the_family_takes_it():
     assert isinstance(rank1, Rank1GaussianWeight)
     ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Closed(rank1.m, rank1.r_sigma, rank1.s_sigma))
     with pytest.raises(InvalidOptionError, match=r"use --mode baked$"):
-        export_onnx(ir, 4, mode="noise")
+        export_model(ir, ExportConfig(4, mode="noise", rng="host"))
 
 
 def test_float_is_a_lowering_of_every_family():

@@ -10,7 +10,8 @@ import pytest
 from onnx import helper
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import BNNModel, from_bytes, gaussian_mlp, to_bytes, verify
 from edgebnn.ir.encodings import (
     LowRankGaussianWeight,
@@ -82,7 +83,7 @@ def test_baked_members_are_joint_and_equal_the_reference():
     for k in range(3):  # member k of layer 1 with member k of layer 2
         h = np.maximum(x @ ws[0][k].T + ws[1][k], 0)
         np.testing.assert_allclose(logits[k], h @ ws[2][k].T + ws[3][k], atol=ROUNDOFF)
-    sess_probs = _run(export_onnx(ir, 3), x)
+    sess_probs = _run(export_model(ir, ExportConfig(3, mode="baked")).proto, x)
     p = np.exp(logits - logits.max(-1, keepdims=True))
     np.testing.assert_allclose(sess_probs, (p / p.sum(-1, keepdims=True)).mean(0), atol=ROUNDOFF)
     with pytest.raises(InvalidOptionError, match="--samples 3"):
@@ -98,8 +99,9 @@ def test_fixed_member_set_is_on_one_grid_and_exports_int8_exactly():
         assert isinstance(enc, MemberSetFixedWeight) and enc.bits == 6 and np.abs(enc.q).max() <= 31
     again = from_bytes(to_bytes(low), "again")
     np.testing.assert_array_equal(sample_logits(again, x, 3), sample_logits(low, x, 3))
-    ref = _run(export_onnx(low, 3), x)
-    np.testing.assert_allclose(_run(export_onnx(low, 3, weights="int8", form="qdq"), x), ref, atol=ROUNDOFF)
+    ref = _run(export_model(low, ExportConfig(3, mode="baked")).proto, x)
+    np.testing.assert_allclose(_run(export_model(low, ExportConfig(3, mode="baked", weights="int8", form="qdq")).proto,
+                                    x), ref, atol=ROUNDOFF)
 
 
 def test_lowrank_moments_and_joint_z2():
@@ -123,7 +125,8 @@ def test_lowrank_baked_equals_reference():
     x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
     logits = sample_logits(ir, x, 8, seed=5)
     p = np.exp(logits - logits.max(-1, keepdims=True))
-    np.testing.assert_allclose(_run(export_onnx(ir, 8, seed=5), x), (p / p.sum(-1, keepdims=True)).mean(0),
+    np.testing.assert_allclose(_run(export_model(ir, ExportConfig(8, mode="baked", seed=5)).proto, x),
+                               (p / p.sum(-1, keepdims=True)).mean(0),
                                atol=ROUNDOFF)
 
 
@@ -206,7 +209,8 @@ def test_hoisting_never_replaces_members_by_their_mean():
     low = lower(ir, "fixed", bits=3).model  # step ~ max|w| / 3 >> the members' spread
     assert all(float(w.encoding.stddev().max()) <= w.encoding.step() for w in low.encoded_weights())
     x = np.random.default_rng(2).standard_normal((4, 6)).astype(np.float32)
-    np.testing.assert_allclose(_run(export_onnx(low, 3, hoist="auto"), x), _run(export_onnx(low, 3), x),
+    np.testing.assert_allclose(_run(export_model(low, ExportConfig(3, mode="baked", hoist="auto")).proto, x),
+                               _run(export_model(low, ExportConfig(3, mode="baked")).proto, x),
                                atol=ROUNDOFF)
 
 

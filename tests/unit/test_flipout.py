@@ -12,7 +12,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import read_metadata
 from edgebnn.exporters.noise import FLIPOUT_MIN_WEIGHTS, fill_noise
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
@@ -62,14 +63,16 @@ def _session(proto: onnx.ModelProto, outputs: list[str]) -> ort.InferenceSession
 def test_auto_flips_large_shared_position_weights_only_with_in_graph_noise():
     model = two_conv()
     assert 8 * 9 < FLIPOUT_MIN_WEIGHTS <= 16 * 8 * 9
-    graph = export_onnx(model, S, mode="noise", rng="graph", weights="fp32")  # fp32: readable names
+    graph = export_model(model, ExportConfig(S, mode="noise", rng="graph",
+                                             weights="fp32")).proto  # fp32: readable names
     names = {o for n in graph.graph.node for o in n.output}
     assert "ens/c2.weight/flipped" in names and "ens/c1.weight/flipped" not in names  # c1: independent draws
     assert [i.name for i in graph.graph.input] == ["input"]  # self-contained: the data is the only input
     normals = sum(int(np.prod(next(a.ints for a in n.attribute if a.name == "shape"))) for n in graph.graph.node
                   if n.op_type == "RandomNormal")
     assert normals == S * (8 * 9 + 8 + 16) + 16 * 8 * 9  # c2's noise drawn once per call, not S times
-    host = export_onnx(model, S, mode="noise", weights="fp32")  # host noise: independent draws, as before
+    host = export_model(model, ExportConfig(S, mode="noise", weights="fp32",
+                                            rng="host")).proto  # host noise: independent draws, as before
     assert not any(o.endswith("flipped") for n in host.graph.node for o in n.output)
     assert read_metadata(graph, "g.onnx").noise == "auto"
 
@@ -78,7 +81,7 @@ def test_flipout_builds_mu_plus_one_draw_times_per_sample_signs():
     """Host noise makes the construction checkable: W_s = μ + (σ ⊙ ε) ⊙ c_s with ε the call's one draw (the first
     n numbers of its S rows) and signs c_s [u < 0.5] → -1 along the weight matrix's longer axis."""
     model = two_conv()
-    proto = export_onnx(model, S, mode="noise", noise="flipout", weights="fp32")
+    proto = export_model(model, ExportConfig(S, mode="noise", noise="flipout", weights="fp32", rng="host")).proto
     meta = read_metadata(proto, "h.onnx")
     x = np.random.default_rng(0).normal(size=(2, 1, 8, 8)).astype(np.float32)
     feed = fill_noise(list(meta.noise_inputs), 2, S, np.random.default_rng(1))
@@ -98,7 +101,8 @@ def test_each_samples_weights_are_the_posterior_and_two_samples_are_uncorrelated
     independent (the shared |ε|: z_0² = z_1²)."""
     model = two_conv()
     enc = model.encoded_weight("c2.weight").encoding
-    sess = _session(export_onnx(model, S, mode="noise", rng="graph", weights="fp32"), ["ens/c2.weight/W_s"])
+    sess = _session(export_model(model, ExportConfig(S, mode="noise", rng="graph", weights="fp32")).proto,
+                    ["ens/c2.weight/W_s"])
     x = np.zeros((1, 1, 8, 8), np.float32)
     calls, d0, cols = 200, 16, 72
     z = np.stack([(sess.run(["ens/c2.weight/W_s"], {"input": x})[0] - enc.mean()) / enc.stddev()
@@ -117,7 +121,8 @@ def _mc_error_ratio(model: BNNModel, x: np.ndarray, noise: str, calls: int) -> t
     independent sampler's) is taken out of both. Returns (ratio, its standard error from the spread of the
     per-call squared errors, delta method)."""
     def run(variant: str, seed: int) -> np.ndarray:
-        sess = Session(export_onnx(model, S, mode="noise", rng="graph", noise=variant, seed=seed), threads=1)
+        sess = Session(export_model(model, ExportConfig(S, mode="noise", rng="graph", noise=variant, seed=seed)).proto,
+                       threads=1)
         return np.stack([sess.predict(x).probs for _ in range(calls)])
 
     ref = run("weight", 2).mean(axis=0)

@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import DOMAIN, BNNModel, Manifest, from_bytes, make_encoding_node, to_bytes, verify
 from edgebnn.ir.encodings import DenseGaussianWeight, KronGaussianWeight
 from edgebnn.runtime import Session
@@ -57,7 +58,8 @@ def test_the_in_graph_draw_is_the_encodings_formula():
     verify(model)
     w, b = (model.encoded_weight(n).encoding for n in ("fc.weight", "fc.bias"))
     samples = 5
-    sess = Session(export_onnx(model, samples, mode="noise"))  # auto: a correlated layer is drawn whole
+    sess = Session(export_model(model, ExportConfig(samples, mode="noise",
+                                                    rng="host")).proto)  # auto: a correlated layer is drawn whole
     rng = np.random.default_rng(1)
     z = rng.standard_normal((samples, K, N)).astype(np.float32)
     zb = rng.standard_normal((samples, K)).astype(np.float32)
@@ -107,7 +109,8 @@ def test_round_trip_and_analytic():
     var = np.einsum("bi,kikj,bj->bk", x, cov, x) + np.diag(b.covariance())
     z = (x @ w.mu.T + b.mu) / np.sqrt(1 + np.pi / 8 * var)
     probit = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
-    assert np.abs(Session(export_onnx(model, 8, mode="analytic")).predict(x).probs - probit).max() < ROUNDOFF
+    got = Session(export_model(model, ExportConfig(8, mode="analytic")).proto).predict(x).probs
+    assert np.abs(got - probit).max() < ROUNDOFF
     with pytest.raises(InvalidOptionError, match=r"layer 'fc' is KronGaussianWeight \(Laplace posterior\): --mode "
                                                  r"analytic is exact for it only as the last layer"):
-        export_onnx(_linear(hidden=True), 8, mode="analytic")
+        export_model(_linear(hidden=True), ExportConfig(8, mode="analytic"))

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.exporters.analytic import quadrature_points
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.runtime.reference import sample_logits
@@ -69,7 +70,7 @@ def _x(rank: int, batch: int = 3) -> np.ndarray:
 @pytest.mark.parametrize(("rank", "bias", "group"), [(1, True, 1), (1, False, 2), (3, True, 1), (3, False, 1)])
 def test_baked_conv_of_any_rank_matches_the_reference(rank, bias, group):
     model, x = conv_ir(rank, bias=bias, group=group), _x(rank)
-    probs, entropy, mi = _run(export_onnx(model, 4, seed=2), x)
+    probs, entropy, mi = _run(export_model(model, ExportConfig(4, mode="baked", seed=2)).proto, x)
     ref = predictive_from_logits(sample_logits(model, x, 4, seed=2))
     np.testing.assert_allclose(probs, ref.probs, atol=ROUNDOFF)
     np.testing.assert_allclose(entropy, ref.entropy, atol=ROUNDOFF)
@@ -87,7 +88,8 @@ def _reference_noise(model: BNNModel, samples: int, seed: int) -> dict[str, np.n
 def test_weight_noise_fed_the_reference_normals_is_the_reference_ensemble(rank):
     """noise --noise weight draws W_s = mu + sigma ⊙ ε in the graph: fed the reference's ε, it is its ensemble."""
     model, x = conv_ir(rank), _x(rank)
-    probs = _run(export_onnx(model, 4, mode="noise", noise="weight"), x, **_reference_noise(model, 4, seed=2))[0]
+    probs = _run(export_model(model, ExportConfig(4, mode="noise", noise="weight", rng="host")).proto, x,
+                 **_reference_noise(model, 4, seed=2))[0]
     np.testing.assert_allclose(probs, predictive_from_logits(sample_logits(model, x, 4, seed=2)).probs, atol=ROUNDOFF)
 
 
@@ -110,13 +112,14 @@ def test_local_noise_and_analytic_propagate_conv_moments_of_any_rank(rank):
         return e / e.sum(-1, keepdims=True)
 
     # local: every row draws mean + √var ⊙ ε; ε = 1 everywhere makes each member mean + √var
-    local = export_onnx(model, 2, mode="noise", noise="local")
+    local = export_model(model, ExportConfig(2, mode="noise", noise="local", rng="host")).proto
     got = _run(local, x, **{"noise/conv.weight": np.ones((len(x) * 2, 4, *SPATIAL[rank]), np.float32)})[0]
     np.testing.assert_allclose(got, softmax(mean + np.sqrt(var)), atol=ROUNDOFF)
     # analytic: the quadrature head over N(mean, var) logits
     z = quadrature_points(16, k)
     want = softmax(mean[:, None] + np.sqrt(var)[:, None] * z[None]).mean(1)
-    np.testing.assert_allclose(_run(export_onnx(model, 16, mode="analytic"), x)[0], want, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(model, ExportConfig(16, mode="analytic")).proto, x)[0], want,
+                               atol=ROUNDOFF)
 
 
 def _codebook_model(sampling: str = "independent") -> BNNModel:
@@ -136,7 +139,7 @@ FORMS = [("baked", {}), ("baked", {"weights": "int8"}), ("baked", {"weights": "i
 def test_every_initializer_is_used_and_the_graph_checks(which, mode, kw):
     model = {"cnn": synthetic_cnn, "conv3d_no_bias": lambda: conv_ir(3, bias=False),
              "codebook": _codebook_model, "codebook_shared": lambda: _codebook_model("shared")}[which]()
-    proto = export_onnx(model, 4, mode=mode, **kw)
+    proto = export_model(model, ExportConfig(4, mode=mode, **{"rng": "host", **kw})).proto
     onnx.checker.check_model(proto, full_check=True)
     used = {x for node in proto.graph.node for x in node.input}
     assert [t.name for t in proto.graph.initializer if t.name not in used] == []
@@ -155,7 +158,9 @@ def test_relu_and_pool_run_on_the_wide_conv_output_and_the_ensemble_is_the_refer
     torch.manual_seed(0)
     model = import_model(synthetic_posterior(lenet5(), 0.2), (1, 1, 28, 28), where="lenet5")
     x = np.random.default_rng(3).random((3, 1, 28, 28), dtype=np.float32)
-    proto = export_onnx(model, 4, seed=2, **({"mode": "noise", "noise": "mixed"} if mode == "mixed" else {}))
+    config = ExportConfig(4, seed=2, **({"mode": "noise", "noise": "mixed",
+                                         "rng": "host"} if mode == "mixed" else {"mode": "baked"}))
+    proto = export_model(model, config).proto
     producer = {o: n for n in proto.graph.node for o in n.output}
     relus = [n for n in proto.graph.node if n.op_type == "Relu"][:2]
     assert [producer[r.input[0]].op_type for r in relus] == ["Conv", "Concat"]  # conv1 wide, conv2 split

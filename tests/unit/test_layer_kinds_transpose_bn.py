@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edgebnn.exporters.analytic import quadrature_points
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.ir import DOMAIN, BNNModel, GaussianWeight, Manifest, make_encoding_node
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.runtime.reference import sample_logits
@@ -90,14 +91,14 @@ CASES = [(1, "convT", 1, True), (2, "convT", 2, False), (3, "convT", 1, True), (
 def test_baked_and_weight_noise_are_the_reference_ensemble(rank, kind, group, bias):
     model, x = _model(rank, kind, group, bias), _x(rank)
     ref = predictive_from_logits(sample_logits(model, x, 4, seed=2))
-    probs, entropy, mi = _run(export_onnx(model, 4, seed=2), x)
+    probs, entropy, mi = _run(export_model(model, ExportConfig(4, mode="baked", seed=2)).proto, x)
     np.testing.assert_allclose(probs, ref.probs, atol=ROUNDOFF)
     np.testing.assert_allclose(entropy, ref.entropy, atol=ROUNDOFF)
     np.testing.assert_allclose(mi, ref.mutual_info, atol=ROUNDOFF)
     # noise --noise weight draws W_s = mu + sigma ⊙ ε in the graph: fed the reference's ε, it is its ensemble
     eps = {f"noise/{w.name}": np.random.default_rng([2, i]).standard_normal((4, *w.encoding.shape), dtype=np.float32)
            for i, w in enumerate(model.encoded_weights())}
-    got = _run(export_onnx(model, 4, mode="noise", noise="weight"), x, **eps)[0]
+    got = _run(export_model(model, ExportConfig(4, mode="noise", noise="weight", rng="host")).proto, x, **eps)[0]
     np.testing.assert_allclose(got, ref.probs, atol=ROUNDOFF)
 
 
@@ -127,13 +128,14 @@ def test_local_noise_and_analytic_propagate_the_moments(rank, kind, group, bias)
     model, x = _model(rank, kind, group, bias), _x(rank)
     mean, var = _moments(model, kind, x)
     # local: every row draws mean + √var ⊙ ε; ε = 1 everywhere makes each member mean + √var
-    local = export_onnx(model, 2, mode="noise", noise="local")
+    local = export_model(model, ExportConfig(2, mode="noise", noise="local", rng="host")).proto
     shape = [d.dim_value for d in local.graph.input[1].type.tensor_type.shape.dim][1:]
     got = _run(local, x, **{"noise/layer.weight": np.ones((len(x) * 2, *shape), np.float32)})[0]
     np.testing.assert_allclose(got, _softmax(mean + np.sqrt(var)), atol=ROUNDOFF)
     z = quadrature_points(16, mean.shape[1])
     want = _softmax(mean[:, None] + np.sqrt(var)[:, None] * z[None]).mean(1)
-    np.testing.assert_allclose(_run(export_onnx(model, 16, mode="analytic"), x)[0], want, atol=ROUNDOFF)
+    np.testing.assert_allclose(_run(export_model(model, ExportConfig(16, mode="analytic")).proto, x)[0], want,
+                               atol=ROUNDOFF)
 
 
 @pytest.mark.parametrize(("rank", "kind"), [(2, "convT"), (2, "bn")])
@@ -141,7 +143,7 @@ def test_local_noise_and_analytic_propagate_the_moments(rank, kind, group, bias)
                                           ("noise", {"noise": "local"}), ("noise", {"noise": "weight"}),
                                           ("analytic", {})])
 def test_every_initializer_is_used_and_the_graph_checks(rank, kind, mode, kw):
-    proto = export_onnx(_model(rank, kind), 4, mode=mode, **kw)
+    proto = export_model(_model(rank, kind), ExportConfig(4, mode=mode, **{"rng": "host", **kw})).proto
     onnx.checker.check_model(proto, full_check=True)
     used = {x for node in proto.graph.node for x in node.input}
     assert [t.name for t in proto.graph.initializer if t.name not in used] == []
@@ -151,12 +153,12 @@ def _emit(kind_node: onnx.NodeProto, x: np.ndarray, w: np.ndarray, bias: np.ndar
           shapes: dict[str, list[int]], shared: bool) -> np.ndarray:
     """One layer kind's batched form alone in a graph: input ``x`` ([B, ...] when ``shared``, else [B·S, ...])."""
     from edgebnn.exporters._graph import Builder
-    from edgebnn.exporters.layers import layer_kind
+    from edgebnn.exporters.layers import SampledLayer, layer_kind
 
     b = Builder()
     kind = layer_kind(kind_node)
     assert kind is not None
-    kind.batched(b, kind_node, "k/", len(w), w.shape[1:], w, bias, dict(shapes), "test", shared=shared)
+    kind.batched(b, SampledLayer(kind_node, "k/", len(w), w.shape[1:], dict(shapes), "test", shared=shared), w, bias)
     graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
                               [helper.make_tensor_value_info(kind_node.output[0], TensorProto.FLOAT, None)],
                               b.inits)

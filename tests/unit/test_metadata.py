@@ -11,7 +11,9 @@ from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn import ir
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_bnn, float_deterministic
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import EXPORT_KEY, ExportMetadata, read_metadata, write_metadata
 from edgebnn.passes import lower
 
@@ -26,7 +28,7 @@ def _entry(proto: onnx.ModelProto) -> str:
 
 @pytest.mark.parametrize(("mode", "kw"), FORMS, ids=[f"{m}-{','.join(kw)}" for m, kw in FORMS])
 def test_every_export_reads_back_to_the_bytes_written(mode, kw) -> None:
-    proto = export_onnx(synthetic_cnn(), 4, mode=mode, seed=5, **kw)
+    proto = export_model(synthetic_cnn(), ExportConfig(4, mode=mode, seed=5, **{"rng": "host", **kw})).proto
     meta = read_metadata(proto, "m.onnx")
     assert [p.key for p in proto.metadata_props] == [EXPORT_KEY]  # the IR manifest is not carried over
     assert meta.to_json() == _entry(proto) == json.dumps(json.loads(_entry(proto)), sort_keys=True)
@@ -40,7 +42,7 @@ def test_every_export_reads_back_to_the_bytes_written(mode, kw) -> None:
 def test_shared_mode_and_baselines_read_back() -> None:
     big = synthetic_linear(n_in=128, classes=8, sigma=0.2)  # big enough to cluster
     codebook = lower(big, "codebook", sampling="shared").model
-    shared = read_metadata(export_onnx(codebook, 2, mode="shared"), "s.onnx")
+    shared = read_metadata(export_model(codebook, ExportConfig(2, mode="shared", rng="host")).proto, "s.onnx")
     assert shared.mode == "shared" and shared.noise == "shared" and shared.scheme == "codebook"
     for build in (float_deterministic, float_bnn):
         meta = read_metadata(build(synthetic_cnn()), "f.onnx")
@@ -48,7 +50,7 @@ def test_shared_mode_and_baselines_read_back() -> None:
 
 
 def test_writer_replaces_in_place_and_keeps_other_entries() -> None:
-    proto = export_onnx(synthetic_cnn(), 2)
+    proto = export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto
     meta = read_metadata(proto, "m.onnx")
     first = proto.metadata_props.add()
     first.key, first.value = "onnx.quant.pre_process", "onnxruntime"
@@ -61,7 +63,7 @@ def test_writer_replaces_in_place_and_keeps_other_entries() -> None:
 
 
 def _tampered(edit) -> onnx.ModelProto:
-    proto = export_onnx(synthetic_cnn(), 2)
+    proto = export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto
     raw = json.loads(_entry(proto))
     out = edit(raw)
     proto.metadata_props[0].value = out if isinstance(out, str) else json.dumps(raw if out is None else out)
@@ -101,7 +103,7 @@ def test_reader_refuses_tampered_metadata_naming_the_file(edit, needle) -> None:
 
 
 def test_reader_needs_exactly_one_entry() -> None:
-    proto = export_onnx(synthetic_cnn(), 2)
+    proto = export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto
     proto.metadata_props.add().CopyFrom(proto.metadata_props[0])
     with pytest.raises(InvalidArtifactError, match=r"bad\.onnx: 2 edgebnn\.export metadata entries"):
         read_metadata(proto, "bad.onnx")

@@ -8,7 +8,9 @@ from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.analytic import quadrature_points
-from edgebnn.exporters.ensemble import export_onnx, float_bnn
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_bnn
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.noise import fill_noise
 from edgebnn.metrics import predictive_from_logits
 from edgebnn.runtime import Session
@@ -35,7 +37,8 @@ def test_noise_mode_samples_the_posterior(x, variant):
     ref = predictive_from_logits(sample_logits(model, x, REF_SAMPLES, seed=5)).probs
     S, R = 64, 64
     # calls are averaged as independent estimates: fresh noise per call (a NoisePool's calls share numbers)
-    sess = Session(export_onnx(model, S, mode="noise", noise=variant), seed=0, noise_pool=False)
+    sess = Session(export_model(model, ExportConfig(S, mode="noise", noise=variant, rng="host")).proto, seed=0,
+                   noise_pool=False)
     got = np.mean([sess.predict(x).probs for _ in range(R)], axis=0)
     assert np.abs(got - ref).max() < _mc_bound(min(S * R, REF_SAMPLES))
 
@@ -44,20 +47,21 @@ def test_local_noise_is_exact_for_linear_layers():
     model = synthetic_linear()
     xl = np.random.default_rng(2).normal(size=(6, 5)).astype(np.float32)
     ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5)).probs
-    sess = Session(export_onnx(model, 64, mode="noise", noise="local"), seed=0, noise_pool=False)  # independent calls
+    sess = Session(export_model(model, ExportConfig(64, mode="noise", noise="local", rng="host")).proto, seed=0,
+                   noise_pool=False)  # independent calls
     got = np.mean([sess.predict(xl).probs for _ in range(64)], axis=0)
     assert np.abs(got - ref).max() < 4 * 0.5 * np.sqrt(2 / REF_SAMPLES) * np.sqrt(24 / 15)  # 24 entries
 
 
 def test_noise_session_is_seedable(x):
-    proto = export_onnx(synthetic_cnn(), 8, mode="noise")
+    proto = export_model(synthetic_cnn(), ExportConfig(8, mode="noise", rng="host")).proto
     a, b, c = (Session(proto, seed=s).predict(x).probs for s in (1, 1, 2))
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, c)
 
 
 def test_noise_graph_has_no_random_ops_and_declares_its_inputs():
-    proto = export_onnx(synthetic_cnn(), 8, mode="noise")
+    proto = export_model(synthetic_cnn(), ExportConfig(8, mode="noise", rng="host")).proto
     assert not [n for n in proto.graph.node if n.op_type.startswith("Random")]
     assert {i.name for i in proto.graph.input} == {"input", "noise/conv.weight", "noise/conv.bias", "noise/fc.weight"}
 
@@ -67,7 +71,7 @@ def test_analytic_is_exact_for_a_gaussian_linear_layer():
     model = synthetic_linear()
     xl = np.random.default_rng(2).normal(size=(6, 5)).astype(np.float32)
     ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5))
-    got = Session(export_onnx(model, 1024, mode="analytic")).predict(xl)
+    got = Session(export_model(model, ExportConfig(1024, mode="analytic")).proto).predict(xl)
     bound = _mc_bound(REF_SAMPLES) * np.sqrt(24 / 15)  # QMC error of 1024 Sobol points is far smaller
     assert np.abs(got.probs - ref.probs).max() < bound
     assert np.abs(got.mutual_info - ref.mutual_info).max() < 0.02  # MI is a difference of two such means
@@ -78,7 +82,7 @@ def test_analytic_approximates_a_cnn_with_small_noise(x):
     # max-pool outputs, correlations) grows with sigma. With sigma 0.05 the probabilities agree to 0.01.
     model = synthetic_cnn(sigma=0.05)
     ref = predictive_from_logits(sample_logits(model, x, REF_SAMPLES, seed=5)).probs
-    got = Session(export_onnx(model, 64, mode="analytic")).predict(x).probs
+    got = Session(export_model(model, ExportConfig(64, mode="analytic")).proto).predict(x).probs
     assert np.abs(got - ref).max() < 0.01
 
 
@@ -117,7 +121,7 @@ def test_sixteen_point_mutual_information_is_close_to_the_integral():
 
 @pytest.mark.parametrize("mode", ["baked", "noise", "analytic"])
 def test_session_refuses_bad_inputs(mode, x):
-    sess = Session(export_onnx(synthetic_cnn(), 4, mode=mode))
+    sess = Session(export_model(synthetic_cnn(), ExportConfig(4, mode=mode, rng="host")).proto)
     with pytest.raises(InvalidOptionError, match=r"input has shape \(5, 6, 6\), the model takes \(batch, 1, 6"):
         sess.predict(x[:, 0])
     with pytest.raises(InvalidOptionError, match="not floating point"):
@@ -127,7 +131,7 @@ def test_session_refuses_bad_inputs(mode, x):
 
 
 def test_session_refuses_bad_noise(x):
-    sess = Session(export_onnx(synthetic_cnn(), 4, mode="noise"))
+    sess = Session(export_model(synthetic_cnn(), ExportConfig(4, mode="noise", rng="host")).proto)
     good = {r["name"]: np.zeros((20 if r["per"] == "row" else 4, *r["shape"][1:]), np.float32)
             for r in sess.noise_inputs}
     sess.predict(x, noise=good)
@@ -152,7 +156,7 @@ def test_session_refuses_non_ensembles(tmp_path):
 
 def test_unknown_noise_variant():
     with pytest.raises(InvalidOptionError, match="--noise sideways"):
-        export_onnx(synthetic_cnn(), 4, mode="noise", noise="sideways")
+        export_model(synthetic_cnn(), ExportConfig(4, mode="noise", noise="sideways", rng="host"))
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +178,7 @@ def test_noise_mode_draws_an_independent_codebook_per_weight(variant):
     weight = next(w for w in model.encoded_weights() if w.encoding.op_type == "CodebookWeight")
     assert weight.encoding.outlier_index.size  # the overwrite path is exercised
     xl = np.random.default_rng(4).normal(size=(6, 128)).astype(np.float32)
-    sess = Session(export_onnx(model, 32, mode="noise", noise=variant), seed=0)
+    sess = Session(export_model(model, ExportConfig(32, mode="noise", noise=variant, rng="host")).proto, seed=0)
     rec = next(r for r in sess.noise_inputs if r["name"] == f"noise/{weight.name}")
     assert rec["shape"] == ([32, *weight.encoding.shape] if variant == "weight" else [-1, 8])
     ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5)).probs
@@ -184,7 +188,7 @@ def test_noise_mode_draws_an_independent_codebook_per_weight(variant):
 
 def test_shared_mode_draws_k_numbers_per_sample_and_matches_the_reference(codebook_model):
     xl = np.random.default_rng(4).normal(size=(6, 128)).astype(np.float32)
-    sess = Session(export_onnx(codebook_model, 32, mode="shared"), seed=0)
+    sess = Session(export_model(codebook_model, ExportConfig(32, mode="shared", rng="host")).proto, seed=0)
     weight = next(w for w in codebook_model.encoded_weights() if w.encoding.op_type == "CodebookWeight")
     shared = next(r for r in sess.noise_inputs if r["name"] == f"noise/{weight.name}")
     assert shared["shape"] == [32, weight.encoding.k]  # K numbers per sample, not one per weight
@@ -195,14 +199,15 @@ def test_shared_mode_draws_k_numbers_per_sample_and_matches_the_reference(codebo
 
 def test_shared_needs_a_codebook():
     with pytest.raises(InvalidOptionError, match="--mode shared needs codebook layers"):
-        export_onnx(synthetic_cnn(), 4, mode="shared")
+        export_model(synthetic_cnn(), ExportConfig(4, mode="shared", rng="host"))
 
 
 def test_noise_draws_a_shared_codebook_with_its_own_draw(codebook_model):
     """A codebook with shared draws is not Gaussian weight by weight: ``--mode noise`` draws it with its family's
     draw, the graph ``--mode shared`` writes (same noise in, same predictive out)."""
     xl = np.random.default_rng(2).normal(size=(3, *codebook_model.manifest.input_shape[1:])).astype(np.float32)
-    noise_sess, shared_sess = (Session(export_onnx(codebook_model, 4, mode=m)) for m in ("noise", "shared"))
+    noise_sess, shared_sess = (Session(export_model(codebook_model, ExportConfig(4, mode=m, rng="host")).proto)
+                               for m in ("noise", "shared"))
     assert noise_sess.noise_inputs == shared_sess.noise_inputs
     noise = fill_noise(noise_sess.noise_inputs, len(xl), 4, np.random.default_rng(0))
     np.testing.assert_array_equal(noise_sess.predict(xl, noise=noise).probs, shared_sess.predict(xl, noise=noise).probs)
@@ -214,7 +219,7 @@ def test_noise_refuses_an_encoding_without_a_draw():
     binary = lower(synthetic_cnn(), "binary", seed=0).model
     with pytest.raises(InvalidOptionError, match=r"BinaryWeight, which --mode noise cannot draw \(its family has no "
                                                  r"in-graph draw\): use --mode baked, or analytic"):
-        export_onnx(binary, 4, mode="noise")
+        export_model(binary, ExportConfig(4, mode="noise", rng="host"))
 
 
 @pytest.mark.parametrize(("mode", "noise"), [("baked", "auto"), ("noise", "weight"), ("noise", "local"),
@@ -224,7 +229,7 @@ def test_gemm_with_untransposed_weight(mode, noise):
     model = synthetic_linear(n_in=6, classes=3, trans_b=False)
     xl = np.random.default_rng(2).normal(size=(4, 6)).astype(np.float32)
     ref = predictive_from_logits(sample_logits(model, xl, REF_SAMPLES, seed=5)).probs
-    sess = Session(export_onnx(model, 64, mode=mode, noise=noise), seed=0)
+    sess = Session(export_model(model, ExportConfig(64, mode=mode, noise=noise, rng="host")).proto, seed=0)
     got = np.mean([sess.predict(xl).probs for _ in range(16 if mode == "noise" else 1)], axis=0)
     # baked: one 64-member draw; noise: 16 x 64; analytic: exact for a linear layer (QMC head)
     draws = {"baked": 64, "noise": 1024, "analytic": REF_SAMPLES}[mode]

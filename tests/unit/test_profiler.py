@@ -12,7 +12,9 @@ from profile_checks import check_report
 from synthetic import synthetic_cnn
 
 from edgebnn.errors import InvalidOptionError, MissingDependencyError
-from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import save_onnx
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.tensorrt import MANIFEST_FORMAT
 from edgebnn.targets import gpu
 from edgebnn.targets.base import CompileOptions
@@ -29,7 +31,8 @@ def test_cpu_profile_report(baseline_runner):
     if baseline_runner == "torch":
         pytest.importorskip("torch")
     model = synthetic_cnn()
-    report = profile(model, export_onnx(model, 4), samples=4, baseline_runner=baseline_runner, **QUICK)
+    report = profile(model, export_model(model, ExportConfig(4, mode="baked")).proto, samples=4,
+                     baseline_runner=baseline_runner, **QUICK)
     check_report(report, "cpu")
     assert report["runner"] == "onnxruntime" and report["mode"] == "baked"
     want = "torch" if baseline_runner == "torch" else "onnxruntime"
@@ -39,7 +42,7 @@ def test_cpu_profile_report(baseline_runner):
 
 def test_plot_profile_writes_png(tmp_path):
     model = synthetic_cnn()
-    report = profile(model, export_onnx(model, 2), samples=2, **QUICK)
+    report = profile(model, export_model(model, ExportConfig(2, mode="baked")).proto, samples=2, **QUICK)
     plot_profile(report, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -47,7 +50,8 @@ def test_plot_profile_writes_png(tmp_path):
 def test_engine_is_for_gpu_targets_only(tmp_path):
     model = synthetic_cnn()
     with pytest.raises(InvalidOptionError, match="runs on rtx or jetson, not the cpu"):
-        profile(model, export_onnx(model, 2), samples=2, engine=tmp_path / "m.engine", **QUICK)
+        profile(model, export_model(model, ExportConfig(2, mode="baked")).proto, samples=2,
+                engine=tmp_path / "m.engine", **QUICK)
 
 
 @pytest.mark.parametrize("device", ["rtx", "jetson"])
@@ -56,7 +60,7 @@ def test_gpu_profile_without_tensorrt_says_what_to_install(monkeypatch, device):
     monkeypatch.setitem(sys.modules, "tensorrt_rtx", None)
     model = synthetic_cnn()
     with pytest.raises(MissingDependencyError, match=r"TensorRT Python package not found: tensorrt(_rtx)?; "):
-        profile(model, export_onnx(model, 2), device=device, samples=2, **QUICK)
+        profile(model, export_model(model, ExportConfig(2, mode="baked")).proto, device=device, samples=2, **QUICK)
 
 
 # -- GPU wiring, with TensorRT replaced by onnxruntime -----------------------------------------------------
@@ -81,8 +85,8 @@ class FakeTensorRTRunner:
 def fake_gpu(monkeypatch):
     built = []
 
-    def build_engine(onnx_path, engine_path, device, **kw):
-        built.append((Path(onnx_path).name, device, kw["max_batch"]))
+    def build_engine(onnx_path, engine_path, device, options):
+        built.append((Path(onnx_path).name, device, options.max_batch))
         Path(engine_path).write_bytes(Path(onnx_path).read_bytes())
 
     def no_torch_cuda(graph, **kw):
@@ -99,7 +103,8 @@ def fake_gpu(monkeypatch):
 
 def test_gpu_profile_builds_ensemble_and_deterministic_engines(fake_gpu):
     model = synthetic_cnn()
-    report = profile(model, export_onnx(model, 4), device="jetson", samples=4, batch=2, **QUICK)
+    report = profile(model, export_model(model, ExportConfig(4, mode="baked")).proto, device="jetson", samples=4,
+                     batch=2, **QUICK)
     check_report(report, "jetson-orin-nano")
     assert fake_gpu == [("ensemble.onnx", "jetson-orin-nano", 2), ("float_deterministic.onnx", "jetson-orin-nano", 2)]
     assert report["runner"] == "tensorrt" and report["mode"] == "baked"
@@ -110,7 +115,7 @@ def test_gpu_profile_builds_ensemble_and_deterministic_engines(fake_gpu):
 
 def test_gpu_profile_of_a_given_engine_checks_its_samples(fake_gpu, tmp_path):
     model = synthetic_cnn()
-    save_onnx(export_onnx(model, 8), tmp_path / "ens.onnx")
+    save_onnx(export_model(model, ExportConfig(8, mode="baked")).proto, tmp_path / "ens.onnx")
     engine = tmp_path / "ens.engine"
     engine.write_bytes((tmp_path / "ens.onnx").read_bytes())
     manifest = {"format": MANIFEST_FORMAT, "builder": None, "device": "rtx", "onnx": "ens.onnx",
@@ -126,7 +131,8 @@ def test_gpu_profile_of_a_given_engine_checks_its_samples(fake_gpu, tmp_path):
 def test_gpu_profile_refuses_noise_graphs(fake_gpu):
     model = synthetic_cnn()
     with pytest.raises(InvalidOptionError, match="--mode noise on rtx: a noise graph takes host-drawn noise"):
-        profile(model, export_onnx(model, 2, mode="noise"), device="rtx", samples=2, **QUICK)
+        profile(model, export_model(model, ExportConfig(2, mode="noise", rng="host")).proto, device="rtx", samples=2,
+                **QUICK)
 
 
 def test_gpu_float_bnn_needs_torch_cuda_or_onnxruntime_gpu():

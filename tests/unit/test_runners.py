@@ -15,8 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 from synthetic import INPUT_SHAPE, synthetic_cnn
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDependencyError, UnsupportedLayerError
-from edgebnn.exporters.ensemble import export_onnx, float_deterministic, save_onnx
-from edgebnn.exporters.tensorrt import build_engine, manifest_path
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_deterministic, save_onnx
+from edgebnn.exporters.export import export_model
+from edgebnn.exporters.tensorrt import BuildOptions, build_engine, manifest_path
 from edgebnn.targets.runners import OrtRunner, TensorRTRunner, TorchRunner
 
 torch = pytest.importorskip("torch")
@@ -57,8 +59,8 @@ def test_torch_runner_matches_onnxruntime(graph):
     model = synthetic_cnn()
     proto = {
         "float_deterministic": lambda: float_deterministic(model),
-        "baked": lambda: export_onnx(model, 4),
-        "analytic": lambda: export_onnx(model, 4, mode="analytic"),  # MaxPool indices + Gather
+        "baked": lambda: export_model(model, ExportConfig(4, mode="baked")).proto,
+        "analytic": lambda: export_model(model, ExportConfig(4, mode="analytic")).proto,  # MaxPool indices + Gather
     }[graph]()
     x = _x(5)
     want = OrtRunner(proto, threads=1).run(x)
@@ -204,7 +206,7 @@ def write_engine(tmp_path: Path, *, device: str = "jetson", version: str = "10.8
     onnx_path = tmp_path / "m.onnx"
     save_onnx(model, onnx_path)
     engine = tmp_path / "m.engine"
-    build_engine(onnx_path, engine, device, dry_run=True, max_batch=4)
+    build_engine(onnx_path, engine, device, BuildOptions(dry_run=True, max_batch=4))
     blob = b"serialized engine " + device.encode()
     engine.write_bytes(blob)
     manifest = json.loads(manifest_path(engine).read_text())

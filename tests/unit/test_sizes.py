@@ -16,7 +16,9 @@ from synthetic import synthetic_cnn, synthetic_linear
 from edgebnn import ir
 from edgebnn.cli import main
 from edgebnn.errors import InvalidArtifactError
-from edgebnn.exporters.ensemble import export_onnx, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import save_onnx
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import read_metadata
 from edgebnn.exporters.sizes import CATEGORIES, classify, deployed_bytes
 from edgebnn.ir.encodings.packing import bits_for
@@ -47,7 +49,7 @@ EXPORTS = [
 
 @pytest.mark.parametrize(("name", "kw"), EXPORTS, ids=[f"{n}-{'-'.join(kw.values())}" for n, kw in EXPORTS])
 def test_breakdown_sums_to_the_file_bytes(models, name, kw, tmp_path):
-    proto = export_onnx(models[name], S, seed=0, **kw)
+    proto = export_model(models[name], ExportConfig(S, seed=0, **{"rng": "host", **kw})).proto
     path = save_onnx(proto, tmp_path / "m.onnx")
     size = deployed_bytes(path)
     assert size.file_bytes == path.stat().st_size
@@ -59,20 +61,22 @@ def test_breakdown_sums_to_the_file_bytes(models, name, kw, tmp_path):
 
 def test_int8_qdq_stores_codes_and_fp32_stores_none(models):
     n = n_bayesian(models["fixed"])
-    qdq = deployed_bytes(export_onnx(models["fixed"], S, seed=0, weights="int8", form="qdq"))
+    qdq = deployed_bytes(export_model(models["fixed"], ExportConfig(S, mode="baked", seed=0, weights="int8",
+                                                                    form="qdq")).proto)
     # S int8 members: one byte per member weight at least (plus names and dims), and their per-channel scales.
     assert qdq.codes >= S * n and qdq.tables > 0
     assert qdq.float_weights < 4 * S * n / 4  # only biases and BatchNorm stay float
-    fp32 = deployed_bytes(export_onnx(models["float"], S, seed=0))
+    fp32 = deployed_bytes(export_model(models["float"], ExportConfig(S, mode="baked", seed=0)).proto)
     assert fp32.codes == 0 and fp32.tables == 0
     assert fp32.float_weights >= 4 * S * n  # S fp32 members: four bytes per member weight
     # Folded int8 is written as fp32 constants: no codes reach the file.
-    folded = deployed_bytes(export_onnx(models["fixed"], S, seed=0, weights="int8", form="folded"))
+    folded = deployed_bytes(export_model(models["fixed"], ExportConfig(S, mode="baked", seed=0, weights="int8",
+                                                                       form="folded")).proto)
     assert folded.codes == 0 and folded.float_weights >= 4 * S * n
 
 
 def test_integer_form_scale_is_a_table(models):
-    proto = export_onnx(models["fixed"], S, seed=0, weights="int8", form="integer")
+    proto = export_model(models["fixed"], ExportConfig(S, mode="baked", seed=0, weights="int8", form="integer")).proto
     classes = classify(proto.graph)
     consumers = {x: n.op_type for n in proto.graph.node for x in n.input}
     codes = [name for name, c in classes.items() if c == "codes"]
@@ -83,13 +87,13 @@ def test_integer_form_scale_is_a_table(models):
 
 
 def test_inputs_noise_against_analytic(models):
-    noise = export_onnx(models["float"], S, mode="noise")
+    noise = export_model(models["float"], ExportConfig(S, mode="noise", rng="host")).proto
     size = deployed_bytes(noise)
     meta = read_metadata(noise, "noise")
     assert len(size.inputs) == 1 + len(meta.noise_inputs) > 1
     assert size.data_input == meta.input_name and not size.self_contained
     assert set(size.noise_inputs) == {r["name"] for r in meta.noise_inputs}
-    analytic = export_onnx(models["float"], S, mode="analytic")
+    analytic = export_model(models["float"], ExportConfig(S, mode="analytic")).proto
     size = deployed_bytes(analytic)
     assert size.inputs == (meta.input_name,) and size.self_contained
     # Self-contained means it runs on the data alone in a plain onnxruntime session.
@@ -101,7 +105,8 @@ def test_inputs_noise_against_analytic(models):
 def test_ratios_come_from_the_export_metadata(models, tmp_path):
     model = models["fixed"]
     ebnn = ir.save(model, tmp_path / "m.ebnn")
-    path = save_onnx(export_onnx(model, S, seed=0, weights="int8", form="qdq"), tmp_path / "m.onnx")
+    path = save_onnx(export_model(model, ExportConfig(S, mode="baked", seed=0, weights="int8", form="qdq")).proto,
+                     tmp_path / "m.onnx")
     size = deployed_bytes(path)
     assert size.float_bnn_bytes == float_bnn_bytes(model)
     assert size.ebnn_bytes == ebnn.stat().st_size
@@ -112,7 +117,7 @@ def test_ratios_come_from_the_export_metadata(models, tmp_path):
 def test_shared_codebook_indices_are_codes_and_the_codebook_a_table():
     model = lower(synthetic_linear(n_in=64, classes=40), "codebook", seed=0, sampling="shared",
                   min_cluster_size=2).model
-    proto = export_onnx(model, S, mode="shared", seed=0)
+    proto = export_model(model, ExportConfig(S, mode="shared", seed=0, rng="host")).proto
     size = deployed_bytes(proto)
     classes = classify(proto.graph)
     dtypes = {t.name: t.data_type for t in proto.graph.initializer}
@@ -240,7 +245,7 @@ def test_a_store_it_does_not_name_is_classified_by_its_data_flow():
 def test_a_tampered_size_in_the_metadata_is_one_line(models, bad):
     from edgebnn.exporters.metadata import EXPORT_KEY
 
-    proto = export_onnx(models["float"], S, mode="analytic")
+    proto = export_model(models["float"], ExportConfig(S, mode="analytic")).proto
     entry = next(p for p in proto.metadata_props if p.key == EXPORT_KEY)
     entry.value = json.dumps({**json.loads(entry.value), "float_bnn_bytes": bad})
     with pytest.raises(InvalidArtifactError, match=r"float_bnn_bytes .* is not a non-negative integer"):

@@ -15,7 +15,8 @@ from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import quantize
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.forms import DEVICE_FORMATS, INTEGER_MIN_BYTES, FormChoice, choose_form
 from edgebnn.exporters.quantize import dequantize_blocks, nbits_weight
 from edgebnn.ir import gaussian_mlp
@@ -51,8 +52,8 @@ def _mlp(seed: int = 0):
 def test_folded_form_stores_the_qdq_values_as_fp32(make, weights):
     model = lower(make(), "fixed", seed=0).model
     x = np.random.default_rng(1).normal(size=(5, *model.manifest.input_shape[1:])).astype(np.float32)
-    qdq = export_onnx(model, 8, seed=2, weights=weights, form="qdq")
-    folded = export_onnx(model, 8, seed=2, weights=weights, form="folded")
+    qdq = export_model(model, ExportConfig(8, mode="baked", seed=2, weights=weights, form="qdq")).proto
+    folded = export_model(model, ExportConfig(8, mode="baked", seed=2, weights=weights, form="folded")).proto
     assert "DequantizeLinear" in {n.op_type for n in qdq.graph.node}
     assert "DequantizeLinear" not in {n.op_type for n in folded.graph.node}
     assert all(t.data_type == onnx.TensorProto.FLOAT for t in folded.graph.initializer
@@ -71,8 +72,8 @@ def test_integer_form_is_within_one_activation_step_of_the_fp32_form():
     (Σ_j |∂p_k/∂z_j| = 2 p_k (1 - p_k) <= 1/2); the mean over members keeps the bound."""
     model = lower(synthetic_linear(n_in=64, classes=4), "fixed", seed=0).model
     x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
-    fp32 = export_onnx(model, 8, seed=2)
-    integer = export_onnx(model, 8, seed=2, weights="int8", form="integer")
+    fp32 = export_model(model, ExportConfig(8, mode="baked", seed=2)).proto
+    integer = export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int8", form="integer")).proto
     ops = {n.op_type for n in integer.graph.node}
     assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops and "DequantizeLinear" not in ops
     w = numpy_helper.to_array(next(t for t in fp32.graph.initializer if t.name == "ens/fc.weight/W"))  # [S·out, in]
@@ -87,11 +88,12 @@ def test_integer_form_runs_sample_major_gemms_and_folds_convs():
     for make in (_mlp, synthetic_cnn):
         model = lower(make(), "fixed", seed=0).model
         x = np.random.default_rng(1).normal(size=(5, *model.manifest.input_shape[1:])).astype(np.float32)
-        integer = export_onnx(model, 8, seed=2, weights="int8", form="integer")
+        integer = export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int8", form="integer")).proto
         ops = [n.op_type for n in integer.graph.node]
         assert "MatMulInteger" in ops and "ConvInteger" not in ops and "DequantizeLinear" not in ops
         # weights exact on the grid; uint8 activations move each logit by a few percent of its range at most
-        np.testing.assert_allclose(_run(integer, x)[0], _run(export_onnx(model, 8, seed=2), x)[0], atol=0.02)
+        fp32 = export_model(model, ExportConfig(8, mode="baked", seed=2)).proto
+        np.testing.assert_allclose(_run(integer, x)[0], _run(fp32, x)[0], atol=0.02)
 
 
 def _nbits_model(w: np.ndarray, accuracy_level: int) -> onnx.ModelProto:
@@ -136,8 +138,8 @@ def test_int4_integer_form_runs_matmulnbits_on_the_folded_forms_values(monkeypat
 
     model = lower(_mlp(), "fixed", seed=0).model
     x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
-    folded = _run(export_onnx(model, 8, seed=2, weights="int4", form="folded"), x)[0]
-    proto = export_onnx(model, 8, seed=2, weights="int4", form="integer")
+    folded = _run(export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int4", form="folded")).proto, x)[0]
+    proto = export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int4", form="integer")).proto
     ops = [n.op_type for n in proto.graph.node]
     assert ops.count("MatMulNBits") == 1 + 2 * 8 and ops.count("Split") == 2 and "DequantizeLinear" not in ops
     assert {a.i for n in proto.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
@@ -146,7 +148,8 @@ def test_int4_integer_form_runs_matmulnbits_on_the_folded_forms_values(monkeypat
     got = _run(proto, x)[0]
     assert 0 < np.abs(got - folded).max() < 0.02
     monkeypatch.setattr(constants, "NBITS_ACCURACY_LEVEL", 0)
-    np.testing.assert_allclose(_run(export_onnx(model, 8, seed=2, weights="int4", form="integer"), x)[0], folded,
+    np.testing.assert_allclose(_run(export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int4",
+                                                                     form="integer")).proto, x)[0], folded,
                                atol=ROUNDOFF)
 
 
@@ -156,8 +159,8 @@ def test_int4_integer_wide_layer_is_within_one_activation_block_step_of_the_fold
     logit moves by at most δ = Σ_blocks max|x_block| / 254 · Σ_block |W|, a probability by at most δ / 2."""
     model = lower(synthetic_linear(n_in=64, classes=4, trans_b=False), "fixed", seed=0).model
     x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
-    folded = export_onnx(model, 8, seed=2, weights="int4", form="folded")
-    proto = export_onnx(model, 8, seed=2, weights="int4", form="integer")
+    folded = export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int4", form="folded")).proto
+    proto = export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int4", form="integer")).proto
     assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1
     w = numpy_helper.to_array(next(t for t in folded.graph.initializer if t.name == "ens/fc.weight/W"))  # [in, S·4]
     x_max = np.abs(x).reshape(6, 2, 32).max(axis=2)
@@ -174,10 +177,10 @@ def test_a_hoisted_int4_layer_is_one_matmulnbits_on_the_folded_values(monkeypatc
     model = lower(synthetic_linear(n_in=64, classes=4, trans_b=False), "fixed", seed=0).model
     x = np.random.default_rng(3).normal(size=(6, 64)).astype(np.float32)
     monkeypatch.setattr(constants, "NBITS_ACCURACY_LEVEL", 0)
-    proto = export_onnx(model, 4, seed=2, weights="int4", form="integer", hoist=1e9)
+    proto = export_model(model, ExportConfig(4, mode="baked", seed=2, weights="int4", form="integer", hoist=1e9)).proto
     assert _meta(proto)["layers"]["sampled"] == []
     assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1
-    folded = export_onnx(model, 4, seed=2, weights="int4", form="folded", hoist=1e9)
+    folded = export_model(model, ExportConfig(4, mode="baked", seed=2, weights="int4", form="folded", hoist=1e9)).proto
     np.testing.assert_allclose(_run(proto, x)[0], _run(folded, x)[0], atol=ROUNDOFF)
 
 
@@ -191,7 +194,7 @@ def test_the_device_picks_the_form():
     assert choose_form("cpu", "fp32").form == "fp32"
     assert choose_form("cpu", "int8", "integer") == FormChoice("integer", "asked for (--form)", 0)
     # the synthetic CNN's layers are far below the threshold: every weight folded, no integer kernel
-    proto = export_onnx(synthetic_cnn(), 4, weights="int8", device="cpu")
+    proto = export_model(synthetic_cnn(), ExportConfig(4, mode="baked", weights="int8", device="cpu")).proto
     meta = _meta(proto)
     assert meta["form"] == "integer" and meta["integer_min_bytes"] == INTEGER_MIN_BYTES
     assert "DequantizeLinear" in meta["form_reason"]
@@ -204,16 +207,16 @@ def test_auto_on_cpu_runs_only_dense_layers_above_the_threshold_in_integer_kerne
 
     model = lower(_mlp(), "fixed", seed=0).model  # members at S=8: 8·16·8·4 = 4 KiB, 6 KiB, 1.5 KiB of fp32
     monkeypatch.setattr(forms, "INTEGER_MIN_BYTES", 2048)
-    proto = export_onnx(model, 8, seed=2, weights="int8", device="cpu")
+    proto = export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int8", device="cpu")).proto
     assert [n.op_type for n in proto.graph.node].count("MatMulInteger") == 1 + 8  # fc1 (wide), fc2 (S ops); fc3 folded
-    proto = export_onnx(model, 8, seed=2, weights="int4", device="cpu")
+    proto = export_model(model, ExportConfig(8, mode="baked", seed=2, weights="int4", device="cpu")).proto
     assert [n.op_type for n in proto.graph.node].count("MatMulNBits") == 1 + 8  # fc1 (wide), fc2 (S ops); fc3 folded
 
 
 def test_a_format_the_device_cannot_run_is_one_line_naming_the_device():
     with pytest.raises(InvalidOptionError, match=r"^--weights int4: jetson-orin-nano \(TensorRT 10.3\) takes "
                                                  r"--weights fp32 or int8$"):
-        export_onnx(synthetic_cnn(), 4, weights="int4", device="jetson-orin-nano")
+        export_model(synthetic_cnn(), ExportConfig(4, mode="baked", weights="int4", device="jetson-orin-nano"))
     with pytest.raises(InvalidOptionError, match="--device tpu: choose one of"):
         choose_form("tpu", "int8")
     with pytest.raises(InvalidOptionError, match="--form fast: choose one of"):
@@ -230,10 +233,10 @@ def test_thin_convs_run_as_s_convs_and_match_the_grouped_form(monkeypatch):
 
     model = conv_ir(2, group=2)
     x = np.random.default_rng(4).normal(size=(3, 2, 4, 4)).astype(np.float32)
-    split = export_onnx(model, 4, seed=1)
+    split = export_model(model, ExportConfig(4, mode="baked", seed=1)).proto
     assert [n.op_type for n in split.graph.node].count("Conv") == 4 and "Split" in {n.op_type for n in split.graph.node}
     monkeypatch.setattr(layers, "SPLIT_BELOW", 0)
-    grouped = export_onnx(model, 4, seed=1)
+    grouped = export_model(model, ExportConfig(4, mode="baked", seed=1)).proto
     assert [n.op_type for n in grouped.graph.node].count("Conv") == 1
     for got, want in zip(_run(split, x), _run(grouped, x), strict=True):
         np.testing.assert_allclose(got, want, atol=ROUNDOFF)
@@ -267,7 +270,7 @@ def test_mixed_noise_bakes_convs_runs_gemms_locally_and_samples_the_posterior():
 
     model = synthetic_cnn(sigma=0.3)
     x = np.random.default_rng(1).normal(size=(5, 1, 6, 6)).astype(np.float32)
-    proto = export_onnx(model, 1024, mode="noise", noise="mixed", seed=3)
+    proto = export_model(model, ExportConfig(1024, mode="noise", noise="mixed", seed=3, rng="host")).proto
     assert {i.name for i in proto.graph.input} == {"input", "noise/fc.weight"}  # conv baked, fc local
     assert _meta(proto)["seed"] == 3
     ref = predictive_from_logits(sample_logits(model, x, 4096, seed=5)).probs
@@ -290,7 +293,7 @@ def test_mcq_integer_network_equals_its_dequantized_float_counterpart():
     network), integer form. Against float arithmetic on the same quantized activations and the dequantized
     counts (float32(x_q) · s_x @ (counts · s)): equal up to float32 round-off (the int32 sums are exact)."""
     model = lower(_mlp(), "mcq", seed=0, bits=8).model
-    proto = export_onnx(model, 4, weights="int8", hoist=1e9, form="integer")
+    proto = export_model(model, ExportConfig(4, mode="baked", weights="int8", hoist=1e9, form="integer")).proto
     assert _meta(proto)["layers"]["sampled"] == []
     mm = [n for n in proto.graph.node if n.op_type == "MatMulInteger"]
     assert len(mm) == 3
@@ -316,7 +319,8 @@ def test_a_calibrated_qdq_artifact_folds_its_weights_and_keeps_its_predictive():
     from edgebnn.exporters.forms import fold_constant_dequantize
 
     x = np.random.default_rng(2).normal(size=(16, 1, 6, 6)).astype(np.float32)
-    calibrated = quantize_int8(export_onnx(synthetic_cnn(), 4, seed=1), BatchReader(x, "input", batch=8),
+    calibrated = quantize_int8(export_model(synthetic_cnn(), ExportConfig(4, mode="baked", seed=1)).proto,
+                               BatchReader(x, "input", batch=8),
                                Int8Config(method="minmax"))
     folded = fold_constant_dequantize(calibrated)
     consts = {t.name for t in folded.graph.initializer}
@@ -337,7 +341,7 @@ def test_consecutive_sample_major_gemms_skip_the_round_trip_to_batch_major():
 
     model = _mlp()
     x = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
-    proto = export_onnx(model, 4, seed=2)
+    proto = export_model(model, ExportConfig(4, mode="baked", seed=2)).proto
     ops = [n.op_type for n in proto.graph.node]
     assert ops.count("Transpose") == 2  # fc2 in and fc3 out only; fc1 is the wide layer
     ref = predictive_from_logits(sample_logits(model, x, 4, seed=2))
@@ -352,7 +356,7 @@ def test_sample_major_integer_members_quantize_each_members_activation_on_its_ow
     to float32 round-off (the int32 sums are exact), on onnxruntime's fused graph."""
     samples = 4
     model = lower(_mlp(), "fixed", seed=0).model
-    proto = export_onnx(model, samples, seed=2, weights="int8", form="integer")
+    proto = export_model(model, ExportConfig(samples, mode="baked", seed=2, weights="int8", form="integer")).proto
     consts = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     mm = [n for n in proto.graph.node if n.op_type == "MatMulInteger"]
     assert len(mm) == 1 + 2 * samples  # fc1 (wide, one op), fc2 and fc3 (one op per member)
@@ -384,7 +388,7 @@ def test_baked_per_channel_work_between_batched_convs_runs_on_the_wide_layout():
 
     torch.manual_seed(0)
     model = import_model(synthetic_posterior(FACTORIES["resnet20"](), 0.2), (1, 3, 32, 32), where="resnet20")
-    proto = export_onnx(model, 3, seed=2)
+    proto = export_model(model, ExportConfig(3, mode="baked", seed=2)).proto
     producer = {o: n for n in proto.graph.node for o in n.output}
     per_channel = [n for n in proto.graph.node if n.op_type in ("BatchNormalization", "Add", "Relu")
                    and producer.get(n.input[0]) is not None]

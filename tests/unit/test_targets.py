@@ -13,7 +13,9 @@ from synthetic import INPUT_SHAPE, synthetic_cnn
 
 from edgebnn.devices import DEVICES, device_names, get_device
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.ensemble import export_onnx, float_bnn, float_deterministic, save_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.ensemble import float_bnn, float_deterministic, save_onnx
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.metadata import EXPORT_KEY
 from edgebnn.runtime import Session
 from edgebnn.runtime.session import read_export
@@ -77,13 +79,14 @@ def _with_meta(model: onnx.ModelProto, **changes: str) -> onnx.ModelProto:
 
 def test_weights_in_a_format_edgebnn_does_not_write_are_refused_as_a_bad_artifact():
     # every device takes every weight format the exporter writes (fp32/int8/int4); anything else is tampering
-    fp8 = _with_meta(export_onnx(synthetic_cnn(), 2), weights="fp8")
+    fp8 = _with_meta(export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto, weights="fp8")
     with pytest.raises(InvalidArtifactError, match='weights "fp8" is not one of fp32, int8, int4'):
         get_target("jetson").compile(fp8, options=CompileOptions(name="ens"))
 
 
 def test_calibrated_activations_in_a_precision_the_device_lacks_are_refused():
-    calibrated = _with_meta(export_onnx(synthetic_cnn(), 2), precision="fp8")  # calibrate writes "precision"
+    calibrated = _with_meta(export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto,
+                            precision="fp8")  # calibrate writes "precision"
     with pytest.raises(InvalidOptionError, match="fp8 activations do not run on cpu, which takes fp32, int8, int4"):
         get_target("cpu").compile(calibrated)
 
@@ -91,7 +94,7 @@ def test_calibrated_activations_in_a_precision_the_device_lacks_are_refused():
 def test_every_weight_format_the_exporter_writes_runs_on_the_cpu():
     model = synthetic_cnn()
     for weights in ("fp32", "int8", "int4"):  # how close each stays to fp32 is test_ensemble_export's business
-        exe = get_target("cpu").compile(export_onnx(model, 2, weights=weights))
+        exe = get_target("cpu").compile(export_model(model, ExportConfig(2, mode="baked", weights=weights)).proto)
         probs = exe.run(_x())[0]
         assert exe.meta.weights == weights and probs.shape == (3, 3)
         np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)  # a softmax mean, up to float32 rounding
@@ -145,7 +148,7 @@ def test_power_meters_come_from_the_profile():
 
 
 def test_cpu_compiles_an_ensemble_to_the_session_it_would_run_in():
-    graph = export_onnx(synthetic_cnn(), 4)
+    graph = export_model(synthetic_cnn(), ExportConfig(4, mode="baked")).proto
     exe = get_target("cpu").compile(graph)
     assert isinstance(exe, Executable) and exe.target == "cpu" and exe.meta.mode == "baked"
     assert (exe.name, exe.provider, exe.input_names) == ("onnxruntime", "CPUExecutionProvider", ["input"])
@@ -157,7 +160,8 @@ def test_cpu_compiles_an_ensemble_to_the_session_it_would_run_in():
 
 
 def test_cpu_noise_ensemble_takes_one_input_and_draws_its_noise_per_call():
-    exe = get_target("cpu").compile(export_onnx(synthetic_cnn(sigma=0.3), 2, mode="noise"))
+    exe = get_target("cpu").compile(export_model(synthetic_cnn(sigma=0.3), ExportConfig(2, mode="noise",
+                                                                                        rng="host")).proto)
     assert exe.input_names == ["input"]
     call = exe.bind(_x())
     assert not np.array_equal(call().probs, call().probs)  # fresh host noise in every timed call
@@ -189,8 +193,8 @@ def test_gpu_compile_puts_the_engine_in_the_workdir_or_beside_the_onnx(monkeypat
     # TensorRT cannot be installed here: the build writes a placeholder engine, the runner only names it
     built = []
 
-    def build_engine(onnx_path, engine_path, device, **kw):
-        built.append((Path(onnx_path), Path(engine_path), device, kw["max_batch"], kw["dla_core"]))
+    def build_engine(onnx_path, engine_path, device, options):
+        built.append((Path(onnx_path), Path(engine_path), device, options.max_batch, options.dla_core))
         Path(engine_path).write_bytes(b"engine")
 
     monkeypatch.setattr(gpu, "import_tensorrt", lambda *a: None)
@@ -198,7 +202,7 @@ def test_gpu_compile_puts_the_engine_in_the_workdir_or_beside_the_onnx(monkeypat
     monkeypatch.setattr(gpu, "TensorRTRunner", lambda engine, device: SimpleNamespace(
         name="tensorrt", provider=f"engine for {device}", input_names=["input"], engine_path=Path(engine)))
     agx = get_target("jetson-agx-orin")
-    graph = export_onnx(synthetic_cnn(), 2)
+    graph = export_model(synthetic_cnn(), ExportConfig(2, mode="baked")).proto
     exe = agx.compile(graph, options=CompileOptions(name="ens", workdir=tmp_path, max_batch=4, dla_core=1))
     assert built[-1] == (tmp_path / "ens.onnx", tmp_path / "ens.engine", "jetson-agx-orin", 4, 1)
     assert (exe.name, exe.provider, exe.size_bytes, exe.meta.mode) == ("tensorrt", "engine for jetson-agx-orin",
@@ -236,8 +240,10 @@ def test_profile_compiles_each_graph_through_the_target_and_runs_float_bnn_s_tim
     monkeypatch.setattr(CpuTarget, "compile", compile_)
     monkeypatch.setattr(Executable, "bind", bind)
     model = synthetic_cnn()
-    report = profile(model, export_onnx(model, 4), samples=4, runs=3, warmup=2, power_meter="none")
+    report = profile(model, export_model(model, ExportConfig(4, mode="baked")).proto, samples=4, runs=3, warmup=2,
+                     power_meter="none")
     assert compiled == [("ensemble", None), ("float_deterministic", "onnxruntime"), ("float_bnn", "onnxruntime")]
     # warmup + runs calls per graph; one float_bnn inference is S = 4 sampled passes
     assert runs == {"baked": 5, "float_deterministic": 5, "float_bnn": 20}
-    assert report["mode"] == "baked" and report["artifact_bytes"] == export_onnx(model, 4).ByteSize()
+    baked = export_model(model, ExportConfig(4, mode="baked")).proto
+    assert report["mode"] == "baked" and report["artifact_bytes"] == baked.ByteSize()

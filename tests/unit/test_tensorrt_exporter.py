@@ -23,6 +23,7 @@ from edgebnn.devices import get_device
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
 from edgebnn.exporters import tensorrt as trt_exporter
 from edgebnn.exporters.tensorrt import (
+    BuildOptions,
     build_engine,
     check_engine,
     manifest_path,
@@ -55,7 +56,7 @@ def test_dry_run_writes_manifest_and_trtexec_atomically(
             return _real(path, data)
 
         monkeypatch.setattr(trt_exporter, name, spy)
-    manifest = build_engine(onnx_path, engine, "rtx", workspace_mib=512, dry_run=True)
+    manifest = build_engine(onnx_path, engine, "rtx", BuildOptions(workspace_mib=512, dry_run=True))
 
     assert written == ["atomic_write_text:lenet.engine.trtexec.txt", "atomic_write_json:lenet.engine.manifest.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
@@ -77,17 +78,17 @@ def test_dry_run_writes_manifest_and_trtexec_atomically(
 def test_dry_run_keeps_previous_manifest_when_check_fails(tmp_path: Path) -> None:
     good = write_model(tmp_path / "m.onnx")
     engine = tmp_path / "m.engine"
-    build_engine(good, engine, "rtx", dry_run=True)
+    build_engine(good, engine, "rtx", BuildOptions(dry_run=True))
     before = manifest_path(engine).read_bytes()
     write_model(good, unsupported=True)
     with pytest.raises(InvalidArtifactError):
-        build_engine(good, engine, "rtx", dry_run=True)
+        build_engine(good, engine, "rtx", BuildOptions(dry_run=True))
     assert manifest_path(engine).read_bytes() == before
 
 
 def test_dynamic_batch_gets_a_shape_profile(tmp_path: Path) -> None:
     onnx_path = write_model(tmp_path / "m.onnx", batch="N")
-    manifest = build_engine(onnx_path, tmp_path / "m.engine", "jetson", dry_run=True, max_batch=16)
+    manifest = build_engine(onnx_path, tmp_path / "m.engine", "jetson", BuildOptions(dry_run=True, max_batch=16))
     assert manifest["inputs"][0]["shape"] == ["N", 8]
     assert manifest["shape_profile"] == {"x": {"min": [1, 8], "opt": [16, 8], "max": [16, 8]}}
     assert manifest["trtexec"][-3:] == ["--minShapes=x:1x8", "--optShapes=x:16x8", "--maxShapes=x:16x8"]
@@ -96,16 +97,16 @@ def test_dynamic_batch_gets_a_shape_profile(tmp_path: Path) -> None:
 def test_dynamic_non_batch_dimension_is_refused(tmp_path: Path) -> None:
     onnx_path = write_model(tmp_path / "m.onnx", width="W")
     with pytest.raises(InvalidArtifactError, match=r"input x has dynamic dimension\(s\) 1"):
-        build_engine(onnx_path, tmp_path / "m.engine", "rtx", dry_run=True)
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", BuildOptions(dry_run=True))
 
 
 def test_unreadable_onnx(tmp_path: Path) -> None:
     with pytest.raises(InvalidArtifactError, match="ONNX model not found"):
-        build_engine(tmp_path / "missing.onnx", tmp_path / "m.engine", "rtx", dry_run=True)
+        build_engine(tmp_path / "missing.onnx", tmp_path / "m.engine", "rtx", BuildOptions(dry_run=True))
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"\xff\x00not protobuf")
     with pytest.raises(InvalidArtifactError, match="not a readable ONNX model"):
-        build_engine(bad, tmp_path / "m.engine", "rtx", dry_run=True)
+        build_engine(bad, tmp_path / "m.engine", "rtx", BuildOptions(dry_run=True))
 
 
 # --- trtexec commands ---------------------------------------------------------------------------------
@@ -152,23 +153,25 @@ def test_bad_device_options(device: str, dla_core: int | None, message: str) -> 
 def test_workspace_and_batch_must_be_positive(tmp_path: Path) -> None:
     onnx_path = write_model(tmp_path / "m.onnx")
     with pytest.raises(InvalidOptionError, match="workspace"):
-        build_engine(onnx_path, tmp_path / "m.engine", "rtx", workspace_mib=0, dry_run=True)
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", BuildOptions(workspace_mib=0, dry_run=True))
     with pytest.raises(InvalidOptionError, match="max batch"):
-        build_engine(onnx_path, tmp_path / "m.engine", "rtx", max_batch=0, dry_run=True)
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", BuildOptions(max_batch=0, dry_run=True))
     with pytest.raises(InvalidOptionError, match=r"need 1 <= min \(4\) <= opt \(2\) <= max \(8\)"):
-        build_engine(onnx_path, tmp_path / "m.engine", "rtx", min_batch=4, opt_batch=2, max_batch=8, dry_run=True)
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", BuildOptions(min_batch=4, opt_batch=2, max_batch=8,
+                                                                           dry_run=True))
 
 
 def test_batch_range_covers_host_noise_rows(tmp_path: Path) -> None:
     """A host-noise input has batch x S rows: its profile is the batch range times S (S from the metadata)."""
     import onnx
 
-    from edgebnn.exporters.ensemble import export_onnx
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
 
-    proto = export_onnx(synthetic_cnn(), 4, mode="noise", rng="host", device="rtx")
+    proto = export_model(synthetic_cnn(), ExportConfig(4, mode="noise", rng="host", device="rtx")).proto
     onnx.save(proto, str(tmp_path / "n.onnx"))
-    manifest = build_engine(tmp_path / "n.onnx", tmp_path / "n.engine", "rtx", dry_run=True, min_batch=2,
-                            max_batch=8)
+    manifest = build_engine(tmp_path / "n.onnx", tmp_path / "n.engine", "rtx", BuildOptions(dry_run=True, min_batch=2,
+                                                                                            max_batch=8))
     rows = {name: p for name, p in manifest["shape_profile"].items() if name != "input"}
     assert rows and all(p["min"][0] == 8 and p["max"][0] == 32 for p in rows.values())
     assert manifest["shape_profile"]["input"] == {"min": [2, 1, 6, 6], "opt": [8, 1, 6, 6], "max": [8, 1, 6, 6]}
@@ -209,7 +212,7 @@ def test_compat_errors_stop_the_build_before_tensorrt(tmp_path: Path, no_tensorr
     with pytest.raises(
         InvalidArtifactError, match=r"not TensorRT-compatible \(1 error\(s\)\); first: Unique"
     ):
-        build_engine(onnx_path, tmp_path / "m.engine", "rtx", dry_run=dry_run)
+        build_engine(onnx_path, tmp_path / "m.engine", "rtx", BuildOptions(dry_run=dry_run))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
@@ -335,7 +338,8 @@ def test_fake_tensorrt_build_jetson(tmp_path: Path, fake_trt) -> None:
     onnx_path = write_model(tmp_path / "m.onnx", batch="N")
     engine = tmp_path / "m.engine"
     cache = tmp_path / "timing.cache"
-    manifest = build_engine(onnx_path, engine, "jetson", workspace_mib=64, timing_cache=cache, max_batch=8)
+    manifest = build_engine(onnx_path, engine, "jetson", BuildOptions(workspace_mib=64, timing_cache=cache,
+                                                                      max_batch=8))
 
     assert engine.read_bytes() == b"ENGINE-BYTES"
     assert cache.read_bytes() == b"+tuned"
@@ -353,20 +357,20 @@ def test_fake_tensorrt_build_jetson(tmp_path: Path, fake_trt) -> None:
     assert manifest["engine_sha256"] == hashlib.sha256(b"ENGINE-BYTES").hexdigest()
     assert manifest["builder"] == "tensorrt" and manifest["build_seconds"] >= 0
     assert check_engine(engine, "jetson") == manifest  # installed version read from the (fake) module
-    build_engine(onnx_path, engine, "jetson", workspace_mib=64, timing_cache=cache, max_batch=8)
+    build_engine(onnx_path, engine, "jetson", BuildOptions(workspace_mib=64, timing_cache=cache, max_batch=8))
     assert ("create_timing_cache", b"+tuned") in trt.calls  # the saved cache is loaded on the next build
 
 
 def test_fake_tensorrt_build_dla(tmp_path: Path, fake_trt) -> None:
     trt = fake_trt()
     onnx_path = write_model(tmp_path / "m.onnx")
-    manifest = build_engine(onnx_path, tmp_path / "m.engine", "jetson-agx-orin", dla_core=1)
+    manifest = build_engine(onnx_path, tmp_path / "m.engine", "jetson-agx-orin", BuildOptions(dla_core=1))
     assert trt.config.default_device_type == "DLA" and trt.config.DLA_core == 1
     assert ("set_flag", "GPU_FALLBACK") in trt.calls
     assert manifest["flags"] == ["STRONGLY_TYPED", "GPU_FALLBACK"] and manifest["default_device_type"] == "DLA"
     fake_trt(dla_cores=1)
     with pytest.raises(InvalidOptionError, match="DLA core 1 requested, this machine has 1"):
-        build_engine(onnx_path, tmp_path / "m.engine", "jetson-agx-orin", dla_core=1)
+        build_engine(onnx_path, tmp_path / "m.engine", "jetson-agx-orin", BuildOptions(dla_core=1))
 
 
 def test_fake_tensorrt_parser_and_build_failures(tmp_path: Path, fake_trt) -> None:
@@ -419,7 +423,7 @@ def test_check_engine_tampered_or_missing(built: Path) -> None:
 
 def test_check_engine_refuses_dry_run_manifest(tmp_path: Path) -> None:
     engine = tmp_path / "m.engine"
-    build_engine(write_model(tmp_path / "m.onnx"), engine, "rtx", dry_run=True)
+    build_engine(write_model(tmp_path / "m.onnx"), engine, "rtx", BuildOptions(dry_run=True))
     engine.write_bytes(b"stale")
     with pytest.raises(InvalidArtifactError, match=r"written by a dry run \(no engine was built with it\)"):
         check_engine(engine, tensorrt_version="10.3.0.30")

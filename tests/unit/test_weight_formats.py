@@ -11,7 +11,8 @@ from onnx import numpy_helper
 from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.exporters._graph import Builder
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.stores.constants import constant
 from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
 from edgebnn.ir.encodings import Grid
@@ -40,7 +41,8 @@ def _consts(proto: onnx.ModelProto) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("scheme", ["fixed", "ternary"])
 def test_hoisted_layers_take_the_weight_format_and_quantized_means_stay_exact(scheme):
     model = lower(synthetic_cnn(), scheme, seed=0).model
-    proto = export_onnx(model, 4, weights="int8", hoist=10.0)  # every σ is below 10: every layer hoisted
+    proto = export_model(model, ExportConfig(4, mode="baked", weights="int8",
+                                             hoist=10.0)).proto  # every σ is below 10: every layer hoisted
     assert not has_errors(check_trt_compat(proto))
     got = _dequantized(proto)
     for w in model.encoded_weights():
@@ -53,9 +55,9 @@ def test_hoisted_layers_take_the_weight_format_and_quantized_means_stay_exact(sc
 
 def test_binary_draws_are_stored_exactly_in_int8_and_int4():
     model = lower(synthetic_linear(n_in=64, classes=4), "binary", seed=0).model
-    fp32 = _consts(export_onnx(model, 4, seed=1))["ens/fc.weight/W"]
+    fp32 = _consts(export_model(model, ExportConfig(4, mode="baked", seed=1)).proto)["ens/fc.weight/W"]
     for weights in ("int8", "int4"):
-        proto = export_onnx(model, 4, seed=1, weights=weights)
+        proto = export_model(model, ExportConfig(4, mode="baked", seed=1, weights=weights)).proto
         assert not has_errors(check_trt_compat(proto, tensorrt="11"))
         got = _dequantized(proto)["ens/fc.weight/W"]
         # the wide first layer stores [S·out, in] (transB); int4 blocks along the reduction axis: [in, S·out]
@@ -66,7 +68,7 @@ def test_int4_hoisted_gemm_is_blockwise_only_along_its_reduction_axis():
     xl = np.random.default_rng(0).normal(size=(3, 64)).astype(np.float32)
     for trans_b, dtype in ((False, onnx.TensorProto.INT4), (True, onnx.TensorProto.INT8)):
         model = lower(synthetic_linear(n_in=64, classes=4, trans_b=trans_b), "ternary", seed=0).model
-        proto = export_onnx(model, 4, weights="int4", hoist=10.0)
+        proto = export_model(model, ExportConfig(4, mode="baked", weights="int4", hoist=10.0)).proto
         q = next(t for t in proto.graph.initializer if t.name == "fc.weight.q")
         assert q.data_type == dtype  # [in, out] blocks along in; [out, in] would block the outputs: int8
         assert not has_errors(check_trt_compat(proto, tensorrt="11"))
@@ -77,7 +79,8 @@ def test_int4_hoisted_gemm_is_blockwise_only_along_its_reduction_axis():
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         run = [ort.InferenceSession(p.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(
-            None, {"input": xl})[0] for p in (proto, export_onnx(model, 4, hoist=10.0))]
+            None, {"input": xl})[0] for p in (proto, export_model(model, ExportConfig(4, mode="baked",
+                                                                                      hoist=10.0)).proto)]
         np.testing.assert_allclose(run[0], run[1], atol=1e-6)  # float32 round-off only: the weights are equal
 
 

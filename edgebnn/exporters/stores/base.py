@@ -37,14 +37,13 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from edgebnn.exporters import ORT, TRT
 from edgebnn.exporters._graph import Builder
 from edgebnn.ir.encodings import Encoding, Grid
 
 INT32 = onnx.TensorProto.INT32
 FLOAT = onnx.TensorProto.FLOAT
 INT64 = onnx.TensorProto.INT64
-ORT = "onnxruntime"
-TRT = "tensorrt"
 
 
 class Store(ABC):

@@ -17,7 +17,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgebnn.exporters.ensemble import export_onnx
+from edgebnn.exporters.config import ExportConfig
+from edgebnn.exporters.export import export_model
 from edgebnn.exporters.sizes import deployed_bytes
 from edgebnn.ir import DOMAIN, MAX_IR_VERSION, BNNModel, GaussianWeight, Manifest, make_encoding_node, verify
 from edgebnn.ir.encodings import MemberSetWeight, draw_weight
@@ -117,14 +118,15 @@ def onnx_session(model: BNNModel):
 
 def _check_exports(zeroed: BNNModel, shrunk: BNNModel, x: np.ndarray) -> None:
     """analytic: same predictive, fewer bytes; baked: the reference runtime's members, fewer bytes."""
-    full = export_onnx(zeroed, 8, mode="analytic", seed=SEED)
-    small = export_onnx(shrunk, 8, mode="analytic", seed=SEED)
+    full = export_model(zeroed, ExportConfig(8, mode="analytic", seed=SEED)).proto
+    small = export_model(shrunk, ExportConfig(8, mode="analytic", seed=SEED)).proto
     np.testing.assert_allclose(Session(small).predict(x).probs, Session(full).predict(x).probs, rtol=0, atol=TOL)
     assert deployed_bytes(small).file_bytes < deployed_bytes(full).file_bytes
-    baked = export_onnx(shrunk, 4, mode="baked", seed=SEED)
+    baked = export_model(shrunk, ExportConfig(4, mode="baked", seed=SEED)).proto
     np.testing.assert_allclose(Session(baked).predict(x).probs, Reference(shrunk).predict(x, 4, SEED).probs,
                                rtol=0, atol=TOL)
-    assert deployed_bytes(baked).file_bytes < deployed_bytes(export_onnx(zeroed, 4, mode="baked", seed=SEED)).file_bytes
+    assert deployed_bytes(baked).file_bytes < deployed_bytes(export_model(zeroed, ExportConfig(4, mode="baked",
+                                                                                               seed=SEED)).proto).file_bytes
 
 
 @pytest.mark.parametrize("scheme", ["float", "fixed", "codebook", "ternary", "mcq"])
@@ -282,9 +284,9 @@ def test_cnn_filters_pruned_by_group_scales_leave_the_graph() -> None:
     fc_cols = (keep[:, None] * 16 + np.arange(16)).reshape(-1)
     x = np.random.default_rng(5).normal(size=(6, 1, 8, 8)).astype(np.float32)
     _check_same_posterior(zeroed, ShrinkPass()(zeroed).model, {"c2.w": [(0, keep)], "fc.w": [(1, fc_cols)]}, x)
-    assert deployed_bytes(export_onnx(shrunk, 8, mode="analytic")).file_bytes < deployed_bytes(
-        export_onnx(_lowered(model, "prune+fixed", group_scales=scales, log_alpha_threshold=50.0), 8,
-                    mode="analytic")).file_bytes
+    assert deployed_bytes(export_model(shrunk, ExportConfig(8, mode="analytic")).proto).file_bytes < deployed_bytes(
+        export_model(_lowered(model, "prune+fixed", group_scales=scales, log_alpha_threshold=50.0),
+                     ExportConfig(8, mode="analytic")).proto).file_bytes
 
 
 # -- what is left alone -------------------------------------------------------------------------------------------
@@ -332,8 +334,9 @@ def test_the_last_unit_is_kept_and_an_even_width_stays_even(make_mlp) -> None:
     result = ShrinkPass()(model)
     assert _shapes(result.model) == {"W1": (2, 16), "b1": (2,), "W2": (10, 2)}  # 4 dead: 1 kept, 1 for evenness
     x = np.random.default_rng(7).normal(size=(5, 16)).astype(np.float32)
-    probs = Session(export_onnx(result.model, 4, mode="analytic")).predict(x).probs
-    np.testing.assert_allclose(probs, Session(export_onnx(model, 4, mode="analytic")).predict(x).probs, atol=TOL)
+    probs, want = (Session(export_model(m, ExportConfig(4, mode="analytic")).proto).predict(x).probs
+                   for m in (result.model, model))
+    np.testing.assert_allclose(probs, want, atol=TOL)
 
 
 def test_shrunk_model_round_trips_and_replays(tmp_path, make_mlp) -> None:
@@ -360,7 +363,8 @@ def test_every_export_mode_takes_the_smaller_shapes(mode, weights, options) -> N
     zeroed = _lowered(model, "fixed")
     shrunk = ShrinkPass()(zeroed).model
     assert _shapes(shrunk)["fc.w"] == (10, 64)
-    small, full = (export_onnx(m, 4, mode=mode, weights=weights, seed=SEED, **options) for m in (shrunk, zeroed))
+    config = ExportConfig(4, mode=mode, weights=weights, seed=SEED, **{"rng": "host", **options})
+    small, full = (export_model(m, config).proto for m in (shrunk, zeroed))
     assert deployed_bytes(small).file_bytes < deployed_bytes(full).file_bytes
     x = np.random.default_rng(8).normal(size=(5, 1, 8, 8)).astype(np.float32)
     probs = Session(small).predict(x).probs
