@@ -218,39 +218,71 @@ def _print_anytime_profile(report: dict[str, Any]) -> None:
 @click.option("--ir", "ir_path", type=InputPath(),
               help="The .ebnn both artifacts came from (needed when A and B are both exports).")
 @click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn side (reference runtime).")
+@click.option("--calls", default=1, show_default=True,
+              help="Average this many calls of a noise/shared export (each draws afresh; an .ebnn side draws S x "
+                   "calls members): more draws, a smaller detectable difference (about 1/sqrt(calls)); time grows "
+                   "with it. A baked export's S members are one draw whatever the calls.")
+@click.option("--tolerance", type=float, default=None,
+              help="The RMS difference (over examples and classes) of the mean probabilities (regression: the "
+                   "predictive means) that 'same' allows [0.01]: 'same' needs the observed difference and the "
+                   "smallest one the test detects (80% power) within it, else 'cannot tell'.")
 @click.option("--null-runs", default=99, show_default=True, help="Simulated null pairs for the p-value.")
 @click.option("--alpha", default=0.01, show_default=True, help="Call the distributions different when p <= alpha.")
 @click.option("--seed", default=0, show_default=True,
-              help="Sampling seed: A's side uses it, B's seed + 1, the null simulation seeds from seed + 1000.")
+              help="Sampling seed: A's side uses it, B's seed + 1 (an .ebnn side moves off a baked export's own "
+                   "seed), the null simulation seeds from seed + 1000.")
 @click.option("--json", "json_out", type=OutputPath("json"), help="Write the comparison as JSON.")
-def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, null_runs: int,
-            alpha: float, seed: int, json_out: str | None) -> None:
+def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, calls: int,
+            tolerance: float | None, null_runs: int, alpha: float, seed: int, json_out: str | None) -> None:
     """Do artifacts A and B give the same predictive distribution (within Monte Carlo error)?
 
     Each side is an .ebnn (run with the reference runtime) or an exported .onnx (any mode). The test
-    simulates its own null distribution from the IR, so it holds for correlated Monte Carlo errors.
-    Exit status 0 when they agree, 1 when they differ.
+    simulates its own null distribution from the IR, so it holds for correlated Monte Carlo errors, and states the
+    smallest difference it could detect: at S = 16 a real difference can hide in the Monte Carlo error.
+    Exit status 0 when they agree (within --tolerance), 1 when they differ, 3 when the test cannot tell.
     """
-    from edgebnn.compare import compare_artifacts
+    from edgebnn.compare import TOLERANCE, compare_artifacts
 
     with _progress_bar("comparing: simulated null pairs") as progress:
-        report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, null_runs=null_runs,
+        report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, calls=calls,
+                                   tolerance=TOLERANCE if tolerance is None else tolerance, null_runs=null_runs,
                                    alpha=alpha, seed=seed, progress=progress)
     where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
     table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
     keys = eval_columns(report)
-    for col in ("artifact", "S", *keys):
+    for col in ("artifact", "S", "draws", *keys):
         table.add_column(col, justify="left" if col == "artifact" else "right")
     for side in (report["a"], report["b"]):
-        table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"),
+        table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"), str(side["draws"] or "-"),
                       *(f"{side[k]:.4f}" for k in keys))
     console.print(table)
-    verdict = "same predictive distribution" if report["same_distribution"] else "DIFFERENT predictive distributions"
-    console.print(f"{verdict}: T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}, "
-                  f"99th pct {report['null_p99']:.3f}), p = {report['p_value']:.3f}, alpha = {alpha}")
+    console.print(compare_verdict(report), highlight=False, soft_wrap=True)
     write_json(json_out, report, schemas.COMPARE)
-    if not report["same_distribution"]:
-        sys.exit(1)
+    if report["verdict"] != "same":
+        sys.exit(1 if report["verdict"] == "different" else 3)
+
+
+def compare_verdict(report: dict[str, Any]) -> str:
+    """The verdict line of ``edgebnn compare``: what the test found and the smallest difference it could see."""
+    what = "predictive means" if report.get("task") == "regression" else "mean probabilities"
+    test = (f"T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}), p = {report['p_value']:.3f}, "
+            f"alpha = {report['alpha']}")
+    seen = (f"RMS difference of the {what} {report['observed_diff']:.4f}; the test detects "
+            f"{report['detectable_diff']:.4f} with {report['power']:.0%} power")
+    if report["verdict"] == "different":
+        return f"DIFFERENT predictive distributions: {test}; {seen}"
+    if report["verdict"] == "same":
+        return f"same predictive distribution (within {report['tolerance']:g}): {test}; {seen}"
+    if report["detectable_diff"] <= report["tolerance"]:
+        why, more = f"the observed difference exceeds the tolerance {report['tolerance']:g}", ""
+    else:
+        why = f"the test cannot see a difference as small as the tolerance {report['tolerance']:g}"
+        fixed = [Path(s["artifact"]).name for s in (report["a"], report["b"]) if s["samples"] and not s["redraws"]]
+        more = (f"; sample more: --calls {report['calls_needed']} reaches it at the 1/sqrt(draws) rate (fewer may do)"
+                if report["calls_needed"] else
+                f"; more calls cannot get there: a baked export's S members are one draw ({', '.join(fixed)}): "
+                "export it with a larger --samples" if fixed else "")
+    return f"cannot tell (no significant difference, but {why}): {test}; {seen}{more}"
 
 
 # -- demo -------------------------------------------------------------------------------------------------

@@ -499,7 +499,7 @@ def data_case(case_id: str, arrays: dict[str, Any] | bytes, *needles: str, comma
             np.savez(bad, **arrays, allow_pickle=True)
         model = saved(ctx, digits_shaped())
         if command == "compare":
-            argv = ["compare", str(model), str(model), "--null-runs", "19", "--data", str(bad)]
+            argv = ["compare", str(model), str(model), "--null-runs", "19", "--alpha", "0.05", "--data", str(bad)]
         else:
             data = ["--data", "digits", "--ood-data", str(bad)] if option == "--ood-data" else ["--data", str(bad)]
             argv = ["eval", str(model), "-S", "2", *data, "--json", str(ctx.tmp / "e.json"),
