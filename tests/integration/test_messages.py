@@ -98,3 +98,39 @@ def test_eval_and_lower_say_when_no_input_range_is_recorded(tmp_path):
     save_onnx(export_onnx(model, 2), tmp_path / "r.onnx")
     r = run("eval", tmp_path / "r.onnx", "--data", tmp_path / "d.npz")
     assert r.exit_code == 2 and "far outside [0, 1]" in r.output
+
+
+# -- issue 45, item 6 -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shape", "hint"), [
+    ("1,8,8", "takes 1 channel(s) in 2-d: --input-shape 1,1,8,8 (batch, channels, 2 spatial dims)"),
+    ("1,3,8,8", "takes 1 channel(s) in 2-d: --input-shape 1,1,8,8 (batch, channels, 2 spatial dims)"),
+    ("1,64", "takes 1 channel(s) in 2-d: --input-shape 1,1,H,W (batch, channels, 2 spatial dims)"),
+    ("1,1,9,9", "takes 1 channel(s) in 2-d, as --input-shape 1,1,9,9 gives it: a later layer refused its size"),
+])
+def test_a_conv2d_shape_hint_is_2d_and_built_from_what_was_typed(tmp_path, shape, hint):
+    """bayesian-torch gives a Conv2d's kernel_size as one int: the rank comes from its kernel tensor (2-d, not 1-d),
+    and the shape offered keeps the sizes the user typed; torch's message speaks of the probe batch, named."""
+    pytest.importorskip("bayesian_torch")
+    import torch
+    from bayesian_torch.layers import Conv2dReparameterization, LinearReparameterization
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv1 = Conv2dReparameterization(1, 4, 3)
+            self.fc1 = LinearReparameterization(4 * 6 * 6, 10)
+
+        def forward(self, x):
+            x, _ = self.conv1(x)
+            x, _ = self.fc1(torch.relu(x).flatten(1))
+            return x
+
+    torch.manual_seed(0)
+    with pytest.raises(edgebnn.errors.InvalidOptionError) as e:
+        edgebnn.from_torch(Net(), tuple(int(d) for d in shape.split(",")))
+    line = str(e.value)
+    assert "\n" not in line and hint in line, line
+    assert f"--input-shape {shape} failed (probed as a batch of shape 2,{shape.split(',', 1)[1]})" in line, line
+    assert "in 1-d" not in line and ",L" not in line
