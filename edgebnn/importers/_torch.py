@@ -30,6 +30,7 @@ import onnx
 from edgebnn.errors import (
     EdgeBNNError,
     InvalidOptionError,
+    InvalidWeightsError,
     MissingDependencyError,
     UnsupportedLayerError,
 )
@@ -229,6 +230,7 @@ def import_model(
     if len(shape) < 2 or any(d <= 0 for d in shape):
         raise InvalidOptionError(f"--input-shape {','.join(map(str, shape))}: need batch,dims... of positive ints")
     model = model.eval()
+    _check_finite_parameters(model, where)
     if layers is not None:  # a plain model whose weights are given (deep ensembles, SWAG)
         posteriors, libraries = dict(layers.posteriors), {layers.library}
     else:
@@ -323,6 +325,18 @@ def import_model(
         task=spec.name,
         task_options=spec.options(),
     ), where, layers.encodings if layers is not None else {})
+
+
+def _check_finite_parameters(model: Any, where: str) -> None:
+    """Refuse a parameter with NaN or infinite values by its state_dict name (``fc1.rho_weight``), before an adapter
+    turns it into an internal σ. Buffers are not checked: an attention mask holds -inf by design."""
+    import torch
+
+    for name, param in model.named_parameters():
+        bad = int((~torch.isfinite(param.detach())).sum()) if param.is_floating_point() else 0
+        if bad:
+            raise InvalidWeightsError(f"{where}: parameter {name} has {bad} NaN or infinite value(s) of "
+                                      f"{param.numel()}; the checkpoint is corrupt or training diverged")
 
 
 def _first_layer_takes(model: Any, shape: tuple[int, ...]) -> str | None:

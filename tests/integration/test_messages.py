@@ -4,6 +4,8 @@ without a budget does not speak of one, and `profile --help` says one thing abou
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
@@ -103,15 +105,8 @@ def test_eval_and_lower_say_when_no_input_range_is_recorded(tmp_path):
 # -- issue 45, item 6 -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("shape", "hint"), [
-    ("1,8,8", "takes 1 channel(s) in 2-d: --input-shape 1,1,8,8 (batch, channels, 2 spatial dims)"),
-    ("1,3,8,8", "takes 1 channel(s) in 2-d: --input-shape 1,1,8,8 (batch, channels, 2 spatial dims)"),
-    ("1,64", "takes 1 channel(s) in 2-d: --input-shape 1,1,H,W (batch, channels, 2 spatial dims)"),
-    ("1,1,9,9", "takes 1 channel(s) in 2-d, as --input-shape 1,1,9,9 gives it: a later layer refused its size"),
-])
-def test_a_conv2d_shape_hint_is_2d_and_built_from_what_was_typed(tmp_path, shape, hint):
-    """bayesian-torch gives a Conv2d's kernel_size as one int: the rank comes from its kernel tensor (2-d, not 1-d),
-    and the shape offered keeps the sizes the user typed; torch's message speaks of the probe batch, named."""
+def _bayesian_torch_cnn():
+    """A bayesian-torch CNN on 1x8x8 inputs (Conv2d 3x3, then Linear; each returns (out, kl))."""
     pytest.importorskip("bayesian_torch")
     import torch
     from bayesian_torch.layers import Conv2dReparameterization, LinearReparameterization
@@ -128,9 +123,41 @@ def test_a_conv2d_shape_hint_is_2d_and_built_from_what_was_typed(tmp_path, shape
             return x
 
     torch.manual_seed(0)
+    return Net()
+
+
+@pytest.mark.parametrize(("shape", "hint"), [
+    ("1,8,8", "takes 1 channel(s) in 2-d: --input-shape 1,1,8,8 (batch, channels, 2 spatial dims)"),
+    ("1,3,8,8", "takes 1 channel(s) in 2-d: --input-shape 1,1,8,8 (batch, channels, 2 spatial dims)"),
+    ("1,64", "takes 1 channel(s) in 2-d: --input-shape 1,1,H,W (batch, channels, 2 spatial dims)"),
+    ("1,1,9,9", "takes 1 channel(s) in 2-d, as --input-shape 1,1,9,9 gives it: a later layer refused its size"),
+])
+def test_a_conv2d_shape_hint_is_2d_and_built_from_what_was_typed(tmp_path, shape, hint):
+    """bayesian-torch gives a Conv2d's kernel_size as one int: the rank comes from its kernel tensor (2-d, not 1-d),
+    and the shape offered keeps the sizes the user typed; torch's message speaks of the probe batch, named."""
+    net = _bayesian_torch_cnn()
     with pytest.raises(edgebnn.errors.InvalidOptionError) as e:
-        edgebnn.from_torch(Net(), tuple(int(d) for d in shape.split(",")))
+        edgebnn.from_torch(net, tuple(int(d) for d in shape.split(",")))
     line = str(e.value)
     assert "\n" not in line and hint in line, line
     assert f"--input-shape {shape} failed (probed as a batch of shape 2,{shape.split(',', 1)[1]})" in line, line
     assert "in 1-d" not in line and ",L" not in line
+
+
+def test_a_nan_rho_names_the_weights_file_and_the_state_dict_key(tmp_path, monkeypatch):
+    """lower --weights with a NaN in bayesian-torch's fc1.rho_weight: the file and that key, not edgebnn's σ."""
+    from safetensors.torch import save_file
+
+    net = _bayesian_torch_cnn()
+    state = net.state_dict()
+    state["fc1.rho_weight"][0, 3] = float("nan")
+    save_file(state, str(tmp_path / "w.safetensors"))
+    source = inspect.getsource(_bayesian_torch_cnn).replace("pytest.importorskip", "__import__")
+    (tmp_path / "bt_cnn.py").write_text(f"{source}\n\ndef net():\n    return _bayesian_torch_cnn()\n")
+    monkeypatch.chdir(tmp_path)  # --model finds a module in the working folder
+    r = run("lower", "--model", "bt_cnn:net", "--weights", tmp_path / "w.safetensors", "--input-shape", "1,1,8,8",
+            "-o", tmp_path / "m.ebnn")
+    line = flat(r.output)
+    assert r.exit_code == 2, r.output
+    assert "w.safetensors): parameter fc1.rho_weight has 1 NaN or infinite value(s) of 1440" in line, line
+    assert "weight_sigma" not in line
