@@ -22,6 +22,8 @@ from edgebnn.cli._common import (
     write_json,
 )
 from edgebnn.cli._paths import InputPath, OutputPath
+from edgebnn.data import DIGITS
+from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES
 from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
@@ -52,7 +54,8 @@ def _engine_got_onnx(path: str) -> str:
 
 @main.command(name="eval")
 @click.argument("artifact", type=InputPath())
-@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", type=DATA, help=DATA_HELP)
+@click.option("--data", default=None, metavar="digits|FILE|DIR", type=DATA,
+              help=DATA_HELP + " Without it: digits, and eval says so (a model of other inputs: give --data).")
 @click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
 @click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA,
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
@@ -77,10 +80,20 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
     for path in (json_out, plot):
         if path:
             _check_output_dir(path)
-    with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
-        report = evaluate_artifact(artifact, data=data, split=split, samples=parse_samples(samples), seed=seed,
-                                   ood_data=ood_data, plot=plot, progress=progress)
+    try:
+        with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
+            report = evaluate_artifact(artifact, data=data or DIGITS, split=split, samples=parse_samples(samples),
+                                       seed=seed, ood_data=ood_data, plot=plot, progress=progress)
+    except InvalidOptionError as e:
+        if data is not None or f", {DIGITS} has " not in str(e):
+            raise
+        raise InvalidOptionError(f"{e}: no --data was given, so eval tried the built-in digits set; give --data "
+                                 "FILE (an .npz with x and y, or a folder of shards) of this model's inputs") from e
     print_eval(console, [report])
+    if data is None:
+        split_name = split or "test"
+        console.print(f"data: the built-in digits {split_name} split (no --data given; --data FILE evaluates yours)",
+                      highlight=False, soft_wrap=True)
     _print_samples_used(report)
     if report.get("input_range") is None:
         console.print(f"note: {artifact} records no input range (lowered without --eval or --calibrate data), so "

@@ -161,3 +161,22 @@ def test_a_nan_rho_names_the_weights_file_and_the_state_dict_key(tmp_path, monke
     assert r.exit_code == 2, r.output
     assert "w.safetensors): parameter fc1.rho_weight has 1 NaN or infinite value(s) of 1440" in line, line
     assert "weight_sigma" not in line
+
+
+def test_eval_without_data_says_it_ran_on_digits_or_asks_for_data(tmp_path):
+    """No --data: a digits-shaped model is evaluated on the built-in digits and eval says so in one line; a model of
+    other inputs gets one error line asking for --data (not just the shape mismatch)."""
+    pytest.importorskip("torch")
+    from edgebnn.models import digits_cnn
+
+    digits_ir = ir.save(edgebnn.from_torch(digits_cnn(), (1, 1, 8, 8)), tmp_path / "d.ebnn")
+    r = run("eval", digits_ir, "-S", 2)
+    assert r.exit_code == 0, r.output
+    assert "data: the built-in digits test split (no --data given; --data FILE evaluates yours)" in flat(r.output)
+    r = run("eval", digits_ir, "-S", 2, "--data", "digits")
+    assert r.exit_code == 0 and "no --data given" not in flat(r.output)
+    other = ir.save(synthetic_linear(), tmp_path / "o.ebnn")
+    r = CliRunner().invoke(main, ["eval", str(other), "-S", "2"])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "takes inputs (5,), digits has (1, 8, 8): no --data was given" in lines[0] and "give --data FILE" in lines[0]
