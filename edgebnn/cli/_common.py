@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -120,13 +121,68 @@ SPLIT_HELP = "digits split (default: test); for --data digits only."
 
 @contextlib.contextmanager
 def _progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
-    """A transient rich progress bar on stderr; yields ``update(done, total)``."""
+    """A transient rich progress bar on stderr; yields ``update(done, total)``. Where stderr is not a terminal (a
+    pipe, a log, CI) it prints lines instead (:class:`_ProgressLines`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    if not err_console.is_terminal:
+        with _ProgressLines.around(description) as lines:
+            yield lines.update
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+                  console=err_console, transient=True) as bar:
         task = bar.add_task(escape(description), total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@contextlib.contextmanager
+def _status(description: str) -> Iterator[Callable[[str], None]]:
+    """A rich spinner on stdout, ``description: text`` after each ``update(text)``; where stdout is not a terminal,
+    one line on stderr per update (:class:`_ProgressLines`)."""
+    if not console.is_terminal:
+        with _ProgressLines.around(description) as lines:
+            yield lines.say
+        return
+    with console.status(escape(description)) as status:
+        yield lambda text: status.update(escape(f"{description}: {text}"))
+
+
+class _ProgressLines:
+    """Progress for a log (stderr not a terminal): a start line, a line each time ``done`` passes another tenth of
+    ``total`` (or the total changes: a new phase) or a step is named, and a done line, each with the elapsed time."""
+
+    STEPS = 10  # lines per phase at most, besides the start and done lines
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.start = time.monotonic()
+        self.total: int | None = None
+        self.next = 0  # the next tenth of total that prints a line
+
+    @classmethod
+    @contextlib.contextmanager
+    def around(cls, description: str) -> Iterator[_ProgressLines]:
+        """Print the start line, yield, print the done line (not after an error: its own line follows)."""
+        lines = cls(description)
+        lines._print("started")
+        yield lines
+        lines._print(f"done in {lines._elapsed()}")
+
+    def update(self, done: int, total: int) -> None:
+        if total != self.total:
+            self.total, self.next = total, 0
+        if total > 0 and done * self.STEPS >= self.next * total:
+            self._print(f"{done}/{total} ({self._elapsed()})")
+            self.next = done * self.STEPS // total + 1
+
+    def say(self, text: str) -> None:
+        self._print(f"{text} ({self._elapsed()})")
+
+    def _elapsed(self) -> str:
+        return f"{time.monotonic() - self.start:.1f} s"
+
+    def _print(self, text: str) -> None:
+        err_console.print(f"{self.description}: {text}", highlight=False, markup=False, soft_wrap=True)
 
 
 def write_json(path: str | Path | None, report: dict[str, Any], schema: str) -> None:

@@ -17,6 +17,7 @@ from edgebnn.cli._common import (
     SPLIT_HELP,
     _check_output_dir,
     _progress_bar,
+    _status,
     console,
     main,
     write_json,
@@ -30,6 +31,7 @@ from edgebnn.tables import (
     eval_columns,
     print_eval,
     print_profile,
+    print_table,
 )
 from edgebnn.targets.base import BASELINE_RUNNERS
 
@@ -172,13 +174,13 @@ def profile(artifact: str, device: str, samples: str, data: str | None, ood_data
 
     An anytime ensemble (--samples auto) is timed per input (--runs rounds over --inputs inputs of --data)."""
     wanted = parse_samples(samples)
-    with console.status("profiling") as status:
+    with _status("profiling") as status:
         report = profile_artifact(
             artifact, device=device, samples=wanted if wanted is not None else 16, mode=mode, onnx_path=onnx_path,
             engine=engine, baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
             remote_edgebnn=remote_edgebnn, batch=batch, runs=runs,
             warmup=warmup, threads=threads, power_meter=power_meter,
-            progress=lambda name: status.update(f"profiling {name}"), data=data, ood_data=ood_data, inputs=inputs,
+            progress=status, data=data, ood_data=ood_data, inputs=inputs,
         )
     if "per_input" in report:
         _print_anytime_profile(report)
@@ -213,7 +215,7 @@ def _print_anytime_profile(report: dict[str, Any]) -> None:
             ms = part["latency_ms"][key]
             table.add_row(label, f"{ms['p50']:.3f}", f"{ms['p90']:.3f}", f"{ms['mean']:.3f}",
                           f"{ms['mean'] / mean:.2f}x")
-        console.print(table)
+        print_table(console, table)
     r = report["per_input"]["in"]["ratios"]
     console.print(f"anytime mean latency (in-distribution): {r['vs_fixed']:.2f}x the fixed S={s} export, "
                   f"{r[f'vs_det_{s}']:.2f}x det-{s}; {r['speedup_vs_float_bnn']:.1f}x faster than the float BNN "
@@ -268,7 +270,7 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
     for side in (report["a"], report["b"]):
         table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"), str(side["draws"] or "-"),
                       *(f"{side[k]:.4f}" for k in keys))
-    console.print(table)
+    print_table(console, table)
     console.print(compare_verdict(report), highlight=False, soft_wrap=True)
     write_json(json_out, report, schemas.COMPARE)
     if report["verdict"] != "same":

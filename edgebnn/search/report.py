@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgebnn.search.objectives import OBJECTIVES
-from edgebnn.tables import fmt_bytes, times_smaller
+from edgebnn.tables import fmt_bytes, print_table, times_smaller
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -43,7 +43,7 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
                       "-" if t.get("bytes") is None else f"{base['bytes'] / t['bytes']:.1f}",
                       _num(t.get("latency_ms"), ".3f"), _num(m.get("accuracy"), ".4f"), _num(m.get("nll"), ".4f"),
                       _num(m.get("ece"), ".4f") if t["state"] == "complete" else "failed")
-    console.print(table)
+    print_table(console, table)
     console.print("* Pareto front   > best   bytes: the exported ONNX file   ratio: float BNN bytes / bytes",
                   highlight=False)
     for note in notes:
