@@ -275,3 +275,60 @@ def _epistemic_hist(hist: Any, inside: np.ndarray, ood: np.ndarray | None, label
     hist.set_ylabel("density")
     hist.set_title("epistemic uncertainty", fontsize=9)
     hist.legend(fontsize=7)
+
+
+def plot_search_front(data: dict[str, Any], out_png: str | os.PathLike[str]) -> Path:
+    """The search's trials on their first two objectives (:func:`edgebnn.search.report.front_data`): every trial in
+    grey, the Pareto set as points (joined by a step line only when the search had two objectives: a set over
+    three is no line in two dimensions), the best trial, the float BNN, and the budget's bound on the y metric as a
+    dashed line. A bytes axis is logarithmic with KiB/MiB labels at powers of 2, the minor ticks unlabelled.
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.8, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    if data["trials"]:
+        ax.scatter(*zip(*data["trials"], strict=True), s=18, color="#999", label="trial", zorder=2)
+    if data["pareto"]:
+        px, py = zip(*data["pareto"], strict=True)
+        many = len(data["objectives"]) > 2
+        label = (f"Pareto set over {', '.join(data['objectives'])}" if many else "Pareto front")
+        ax.scatter(px, py, s=34, color="#c33", label=label, zorder=3)
+        if data["step"]:
+            ax.step(px, py, where="post", color="#c33", lw=1, zorder=3)
+    if data["best"]:
+        ax.scatter(*zip(*data["best"], strict=True), marker="*", s=220, color="#e90", edgecolor="k", zorder=5,
+                   label=data["best_label"])
+    if data["baseline"] is not None:
+        ax.scatter(*data["baseline"], marker="s", s=40, color="#36c", label="float BNN", zorder=4)
+    if data["budget_y"] is not None:
+        delta = data["budget"][data["y"]]
+        ax.axhline(data["budget_y"], ls="--", color="#393", lw=1,
+                   label=f"budget: {data['y']} {delta:+g} vs the float BNN")
+        others = [f"{k} {v:+g}" for k, v in data["budget"].items() if k != data["y"]]
+        if others:
+            ax.plot([], [], " ", label=f"(budget also bounds {', '.join(others)})")
+    if data["log_x"]:
+        bytes_axis(ax)
+    ax.set_xlabel(data["x"])
+    ax.set_ylabel(data["y"])
+    ax.set_title(data["title"], fontsize=10)
+    ax.legend(fontsize=7)
+    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=120))
+
+
+def bytes_axis(ax: Any) -> None:
+    """A logarithmic x axis of bytes: at most 8 labels, at powers of 2, as KiB/MiB, slanted; minor ticks unlabelled
+    (matplotlib's default labels every decade's minor ticks too, and they overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from edgebnn.tables import fmt_bytes
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=8))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_bytes(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelrotation=30)
