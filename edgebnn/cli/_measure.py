@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from edgebnn import schemas
@@ -92,6 +93,9 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
         raise InvalidOptionError(f"{e}: no --data was given, so eval tried the built-in digits set; give --data "
                                  "FILE (an .npz with x and y, or a folder of shards) of this model's inputs") from e
     print_eval(console, [report])
+    warning = worse_than_chance(report.get("ood"))
+    if warning:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if data is None:
         split_name = split or "test"
         console.print(f"data: the built-in digits {split_name} split (no --data given; --data FILE evaluates yours)",
@@ -104,6 +108,17 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
     if plot:
         console.print(f"wrote {plot}")
     write_json(json_out, report, schemas.EVAL)
+
+
+def worse_than_chance(ood: dict[str, Any] | None) -> str | None:
+    """The warning for an MI-AUROC below 0.5 (the members disagree less on the OOD inputs than on --data), else
+    None."""
+    auroc = (ood or {}).get("auroc_mutual_info")
+    if auroc is None or auroc >= 0.5:
+        return None
+    return (f"MI-AUROC {auroc:.3f} is below 0.5, worse than chance: the ensemble's members disagree less on the OOD "
+            f"inputs ({ood['data']}) than on the in-distribution ones, so mutual information would flag the wrong "
+            "ones; check that both sets are preprocessed alike, or that these inputs are out of distribution")
 
 
 def _print_samples_used(report: dict[str, Any]) -> None:

@@ -180,3 +180,28 @@ def test_eval_without_data_says_it_ran_on_digits_or_asks_for_data(tmp_path):
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1, r.output
     assert "takes inputs (5,), digits has (1, 8, 8): no --data was given" in lines[0] and "give --data FILE" in lines[0]
+
+
+def test_an_mi_auroc_below_chance_is_warned_in_one_line(tmp_path):
+    """synthetic_linear's logit variance is x²σ² + b_σ²: inputs near 0 (the 'OOD' set here) give the members less to
+    disagree on than the in-distribution ones, so MI ranks them below: AUROC < 0.5 and one warning line; the
+    opposite sets give AUROC > 0.5 and no warning."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    model = ir.save(synthetic_linear(), tmp_path / "m.ebnn")
+    np.savez(tmp_path / "in.npz", x=rng.normal(size=(200, 5)).astype(np.float32), y=rng.integers(0, 4, 200))
+    np.savez(tmp_path / "near0.npz", x=(0.01 * rng.normal(size=(200, 5))).astype(np.float32))
+    np.savez(tmp_path / "far.npz", x=(5 * rng.normal(size=(200, 5))).astype(np.float32))
+    r = run("eval", model, "--data", tmp_path / "in.npz", "--ood-data", tmp_path / "near0.npz", "--json",
+            tmp_path / "e.json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    auroc = json.loads((tmp_path / "e.json").read_text())["ood"]["auroc_mutual_info"]
+    assert auroc < 0.5, auroc
+    warnings = [line for line in r.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and f"MI-AUROC {auroc:.3f} is below 0.5, worse than chance" in flat(r.output), r.output
+    assert "disagree less on the OOD inputs" in flat(r.output)
+    r = run("eval", model, "--data", tmp_path / "in.npz", "--ood-data", tmp_path / "far.npz")
+    assert r.exit_code == 0 and "warning:" not in r.output, r.output
