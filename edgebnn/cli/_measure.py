@@ -169,7 +169,9 @@ def _print_samples_used(report: dict[str, Any]) -> None:
               help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu: the "
                    "fastest mode measured there; without it, auto is what edgebnn export writes by default (see "
                    "--mode).")
-@click.option("--batch", default=1, show_default=True)
+@click.option("--batch", default=1, show_default=True,
+              help="Inputs per timed call (every graph; an engine is built for it): latency is per call, inf/s is "
+                   "batch / mean latency. Anytime ensembles are timed per input (batch 1).")
 @click.option("--runs", type=int, default=None,
               help="Timed runs per graph [200]; an anytime ensemble: rounds of every graph over its inputs [3].")
 @click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
@@ -322,7 +324,9 @@ def compare_verdict(report: dict[str, Any]) -> str:
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for the weights, IR, ONNX and JSON reports.")
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True,
+              help="Seeds the digits split, the training, the lowering, the exported members and noise, and the "
+                   "evaluation.")
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
     """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 
+import click
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
@@ -205,3 +206,54 @@ def test_an_mi_auroc_below_chance_is_warned_in_one_line(tmp_path):
     assert "disagree less on the OOD inputs" in flat(r.output)
     r = run("eval", model, "--data", tmp_path / "in.npz", "--ood-data", tmp_path / "far.npz")
     assert r.exit_code == 0 and "warning:" not in r.output, r.output
+
+
+@pytest.mark.parametrize("command", ["eval", "profile", "compare", "demo", "search"])
+def test_every_option_of_the_measuring_commands_has_help(command):
+    """profile --batch and demo --seed had none; --help of these commands explains every option."""
+    options = [p for p in main.commands[command].params if isinstance(p, click.Option)]
+    assert options and all((p.help or "").strip() for p in options), [p.opts for p in options if not p.help]
+
+
+def _arrays(tmp_path, n: int = 60):
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "d.npz", x=rng.normal(size=(n, 5)).astype(np.float32), y=rng.integers(0, 4, n))
+    return tmp_path / "d.npz"
+
+
+def test_progress_is_lines_on_stderr_when_not_a_terminal(tmp_path):
+    """Under CliRunner (a pipe) the bars are lines on stderr: a start line, one per tenth of a long step (99 null
+    pairs: 10 at most), a done line, each with the elapsed time; stdout keeps only the report."""
+    import re
+
+    model = ir.save(synthetic_linear(), tmp_path / "m.ebnn")
+    r = CliRunner().invoke(main, ["compare", str(model), str(model), "--data", str(_arrays(tmp_path))])
+    assert r.exit_code in (0, 3), r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("comparing: simulated null pairs: ")]
+    assert lines[0].endswith(": started") and re.search(r": done in \d+\.\d s$", lines[-1]), lines
+    steps = lines[1:-1]
+    assert 10 <= len(steps) <= 11 and all(re.search(r": \d+/99 \(\d+\.\d s\)$", s) for s in steps), steps
+    assert "comparing" not in r.stdout
+    r = CliRunner().invoke(main, ["eval", str(model), "-S", "2", "--data", str(_arrays(tmp_path))])
+    lines = r.stderr.splitlines()
+    assert lines[0] == "evaluating m.ebnn: started" and lines[1].startswith("evaluating m.ebnn: 60/60 ("), lines
+    assert re.fullmatch(r"evaluating m\.ebnn: done in \d+\.\d s", lines[-1]) and len(lines) == 3, lines
+
+
+def test_an_interrupted_search_says_how_to_resume(tmp_path, monkeypatch):
+    import edgebnn.search
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(edgebnn.search, "run_search", interrupted)
+    model = ir.save(synthetic_linear(), tmp_path / "m.ebnn")
+    study = tmp_path / "s.study.jsonl"
+    r = CliRunner().invoke(main, ["search", str(model), "--data", str(_arrays(tmp_path)), "--study", str(study)])
+    assert r.exit_code == 130, r.output
+    line = flat(r.stderr)
+    assert f"interrupted: the trials finished so far are kept in the study {study}" in line, line
+    assert f"re-run the same command (with --study {study}) to resume" in line
+    assert "no artifact was written" not in line
