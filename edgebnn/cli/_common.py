@@ -148,35 +148,47 @@ def _status(description: str) -> Iterator[Callable[[str], None]]:
 
 
 class _ProgressLines:
-    """Progress for a log (stderr not a terminal): a start line, a line each time ``done`` passes another tenth of
-    ``total`` (or the total changes: a new phase) or a step is named, and a done line, each with the elapsed time."""
+    """Progress for a log (stderr not a terminal) of a step that runs past :attr:`GRACE_S`: a line when it does,
+    then one each time ``done`` passes another tenth of ``total`` (or the total changes: a new phase) or a step is
+    named, and a done line, each with the elapsed time. A shorter step prints nothing, so a command that fails
+    early still prints its error alone, in one line."""
 
-    STEPS = 10  # lines per phase at most, besides the start and done lines
+    STEPS = 10  # lines per phase at most, besides the first and the done lines
+    GRACE_S = 10.0  # a step shorter than this prints no progress
 
     def __init__(self, description: str) -> None:
         self.description = description
         self.start = time.monotonic()
         self.total: int | None = None
         self.next = 0  # the next tenth of total that prints a line
+        self.printed = False
 
     @classmethod
     @contextlib.contextmanager
     def around(cls, description: str) -> Iterator[_ProgressLines]:
-        """Print the start line, yield, print the done line (not after an error: its own line follows)."""
+        """Yield the lines; the done line after the block where any line was printed (none after an error)."""
         lines = cls(description)
-        lines._print("started")
         yield lines
-        lines._print(f"done in {lines._elapsed()}")
+        if lines.printed:
+            lines._print(f"done in {lines._elapsed()}")
 
     def update(self, done: int, total: int) -> None:
         if total != self.total:
             self.total, self.next = total, 0
         if total > 0 and done * self.STEPS >= self.next * total:
-            self._print(f"{done}/{total} ({self._elapsed()})")
             self.next = done * self.STEPS // total + 1
+            self._line(f"{done}/{total} ({self._elapsed()})")
 
     def say(self, text: str) -> None:
-        self._print(f"{text} ({self._elapsed()})")
+        self._line(f"{text} ({self._elapsed()})")
+
+    def _line(self, text: str) -> None:
+        if not self.printed:
+            if time.monotonic() - self.start < self.GRACE_S:
+                return
+            self.printed = True
+            self._print(f"running for {self._elapsed()}")
+        self._print(text)
 
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self.start:.1f} s"

@@ -223,22 +223,29 @@ def _arrays(tmp_path, n: int = 60):
     return tmp_path / "d.npz"
 
 
-def test_progress_is_lines_on_stderr_when_not_a_terminal(tmp_path):
-    """Under CliRunner (a pipe) the bars are lines on stderr: a start line, one per tenth of a long step (99 null
-    pairs: 10 at most), a done line, each with the elapsed time; stdout keeps only the report."""
+def test_progress_is_lines_on_stderr_when_not_a_terminal(tmp_path, monkeypatch):
+    """Under CliRunner (a pipe) the bars are lines on stderr once a step runs past the grace time (0 here): a
+    'running' line, one per tenth of a long step (99 null pairs: 10), a done line, each with the elapsed time;
+    stdout keeps only the report. Within the grace time (the default 10 s) nothing: an early error stays alone."""
     import re
 
+    from edgebnn.cli._common import _ProgressLines
+
     model = ir.save(synthetic_linear(), tmp_path / "m.ebnn")
-    r = CliRunner().invoke(main, ["compare", str(model), str(model), "--data", str(_arrays(tmp_path))])
+    data = str(_arrays(tmp_path))
+    r = CliRunner().invoke(main, ["eval", str(model), "-S", "2", "--data", data])
+    assert r.exit_code == 0 and r.stderr == "", r.stderr
+    monkeypatch.setattr(_ProgressLines, "GRACE_S", 0.0)
+    r = CliRunner().invoke(main, ["compare", str(model), str(model), "--data", data])
     assert r.exit_code in (0, 3), r.output
     lines = [line for line in r.stderr.splitlines() if line.startswith("comparing: simulated null pairs: ")]
-    assert lines[0].endswith(": started") and re.search(r": done in \d+\.\d s$", lines[-1]), lines
+    assert re.fullmatch(r".*: running for \d+\.\d s", lines[0]) and re.search(r": done in \d+\.\d s$", lines[-1])
     steps = lines[1:-1]
     assert 10 <= len(steps) <= 11 and all(re.search(r": \d+/99 \(\d+\.\d s\)$", s) for s in steps), steps
     assert "comparing" not in r.stdout
-    r = CliRunner().invoke(main, ["eval", str(model), "-S", "2", "--data", str(_arrays(tmp_path))])
+    r = CliRunner().invoke(main, ["eval", str(model), "-S", "2", "--data", data])
     lines = r.stderr.splitlines()
-    assert lines[0] == "evaluating m.ebnn: started" and lines[1].startswith("evaluating m.ebnn: 60/60 ("), lines
+    assert lines[0].startswith("evaluating m.ebnn: running for ") and lines[1].startswith("evaluating m.ebnn: 60/60 ")
     assert re.fullmatch(r"evaluating m\.ebnn: done in \d+\.\d s", lines[-1]) and len(lines) == 3, lines
 
 
