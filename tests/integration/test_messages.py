@@ -225,8 +225,9 @@ def _arrays(tmp_path, n: int = 60):
 
 def test_progress_is_lines_on_stderr_when_not_a_terminal(tmp_path, monkeypatch):
     """Under CliRunner (a pipe) the bars are lines on stderr once a step runs past the grace time (0 here): a
-    'running' line, one per tenth of a long step (99 null pairs: 10), a done line, each with the elapsed time;
-    stdout keeps only the report. Within the grace time (the default 10 s) nothing: an early error stays alone."""
+    'running' line, one per tenth of a long step (99 null pairs: the first, 9 tenths, the last), a done line, each
+    with the elapsed time; stdout keeps only the report. Within the grace time (the default 10 s) nothing: an early
+    error stays alone."""
     import re
 
     from edgebnn.cli._common import _ProgressLines
