@@ -291,7 +291,8 @@ def plot_search_front(data: dict[str, Any], out_png: str | os.PathLike[str]) -> 
     fig = Figure(figsize=(6.8, 4.6), layout="constrained")
     ax = fig.add_subplot()
     if data["trials"]:
-        ax.scatter(*zip(*data["trials"], strict=True), s=18, color="#999", label="trial", zorder=2)
+        tx, ty = zip(*data["trials"], strict=True)
+        ax.scatter(tx, ty, s=18, color="#999", label="trial", zorder=2)
     if data["pareto"]:
         px, py = zip(*data["pareto"], strict=True)
         many = len(data["objectives"]) > 2
@@ -300,10 +301,12 @@ def plot_search_front(data: dict[str, Any], out_png: str | os.PathLike[str]) -> 
         if data["step"]:
             ax.step(px, py, where="post", color="#c33", lw=1, zorder=3)
     if data["best"]:
-        ax.scatter(*zip(*data["best"], strict=True), marker="*", s=220, color="#e90", edgecolor="k", zorder=5,
+        bx, by = data["best"][0]
+        ax.scatter([bx], [by], marker="*", s=220, color="#e90", edgecolor="k", zorder=5,
                    label=data["best_label"])
     if data["baseline"] is not None:
-        ax.scatter(*data["baseline"], marker="s", s=40, color="#36c", label="float BNN", zorder=4)
+        fx, fy = data["baseline"]
+        ax.scatter([fx], [fy], marker="s", s=40, color="#36c", label="float BNN", zorder=4)
     if data["budget_y"] is not None:
         delta = data["budget"][data["y"]]
         ax.axhline(data["budget_y"], ls="--", color="#393", lw=1,

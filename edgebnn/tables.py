@@ -39,8 +39,8 @@ COMPACT_ROWS = 24  # more layers than this: one row per (encoding, bits) group u
 def print_table(console: Console, table: Table) -> None:
     """Print ``table`` so that no word is split: rich narrows the widest column of a table too wide for the console
     below its longest word (``GaussianW``/``eight``); here every column keeps at least its longest word (a ``no_wrap``
-    column its longest line) and the room left makes whole the columns it takes the least room to. A table whose words alone do not
-    fit prints as records instead: per row its first cell, then one ``column  value`` line per other column."""
+    column its longest line) and the room left makes whole the columns it takes the least room to. A table whose
+    words alone do not fit prints as records instead (:func:`_print_records`)."""
     widths = fitted_widths(console, table)
     if widths is None:
         _print_records(console, table)

@@ -114,7 +114,7 @@ def worse_than_chance(ood: dict[str, Any] | None) -> str | None:
     """The warning for an MI-AUROC below 0.5 (the members disagree less on the OOD inputs than on --data), else
     None."""
     auroc = (ood or {}).get("auroc_mutual_info")
-    if auroc is None or auroc >= 0.5:
+    if ood is None or auroc is None or auroc >= 0.5:
         return None
     return (f"MI-AUROC {auroc:.3f} is below 0.5, worse than chance: the ensemble's members disagree less on the OOD "
             f"inputs ({ood['data']}) than on the in-distribution ones, so mutual information would flag the wrong "
