@@ -144,22 +144,7 @@ def plot_evaluation(
     if title:
         fig.suptitle(title, fontsize=10)
     rel, hist = fig.subplots(1, 2)
-    count = np.asarray(reliability["count"])
-    bins = len(count)
-    edges = np.linspace(0, 1, bins + 1)
-    used = count > 0
-    centers = (edges[:-1] + edges[1:]) / 2
-    rel.bar(centers[used], np.asarray(reliability["accuracy"])[used], width=1 / bins, edgecolor="k", lw=0.4,
-            label="accuracy")
-    rel.plot([0, 1], [0, 1], "--", color="0.5", lw=0.8, label="perfect calibration")
-    rel.plot(np.asarray(reliability["confidence"])[used], np.asarray(reliability["accuracy"])[used], "o",
-             ms=3, color="tab:red", label="mean confidence")
-    rel.set_xlim(0, 1)
-    rel.set_ylim(0, 1)
-    rel.set_xlabel("confidence (max mean probability)")
-    rel.set_ylabel("accuracy")
-    rel.set_title(f"reliability diagram ({bins} bins)", fontsize=9)
-    rel.legend(fontsize=7, loc="upper left")
+    _draw_reliability(rel, reliability, "confidence (max mean probability)", "accuracy")
     top = max(float(in_mutual_info.max(initial=0.0)),
               float(ood_mutual_info.max(initial=0.0)) if ood_mutual_info is not None else 0.0)
     hist_bins = np.linspace(0, max(top, 1e-6), 41)
@@ -228,20 +213,56 @@ def plot_segmentation(image: np.ndarray, mask: np.ndarray | None, predicted: np.
                           **({"vmin": lim[0], "vmax": lim[1]} if lim else {}))
         if name.startswith("mutual"):
             fig.colorbar(shown, ax=ax, shrink=0.8)
-    rel = axes[4]
-    count = np.asarray(reliability["count"])
+    _draw_reliability(axes[4], reliability, "per-pixel confidence", "pixel accuracy")
+    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))
+
+
+MIN_BIN_COUNT = 10
+"""Reliability bins with fewer inputs than this are drawn hollow: the accuracy of 1-9 inputs moves by 10% or more
+with one input, and such bins would otherwise dominate the picture."""
+
+
+def reliability_bins(reliability: dict[str, list[float]], min_count: int = MIN_BIN_COUNT) -> dict[str, np.ndarray]:
+    """What the reliability diagram draws, per non-empty bin: ``left`` edge, ``width``, ``count``, ``accuracy``
+    (the bar's height), ``confidence`` (the bin's mean confidence: the dot's x, at the accuracy's y, so a calibrated
+    bin's dot sits on the diagonal) and ``solid`` (at least ``min_count`` inputs; fewer: hollow, with the count).
+
+    Args:
+        reliability: Per confidence bin ``count``, ``confidence`` and ``accuracy`` over equal-width bins of [0, 1]
+            (:meth:`edgebnn.metrics.MetricSums.reliability`).
+        min_count: The fewest inputs a solid bar holds.
+    """
+    count = np.asarray(reliability["count"], dtype=np.float64)
     bins = len(count)
     edges = np.linspace(0, 1, bins + 1)
     used = count > 0
-    rel.bar(((edges[:-1] + edges[1:]) / 2)[used], np.asarray(reliability["accuracy"])[used], width=1 / bins,
-            edgecolor="k", lw=0.4)
-    rel.plot([0, 1], [0, 1], "--", color="0.5", lw=0.8)
-    rel.set_xlim(0, 1)
-    rel.set_ylim(0, 1)
-    rel.set_xlabel("per-pixel confidence")
-    rel.set_ylabel("pixel accuracy")
-    rel.set_title(f"reliability ({bins} bins)", fontsize=9)
-    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=110))
+    return {"left": edges[:-1][used], "width": np.full(int(used.sum()), 1 / bins), "count": count[used].astype(int),
+            "accuracy": np.asarray(reliability["accuracy"], dtype=np.float64)[used],
+            "confidence": np.asarray(reliability["confidence"], dtype=np.float64)[used],
+            "solid": count[used] >= min_count}
+
+
+def _draw_reliability(ax: Any, reliability: dict[str, list[float]], xlabel: str, ylabel: str) -> None:
+    """Bars of accuracy per confidence bin (hollow under :data:`MIN_BIN_COUNT` inputs), each bin's count above
+    it, a dot per bin at (mean confidence, accuracy) and the diagonal of perfect calibration."""
+    b = reliability_bins(reliability)
+    solid = b["solid"]
+    ax.bar(b["left"][solid], b["accuracy"][solid], width=b["width"][solid], align="edge", edgecolor="k", lw=0.4,
+           color="tab:blue", label=f"accuracy, {MIN_BIN_COUNT}+ inputs")
+    ax.bar(b["left"][~solid], b["accuracy"][~solid], width=b["width"][~solid], align="edge", edgecolor="tab:blue",
+           lw=0.6, fill=False, hatch="//", label=f"accuracy, < {MIN_BIN_COUNT} inputs")
+    ax.plot([0, 1], [0, 1], "--", color="0.5", lw=0.8, label="perfect calibration")
+    ax.plot(b["confidence"], b["accuracy"], "o", ms=3, color="tab:red", label="at mean confidence")
+    for left, width, n in zip(b["left"], b["width"], b["count"], strict=True):  # a row of counts over the bars
+        ax.text(left + width / 2, 1.04, str(n), ha="center", va="center", fontsize=6, color="0.25")
+    ax.axhline(1.0, color="0.8", lw=0.5)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.08)
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"reliability diagram ({len(reliability['count'])} bins; the top row: inputs per bin)", fontsize=9)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, 0.95))
 
 
 def _epistemic_hist(hist: Any, inside: np.ndarray, ood: np.ndarray | None, label: str) -> None:
@@ -254,3 +275,63 @@ def _epistemic_hist(hist: Any, inside: np.ndarray, ood: np.ndarray | None, label
     hist.set_ylabel("density")
     hist.set_title("epistemic uncertainty", fontsize=9)
     hist.legend(fontsize=7)
+
+
+def plot_search_front(data: dict[str, Any], out_png: str | os.PathLike[str]) -> Path:
+    """The search's trials on their first two objectives (:func:`edgebnn.search.report.front_data`): every trial in
+    grey, the Pareto set as points (joined by a step line only when the search had two objectives: a set over
+    three is no line in two dimensions), the best trial, the float BNN, and the budget's bound on the y metric as a
+    dashed line. A bytes axis is logarithmic with KiB/MiB labels at powers of 2, the minor ticks unlabelled.
+
+    Returns:
+        The path written.
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.8, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    if data["trials"]:
+        tx, ty = zip(*data["trials"], strict=True)
+        ax.scatter(tx, ty, s=18, color="#999", label="trial", zorder=2)
+    if data["pareto"]:
+        px, py = zip(*data["pareto"], strict=True)
+        many = len(data["objectives"]) > 2
+        label = (f"Pareto set over {', '.join(data['objectives'])}" if many else "Pareto front")
+        ax.scatter(px, py, s=34, color="#c33", label=label, zorder=3)
+        if data["step"]:
+            ax.step(px, py, where="post", color="#c33", lw=1, zorder=3)
+    if data["best"]:
+        bx, by = data["best"][0]
+        ax.scatter([bx], [by], marker="*", s=220, color="#e90", edgecolor="k", zorder=5,
+                   label=data["best_label"])
+    if data["baseline"] is not None:
+        fx, fy = data["baseline"]
+        ax.scatter([fx], [fy], marker="s", s=40, color="#36c", label="float BNN", zorder=4)
+    if data["budget_y"] is not None:
+        delta = data["budget"][data["y"]]
+        ax.axhline(data["budget_y"], ls="--", color="#393", lw=1,
+                   label=f"budget: {data['y']} {delta:+g} vs the float BNN")
+        others = [f"{k} {v:+g}" for k, v in data["budget"].items() if k != data["y"]]
+        if others:
+            ax.plot([], [], " ", label=f"(budget also bounds {', '.join(others)})")
+    if data["log_x"]:
+        bytes_axis(ax)
+    ax.set_xlabel(data["x"])
+    ax.set_ylabel(data["y"])
+    ax.set_title(data["title"], fontsize=10)
+    ax.legend(fontsize=7)
+    return atomic_write(out_png, lambda f: fig.savefig(f, format="png", dpi=120))
+
+
+def bytes_axis(ax: Any) -> None:
+    """A logarithmic x axis of bytes: at most 8 labels, at powers of 2, as KiB/MiB, slanted; minor ticks unlabelled
+    (matplotlib's default labels every decade's minor ticks too, and they overlap)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    from edgebnn.tables import fmt_bytes
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=8))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_bytes(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.tick_params(axis="x", labelrotation=30)

@@ -36,6 +36,69 @@ def fmt_bytes(n: float) -> str:
 COMPACT_ROWS = 24  # more layers than this: one row per (encoding, bits) group unless verbose
 
 
+def print_table(console: Console, table: Table) -> None:
+    """Print ``table`` so that no word is split: rich narrows the widest column of a table too wide for the console
+    below its longest word (``GaussianW``/``eight``); here every column keeps at least its longest word (a ``no_wrap``
+    column its longest line) and the room left makes whole the columns it takes the least room to. A table whose
+    words alone do not fit prints as records instead (:func:`_print_records`)."""
+    widths = fitted_widths(console, table)
+    if widths is None:
+        _print_records(console, table)
+        return
+    for column, width in zip(table.columns, widths, strict=True):
+        if width is not None:
+            column.width = width
+    console.print(table)
+
+
+def fitted_widths(console: Console, table: Table) -> list[int | None] | None:
+    """Content widths that keep every word of ``table`` whole within ``console.width`` (:func:`print_table`):
+    ``[None, ...]`` where it fits as it is, None where it cannot (records)."""
+    texts = [[console.render_str(c).plain if isinstance(c, str) else str(c) for c in (col.header, *col.cells)]
+             for col in table.columns]
+    natural = [max(cell_len(line) for t in col for line in (t.splitlines() or [""])) for col in texts]
+    least = [n if col.no_wrap else max((cell_len(w) for t in texts[i] for w in t.split()), default=1)
+             for i, (col, n) in enumerate(zip(table.columns, natural, strict=True))]
+    least = [max(m, col.min_width or 0) for m, col in zip(least, table.columns, strict=True)]
+    # rich's frame: each column's padding (Table._get_padding_width) and the borders (Table._extra_width)
+    frame = table._extra_width + sum(table._get_padding_width(i) for i in range(len(table.columns)))
+    room = console.width - frame
+    if sum(natural) <= room:
+        return [None] * len(natural)
+    if sum(least) > room:
+        return None
+    widths = list(least)
+    left = room - sum(widths)
+    # the cheapest columns to make whole first (fewest lines wrapped), what is left to the one short the most
+    for i in sorted(range(len(widths)), key=lambda i: natural[i] - widths[i]):
+        if 0 < natural[i] - widths[i] <= left:
+            left -= natural[i] - widths[i]
+            widths[i] = natural[i]
+    short = [n - w for n, w in zip(natural, widths, strict=True)]
+    widths[short.index(max(short))] += min(left, max(short))
+    return list(widths)
+
+
+def _print_records(console: Console, table: Table) -> None:
+    """``table`` one row at a time: its first column's header and cell in bold, then each other column's header and
+    value (indented; empty values left out)."""
+    if table.title:
+        console.print(table.title, highlight=False)
+    columns = table.columns
+    headers = [console.render_str(c.header).plain if isinstance(c.header, str) else str(c.header) for c in columns]
+    for row in zip(*(list(c.cells) for c in columns), strict=True):
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
+        grid.add_row(f"[bold]{escape(headers[0])}[/]", f"[bold]{row[0]}[/]" if isinstance(row[0], str) else row[0])
+        for header, cell in zip(headers[1:], row[1:], strict=True):
+            if str(cell).strip():
+                grid.add_row(f"  {header}", cell)
+        console.print(grid)
+    if table.caption:
+        console.print(table.caption, highlight=False)
+
+
 def _header(console: Console, rows: list[tuple[str, str]]) -> None:
     """A two-column summary: label, value (values wrap; labels never do)."""
     grid = Table.grid(padding=(0, 2))
@@ -115,7 +178,7 @@ def print_lower_report(console: Console, report: dict[str, Any], output: str, *,
             )
     else:
         table = _grouped(layers, [("kind", "encoding"), ("bits", "bits")], sparse)
-    console.print(table)
+    print_table(console, table)
     notes.print(console)
     if not verbose and len(layers) > COMPACT_ROWS:
         console.print(f"{len(layers)} layers grouped by encoding and bits; --verbose lists each layer "
@@ -183,9 +246,9 @@ def print_inspect(console: Console, info: dict[str, Any], *, verbose: bool = Fal
             table.add_row(row["name"], row["encoding"].removesuffix("Weight"), "x".join(map(str, row["shape"])),
                           f"{row['n_weights']:,}", fmt_bytes(row["bytes"]), f"{row['mean_abs_mu']:.4g}",
                           f"{row['mean_sigma']:.4g}")
-        console.print(table)
+        print_table(console, table)
         return
-    console.print(_grouped(weights, [("encoding", "encoding")], sparse=False))
+    print_table(console, _grouped(weights, [("encoding", "encoding")], sparse=False))
     console.print(f"{len(weights)} weights grouped by encoding; --verbose lists each, --json prints everything",
                   highlight=False)
 
@@ -223,7 +286,7 @@ def print_deployed(console: Console, deployed: dict[str, Any], *, title: str = "
         n = int(deployed["breakdown"][key])
         table.add_row(label, f"{n:,}", f"{n / total:.1%}" if total else "-",
                       "" if key == "graph" else str(counts.get(key, "")), what)
-    console.print(table)
+    print_table(console, table)
     noise = deployed.get("noise_inputs") or []
     if deployed.get("self_contained"):
         inputs = "1 (the data): self-contained, runs on the data alone"
@@ -333,7 +396,7 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
     for key, label, b, a in rows:
         limit = f"{limits[key]:+.4f}" if key in limits else ""
         table.add_row(label, f"{b:.4f}", f"{a:.4f}", f"{a - b:+.4f}", *((limit,) if limits else ()))
-    console.print(table)
+    print_table(console, table)
     if budget is None:
         return
     layers = Table(title=f"budget {budget['budget']}: bits per layer "
@@ -346,7 +409,7 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
         sigma = row["options"].get("sigma_bits")
         scheme = row["scheme"] + (f" · σ {sigma} bits" if sigma is not None else "")
         layers.add_row(escape(row["layer"]), scheme, str(row["bits"]), fmt_bytes(row["bytes"]), escape(row["reason"]))
-    console.print(layers)
+    print_table(console, layers)
     for line in [*(f"budget broken: {v}" for v in budget["violations"]), *budget["warnings"]]:
         console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
     if budget["met"]:
@@ -386,17 +449,20 @@ def print_closest(console: Console, closest: dict[str, Any]) -> None:
     _header(console, [(label, escape(value)) for label, value in grid])
 
 
+THROUGHPUT_NOTE = "inf/s (mean): batch / mean ms, the timed runs' throughput; the ratios below compare p50s"
+
+
 def print_profile(console: Console, report: dict[str, Any]) -> None:
     title = f"{report['device']} · {report['runner']} · batch {report['batch']} · S={report['samples']}"
-    table = Table(title=title, title_justify="left")
-    for col in ("graph", "p50 ms", "p90 ms", "p99 ms", "mean ms", "inf/s", "mJ/inf"):
+    table = Table(title=title, title_justify="left", caption=THROUGHPUT_NOTE, caption_justify="left")
+    for col in ("graph", "p50 ms", "p90 ms", "p99 ms", "mean ms", "inf/s (mean)", "mJ/inf"):
         table.add_column(col, justify="left" if col == "graph" else "right")
     for name, r in [("ensemble", report), *report["baselines"].items()]:
         lat = r["latency_ms"]
         energy = r["energy_mj_per_inference"]
         table.add_row(name, f"{lat['p50']:.3f}", f"{lat['p90']:.3f}", f"{lat['p99']:.3f}", f"{lat['mean']:.3f}",
                       f"{r['throughput_per_s']:.1f}", "n/a" if energy is None else f"{energy:.3f}")
-    console.print(table)
+    print_table(console, table)
     if report["energy_mj_per_inference"] is None:
         console.print(f"energy: n/a — {report['energy_reason']}", highlight=False)
     ratios = report["ratios"]

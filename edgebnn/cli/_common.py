@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -120,13 +121,80 @@ SPLIT_HELP = "digits split (default: test); for --data digits only."
 
 @contextlib.contextmanager
 def _progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
-    """A transient rich progress bar on stderr; yields ``update(done, total)``."""
+    """A transient rich progress bar on stderr; yields ``update(done, total)``. Where stderr is not a terminal (a
+    pipe, a log, CI) it prints lines instead (:class:`_ProgressLines`)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    if not err_console.is_terminal:
+        with _ProgressLines.around(description) as lines:
+            yield lines.update
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True, disable=not err_console.is_terminal) as bar:
+                  console=err_console, transient=True) as bar:
         task = bar.add_task(escape(description), total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@contextlib.contextmanager
+def _status(description: str) -> Iterator[Callable[[str], None]]:
+    """A rich spinner on stdout, ``description: text`` after each ``update(text)``; where stdout is not a terminal,
+    one line on stderr per update (:class:`_ProgressLines`)."""
+    if not console.is_terminal:
+        with _ProgressLines.around(description) as lines:
+            yield lines.say
+        return
+    with console.status(escape(description)) as status:
+        yield lambda text: status.update(escape(f"{description}: {text}"))
+
+
+class _ProgressLines:
+    """Progress for a log (stderr not a terminal) of a step that runs past :attr:`GRACE_S`: a line when it does,
+    then one each time ``done`` passes another tenth of ``total`` (or the total changes: a new phase) or a step is
+    named, and a done line, each with the elapsed time. A shorter step prints nothing, so a command that fails
+    early still prints its error alone, in one line."""
+
+    STEPS = 10  # lines per phase at most, besides the first and the done lines
+    GRACE_S = 10.0  # a step shorter than this prints no progress
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.start = time.monotonic()
+        self.total: int | None = None
+        self.next = 0  # the next tenth of total that prints a line
+        self.printed = False
+
+    @classmethod
+    @contextlib.contextmanager
+    def around(cls, description: str) -> Iterator[_ProgressLines]:
+        """Yield the lines; the done line after the block where any line was printed (none after an error)."""
+        lines = cls(description)
+        yield lines
+        if lines.printed:
+            lines._print(f"done in {lines._elapsed()}")
+
+    def update(self, done: int, total: int) -> None:
+        if total != self.total:
+            self.total, self.next = total, 0
+        if total > 0 and done * self.STEPS >= self.next * total:
+            self.next = done * self.STEPS // total + 1
+            self._line(f"{done}/{total} ({self._elapsed()})")
+
+    def say(self, text: str) -> None:
+        self._line(f"{text} ({self._elapsed()})")
+
+    def _line(self, text: str) -> None:
+        if not self.printed:
+            if time.monotonic() - self.start < self.GRACE_S:
+                return
+            self.printed = True
+            self._print(f"running for {self._elapsed()}")
+        self._print(text)
+
+    def _elapsed(self) -> str:
+        return f"{time.monotonic() - self.start:.1f} s"
+
+    def _print(self, text: str) -> None:
+        err_console.print(f"{self.description}: {text}", highlight=False, markup=False, soft_wrap=True)
 
 
 def write_json(path: str | Path | None, report: dict[str, Any], schema: str) -> None:

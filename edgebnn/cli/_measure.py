@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from edgebnn import schemas
@@ -17,17 +18,21 @@ from edgebnn.cli._common import (
     SPLIT_HELP,
     _check_output_dir,
     _progress_bar,
+    _status,
     console,
     main,
     write_json,
 )
 from edgebnn.cli._paths import InputPath, OutputPath
+from edgebnn.data import DIGITS
+from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES
 from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
     eval_columns,
     print_eval,
     print_profile,
+    print_table,
 )
 from edgebnn.targets.base import BASELINE_RUNNERS
 
@@ -52,7 +57,8 @@ def _engine_got_onnx(path: str) -> str:
 
 @main.command(name="eval")
 @click.argument("artifact", type=InputPath())
-@click.option("--data", default="digits", show_default=True, metavar="digits|FILE|DIR", type=DATA, help=DATA_HELP)
+@click.option("--data", default=None, metavar="digits|FILE|DIR", type=DATA,
+              help=DATA_HELP + " Without it: digits, and eval says so (a model of other inputs: give --data).")
 @click.option("--split", type=click.Choice(["train", "val", "test"]), default=None, help=SPLIT_HELP)
 @click.option("--ood-data", default=None, metavar="FILE|DIR", type=DATA,
               help="Out-of-distribution inputs (.npz with x, or a folder of shards; labels ignored): adds AUROC/AUPR "
@@ -77,10 +83,23 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
     for path in (json_out, plot):
         if path:
             _check_output_dir(path)
-    with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
-        report = evaluate_artifact(artifact, data=data, split=split, samples=parse_samples(samples), seed=seed,
-                                   ood_data=ood_data, plot=plot, progress=progress)
+    try:
+        with _progress_bar(f"evaluating {Path(artifact).name}") as progress:
+            report = evaluate_artifact(artifact, data=data or DIGITS, split=split, samples=parse_samples(samples),
+                                       seed=seed, ood_data=ood_data, plot=plot, progress=progress)
+    except InvalidOptionError as e:
+        if data is not None or f", {DIGITS} has " not in str(e):
+            raise
+        raise InvalidOptionError(f"{e}: no --data was given, so eval tried the built-in digits set; give --data "
+                                 "FILE (an .npz with x and y, or a folder of shards) of this model's inputs") from e
     print_eval(console, [report])
+    warning = worse_than_chance(report.get("ood"))
+    if warning:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    if data is None:
+        split_name = split or "test"
+        console.print(f"data: the built-in digits {split_name} split (no --data given; --data FILE evaluates yours)",
+                      highlight=False, soft_wrap=True)
     _print_samples_used(report)
     if report.get("input_range") is None:
         console.print(f"note: {artifact} records no input range (lowered without --eval or --calibrate data), so "
@@ -89,6 +108,17 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
     if plot:
         console.print(f"wrote {plot}")
     write_json(json_out, report, schemas.EVAL)
+
+
+def worse_than_chance(ood: dict[str, Any] | None) -> str | None:
+    """The warning for an MI-AUROC below 0.5 (the members disagree less on the OOD inputs than on --data), else
+    None."""
+    auroc = (ood or {}).get("auroc_mutual_info")
+    if ood is None or auroc is None or auroc >= 0.5:
+        return None
+    return (f"MI-AUROC {auroc:.3f} is below 0.5, worse than chance: the ensemble's members disagree less on the OOD "
+            f"inputs ({ood['data']}) than on the in-distribution ones, so mutual information would flag the wrong "
+            "ones; check that both sets are preprocessed alike, or that these inputs are out of distribution")
 
 
 def _print_samples_used(report: dict[str, Any]) -> None:
@@ -139,7 +169,9 @@ def _print_samples_used(report: dict[str, Any]) -> None:
               help="Mode benchmark JSON (bench/ensemble_latency.py --json) that --mode auto reads on the cpu: the "
                    "fastest mode measured there; without it, auto is what edgebnn export writes by default (see "
                    "--mode).")
-@click.option("--batch", default=1, show_default=True)
+@click.option("--batch", default=1, show_default=True,
+              help="Inputs per timed call (every graph; an engine is built for it): latency is per call, inf/s is "
+                   "batch / mean latency. Anytime ensembles are timed per input (batch 1).")
 @click.option("--runs", type=int, default=None,
               help="Timed runs per graph [200]; an anytime ensemble: rounds of every graph over its inputs [3].")
 @click.option("--warmup", default=20, show_default=True, help="Untimed runs before timing.")
@@ -159,13 +191,13 @@ def profile(artifact: str, device: str, samples: str, data: str | None, ood_data
 
     An anytime ensemble (--samples auto) is timed per input (--runs rounds over --inputs inputs of --data)."""
     wanted = parse_samples(samples)
-    with console.status("profiling") as status:
+    with _status("profiling") as status:
         report = profile_artifact(
             artifact, device=device, samples=wanted if wanted is not None else 16, mode=mode, onnx_path=onnx_path,
             engine=engine, baseline_runner=baseline_runner, bench_results=bench_results, remote=remote,
             remote_edgebnn=remote_edgebnn, batch=batch, runs=runs,
             warmup=warmup, threads=threads, power_meter=power_meter,
-            progress=lambda name: status.update(f"profiling {name}"), data=data, ood_data=ood_data, inputs=inputs,
+            progress=status, data=data, ood_data=ood_data, inputs=inputs,
         )
     if "per_input" in report:
         _print_anytime_profile(report)
@@ -200,7 +232,7 @@ def _print_anytime_profile(report: dict[str, Any]) -> None:
             ms = part["latency_ms"][key]
             table.add_row(label, f"{ms['p50']:.3f}", f"{ms['p90']:.3f}", f"{ms['mean']:.3f}",
                           f"{ms['mean'] / mean:.2f}x")
-        console.print(table)
+        print_table(console, table)
     r = report["per_input"]["in"]["ratios"]
     console.print(f"anytime mean latency (in-distribution): {r['vs_fixed']:.2f}x the fixed S={s} export, "
                   f"{r[f'vs_det_{s}']:.2f}x det-{s}; {r['speedup_vs_float_bnn']:.1f}x faster than the float BNN "
@@ -218,39 +250,71 @@ def _print_anytime_profile(report: dict[str, Any]) -> None:
 @click.option("--ir", "ir_path", type=InputPath(),
               help="The .ebnn both artifacts came from (needed when A and B are both exports).")
 @click.option("--samples", "-S", default=16, show_default=True, help="S for an .ebnn side (reference runtime).")
+@click.option("--calls", default=1, show_default=True,
+              help="Average this many calls of a noise/shared export (each draws afresh; an .ebnn side draws S x "
+                   "calls members): more draws, a smaller detectable difference (about 1/sqrt(calls)); time grows "
+                   "with it. A baked export's S members are one draw whatever the calls.")
+@click.option("--tolerance", type=float, default=None,
+              help="The RMS difference (over examples and classes) of the mean probabilities (regression: the "
+                   "predictive means) that 'same' allows [0.01]: 'same' needs the observed difference and the "
+                   "smallest one the test detects (80% power) within it, else 'cannot tell'.")
 @click.option("--null-runs", default=99, show_default=True, help="Simulated null pairs for the p-value.")
 @click.option("--alpha", default=0.01, show_default=True, help="Call the distributions different when p <= alpha.")
 @click.option("--seed", default=0, show_default=True,
-              help="Sampling seed: A's side uses it, B's seed + 1, the null simulation seeds from seed + 1000.")
+              help="Sampling seed: A's side uses it, B's seed + 1 (an .ebnn side moves off a baked export's own "
+                   "seed), the null simulation seeds from seed + 1000.")
 @click.option("--json", "json_out", type=OutputPath("json"), help="Write the comparison as JSON.")
-def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, null_runs: int,
-            alpha: float, seed: int, json_out: str | None) -> None:
+def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, samples: int, calls: int,
+            tolerance: float | None, null_runs: int, alpha: float, seed: int, json_out: str | None) -> None:
     """Do artifacts A and B give the same predictive distribution (within Monte Carlo error)?
 
     Each side is an .ebnn (run with the reference runtime) or an exported .onnx (any mode). The test
-    simulates its own null distribution from the IR, so it holds for correlated Monte Carlo errors.
-    Exit status 0 when they agree, 1 when they differ.
+    simulates its own null distribution from the IR, so it holds for correlated Monte Carlo errors, and states the
+    smallest difference it could detect: at S = 16 a real difference can hide in the Monte Carlo error.
+    Exit status 0 when they agree (within --tolerance), 1 when they differ, 3 when the test cannot tell.
     """
-    from edgebnn.compare import compare_artifacts
+    from edgebnn.compare import TOLERANCE, compare_artifacts
 
     with _progress_bar("comparing: simulated null pairs") as progress:
-        report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, null_runs=null_runs,
+        report = compare_artifacts(a, b, data, split=split, ir=ir_path, samples=samples, calls=calls,
+                                   tolerance=TOLERANCE if tolerance is None else tolerance, null_runs=null_runs,
                                    alpha=alpha, seed=seed, progress=progress)
     where = f"{report['data']}/{report['split']}" if report["split"] else report["data"]
     table = Table(title=f"{where}: {Path(a).name} vs {Path(b).name}", title_justify="left")
     keys = eval_columns(report)
-    for col in ("artifact", "S", *keys):
+    for col in ("artifact", "S", "draws", *keys):
         table.add_column(col, justify="left" if col == "artifact" else "right")
     for side in (report["a"], report["b"]):
-        table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"),
+        table.add_row(Path(side["artifact"]).name, str(side["samples"] or "analytic"), str(side["draws"] or "-"),
                       *(f"{side[k]:.4f}" for k in keys))
-    console.print(table)
-    verdict = "same predictive distribution" if report["same_distribution"] else "DIFFERENT predictive distributions"
-    console.print(f"{verdict}: T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}, "
-                  f"99th pct {report['null_p99']:.3f}), p = {report['p_value']:.3f}, alpha = {alpha}")
+    print_table(console, table)
+    console.print(compare_verdict(report), highlight=False, soft_wrap=True)
     write_json(json_out, report, schemas.COMPARE)
-    if not report["same_distribution"]:
-        sys.exit(1)
+    if report["verdict"] != "same":
+        sys.exit(1 if report["verdict"] == "different" else 3)
+
+
+def compare_verdict(report: dict[str, Any]) -> str:
+    """The verdict line of ``edgebnn compare``: what the test found and the smallest difference it could see."""
+    what = "predictive means" if report.get("task") == "regression" else "mean probabilities"
+    test = (f"T = {report['statistic']:.3f} (null mean {report['null_mean']:.3f}), p = {report['p_value']:.3f}, "
+            f"alpha = {report['alpha']}")
+    seen = (f"RMS difference of the {what} {report['observed_diff']:.4f}; the test detects "
+            f"{report['detectable_diff']:.4f} with {report['power']:.0%} power")
+    if report["verdict"] == "different":
+        return f"DIFFERENT predictive distributions: {test}; {seen}"
+    if report["verdict"] == "same":
+        return f"same predictive distribution (within {report['tolerance']:g}): {test}; {seen}"
+    if report["detectable_diff"] <= report["tolerance"]:
+        why, more = f"the observed difference exceeds the tolerance {report['tolerance']:g}", ""
+    else:
+        why = f"the test cannot see a difference as small as the tolerance {report['tolerance']:g}"
+        fixed = [Path(s["artifact"]).name for s in (report["a"], report["b"]) if s["samples"] and not s["redraws"]]
+        more = (f"; sample more: --calls {report['calls_needed']} reaches it at the 1/sqrt(draws) rate (fewer may do)"
+                if report["calls_needed"] else
+                f"; more calls cannot get there: a baked export's S members are one draw ({', '.join(fixed)}): "
+                "export it with a larger --samples" if fixed else "")
+    return f"cannot tell (no significant difference, but {why}): {test}; {seen}{more}"
 
 
 # -- demo -------------------------------------------------------------------------------------------------
@@ -260,7 +324,9 @@ def compare(a: str, b: str, data: str, split: str | None, ir_path: str | None, s
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Directory for the weights, IR, ONNX and JSON reports.")
 @click.option("--samples", "-S", default=16, show_default=True, help="Ensemble size S.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True,
+              help="Seeds the digits split, the training, the lowering, the exported members and noise, and the "
+                   "evaluation.")
 @click.option("--runs", default=200, show_default=True, help="Timed runs per graph when profiling.")
 def demo(out_dir: str, samples: int, seed: int, runs: int) -> None:
     """Train a Bayesian CNN on sklearn digits, then lower, export, evaluate and profile it.

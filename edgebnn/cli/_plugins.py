@@ -10,6 +10,7 @@ from rich.table import Table
 from edgebnn.cli._common import console, main, write_json
 from edgebnn.cli._paths import OutputPath
 from edgebnn.schemas import PLUGINS
+from edgebnn.tables import print_table
 
 
 @main.command()
@@ -36,7 +37,7 @@ def plugins(as_json: str | None) -> None:
     for p in loaded:
         what = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in p.registered.items()) or "-"
         table.add_row(p.name, p.module, p.source, what)
-    console.print(table)
+    print_table(console, table)
     fams = Table(title="posterior families", title_justify="left")
     for column in ("family", "encodings", "importers", "draw", "store", "lowerings", "analytic"):
         fams.add_column(column, overflow="fold")
@@ -46,6 +47,6 @@ def plugins(as_json: str | None) -> None:
                      "own" if f["draws"] else "μ + σ ε" if f["gaussian_draws"] else "-",
                      "yes" if f["stores"] else "-", ", ".join(lowerings) or "-",
                      ", ".join(f["analytic"]))
-    console.print(fams)
+    print_table(console, fams)
     console.print(f"tasks: {', '.join(report['tasks'])}", highlight=False)
     write_json(as_json, report, PLUGINS)

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 
 from edgebnn.cli._budget import confidence_option, print_search_certification
 from edgebnn.cli._common import (
     DATA,
     _check_output_dir,
+    _status,
     console,
+    err_console,
     main,
     write_json,
 )
@@ -142,9 +146,15 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
                               seed=seed, population=population, baseline_samples=baseline_samples, runs=runs,
                               warmup=warmup, threads=threads, confidence=confidence)
     runner = make_executor(executor, workers=workers, ray_address=ray_address, device=device)
-    with console.status(f"searching ({runner.describe()})") as status:
-        report = run_search(settings, study_path, runner,
-                            progress=lambda done, total, _r: status.update(f"searching: {done}/{total} trials"))
+    try:
+        with _status(f"searching ({runner.describe()})") as status:
+            report = run_search(settings, study_path, runner,
+                                progress=lambda done, total, _r: status(f"{done}/{total} trials"))
+    except KeyboardInterrupt:
+        err_console.print(f"[bold red]interrupted[/]: the trials finished so far are kept in the study "
+                          f"{escape(study_path)}; re-run the same command (with --study {escape(study_path)}) to "
+                          "resume the search from them", highlight=False, soft_wrap=True)
+        sys.exit(130)
     print_search(console, report)
     print_search_certification(console, report.get("certification"))
     console.print(f"study: {study_path} (re-run the same command to continue it)", highlight=False)

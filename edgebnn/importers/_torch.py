@@ -30,6 +30,7 @@ import onnx
 from edgebnn.errors import (
     EdgeBNNError,
     InvalidOptionError,
+    InvalidWeightsError,
     MissingDependencyError,
     UnsupportedLayerError,
 )
@@ -229,6 +230,7 @@ def import_model(
     if len(shape) < 2 or any(d <= 0 for d in shape):
         raise InvalidOptionError(f"--input-shape {','.join(map(str, shape))}: need batch,dims... of positive ints")
     model = model.eval()
+    _check_finite_parameters(model, where)
     if layers is not None:  # a plain model whose weights are given (deep ensembles, SWAG)
         posteriors, libraries = dict(layers.posteriors), {layers.library}
     else:
@@ -262,10 +264,11 @@ def import_model(
         raise
     except Exception as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        takes = _first_layer_takes(model)
+        takes = _first_layer_takes(model, shape)
+        probe = ",".join(map(str, example.shape))  # the shape torch's message speaks of: batch 2, the rest typed
         raise InvalidOptionError(
-            f"{where}: forward pass on --input-shape {','.join(map(str, shape))} failed: {msg}"
-            + (f"; {takes}" if takes else "")
+            f"{where}: forward pass on --input-shape {','.join(map(str, shape))} failed (probed as a batch of shape "
+            f"{probe}): {msg}" + (f"; {takes}" if takes else "")
         ) from e
     finally:
         for h in hooks:
@@ -324,21 +327,52 @@ def import_model(
     ), where, layers.encodings if layers is not None else {})
 
 
-def _first_layer_takes(model: Any) -> str | None:
-    """What the model's first weighted layer takes, as a hint for a wrong ``--input-shape``: a conv layer its
-    channels and spatial rank, a linear layer its features; None when it has neither."""
+def _check_finite_parameters(model: Any, where: str) -> None:
+    """Refuse a parameter with NaN or infinite values by its state_dict name (``fc1.rho_weight``), before an adapter
+    turns it into an internal σ. Buffers are not checked: an attention mask holds -inf by design."""
+    import torch
+
+    for name, param in model.named_parameters():
+        bad = int((~torch.isfinite(param.detach())).sum()) if param.is_floating_point() else 0
+        if bad:
+            raise InvalidWeightsError(f"{where}: parameter {name} has {bad} NaN or infinite value(s) of "
+                                      f"{param.numel()}; the checkpoint is corrupt or training diverged")
+
+
+def _first_layer_takes(model: Any, shape: tuple[int, ...]) -> str | None:
+    """What the model's first weighted layer takes, as a hint for a wrong ``--input-shape`` ``shape``: a conv layer
+    its channels and spatial rank (from its kernel's dimensions: bayesian-torch gives ``kernel_size`` as one int),
+    with the shape to try built from the sizes the user typed where they fit; a linear layer its features; None when
+    it has neither."""
     for name, m in model.named_modules():
         channels, kernel = getattr(m, "in_channels", None), getattr(m, "kernel_size", None)
         if isinstance(channels, int) and kernel is not None:
-            rank = len(kernel) if isinstance(kernel, (tuple, list)) else 1
-            dims = ",".join(("H", "W") if rank == 2 else ("L",) if rank == 1 else ("D", "H", "W")[-rank:])
-            return (f"its first layer {name} ({type(m).__name__}) takes {channels} channel(s) in {rank}-d: "
-                    f"--input-shape 1,{channels},{dims} (batch first)")
+            rank = _spatial_rank(m, kernel)
+            layer = f"its first layer {name} ({type(m).__name__}) takes {channels} channel(s) in {rank}-d"
+            typed = (shape[2:] if len(shape) == rank + 2 else  # channels wrong: keep the sizes typed
+                     shape[1:] if len(shape) == rank + 1 and shape[1] != channels else None)  # channels left out
+            spatial = typed if typed is not None else ("D", "H", "W")[-rank:] if rank <= 3 else ("...",)
+            want = ",".join(map(str, (1, channels, *spatial)))
+            if want == ",".join(map(str, shape)):  # the shape fits this layer: a later one refused it
+                return f"{layer}, as --input-shape {want} gives it: a later layer refused its size"
+            return f"{layer}: --input-shape {want} (batch, channels, {rank} spatial dims)"
         features = getattr(m, "in_features", None)
         if isinstance(features, int):
             return (f"its first layer {name} ({type(m).__name__}) takes {features} features per example (after "
                     "any flatten in forward)")
     return None
+
+
+def _spatial_rank(layer: Any, kernel: Any) -> int:
+    """The spatial rank of a conv layer: its kernel tensor's dimensions less (out, in), else the ``kernel_size``
+    tuple's length, else the ``Conv<N>d`` in its class name, else 1."""
+    for param in layer.parameters(recurse=False):
+        if param.ndim >= 3:
+            return int(param.ndim) - 2
+    if isinstance(kernel, (tuple, list)):
+        return len(kernel)
+    match = re.search(r"(\d)d", type(layer).__name__, re.IGNORECASE)
+    return int(match.group(1)) if match else 1
 
 
 def _mean_logvar_pair(out: Any) -> bool:

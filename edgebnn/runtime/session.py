@@ -7,6 +7,13 @@ the standard-normal noise inputs on the host (numpy, seedable) so callers never 
     sess = Session("model.onnx", seed=0)
     pred = sess.predict(x)          # pred.probs [B, K], pred.entropy [B], pred.mutual_info [B]
 
+Seeds: a host-noise graph draws from ``numpy.random.default_rng(seed)``; a graph that draws its noise itself
+(``--rng graph``, the CPU default: seeded RandomNormal/RandomUniform(Like) nodes, also inside an anytime export's
+Loop body or If branches) runs a copy whose random ops are reseeded from ``(seed, node index)``
+(:func:`reseed`). onnxruntime seeds each such node from its ``seed`` attribute and a fresh session repeats its
+first draw, so two Sessions with one seed give the same sequence of draws over their ``predict`` calls (with the
+same batch sizes) and another seed gives others.
+
 The answer is the export's task's (:meth:`edgebnn.tasks.Task.predictive` of its graph outputs): a regression
 export gives :class:`edgebnn.metrics.RegressionPredictive` (``mean``, ``variance``, ``aleatoric``, ``epistemic``,
 each [B, D]); a segmentation export per-pixel probs [B, C, *spatial] and maps [B, *spatial].
@@ -18,6 +25,7 @@ its predictive settled (:mod:`edgebnn.stopping`).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,6 +33,7 @@ import onnx
 import onnxruntime as ort
 
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.exporters.anytime import RANDOM_OPS
 from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.ir import check_text
@@ -50,7 +59,12 @@ class Session:
 
     Args:
         source: path, bytes or ``onnx.ModelProto`` written by ``edgebnn export``.
-        seed: seed of the host-side noise for ``noise`` graphs (ignored by other modes).
+        seed: seed of the draws of a ``noise``/``shared`` graph: the host noise's, or (noise drawn in the graph)
+            the random ops' (reseeded from ``(seed, node index)``; module docstring). ``None`` (the default) keeps
+            what the file fixes: the seeds its random ops were written with at export (``export --seed``), so every
+            fresh Session repeats the same draws; host noise is then drawn from seed 0. A non-negative int.
+            ``baked`` and ``analytic`` graphs draw nothing at run time (a baked export's members were drawn at
+            export from its recorded seed): the seed changes nothing there.
         noise_pool: ``noise`` graphs: slice the noise from a pre-drawn pool at a random offset per call
             (:class:`edgebnn.exporters.noise.NoisePool`: i.i.d. within a call, calls share numbers) instead of
             drawing afresh each call (``False``).
@@ -58,11 +72,16 @@ class Session:
         providers: onnxruntime execution providers (default: CPU).
     """
 
-    def __init__(self, source: Source, *, seed: int | None = 0, noise_pool: bool = True,
+    def __init__(self, source: Source, *, seed: int | None = None, noise_pool: bool = True,
                  threads: int = 0, providers: list[str] | None = None) -> None:
         proto, self.meta, self.where = read_export(source)
         if self.meta.is_baseline:
             raise InvalidArtifactError(f"{self.where}: a float baseline graph, not an ensemble")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
+            raise InvalidOptionError(f"{self.where}: seed {seed!r}: give a non-negative integer (or None)")
+        self.seed = seed
+        if seed is not None:
+            proto = reseed(proto, int(seed))
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -77,7 +96,7 @@ class Session:
         self.input_name = self.meta.input_name
         self.input_shape = tuple(self.meta.input_shape[1:])
         self.noise_inputs = [dict(r) for r in self.meta.noise_inputs or ()]
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(0 if seed is None else seed)
         self.task = self.meta.task_spec(self.where)
         self._pool = NoisePool(self.noise_inputs, self.samples, self.rng) if noise_pool and self.noise_inputs else None
 
@@ -152,6 +171,40 @@ class Session:
         if extra:
             raise InvalidOptionError(f"{self.where}: unknown noise inputs {sorted(extra)}")
         return out
+
+
+SEED_RANGE = 2**24
+"""A random op's ``seed`` attribute is a float: float32 holds every integer below this exactly."""
+
+
+def random_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """The random ops of ``graph`` and of its nodes' subgraphs (Loop bodies, If branches), depth first in node
+    order."""
+    for node in graph.node:
+        if node.op_type in RANDOM_OPS and node.domain in ("", "ai.onnx"):
+            yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from random_nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from random_nodes(sub)
+
+
+def reseed(proto: onnx.ModelProto, seed: int) -> onnx.ModelProto:
+    """``proto`` (itself when it has no random op, else a copy) whose k-th of n random ops (:func:`random_nodes`'
+    order) seeds from ``(seed·n + k) mod 2^24``: distinct within a graph, and disjoint between seeds below
+    2^24 / n."""
+    nodes = list(random_nodes(proto.graph))
+    if not nodes:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for k, node in enumerate(random_nodes(out.graph)):
+        for attr in [a for a in node.attribute if a.name == "seed"]:
+            node.attribute.remove(attr)
+        node.attribute.append(onnx.helper.make_attribute("seed", float((seed * len(nodes) + k) % SEED_RANGE)))
+    return out
 
 
 RANGE_MARGIN = 1.0

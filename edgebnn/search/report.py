@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from edgebnn.search.objectives import OBJECTIVES
-from edgebnn.tables import fmt_bytes, times_smaller
+from edgebnn.tables import fmt_bytes, print_table, times_smaller
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -43,7 +43,7 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
                       "-" if t.get("bytes") is None else f"{base['bytes'] / t['bytes']:.1f}",
                       _num(t.get("latency_ms"), ".3f"), _num(m.get("accuracy"), ".4f"), _num(m.get("nll"), ".4f"),
                       _num(m.get("ece"), ".4f") if t["state"] == "complete" else "failed")
-    console.print(table)
+    print_table(console, table)
     console.print("* Pareto front   > best   bytes: the exported ONNX file   ratio: float BNN bytes / bytes",
                   highlight=False)
     for note in notes:
@@ -64,16 +64,12 @@ def _describe(config: dict[str, Any]) -> str:
             f"{' hoist' if config['hoist'] != 'off' else ''}")
 
 
-def plot_front(report: dict[str, Any], path: str | Path) -> Path:
-    """Scatter of the first two objectives (``bytes`` against the first metric when only one is searched):
-    every completed trial, the Pareto front joined by a line, the best trial starred and the float BNN."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from edgebnn._io import atomic_write
-
+def front_data(report: dict[str, Any]) -> dict[str, Any]:
+    """What the search plot draws (:func:`edgebnn.plots.plot_search_front`): the first two objectives as x and y
+    (``bytes`` against the first metric when only one is searched), every completed trial and the Pareto set as
+    points sorted by x, ``step`` (join the Pareto set by a step line: only for a true 2-D front, two objectives),
+    the best trial, the float BNN, and ``budget_y``: the budget's bound on the y metric (the float BNN's value plus
+    the allowed change), None without one."""
     names = [o["name"] for o in report["objectives"]]
     if len(names) > 1:
         x_name, y_name = names[:2]
@@ -81,34 +77,28 @@ def plot_front(report: dict[str, Any], path: str | Path) -> Path:
         x_name, y_name = ("bytes", "nll") if names[0] in ("bytes", "nll") else ("bytes", names[0])
     x_obj, y_obj = OBJECTIVES[x_name], OBJECTIVES[y_name]
 
-    def points(trials: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
-        pts = []
-        for t in trials:
-            x, y = x_obj.value(t), y_obj.value(t)
-            if t["state"] == "complete" and x is not None and y is not None:
-                pts.append((x, y))
-        pts.sort()
-        return [p[0] for p in pts], [p[1] for p in pts]
+    def points(trials: list[dict[str, Any]]) -> list[tuple[float, float]]:
+        pts = [(x_obj.value(t), y_obj.value(t)) for t in trials if t["state"] == "complete"]
+        return sorted((x, y) for x, y in pts if x is not None and y is not None)
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    ax.scatter(*points(report["trials"]), s=18, color="#999", label="trial")
-    px, py = points(report["pareto"])
-    ax.plot(px, py, "o-", color="#c33", ms=5, lw=1, label="Pareto front (all objectives)")
-    if report["best"]:
-        bx, by = points([report["best"]])
-        ax.scatter(bx, by, marker="*", s=220, color="#e90", edgecolor="k", zorder=5,
-                   label="best within budget" if report.get("budget") else "smallest")
     base = {"bytes": report["baseline"]["bytes"], "metrics": report["baseline"]["metrics"]}
-    bx0, by0 = x_obj.value(base), y_obj.value(base)
-    if bx0 is not None and by0 is not None:
-        ax.scatter([bx0], [by0], marker="s", s=40, color="#36c", label="float BNN")
-    if x_name in ("bytes", "artifact_bytes", "ir_bytes"):
-        ax.set_xscale("log")
-    ax.set_xlabel(x_name)
-    ax.set_ylabel(y_name)
-    ax.set_title(f"edgebnn search on {report['settings']['device']}: {len(report['trials'])} trials")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
-    plt.close(fig)
-    return Path(path)
+    baseline = (x_obj.value(base), y_obj.value(base))
+    budget = report.get("budget") or {}
+    y_base = baseline[1]
+    return {
+        "x": x_name, "y": y_name, "objectives": names, "trials": points(report["trials"]),
+        "pareto": points(report["pareto"]), "step": len(names) == 2,
+        "best": points([report["best"]]) if report["best"] else [],
+        "best_label": "best within budget" if budget else "smallest",
+        "baseline": baseline if None not in baseline else None,
+        "budget_y": y_base + budget[y_name] if y_name in budget and y_base is not None else None,
+        "budget": budget, "log_x": x_name in ("bytes", "artifact_bytes", "ir_bytes"),
+        "title": f"edgebnn search on {report['settings']['device']}: {len(report['trials'])} trials",
+    }
+
+
+def plot_front(report: dict[str, Any], path: str | Path) -> Path:
+    """The search's picture (:func:`front_data`, drawn by :func:`edgebnn.plots.plot_search_front`)."""
+    from edgebnn.plots import plot_search_front
+
+    return plot_search_front(front_data(report), path)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import onnx
 
-from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDependencyError
 from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.runtime.session import read_export
 from edgebnn.targets.base import CompileOptions, Executable, Runtimes, Target, onnx_size
@@ -51,7 +51,7 @@ class TensorRTTarget(Target):
         if runtime == "onnxruntime":
             return OrtRunner(proto, provider="cuda", threads=options.threads,
                              where=str(path) if path is not None else None), onnx_size(proto, path)
-        import_tensorrt(self.name)  # fail first, with what to install, before writing or building anything
+        self._tensorrt(building=True)  # fail first, with what to do, before writing or building anything
         from edgebnn.exporters.ensemble import save_onnx
         from edgebnn.exporters.tensorrt import BuildOptions, build_engine
 
@@ -73,7 +73,7 @@ class TensorRTTarget(Target):
         from edgebnn.exporters.tensorrt import read_engine_manifest
 
         read_engine_manifest(artifact, self.name)  # an engine for another device is named as such, TensorRT or not
-        import_tensorrt(self.name)
+        self._tensorrt(building=False)
         meta = _engine_export(artifact, samples)
         runner = TensorRTRunner(artifact, self.name)
         if len(runner.input_names) != 1:
@@ -82,6 +82,20 @@ class TensorRTTarget(Target):
                 f"({', '.join(runner.input_names)}); profile a baked or analytic ensemble on TensorRT"
             )
         return Executable(runner, self.name, meta, artifact.stat().st_size)
+
+    def _tensorrt(self, *, building: bool) -> None:
+        """Import the device's TensorRT, or say what works instead (:meth:`without_tensorrt`)."""
+        try:
+            import_tensorrt(self.name)
+        except MissingDependencyError as e:
+            advice = self.without_tensorrt(building=building)
+            if advice is None:
+                raise
+            raise MissingDependencyError(advice) from e
+
+    def without_tensorrt(self, *, building: bool) -> str | None:
+        """What to do where the device's TensorRT is missing (None: its install line says it)."""
+        return None
 
     def _auto_plan(self) -> dict[str, Runtimes]:
         # float_bnn redraws its weights on every pass: torch CUDA, else onnxruntime CUDA (RandomNormal runs there)
@@ -106,6 +120,20 @@ class JetsonTarget(TensorRTTarget):
     """A Jetson Orin module with TensorRT 10.3 (JetPack 6), DLA cores on NX/AGX; energy from the board's rails."""
 
     kind = "jetson"
+
+    def without_tensorrt(self, *, building: bool) -> str | None:
+        """A Jetson engine is built and run by the board's own TensorRT (JetPack's): no other machine can, so the
+        line gives the board's commands (the dry run's trtexec command, ``--engine``) and ``--remote``."""
+        name = self.name
+        board = (f"edgebnn profile MODEL.ebnn --device {name} --engine model.engine there (with JetPack's tensorrt in "
+                 "its Python: a venv with --system-site-packages), or run this command from here with --remote "
+                 "USER@BOARD")
+        if not building:
+            return f"no TensorRT here to run a {name} engine: it runs on the board: {board}"
+        return (f"no TensorRT here to build a {name} engine, and only the board's own TensorRT (JetPack) builds "
+                f"one: write the build with edgebnn export MODEL.ebnn --target tensorrt --device {name} --dry-run "
+                "-o model.engine, run the trtexec command in model.engine.trtexec.txt on the board, then "
+                f"{board}")
 
 
 def _engine_export(engine: Path, samples: int | None) -> ExportMetadata | None:

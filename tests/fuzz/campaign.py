@@ -66,7 +66,7 @@ class Target:
     argv: Argv
     weight: int = 1
     torch: bool = False
-    codes: tuple[int, ...] = (0, 2)  # compare exits 1 when the two distributions differ (documented)
+    codes: tuple[int, ...] = (0, 2)  # compare exits 1 when the distributions differ, 3 when it cannot tell (documented)
     folder: tuple[str, ...] = ()  # other base files copied beside the mutant (shards)
 
     @property
@@ -91,8 +91,8 @@ TARGETS: list[Target] = [
     Target("ebnn-eval", "model.ebnn", "m.ebnn",
            lambda m, d, b: ["eval", str(m), "-S", "2", "--data", str(b["data.npz"]), "--json", str(d / "e.json")], 2),
     Target("ebnn-compare", "model.ebnn", "m.ebnn",
-           lambda m, d, b: ["compare", str(m), str(b["model.ebnn"]), "-S", "2", "--null-runs", "19",
-                            "--data", str(b["data.npz"])], codes=(0, 1, 2)),
+           lambda m, d, b: ["compare", str(m), str(b["model.ebnn"]), "-S", "2", "--null-runs", "19", "--alpha", "0.05",
+                            "--data", str(b["data.npz"])], codes=(0, 1, 2, 3)),
     Target("ebnn-profile", "model.ebnn", "m.ebnn",
            lambda m, d, b: ["profile", str(m), "-S", "2", "--runs", "2", "--warmup", "0", "--power-meter", "none",
                             "--json", str(d / "p.json")]),
@@ -109,8 +109,8 @@ TARGETS: list[Target] = [
            lambda m, d, b: ["calibrate", str(m), "--data", str(b["data.npz"]), "--method", "minmax",
                             "-o", str(d / "q.onnx")]),
     Target("onnx-compare", "model.onnx", "m.onnx",
-           lambda m, d, b: ["compare", str(m), str(b["model.ebnn"]), "-S", "2", "--null-runs", "19",
-                            "--data", str(b["data.npz"])], codes=(0, 1, 2)),
+           lambda m, d, b: ["compare", str(m), str(b["model.ebnn"]), "-S", "2", "--null-runs", "19", "--alpha", "0.05",
+                            "--data", str(b["data.npz"])], codes=(0, 1, 2, 3)),
     Target("onnx-profile", "model.onnx", "m.onnx",
            lambda m, d, b: ["profile", str(b["model.ebnn"]), "--onnx", str(m), "-S", "2", "--runs", "2",
                             "--warmup", "0", "--power-meter", "none"]),
@@ -124,7 +124,7 @@ TARGETS: list[Target] = [
                             "-o", str(d / "q.onnx")]),
     Target("npz-compare", "data.npz", "d.npz",
            lambda m, d, b: ["compare", str(b["model.ebnn"]), str(b["model.onnx"]), "--null-runs", "19",
-                            "--data", str(m)], codes=(0, 1, 2)),
+                            "--alpha", "0.05", "--data", str(m)], codes=(0, 1, 2, 3)),
     Target("npy-shard-x", "x_000.npy", "shards/x_000.npy",
            lambda m, d, b: ["eval", str(b["model.onnx"]), "--data", str(m.parent)], 2, folder=("y_000.npy",)),
     Target("npy-shard-y", "y_000.npy", "shards/y_000.npy",

@@ -120,7 +120,7 @@ def test_lower_bad_input_is_one_line_exit_2_and_writes_nothing(trained_digits, t
     assert not marker.exists()  # the pickle payload never ran
 
 
-def test_nan_sigma_names_the_layer(trained_digits, tmp_path):
+def test_nan_sigma_names_the_file_and_the_parameter(trained_digits, tmp_path):
     from safetensors.torch import load_file, save_file
 
     state = load_file(str(trained_digits[1]))
@@ -128,7 +128,9 @@ def test_nan_sigma_names_the_layer(trained_digits, tmp_path):
     bad = tmp_path / "nan.safetensors"
     save_file(state, str(bad))
     r = run("lower", "--model", MODEL, "--weights", bad, "--input-shape", "1,1,8,8", "-o", tmp_path / "o.ebnn")
-    assert r.exit_code == 2 and "layer 'fc1'" in r.output and "NaN" in r.output, r.output
+    line = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"({bad}): parameter fc1.weight_rho has 1 NaN or infinite value(s)" in line, line
+    assert "weight_sigma" not in line
 
 
 def test_misshapen_parameter_is_named(trained_digits, tmp_path):

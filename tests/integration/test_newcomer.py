@@ -174,7 +174,8 @@ def test_a_wrong_input_shape_names_the_shape_the_model_takes(tmp_path):
     save_file({k: v.contiguous() for k, v in digits_cnn().state_dict().items()}, str(weights))
     line = one_line_error(run("lower", "--model", "edgebnn.models:digits_cnn", "--weights", weights,
                               "--input-shape", "1,8,8", "-o", tmp_path / "x.ebnn"))
-    assert "takes 1 channel(s) in 2-d: --input-shape 1,1,H,W" in line
+    assert "(probed as a batch of shape 2,8,8)" in line  # the shape torch's message speaks of
+    assert "takes 1 channel(s) in 2-d: --input-shape 1,1,8,8 (batch, channels, 2 spatial dims)" in line
     assert not (tmp_path / "x.ebnn").exists()
     # lowered with data, the model records the inputs' range (digits: pixels / 16 in [0, 1]); a replay keeps it
     good = tmp_path / "good.ebnn"

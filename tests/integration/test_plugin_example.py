@@ -98,7 +98,7 @@ def test_the_cli_takes_the_family_through_its_entry_point(trained):
     assert r.returncode == 0, r.stderr
     assert json.loads((folder / "eval.json").read_text())["accuracy"] > 0.85  # a trained digits MLP: 0.9+ here
     r = edgebnn_cli("compare", "f.ebnn", "f2.onnx", "--data", "digits", cwd=folder)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode in (0, 3) and "DIFFERENT" not in r.stdout, r.stderr  # 3: cannot tell at S = 16, not different
     r = edgebnn_cli("profile", "f.ebnn", "--device", "cpu", "--samples", S, "--runs", 5, "--json", "p.json",
                     cwd=folder)
     assert r.returncode == 0, r.stderr

@@ -103,8 +103,8 @@ def test_remote_connection_failure_is_one_clear_error(fake_ssh, ebnn_with_space)
 
 def test_remote_edgebnn_error_is_quoted_and_cleanup_runs(fake_ssh, ebnn_with_space, tmp_path):
     log = fake_ssh()
-    with pytest.raises(EdgeBNNError, match=r"remote `.* profile` failed \(status 2\): error: TensorRT Python "
-                                           "package not found"):
+    with pytest.raises(EdgeBNNError, match=r"remote `.* profile` failed \(status 2\): error: no TensorRT here to "
+                                           "build a jetson-orin-nano engine"):
         remote.profile_remote("orin", ebnn_with_space, {"device": "jetson", "samples": 2},
                               remote_edgebnn=f"{sys.executable} -m edgebnn")
     calls = [json.loads(line) for line in log.read_text().splitlines()]

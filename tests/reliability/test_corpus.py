@@ -502,7 +502,7 @@ def data_case(case_id: str, arrays: dict[str, Any] | bytes, *needles: str, comma
             np.savez(bad, **arrays, allow_pickle=True)
         model = saved(ctx, digits_shaped())
         if command == "compare":
-            argv = ["compare", str(model), str(model), "--null-runs", "19", "--data", str(bad)]
+            argv = ["compare", str(model), str(model), "--null-runs", "19", "--alpha", "0.05", "--data", str(bad)]
         else:
             data = ["--data", "digits", "--ood-data", str(bad)] if option == "--ood-data" else ["--data", str(bad)]
             argv = ["eval", str(model), "-S", "2", *data, "--json", str(ctx.tmp / "e.json"),
@@ -708,14 +708,14 @@ def lower_argv(ctx: Ctx, weights: Path | str, *extra: str, model: str = "edgebnn
 
 
 def weights_case(case_id: str, make: Callable[[Ctx, Path], None], *needles: str, name: str = "w.pt",
-                 marker: bool = False, names_file: bool = True) -> None:
-    """``make(ctx, path)`` writes the weights file. A well-formed file with bad values names the layer, not the
-    file (``names_file=False``)."""
+                 marker: bool = False) -> None:
+    """``make(ctx, path)`` writes the weights file; the line names it (and, for bad values, the parameter by its
+    state_dict key)."""
 
     def build(ctx: Ctx) -> Bad:
         path = ctx.tmp / name
         make(ctx, path)
-        return Bad(lower_argv(ctx, path), (*([str(path)] if names_file else []), *needles),
+        return Bad(lower_argv(ctx, path), (str(path), *needles),
                    ctx.tmp / "PWNED" if marker else None)
 
     CASES.append(Case(case_id, build, torch=True))
@@ -832,9 +832,8 @@ weights_case("weights-pickle-payload-raw",
              "weights_only load", name="w.pth", marker=True)
 weights_case("weights-not-a-state-dict", lambda ctx, p: torch_save([1, 2, 3], p),
              "expected a state_dict of tensors, got list")
-weights_case("weights-nan-rho", nan_rho, "layer 'conv1'", "weight_sigma has NaN or inf values", names_file=False)
-weights_case("weights-inf-mu", inf_mu, "layer 'fc1'", "weight_mu has NaN or inf values", name="w.safetensors",
-             names_file=False)
+weights_case("weights-nan-rho", nan_rho, "parameter conv1.weight_rho has 1 NaN or infinite value(s)")
+weights_case("weights-inf-mu", inf_mu, "parameter fc1.weight_mu has 1 NaN or infinite value(s)", name="w.safetensors")
 weights_case("weights-missing-key", missing_key, "does not match the model: missing fc2.bias_rho")
 
 

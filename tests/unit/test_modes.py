@@ -17,6 +17,7 @@ from edgebnn.runtime import Session
 from edgebnn.runtime.reference import sample_logits
 
 REF_SAMPLES = 4096
+RANDOM = ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,67 @@ def test_noise_session_is_seedable(x):
     a, b, c = (Session(proto, seed=s).predict(x).probs for s in (1, 1, 2))
     np.testing.assert_array_equal(a, b)
     assert not np.allclose(a, c)
+
+
+def _draws(proto, seed, x, calls=3):
+    """``calls`` successive predictions of one fresh Session with ``seed``."""
+    sess = Session(proto, seed=seed)
+    return np.stack([sess.predict(x).probs for _ in range(calls)])
+
+
+def _graph_noise_exports():
+    """In-graph-noise exports: a fixed one, an anytime Loop (one body drawing per iteration) and an anytime If chain
+    (mixed noise: each chunk's copy of the random ops)."""
+    from edgebnn.stopping import StoppingRule
+
+    model = synthetic_cnn(sigma=0.3)
+    off = StoppingRule(epsilon=0)
+    loop = export_model(model, ExportConfig(rule=off, mode="noise", rng="graph", device="cpu")).proto
+    chain = export_model(model, ExportConfig(rule=off, mode="noise", rng="graph", noise="mixed", device="cpu")).proto
+    fixed = export_model(model, ExportConfig(8, mode="noise", rng="graph", device="cpu")).proto
+    return {"fixed": fixed, "anytime-loop": loop, "anytime-if": chain}
+
+
+@pytest.mark.parametrize("kind", ["fixed", "anytime-loop", "anytime-if"])
+def test_graph_noise_session_is_seedable(x, kind):
+    """``Session(seed=s)`` reseeds the in-graph random ops (Loop bodies and If branches too): seed 0 twice gives the
+    same draws over several calls, seed 1 others; no seed keeps the export's own seeds, as before."""
+    from edgebnn.runtime.session import random_nodes
+
+    proto = _graph_noise_exports()[kind]
+    found, top = len(list(random_nodes(proto.graph))), len([n for n in proto.graph.node if n.op_type in RANDOM])
+    assert found >= 2 and (found > top) == (kind != "fixed")  # anytime: random ops inside a Loop body / If branches
+    first, again, other = _draws(proto, 0, x), _draws(proto, 0, x), _draws(proto, 1, x)
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first[1:] - first[:1]).max() > 1e-3  # successive calls draw afresh
+    # each seed-1 call differs from the seed-0 call at its position: a probability of an S >= 4 ensemble of a
+    # sigma = 0.3 net moves by far more than float round-off when its noise changes
+    assert (np.abs(first - other).max(axis=(1, 2)) > 1e-3).all()
+    np.testing.assert_array_equal(_draws(proto, None, x), _draws(proto, None, x))
+    plain = ort_probs(proto, x, 3)  # the file as written: what Session() ran before seeds were honoured
+    np.testing.assert_allclose(_draws(proto, None, x), plain, atol=1e-6, rtol=0)
+
+
+def ort_probs(proto, x, calls):
+    """``calls`` successive probs of one onnxruntime session of the file as written."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.stack([sess.run(["probs"], {"input": x})[0] for _ in range(calls)])
+
+
+def test_session_seed_is_checked_and_host_noise_is_unchanged(x):
+    """A seed is a non-negative int (one line naming the file); host noise still draws numpy's default_rng(seed),
+    and no seed draws what seed 0 draws."""
+    proto = export_model(synthetic_cnn(), ExportConfig(8, mode="noise", rng="host")).proto
+    for bad in (-1, 1.5, "0"):
+        with pytest.raises(InvalidOptionError, match="<model>: seed") as e:
+            Session(proto, seed=bad)
+        assert "\n" not in str(e.value)
+    sess = Session(proto, seed=4, noise_pool=False)
+    noise = fill_noise(sess.noise_inputs, len(x), 8, np.random.default_rng(4))
+    np.testing.assert_array_equal(sess.predict(x).probs, Session(proto).predict(x, noise=noise).probs)
+    np.testing.assert_array_equal(Session(proto).predict(x).probs, Session(proto, seed=0).predict(x).probs)
 
 
 def test_noise_graph_has_no_random_ops_and_declares_its_inputs():

@@ -308,6 +308,30 @@ def test_tensorrt_runner_batch_outside_the_engine_profile(tmp_path, trt_env):
         dynamic.run(np.zeros((5, 8), np.float32))
 
 
+def test_profile_on_a_jetson_without_tensorrt_says_what_works(tmp_path, monkeypatch):
+    """No machine but the board builds or runs a Jetson engine: the line gives the dry run's trtexec command, then
+    profile --engine on the board, or --remote; never an x86 pip install."""
+    from click.testing import CliRunner
+
+    from edgebnn import ir
+    from edgebnn.cli import main
+    from edgebnn.targets import get_target
+
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
+    ir.save(synthetic_cnn(), tmp_path / "m.ebnn")
+    ran = CliRunner().invoke(main, ["profile", str(tmp_path / "m.ebnn"), "--device", "jetson-orin-nano", "--runs", "2"])
+    line = " ".join(ran.output.split())
+    assert ran.exit_code == 2 and line.startswith("error: no TensorRT here to build a jetson-orin-nano engine"), line
+    for needed in ("--dry-run -o model.engine", "model.engine.trtexec.txt on the board",
+                   "--device jetson-orin-nano --engine model.engine there", "--remote USER@BOARD"):
+        assert needed in line, (needed, line)
+    assert "x86" not in line and "pip install" not in line
+    with pytest.raises(MissingDependencyError, match=r"^no TensorRT here to run a jetson-orin-nano engine: it runs on "
+                                                     r"the board: edgebnn profile MODEL.ebnn --device jetson-orin-nano "
+                                                     r"--engine model.engine there .*--remote USER@BOARD$"):
+        get_target("jetson").load(write_engine(tmp_path))
+
+
 def test_tensorrt_runner_without_tensorrt(tmp_path, monkeypatch):
     engine = write_engine(tmp_path)
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt raises ImportError
