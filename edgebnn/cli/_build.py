@@ -290,7 +290,7 @@ def _describe_onnx(path: str) -> dict[str, Any]:
                                       "weight for Conv + local for Gemm (auto; exact and small; with --rng graph "
                                       "Flipout on large Conv weights), one draw per call shared by the samples "
                                       "with per-sample signs + local for Gemm (flipout), or local for Gemm + baked "
-                                      "members for Conv (mixed).")
+                                      "members for Conv (mixed; a family's own draw stays in the graph).")
 @click.option("--weights", "weight_format", type=click.Choice(STORE_CHOICES), default="ir",
               show_default=True,
               help="How every weight tensor the graph stores is written, in every mode. ir: the IR's own codes "

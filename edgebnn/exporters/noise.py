@@ -52,10 +52,14 @@ weights of at least :data:`FLIPOUT_MIN_WEIGHTS` numbers, independent draws below
 draws (the pool makes numbers nearly free). With host noise Flipout's per-call ε is an input of S rows of
 ceil(n / S) numbers, its first n read.
 
-``mixed``: ``local`` where it is exact and the weight is Gaussian (Gemm), the baked members elsewhere (Conv: S
-kernels drawn at export from the seeded streams of ``baked``, stored as constants in the batched form). Exact
-sampling with the least run-time noise: the host draws only the Gemm pre-activations' B·S rows, and the kernels
-cost what ``baked`` costs (on LeNet-5, S=16, batch 1: 3.4k numbers per call instead of 44.6k, docs/speed.md).
+``mixed``: ``local`` where it is exact and the weight is a mean-field Gaussian (Gemm), the baked members
+where such a weight is shared across positions (Conv: S kernels drawn at export from the seeded streams of
+``baked``, stored as constants in the batched form). Exact sampling with the least run-time noise: the host draws
+only the Gemm pre-activations' B·S rows, and the kernels cost what ``baked`` costs (on LeNet-5, S=16, batch 1: 3.4k
+numbers per call instead of 44.6k, docs/speed.md). A weight its family draws (:attr:`Family.draws
+<edgebnn.family.Family.draws>`: a dropout mask, a codebook, SWAG, Laplace, a plug-in family; and a correlated
+Gaussian) is drawn in the graph from its own noise, as ``weight`` draws it, never baked; a weight that is neither
+Gaussian nor drawable is refused in one line naming its family, as every variant refuses it.
 
 ``shared`` (stochastic weight sharing, 2DGBNN): a codebook layer (:mod:`edgebnn.families.codebook`) takes K
 standard-normal numbers per sample, ``c = m + s ⊙ ε`` [S, K], and its weights gather their entry,
@@ -104,8 +108,7 @@ def export_noise(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
     variant, samples, rng = spec.noise, spec.samples, spec.rng
     b = Builder(fmt=ExportFormat(weights=spec.weights, runtimes=spec.runtimes))
     noise = _NoiseLayers(model, spec, b)
-    if variant != "mixed":  # mixed bakes whatever it does not run locally
-        _check_drawable(model, list(noise.encoded.values()), variant)
+    _check_drawable(model, list(noise.encoded.values()), variant)
     base, layers = rewrite_sampled_layers(model, samples, noise.rewrite(), b, spec.hoist,
                                           takes_shared=noise.draws_weights, progress=spec.progress)
     mode = "shared" if variant == "shared" else "noise"
@@ -259,12 +262,28 @@ class _NoiseLayers:
 
     def mixed(self, b: Builder, node: onnx.NodeProto, kind: LayerKind, w: EncodedWeight,
               shapes: dict[str, list[int]], wide: bool) -> None:
-        (self.local if kind.LOCAL_EXACT and w.encoding.GAUSSIAN else self.baked)(b, node, kind, w, shapes, wide)
+        """``local`` for a mean-field Gaussian Gemm, baked members for a mean-field Gaussian shared across
+        positions; anything else its family's own draw in the graph (``weight``)."""
+        if not mean_field(w):
+            self.weight(b, node, kind, w, shapes, wide)
+        else:
+            (self.local if kind.LOCAL_EXACT else self.baked)(b, node, kind, w, shapes, wide)
 
     def draws_weights(self, kind: LayerKind, w: EncodedWeight) -> bool:
         """Whether the layer has S weight sets (the batched op, which takes an input shared by every sample)."""
         variant = self.variant
+        if variant == "mixed":
+            return not (mean_field(w) and kind.LOCAL_EXACT)
         return variant == "weight" or not (w.encoding.GAUSSIAN and (kind.LOCAL_EXACT or variant == "local"))
+
+
+def mean_field(w: EncodedWeight) -> bool:
+    """Whether ``w`` is drawn ``mean + stddev ⊙ ε`` weight by weight, independently (Gaussian, not correlated, no
+    draw of its family's own): what ``local`` propagates exactly and ``mixed`` may bake."""
+    enc = w.encoding
+    family = family_of(enc.op_type)
+    return (enc.GAUSSIAN and not enc.CORRELATED
+            and (family is None or enc.op_type not in family.draws))
 
 
 def flips(w: EncodedWeight) -> bool:
@@ -290,9 +309,15 @@ def _check_drawable(model: BNNModel, weights: list[EncodedWeight], variant: str)
         if not (w.encoding.GAUSSIAN or draw_emitter(w.encoding) is not None):
             family = family_of(w.encoding.op_type)
             analytic = family is not None and family.analytic_for(w.encoding).kind != "refused"
+            instead = f"use --mode baked{', or analytic' if analytic else ''}"
+            if variant == "mixed":  # it bakes only mean-field Gaussian kernels: never a family's weight in silence
+                raise InvalidOptionError(
+                    f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --noise mixed cannot draw in "
+                    f"the graph (the {family.name if family else 'unregistered'} family declares no draw for it, "
+                    f"Family.draws): {instead}")
             raise InvalidOptionError(
                 f"{model.where}: layer {w.layer!r} is {w.encoding.op_type}, which --mode noise cannot draw (its "
-                f"family has no in-graph draw): use --mode baked{', or analytic' if analytic else ''}")
+                f"family has no in-graph draw): {instead}")
 
 
 def fill_noise(noise_inputs: list[dict], batch: int, samples: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -114,22 +114,25 @@ def test_the_api_takes_it_and_every_mode_is_the_familys_own_draw(trained, digits
     baked = edgebnn.Session(edgebnn.export(ir, tmp_path / "b.onnx", samples=S, mode="baked", seed=3))
     np.testing.assert_allclose(baked.predict(x).probs, predict(ir, x, S, seed=3).probs, atol=ROUNDOFF)
 
-    session = edgebnn.Session(edgebnn.export(ir, tmp_path / "n.onnx", samples=S, mode="noise", rng="host"))
-    rng = np.random.default_rng(0)
-    noise = {rec["name"]: rng.standard_normal((S, *rec["shape"][1:])).astype(np.float32)
-             for rec in session.noise_inputs}
-    logits = x
-    for i, name in enumerate(("1", "3")):  # the two row-noise layers, ReLU between
-        enc = ir.encoded_weight(f"{name}.weight").encoding
-        assert isinstance(enc, RowNoiseWeight)
-        w = enc.mean()[None] * (1 + enc.s * noise[f"noise/{name}.weight.row"])[:, :, None]  # [S, out, in]
-        bias = dict(net.named_parameters())[f"{name}.bias"].detach().numpy()
-        logits = (np.einsum("bi,soi->bso", logits, w) if i == 0 else np.einsum("bsi,soi->bso", logits, w)) + bias
-        if i == 0:
-            logits = np.maximum(logits, 0)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    np.testing.assert_allclose(session.predict(x, noise=noise).probs, (p / p.sum(-1, keepdims=True)).mean(1),
-                               atol=ROUNDOFF)
+    for variant in ("auto", "mixed"):  # mixed draws the family's own noise in the graph too, never bakes it
+        session = edgebnn.Session(edgebnn.export(ir, tmp_path / f"n-{variant}.onnx", samples=S, mode="noise",
+                                                 noise=variant, rng="host"))
+        assert sorted(rec["name"] for rec in session.noise_inputs) == ["noise/1.weight.row", "noise/3.weight.row"]
+        rng = np.random.default_rng(0)
+        noise = {rec["name"]: rng.standard_normal((S, *rec["shape"][1:])).astype(np.float32)
+                 for rec in session.noise_inputs}
+        logits = x
+        for i, name in enumerate(("1", "3")):  # the two row-noise layers, ReLU between
+            enc = ir.encoded_weight(f"{name}.weight").encoding
+            assert isinstance(enc, RowNoiseWeight)
+            w = enc.mean()[None] * (1 + enc.s * noise[f"noise/{name}.weight.row"])[:, :, None]  # [S, out, in]
+            bias = dict(net.named_parameters())[f"{name}.bias"].detach().numpy()
+            logits = (np.einsum("bi,soi->bso", logits, w) if i == 0 else np.einsum("bsi,soi->bso", logits, w)) + bias
+            if i == 0:
+                logits = np.maximum(logits, 0)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        np.testing.assert_allclose(session.predict(x, noise=noise).probs, (p / p.sum(-1, keepdims=True)).mean(1),
+                                   atol=ROUNDOFF)
 
 
 def test_a_plugin_that_fails_to_load_is_one_line_naming_its_entry_point(tmp_path):

@@ -213,9 +213,10 @@ def test_analytic_states_its_approximation():
 
 def test_every_noise_variant_draws_it_whole():
     """Not Gaussian weight by weight, so ``local`` and ``auto`` draw it with its own draw (one r and s per sample),
-    as ``weight`` does, where they run the Gaussian fc2 on its moments (one ε per row of B·S)."""
+    as ``weight`` does, where they run the Gaussian fc2 on its moments (one ε per row of B·S); ``mixed`` too: it
+    bakes only mean-field Gaussian kernels, never a family's weight."""
     ir = _model()
-    for variant in ("local", "auto", "weight"):
+    for variant in ("local", "auto", "weight", "mixed"):
         records = {r["name"]: r for r in read_metadata(export_model(ir, ExportConfig(4, mode="noise", noise=variant,
                                                                                      rng="host")).proto, "m")
                    .noise_inputs or ()}
@@ -272,6 +273,18 @@ def _undrawn() -> BNNModel:
     assert isinstance(rank1, Rank1GaussianWeight)
     ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Undrawn(rank1.m, rank1.r_sigma, rank1.s_sigma))
     return ir
+
+
+def test_mixed_noise_refuses_a_family_it_cannot_draw_naming_it():
+    """``--noise mixed`` on a family with no draw: one line naming the layer, the encoding and the family (it
+    never bakes the weight while the file says ``noise``)."""
+    from edgebnn.errors import InvalidOptionError
+
+    with pytest.raises(InvalidOptionError) as e:
+        export_model(_undrawn(), ExportConfig(4, mode="noise", noise="mixed", rng="host"))
+    assert ("layer 'fc1' is Rank1UndrawnWeight, which --noise mixed cannot draw in the graph (the rank1-undrawn "
+            "family declares no draw for it, Family.draws): use --mode baked, or analytic") in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_float_keeps_a_family_that_declares_other_lowerings_and_others_are_refused():
