@@ -20,7 +20,9 @@ only the names below (``__all__``), the public interface:
   may read a weight's mean, σ or variance as its store decodes them with :func:`decode`; a store subclasses
   :class:`Store` and may use the shared decode pieces :func:`unpack_codes`, :func:`scaled`, :func:`table_lookup`,
   :func:`reshape_to`;
-- a lowering ``(pass_, weight, rng) -> LayerOutcome`` returns a :class:`LayerOutcome`; :func:`kept` keeps a weight.
+- a lowering ``(pass_, weight, rng) -> LayerOutcome`` returns a :class:`LayerOutcome`; :func:`kept` keeps a weight;
+  :class:`Lowering` wraps one to declare the scheme settings it honours (``bits``, ``grams``: ``--bits N``,
+  ``--calibrate``; a lowering asked for one it does not declare is refused in one line).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from edgebnn.importers.base import LayerPosterior
 from edgebnn.ir import make_encoding_node
 from edgebnn.ir.encodings import Encoding, Grid, JointGroup, NoiseNeed
 from edgebnn.ir.encodings.base import check_finite, check_shape
-from edgebnn.passes.base import LayerOutcome, kept
+from edgebnn.passes.base import LayerOutcome, Lowering, kept
 
 
 class GraphBuilder(Protocol):
@@ -68,6 +70,7 @@ __all__ = [
     "JointGroup",
     "LayerOutcome",
     "LayerPosterior",
+    "Lowering",
     "NoiseNeed",
     "Store",
     "check_finite",

@@ -45,7 +45,7 @@ from edgebnn.family import Analytic, ExportRequest, Family, register_family
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import Encoding, Grid, MemberSet, MemberSetFixedWeight, MemberSetWeight
 from edgebnn.ir.encodings.packing import MAX_BITS, packed_nbytes
-from edgebnn.passes.base import LayerOutcome, LayerPass, kept, sum_sq_diff
+from edgebnn.passes.base import LayerOutcome, LayerPass, Lowering, kept, sum_sq_diff
 from edgebnn.passes.fixed import FixedConfig, best_step, fit_sample, hw_dtype
 
 MEMBER_FRACTION = 0.01
@@ -136,7 +136,7 @@ def exact_exports(req: ExportRequest) -> str | None:
 FAMILY = register_family(Family(
     "ensemble", (MemberSetWeight, MemberSetFixedWeight), "deep ensemble: M member weight sets, sample s = member s",
     stores={"MemberSetFixedWeight": MemberSetFixedStore()},
-    lowerings={"MemberSetWeight": {"float": kept(), "fixed": fixed_members},
+    lowerings={"MemberSetWeight": {"float": kept(), "fixed": Lowering(fixed_members, {"bits"})},
                "MemberSetFixedWeight": {"float": kept(), "fixed": kept("already fixed point: kept")}},
     analytic=Analytic("refused", "would propagate the members' mean and variance (a Gaussian), not the ensemble; "
                                  "export a deep ensemble with --mode baked"),

@@ -44,7 +44,7 @@ from edgebnn.ir.encodings import (
     RowCode,
     SigmaCode,
 )
-from edgebnn.passes.base import LayerOutcome, LayerPass, kept
+from edgebnn.passes.base import LayerOutcome, LayerPass, Lowering, kept
 from edgebnn.passes.fixed import whitened_mean
 
 KRON_SCALE_BITS = 6
@@ -182,9 +182,9 @@ FAMILY = register_family(Family(
     draws={"KronGaussianWeight": kron_draw, "KronFixedWeight": kron_draw,
            "DenseGaussianWeight": dense_draw, "DenseFixedWeight": dense_draw},
     stores={"KronFixedWeight": KronFixedStore(), "DenseFixedWeight": DenseFixedStore()},
-    lowerings={"KronGaussianWeight": {"float": kept(), "fixed": fixed_kron},
+    lowerings={"KronGaussianWeight": {"float": kept(), "fixed": Lowering(fixed_kron, {"bits"})},
                "KronFixedWeight": {"float": kept(), "fixed": kept("already fixed point: kept")},
-               "DenseGaussianWeight": {"float": kept(), "fixed": fixed_dense},
+               "DenseGaussianWeight": {"float": kept(), "fixed": Lowering(fixed_dense, {"bits"})},
                "DenseFixedWeight": {"float": kept(), "fixed": kept("already fixed point: kept")}},
     analytic=lambda enc: KRON_ANALYTIC if isinstance(enc, KronGaussianWeight) else DENSE_ANALYTIC,
     factors=requant_factor, label="Laplace posterior",

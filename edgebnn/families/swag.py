@@ -28,7 +28,7 @@ from edgebnn.family import Analytic, ExportRequest, Family, register_family
 from edgebnn.ir import EncodedWeight
 from edgebnn.ir.encodings import Encoding, LowRankFixedWeight, LowRankGaussianWeight, RowCode, SigmaCode
 from edgebnn.ir.encodings.lowrank import Z2_SUFFIX
-from edgebnn.passes.base import LayerOutcome, LayerPass, kept
+from edgebnn.passes.base import LayerOutcome, LayerPass, Lowering, kept
 from edgebnn.passes.fixed import family_sigma_bits, fixed_mean
 
 
@@ -101,7 +101,7 @@ FAMILY = register_family(Family(
     "swag", (LowRankGaussianWeight, LowRankFixedWeight), "SWAG: low-rank plus diagonal Gaussian, one z2 per sample",
     draws={"LowRankGaussianWeight": lowrank_draw, "LowRankFixedWeight": lowrank_draw},
     stores={"LowRankFixedWeight": LowRankFixedStore()},
-    lowerings={"LowRankGaussianWeight": {"float": kept(), "fixed": fixed_lowrank},
+    lowerings={"LowRankGaussianWeight": {"float": kept(), "fixed": Lowering(fixed_lowrank, {"bits"})},
                "LowRankFixedWeight": {"float": kept(), "fixed": kept("already fixed point: kept")}},
     analytic=Analytic("refused", "would treat the layers as independent, dropping SWAG's low-rank correlation; "
                                  "export SWAG with --mode baked or --mode noise --noise weight"),

@@ -276,6 +276,7 @@ class LayerPass(Pass):
                     raise InvalidOptionError(
                         f"layer {weight.layer!r} is a {weight.encoding.op_type}, which {self.name} cannot lower; "
                         f"use --scheme {' or '.join(sorted({*family, 'float'}))}")
+                self.check_honoured(lowering, weight)
                 lowered = lowering(self, weight, np.random.default_rng([seed, i]))
                 if lowered.encoding is not weight.encoding:
                     model.replace_encoding(weight, lowered.encoding)
@@ -300,8 +301,69 @@ class LayerPass(Pass):
         return rows, modified
 
 
+    def check_honoured(self, lowering: FamilyLowering, weight: EncodedWeight) -> None:
+        """Refuse (one line) a setting of this pass that asks something of ``weight`` its family's ``lowering``
+        does not declare it honours (:class:`Lowering`): a forced ``bits``, calibration ``grams`` for it."""
+        asked = asks_of(self.config, weight.name)
+        unmet = [s for s in asked if s not in honours(lowering)]
+        if unmet:
+            family = family_of(weight.encoding.op_type)
+            what = " and ".join(asked[s] for s in unmet)
+            raise InvalidOptionError(
+                f"layer {weight.layer!r} is a {weight.encoding.op_type}, whose {self.name} lowering (the "
+                f"{family.name if family else 'unregistered'} family's) cannot honour {what}: it declares "
+                f"honours={sorted(honours(lowering))} (edgebnn.families.Lowering); drop "
+                f"{' and '.join(OPTION_OF[s] for s in unmet)}")
+
+
 # a posterior family's lowering of one of its encodings (edgebnn.families: Family.lowerings)
 FamilyLowering = Callable[[LayerPass, EncodedWeight, np.random.Generator], LayerOutcome]
+# the per-weight settings of a scheme a family's lowering may honour (Lowering.honours), and their options
+OPTION_OF = {"bits": "--bits", "grams": "--calibrate"}
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """A family's lowering of one encoding under one scheme (an entry of :attr:`Family.lowerings
+    <edgebnn.family.Family.lowerings>`) and the settings of the scheme it honours, beyond those every lowering
+    reads from ``pass_.config`` as it likes (``noise_fraction``, ``sigma_bits``, ``clip``):
+
+    - ``"bits"``: a forced width (``--bits N``, ``config.bits`` not None) sets the width of what it codes;
+    - ``"grams"``: calibration's input second moments (``--calibrate``, ``config.grams[weight.name]``) steer its
+      rounding.
+
+    A plain function in the table honours neither: a lowering asked for one it does not honour is refused in one
+    line (never silently ignored while the manifest records the setting). Called as the function it wraps.
+    """
+
+    lower: FamilyLowering
+    honours: Collection[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "honours", frozenset(self.honours))
+        stray = sorted(set(self.honours) - set(OPTION_OF))
+        if stray:
+            raise ValueError(f"Lowering honours {stray}: a lowering honours {sorted(OPTION_OF)}")
+
+    def __call__(self, pass_: LayerPass, weight: EncodedWeight, rng: np.random.Generator) -> LayerOutcome:
+        return self.lower(pass_, weight, rng)
+
+
+def honours(lowering: FamilyLowering) -> frozenset[str]:
+    """The settings ``lowering`` declares it honours (:class:`Lowering`; none for a plain function)."""
+    return frozenset(lowering.honours) if isinstance(lowering, Lowering) else frozenset()
+
+
+def asks_of(config: PassConfig, weight: str) -> dict[str, str]:
+    """The honour-needing settings (:data:`OPTION_OF`) ``config`` sets for ``weight``, each as a user reads it."""
+    asked = {}
+    bits = getattr(config, "bits", None)
+    if bits is not None:
+        asked["bits"] = f"--bits {bits}"
+    grams = getattr(config, "grams", None)
+    if grams is not None and weight in grams:
+        asked["grams"] = "--calibrate (its input second moments)"
+    return asked
 
 
 def family_lowerings(op_type: str) -> Mapping[str, FamilyLowering] | None:

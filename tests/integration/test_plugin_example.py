@@ -78,6 +78,12 @@ def test_the_cli_takes_the_family_through_its_entry_point(trained):
     report = json.loads((folder / "lower.json").read_text())
     assert {row["kind"] for row in report["layers"] if row["name"].endswith("weight")} == {"RowNoiseFixedWeight"}
     assert report["total_bytes"] < report["float_bnn_bytes"] / 3  # int8 means and fp32 row scales vs μ and σ
+    # its lowering declares it honours --bits, not --calibrate: refused in one line, never recorded as applied
+    refused = one_line_error(edgebnn_cli("lower", *model, "--scheme", "fixed", "--calibrate", "digits", "-o", "c.ebnn",
+                                         cwd=folder))
+    assert ("layer '1' is a RowNoiseWeight, whose fixed lowering (the rownoise family's) cannot honour --calibrate"
+            in refused and refused.endswith("drop --calibrate"))
+    assert not (folder / "c.ebnn").exists()
 
     for flags in (["--mode", "baked"], ["--mode", "noise", "--rng", "host"], []):
         r = edgebnn_cli("export", "f.ebnn", "--samples", S, *flags, "-o", f"f{len(flags)}.onnx", cwd=folder)
@@ -109,6 +115,8 @@ def test_the_api_takes_it_and_every_mode_is_the_familys_own_draw(trained, digits
     """``baked`` is the reference runtime's predictive (the same draws); ``noise`` is the family's draw of the noise
     the graph was given."""
     _, net = trained
+    four = edgebnn.lower(edgebnn.from_torch(net, (1, 64)), "fixed", bits=4)  # --bits honoured: codes in -7..7
+    assert [int(np.abs(four.encoded_weight(f"{n}.weight").encoding.q).max()) for n in "13"] == [7, 7]
     ir = edgebnn.lower(edgebnn.from_torch(net, (1, 64)), "fixed", seed=0)
     x = digits_data.x_test[:16].reshape(16, -1)
     baked = edgebnn.Session(edgebnn.export(ir, tmp_path / "b.onnx", samples=S, mode="baked", seed=3))

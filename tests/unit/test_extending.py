@@ -300,6 +300,44 @@ def test_float_keeps_a_family_that_declares_other_lowerings_and_others_are_refus
         lower(ir, "mcq")
 
 
+def test_a_lowering_refuses_the_settings_it_does_not_declare_it_honours(registry):
+    """A plain lowering function honours neither a forced ``--bits`` nor ``--calibrate``'s grams: one line naming
+    the layer, the family and what to drop; ``Lowering(fn, {"bits"})`` takes the width (and keeps refusing grams)."""
+    from edgebnn.errors import InvalidOptionError
+    from edgebnn.families import Lowering
+    from edgebnn.passes import lower
+    from edgebnn.passes.gptq import InputGram
+
+    ir = _undrawn()
+    with pytest.raises(InvalidOptionError) as e:
+        lower(ir, "fixed", bits=4)
+    assert str(e.value) == ("pass 'fixed': layer 'fc1' is a Rank1UndrawnWeight, whose fixed lowering (the "
+                            "rank1-undrawn family's) cannot honour --bits 4: it declares honours=[] "
+                            "(edgebnn.families.Lowering); drop --bits")
+
+    class Rank1Bits(Rank1GaussianWeight):
+        op_type = "Rank1BitsWeight"
+
+    widths = []
+
+    def lower_bits(pass_, weight, rng):
+        widths.append(pass_.config.bits)
+        return _keep_rank1(pass_, weight, rng)
+
+    register_family(Family("rank1-bits", (Rank1Bits,), lowerings={"Rank1BitsWeight": {"fixed": Lowering(lower_bits,
+                                                                                                        {"bits"})}}))
+    rank1 = ir.encoded_weight("fc1.weight").encoding
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1Bits(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    lower(ir, "fixed", bits=4)
+    assert widths == [4]
+    gram = InputGram(np.eye(5), count=10, inputs=10)
+    with pytest.raises(InvalidOptionError, match=r"cannot honour --calibrate \(its input second moments\): it "
+                                                 r"declares honours=\['bits'\] .*; drop --calibrate$"):
+        lower(ir, "fixed", grams={"fc1.weight": gram})
+    with pytest.raises(ValueError, match="Lowering honours \\['width'\\]"):
+        Lowering(lower_bits, {"width"})
+
+
 def test_the_default_mode_says_why_it_is_not_the_devices_default():
     """A family without a draw cannot export ``noise`` (cpu's default): ``--mode auto`` writes ``baked`` and its
     reason names the default it could not take, never calls baked the default."""

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from edgebnn.errors import InvalidArtifactError
+from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.families import (
     Analytic,
     Encoding,
@@ -35,6 +35,7 @@ from edgebnn.families import (
     Grid,
     LayerOutcome,
     LayerPosterior,
+    Lowering,
     NoiseNeed,
     Store,
     check_finite,
@@ -162,13 +163,19 @@ class RowNoiseFixedStore(Store):
 
 
 def lower_fixed(pass_: Any, weight: Any, rng: np.random.Generator) -> LayerOutcome:
-    """``edgebnn lower --scheme fixed``: M on a symmetric 8-bit grid (step = max|M| / 127), s kept in fp32."""
+    """``edgebnn lower --scheme fixed``: M on a symmetric grid of ``--bits`` bits (2..8; default 8), step = max|M| /
+    (2^(bits-1) - 1), s kept in fp32. It honours ``--bits`` (declared with ``Lowering(..., {"bits"})`` below), not
+    ``--calibrate``, which edgebnn then refuses in one line."""
     enc = weight.encoding
     assert isinstance(enc, RowNoiseWeight)
+    bits = pass_.config.bits or 8
+    if not 2 <= bits <= 8:
+        raise InvalidOptionError(f"--bits {bits}: a row-noise mean is stored as int8 codes (2..8 bits)")
+    limit = (1 << (bits - 1)) - 1
     top = float(np.abs(enc.m).max(initial=0.0))
-    step = top / 127 if top > 0 else 1.0
-    q = np.clip(np.rint(enc.m / np.float32(step)), -127, 127).astype(np.int8)
-    return LayerOutcome(RowNoiseFixedWeight(q, step, enc.s), None, {"scale": float(np.float32(step))})
+    step = top / limit if top > 0 else 1.0
+    q = np.clip(np.rint(enc.m / np.float32(step)), -limit, limit).astype(np.int8)
+    return LayerOutcome(RowNoiseFixedWeight(q, step, enc.s), None, {"scale": float(np.float32(step)), "bits": bits})
 
 
 # -- the torch layer and its importer ---------------------------------------------------------------------------------
@@ -220,7 +227,7 @@ FAMILY = register_family(Family(
     "rownoise", (RowNoiseWeight, RowNoiseFixedWeight), "Gaussian noise multiplying each output row (example plug-in)",
     draws={"RowNoiseWeight": draw, "RowNoiseFixedWeight": draw},
     stores={"RowNoiseFixedWeight": RowNoiseFixedStore()},
-    lowerings={"RowNoiseWeight": {"fixed": lower_fixed},
+    lowerings={"RowNoiseWeight": {"fixed": Lowering(lower_fixed, {"bits"})},
                "RowNoiseFixedWeight": {"fixed": kept("already on its 8-bit grid: kept")}},
     adapters=(RowNoiseAdapter(),),
     analytic=Analytic("refused", "would treat the weights of a row as independent, but they share one draw; export "
