@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0, name: str | None = None,
                mc_dropout: bool = False, task: str | None = None, noise_var: float | None = None,
-               regression_head: str | None = None) -> BNNModel:
+               regression_head: str | None = None, **task_options: Any) -> BNNModel:
     """Import a trained PyTorch BNN into the IR (needs torch).
 
     Args:
@@ -44,6 +44,9 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
         noise_var: Regression, mean-only head: the observation noise variance σ² (aleatoric), or None.
         regression_head: ``mean`` or ``mean_logvar``; default ``mean_logvar`` for a (mean, log-variance) tuple
             or an even width without ``noise_var``, else ``mean``.
+        **task_options: The options of the stated ``task`` (its :attr:`~edgebnn.tasks.Task.import_options`,
+            handed to its :meth:`~edgebnn.tasks.Task.from_output`): a plug-in task's own; one it does not take
+            is refused in one line.
 
     Returns:
         The IR, one mean-field Gaussian per Bayesian weight, or its family's encoding (and one dropout mask per
@@ -64,7 +67,10 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
     from edgebnn.importers.ensemble import as_ensemble, import_ensemble
     from edgebnn.importers.laplace import import_laplace, is_laplace
 
+    options = {"noise_var": noise_var, "regression_head": regression_head, **task_options}
+    given = sorted(k for k, v in task_options.items() if v is not None)
     if is_laplace(model):  # a fitted laplace-torch posterior: its own structure per layer
+        _no_task_options(given, name or type(model).__name__, "a laplace-torch posterior (a classifier)")
         return import_laplace(model, tuple(input_shape), where=name or type(model).__name__)
 
     where = name or ("deep ensemble" if isinstance(model, (list, tuple)) else type(model).__name__)
@@ -72,10 +78,16 @@ def from_torch(model: Any, input_shape: Sequence[int], *, output_index: int = 0,
     if members is not None:
         if mc_dropout:
             raise InvalidOptionError(f"{where}: --mc-dropout does not apply to a deep ensemble")
+        _no_task_options(given, where, "a deep ensemble (a classifier)")
         return import_ensemble(members, input_shape, output_index=output_index, where=where)
 
     return import_model(model, tuple(input_shape), output_index=output_index, where=where, mc_dropout=mc_dropout,
-                        task=task, noise_var=noise_var, regression_head=regression_head)
+                        task=task, task_options=options)
+
+
+def _no_task_options(given: list[str], where: str, what: str) -> None:
+    if given:
+        raise InvalidOptionError(f"{where}: task options {given} do not apply to {what}")
 
 
 def from_swag(model: Any, stats: Mapping[str, Any] | PathLike, input_shape: Sequence[int], *, scale: float = 0.5,

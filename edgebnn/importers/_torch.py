@@ -196,8 +196,7 @@ def import_model(
     mc_dropout: bool = False,
     layers: PlainLayers | None = None,
     task: str | None = None,
-    noise_var: float | None = None,
-    regression_head: str | None = None,
+    task_options: Mapping[str, Any] | None = None,
 ) -> BNNModel:
     """Import a trained PyTorch BNN.
 
@@ -216,9 +215,8 @@ def import_model(
             ``segmentation`` (``dense``), or a plug-in's); None infers it where that guesses nothing: [B, K >= 3] is
             classification, [B, C, *spatial] segmentation, and a 1- or 2-wide head is refused with a hint
             (:func:`edgebnn.tasks.task_of_output`).
-        noise_var: regression with a mean-only head: the observation noise variance (None: none).
-        regression_head: ``mean`` or ``mean_logvar`` ([B, 2D], or a (mean, log-variance) tuple); default:
-            ``mean_logvar`` for a tuple or an even width without ``noise_var``, else ``mean``.
+        task_options: the task's ``from_torch`` options (:attr:`edgebnn.tasks.Task.import_options`: regression's
+            ``noise_var`` and ``regression_head``, a plug-in task's own); None values are not given.
 
     Returns:
         The IR with one ``GaussianWeight`` per Bayesian weight (and bias) and one dropout mask per dropout
@@ -289,7 +287,7 @@ def import_model(
         out = out[output_index]
     if pair:  # (mean, log-variance): one [B, 2D] output
         out = torch.cat([out[0], out[1]], 1)
-    spec = _task_of(out, shape[0], task, noise_var, regression_head, bool(pair), where)
+    spec = _task_of(out, shape[0], task, task_options or {}, bool(pair), where)
     mean_model = copy.deepcopy(model)
     for path, post in posteriors.items():
         _set_submodule(mean_model, path, _mean_layer(post, returns_tuple.get(path, False)))
@@ -381,8 +379,7 @@ def _mean_logvar_pair(out: Any) -> bool:
             and out[0].ndim == 2 and tuple(out[0].shape) == tuple(out[1].shape))
 
 
-def _task_of(out: Any, batch: int, task: str | None, noise_var: float | None, regression_head: str | None,
-             pair: bool, where: str) -> Task:
+def _task_of(out: Any, batch: int, task: str | None, options: Mapping[str, Any], pair: bool, where: str) -> Task:
     """The task of the output ``out`` (of the batch-2 probe): stated, or inferred where nothing is guessed
     (:func:`edgebnn.tasks.task_of_output`)."""
     got = tuple(getattr(out, "shape", ()))
@@ -390,8 +387,7 @@ def _task_of(out: Any, batch: int, task: str | None, noise_var: float | None, re
         shown = "[" + ", ".join(str(d) for d in (batch, *got[1:])) + "]" if got else "no tensor"
         raise UnsupportedLayerError(f"{where}: the model output must be [batch, outputs] or [batch, classes, "
                                     f"*spatial], got {shown}")
-    return task_of_output((batch, *(int(d) for d in got[1:])), task, where, pair=pair, noise_var=noise_var,
-                          regression_head=regression_head)
+    return task_of_output((batch, *(int(d) for d in got[1:])), task, where, pair=pair, **options)
 
 
 def _export(torch: Any, module: Any, example: Any, where: str) -> onnx.ModelProto:
