@@ -20,7 +20,12 @@ only the names below (``__all__``), the public interface:
   may read a weight's mean, σ or variance as its store decodes them with :func:`decode`; a store subclasses
   :class:`Store` and may use the shared decode pieces :func:`unpack_codes`, :func:`scaled`, :func:`table_lookup`,
   :func:`reshape_to`;
-- a lowering ``(pass_, weight, rng) -> LayerOutcome`` returns a :class:`LayerOutcome`; :func:`kept` keeps a weight;
+- a lowering ``(pass_, weight, rng) -> LayerOutcome`` receives the scheme's pass (:class:`SchemePass`: its
+  ``config`` is the scheme's configuration, a :class:`FixedConfig` for ``fixed``, each a :class:`PassConfig`; the
+  quantising ones :class:`QuantConfig`) and the weight (:class:`EncodedWeight`); it may code a mean on ``fixed``'s
+  grid by the variance rule (:func:`variance_grid` -> :class:`MeanGrid`) and a σ with the log-domain
+  :class:`SigmaCode` (``SigmaCode.fit(sigma, family_sigma_bits(pass_), rng)``; a store decodes it with
+  :func:`sigma_code`); it returns a :class:`LayerOutcome`; :func:`kept` keeps a weight;
   :class:`Lowering` wraps one to declare the scheme settings it honours (``bits``, ``grams``: ``--bits N``,
   ``--calibrate``; a lowering asked for one it does not declare is refused in one line).
 """
@@ -33,13 +38,15 @@ import numpy as np
 
 from edgebnn.exporters.stores.base import Store, reshape_to, scaled, table_lookup, unpack_codes
 from edgebnn.exporters.stores.factors import FactorStore, factor
+from edgebnn.exporters.stores.gaussian import sigma_code
 from edgebnn.exporters.stores.registry import decode
 from edgebnn.family import EXACT, Analytic, ExportRequest, Family, register_family
 from edgebnn.importers.base import LayerPosterior
-from edgebnn.ir import make_encoding_node
-from edgebnn.ir.encodings import Encoding, Grid, JointGroup, NoiseNeed
+from edgebnn.ir import EncodedWeight, make_encoding_node
+from edgebnn.ir.encodings import Encoding, Grid, JointGroup, NoiseNeed, SigmaCode
 from edgebnn.ir.encodings.base import check_finite, check_shape
-from edgebnn.passes.base import LayerOutcome, Lowering, kept
+from edgebnn.passes.base import LayerOutcome, Lowering, PassConfig, QuantConfig, kept
+from edgebnn.passes.fixed import FixedConfig, MeanGrid, family_sigma_bits, variance_grid
 
 
 class GraphBuilder(Protocol):
@@ -58,32 +65,54 @@ class GraphBuilder(Protocol):
         """A 1-D int64 initializer (shapes, axes)."""
 
 
+class SchemePass(Protocol):
+    """What a family's lowering receives as ``pass_``: the scheme (``name``: ``fixed``, ...) and its configuration
+    (``config``: the scheme's :class:`PassConfig`, a :class:`FixedConfig` for ``fixed``; ``config.options()`` its
+    settings as JSON, as the manifest records them)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def config(self) -> PassConfig: ...
+
+
 __all__ = [
     "EXACT",
     "Analytic",
+    "EncodedWeight",
     "Encoding",
     "ExportRequest",
     "FactorStore",
     "Family",
+    "FixedConfig",
     "GraphBuilder",
     "Grid",
     "JointGroup",
     "LayerOutcome",
     "LayerPosterior",
     "Lowering",
+    "MeanGrid",
     "NoiseNeed",
+    "PassConfig",
+    "QuantConfig",
+    "SchemePass",
+    "SigmaCode",
     "Store",
     "check_finite",
     "check_shape",
     "decode",
     "factor",
+    "family_sigma_bits",
     "kept",
     "make_encoding_node",
     "register_family",
     "reshape_to",
     "scaled",
+    "sigma_code",
     "table_lookup",
     "unpack_codes",
+    "variance_grid",
 ]
 
 # the built-in families register on import, in this order (a torch layer goes to the first adapter that matches)

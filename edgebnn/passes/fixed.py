@@ -286,6 +286,43 @@ def fixed_mean(pass_: LayerPass, enc: Encoding, rng: np.random.Generator) -> tup
     return out.encoding, out
 
 
+@dataclass(frozen=True)
+class MeanGrid:
+    """The variance rule's grid for one weight's mean (:func:`variance_grid`).
+
+    Attributes:
+        q: The integer codes, int16, the weight's shape: ``mean ≈ step · q``, ``|q| <= 2**(bits - 1) - 1``.
+        step: The grid's step Δ (a normal float32).
+        bits: The width B, sign included (2..16).
+        note: A capped or degenerate layer's note (None when there is none), for the lowering's outcome.
+        extra: The report keys ``fixed`` writes (``scale``, ``variance_bits``, ``hw_dtype``, ``clipped``,
+            ``rounding``), for the lowering's outcome.
+    """
+
+    q: np.ndarray
+    step: float
+    bits: int
+    note: str | None
+    extra: dict[str, Any]
+
+
+def variance_grid(config: QuantConfig, mean: np.ndarray, stddev: np.ndarray, rng: np.random.Generator) -> MeanGrid:
+    """``fixed``'s grid for a mean (any shape) by the variance rule on its marginal σ ``stddev`` (same shape)::
+
+        mean_i e_i²  <=  f · mean_i σ_i²        (e = μ − Δq, f = ``config.noise_fraction``)
+
+    the smallest width whose least-error step keeps it (``config.clip``, default True: the step may clip the
+    tails; False: the full-range grid), or the width ``config.bits`` forces. ``rng`` picks the fitting subsample
+    (a lowering's seeded generator: the same seed gives the same codes)."""
+    mean = np.asarray(mean, np.float32)
+    out = lower_fixed(mean.reshape(-1), np.asarray(stddev, np.float32).reshape(-1), mean.shape, rng,
+                      bits=config.bits, noise_fraction=config.noise_fraction, sigma_bits=0,
+                      clip=getattr(config, "clip", True))
+    enc = out.encoding
+    assert isinstance(enc, FixedPointWeight)
+    return MeanGrid(enc.q, enc.scale, enc.bits, out.note, out.extra)
+
+
 def whitened_mean(pass_: LayerPass, enc: Encoding, whiten: Callable[[np.ndarray], np.ndarray],
                   rng: np.random.Generator) -> tuple[np.ndarray, float, int, LayerOutcome]:
     """The mean's grid by the whitened rule: the smallest width whose least-error step (:func:`best_step`) keeps
@@ -325,7 +362,7 @@ def whitened_mean(pass_: LayerPass, enc: Encoding, whiten: Callable[[np.ndarray]
 
 def family_sigma_bits(pass_: LayerPass) -> int:
     """The bits of a family lowering's σ code: ``sigma_bits``, at least :data:`FAMILY_SIGMA_BITS`."""
-    assert isinstance(pass_.config, FixedConfig)
+    assert isinstance(pass_.config, QuantConfig)
     return max(pass_.config.sigma_bits, FAMILY_SIGMA_BITS)
 
 

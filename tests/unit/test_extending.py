@@ -437,3 +437,28 @@ def test_a_plugin_that_failed_is_tried_again_and_the_later_ones_too(rank1_famili
     monkeypatch.setenv(plugins.ENV, "eb_later_plugin")
     plugins.load()
     assert "eb_later_plugin" in plugins.LOADED and rank1_families.loaded
+
+
+def test_the_lowering_helpers_are_public_and_are_fixeds_own():
+    """``edgebnn.families.variance_grid`` is ``fixed``'s variance rule (the smallest width within f·mean σ², or the
+    forced one), and ``SigmaCode`` the σ code; a family's lowering needs nothing else (docs/extending.md)."""
+    from edgebnn.families import FixedConfig, SigmaCode, variance_grid
+
+    rng = np.random.default_rng(0)
+    mu = rng.standard_normal((16, 32)).astype(np.float32)
+    sigma = np.full_like(mu, 0.05)
+    f = FixedConfig().noise_fraction
+    grid = variance_grid(FixedConfig(), mu, sigma, np.random.default_rng(1))
+    assert grid.q.shape == mu.shape and np.abs(grid.q).max() <= (1 << (grid.bits - 1)) - 1
+
+    def noise(g):
+        return float(np.mean((mu - g.step * g.q.astype(np.float64)) ** 2))
+
+    assert noise(grid) <= f * 0.05**2 < noise(variance_grid(FixedConfig(bits=grid.bits - 1), mu, sigma,
+                                                             np.random.default_rng(1)))
+    assert grid.extra["variance_bits"] == grid.bits and grid.note is None
+    forced = variance_grid(FixedConfig(bits=3), mu, sigma, np.random.default_rng(1))
+    assert forced.bits == 3 and np.abs(forced.q).max() <= 3
+    code = SigmaCode.fit(np.geomspace(1e-3, 1.0, 512), 4, np.random.default_rng(0))
+    assert code.levels.size <= 16 and code.decode().shape == (512,)
+    assert np.all(np.abs(np.log(code.decode() / np.geomspace(1e-3, 1.0, 512))) < np.log(1000) / 16)  # a log bin
