@@ -413,8 +413,9 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         stores = ", ".join(f"{k} ({v})" for k, v in meta.stores.items())
         console.print(f"moments stored as: {stores}, decoded in the graph", highlight=False)
     if mode in ("noise", "shared"):
-        console.print("noise: " + ("drawn in the graph (one input)" if meta.rng == "graph"
-                                   else "graph inputs the host fills (edgebnn.runtime.Session)"), highlight=False)
+        host = (f"{len(meta.noise_inputs)} graph inputs the host fills (edgebnn.runtime.Session)"
+                if meta.noise_inputs else "none per call (every sampled layer baked)")
+        console.print("noise: " + ("drawn in the graph (one input)" if meta.rng == "graph" else host), highlight=False)
     if target == "onnx":
         from edgebnn.exporters.ensemble import save_onnx
 
