@@ -355,12 +355,21 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
     rows = [[f"{r['ood'][k]:.4f}" for k in ("auroc_mutual_info", "auroc_entropy", "aupr_mutual_info",
                                              "fpr_at_95_tpr", "mean_mutual_info_in", "mean_mutual_info_ood")]
             for r in oods]
+    total, epistemic = ood_labels(ood)
     table, notes = _artifact_table(
         console, f"OOD: {ood['data']} (n={ood['n']}) vs {title}",
-        ("artifact", "AUROC MI", "AUROC entropy", "AUPR MI", "FPR@95TPR", "MI in", "MI OOD"),
+        ("artifact", f"AUROC {epistemic}", f"AUROC {total}", f"AUPR {epistemic}", "FPR@95TPR", f"{epistemic} in",
+         f"{epistemic} OOD"),
         [Path(r["artifact"]).name for r in oods], rows)
     console.print(table)
     notes.print(console)
+
+
+def ood_labels(ood: dict[str, Any]) -> tuple[str, str]:
+    """How tables name an OOD report's (total, epistemic) scores: the task's (``ood.scores``; reports written
+    before it: entropy and MI)."""
+    total, epistemic = (ood.get("scores") or {}).get("short", ("entropy", "MI"))
+    return str(total), str(epistemic)
 
 
 _EVAL_ROWS = (("accuracy", "accuracy", False), ("nll", "NLL", True), ("ece", "ECE", True), ("brier", "Brier", True),
@@ -391,7 +400,7 @@ def print_lower_eval(console: Console, ev: dict[str, Any], budget: dict[str, Any
     before, after = ev["float_bnn"], ev["lowered"]
     rows = [(key, label, before[key], after[key]) for key, label, _ in _EVAL_ROWS if key in before and key in after]
     if "ood" in before and "ood" in after:
-        rows.append(("auroc", "MI-AUROC (OOD)", before["ood"]["auroc_mutual_info"],
+        rows.append(("auroc", f"{ood_labels(after['ood'])[1]}-AUROC (OOD)", before["ood"]["auroc_mutual_info"],
                      after["ood"]["auroc_mutual_info"]))
     for key, label, b, a in rows:
         limit = f"{limits[key]:+.4f}" if key in limits else ""

@@ -166,6 +166,8 @@ def _measure(predictors: Sequence[Callable[[np.ndarray], AnyPredictive]], datase
     for report, s, out in zip(reports, sums, outs, strict=True):
         in_mi, ood_mi = np.concatenate(s.mutual_info), np.concatenate(out.mutual_info)
         report["ood"] = {"data": ood.name, "n": ood.n,
+                         "scores": {"total": task.ood_scores[0], "epistemic": task.ood_scores[1],
+                                    "short": list(task.ood_short)},
                          **ood_report(np.concatenate(s.entropy), in_mi, np.concatenate(out.entropy), ood_mi),
                          "mean_mutual_info_in": float(in_mi.mean()), "mean_mutual_info_ood": float(ood_mi.mean())}
         if out.samples:

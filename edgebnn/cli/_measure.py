@@ -30,6 +30,7 @@ from edgebnn.exporters import MODES
 from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
     eval_columns,
+    ood_labels,
     print_eval,
     print_profile,
     print_table,
@@ -116,8 +117,9 @@ def worse_than_chance(ood: dict[str, Any] | None) -> str | None:
     auroc = (ood or {}).get("auroc_mutual_info")
     if ood is None or auroc is None or auroc >= 0.5:
         return None
-    return (f"MI-AUROC {auroc:.3f} is below 0.5, worse than chance: the ensemble's members disagree less on the OOD "
-            f"inputs ({ood['data']}) than on the in-distribution ones, so mutual information would flag the wrong "
+    short, name = ood_labels(ood)[1], (ood.get("scores") or {}).get("epistemic", "mutual information")
+    return (f"{short}-AUROC {auroc:.3f} is below 0.5, worse than chance: the ensemble's members disagree less on the "
+            f"OOD inputs ({ood['data']}) than on the in-distribution ones, so {name} would flag the wrong "
             "ones; check that both sets are preprocessed alike, or that these inputs are out of distribution")
 
 

@@ -97,6 +97,10 @@ class Task(ABC):
             :meth:`MetricAccumulator.reliability`: count, confidence, accuracy), ``coverage`` (its nominal and
             observed interval coverage) or ``maps`` (reliability, and the first input's mask, predicted mask and
             mutual-information map: per-pixel ``probs`` [N, C, *sp]).
+        ood_scores: What the predictive's ``ood_scores()`` returns, (total, epistemic) uncertainty, as ``eval
+            --ood-data`` names them: the report's ``ood.scores`` and every table's and message's label (the report's
+            keys stay ``auroc_mutual_info``, ``mean_mutual_info_in``, ... for every task); ``ood_short``: the
+            two as table headers name them.
     """
 
     name: ClassVar[str]
@@ -109,6 +113,8 @@ class Task(ABC):
     softmax_axis: ClassVar[int | None] = None
     softmax_classifier: ClassVar[bool] = False
     plot: ClassVar[str] = "reliability"
+    ood_scores: ClassVar[tuple[str, str]] = ("entropy", "mutual information")
+    ood_short: ClassVar[tuple[str, str]] = ("entropy", "MI")
 
     # -- what the files record ------------------------------------------------------------------------------
 

@@ -165,6 +165,8 @@ class Regression(Task):
     import_options = ("noise_var", "regression_head")
     joins_output_pair = True
     plot = "coverage"
+    ood_scores = ("Gaussian entropy", "epistemic variance")
+    ood_short = ("entropy", "epi. var")
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], where: str) -> Task:
