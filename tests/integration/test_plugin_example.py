@@ -69,7 +69,8 @@ def test_the_cli_takes_the_family_through_its_entry_point(trained):
     assert plugin["registered"]["families"] == ["rownoise"]
     family = next(f for f in listing["families"] if f["name"] == "rownoise")
     assert family["importers"] == ["edgebnn-example-rownoise"] and family["analytic"] == ["refused"]
-    assert family["lowered_by"] == {"RowNoiseWeight": ["float", "fixed (bits)"], "RowNoiseFixedWeight": ["float", "fixed"]}
+    assert family["lowered_by"] == {"RowNoiseWeight": ["float", "fixed (bits)"],
+                                    "RowNoiseFixedWeight": ["float", "fixed"]}
     lowered_by = {f["name"]: f["lowered_by"] for f in listing["families"]}  # the built-in families' too, never "-"
     assert lowered_by["gaussian"]["GaussianWeight"] == ["float", "mcq", "fixed", "codebook", "ternary", "binary",
                                                        "prune"]
