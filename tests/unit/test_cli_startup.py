@@ -1,6 +1,7 @@
 """``edgebnn --help``, ``--version`` and every ``COMMAND --help`` import none of the heavy libraries (torch, onnx,
-onnxruntime: seconds of imports), and no plug-in: they load when a command runs. Checked on the modules a fresh
-process holds, not on a timing (the times are in docs/results/2026-12-07-cli-startup.md)."""
+onnxruntime: seconds of imports; nor scipy or numpy) and no plug-in: those load when a command runs. Checked on
+the modules a fresh process holds, not on a timing (bench/cli_startup.py times them:
+docs/results/2026-12-07-cli-startup.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 
 from edgebnn.cli import main
 
-HEAVY = ("torch", "onnx", "onnxruntime", "scipy", "ml_dtypes")
+HEAVY = ("torch", "onnx", "onnxruntime", "scipy", "ml_dtypes", "numpy")
 
 PROBE = textwrap.dedent("""
     import json, sys
