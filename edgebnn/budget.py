@@ -39,11 +39,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
+
+if TYPE_CHECKING:  # numpy is imported by the bounds that use it, as scipy: the command line reads the
+    import numpy as np  # budget's names for --help without either
 
 LOWER_IS_BETTER = ("nll", "ece", "brier", "rmse", "mae", "calibration_error")
 HIGHER_IS_BETTER = ("accuracy", "auroc", "mean_iou", "pixel_accuracy")
@@ -248,6 +249,7 @@ class Bound:
 
 def _t_limit(values: np.ndarray, pseudo: tuple[np.ndarray, np.ndarray] | None, confidence: float) -> float:
     """Student's upper ``confidence`` limit of the mean of ``values`` (with weighted ``pseudo`` values added)."""
+    import numpy as np
     from scipy import stats
 
     pv, pw = pseudo if pseudo is not None else (np.zeros(0), np.zeros(0))
@@ -267,6 +269,8 @@ def _studentized_limit(values: np.ndarray, pseudo: tuple[np.ndarray, np.ndarray]
     limit for a skewed population (a few inputs whose loss rises a lot) to second order, where Student's t is only
     first-order right (Hall 1988, "Theoretical comparison of bootstrap confidence intervals"). ``pseudo``:
     (values, weights) added to the sample and to every resample (the Agresti-Min pseudo-inputs)."""
+    import numpy as np
+
     pv, pw = pseudo if pseudo is not None else (np.zeros(0), np.zeros(0))
     n = len(values)
     total = n + float(pw.sum())
@@ -299,6 +303,8 @@ def mean_bound(metric: str, diffs: np.ndarray, limit: float, confidence: float, 
     comparing matched proportions"): the limit is then never degenerate; a lowering that agrees with the float
     BNN on every one of n inputs is bounded near z / (n + 1.5), not at 0 (:func:`agreeing_bound`).
     """
+    import numpy as np
+
     diffs = np.asarray(diffs, np.float64)
     worse_side = diffs if metric in LOWER_IS_BETTER else -diffs
     pseudo = (np.array([1.0, -1.0, 0.0]), np.array([0.5, 0.5, 1.0])) if metric in BOUNDED_METRICS else None
@@ -311,7 +317,7 @@ def mean_bound(metric: str, diffs: np.ndarray, limit: float, confidence: float, 
     return Bound(metric, float(diffs.mean()) if len(diffs) else math.nan, bound, limit, method, len(diffs))
 
 
-Statistic = Callable[..., np.ndarray]
+Statistic = Callable[..., "np.ndarray"]
 """``statistic(*indices, axis=-1)``: the change (lowered - float) of a metric on the inputs ``indices`` (one index
 array per group, resamples along the leading axes), vectorized as :func:`scipy.stats.bootstrap` calls it."""
 
@@ -324,6 +330,7 @@ def bootstrap_bound(metric: str, statistic: Statistic, sizes: Sequence[int], lim
     in-distribution inputs, and the OOD inputs for AUROC) is resampled with replacement apart from the others,
     an input's float and lowered evidence together (the pairing). Seeded: the same evidence gives the same bound.
     """
+    import numpy as np
     from scipy import stats
 
     groups = tuple(np.arange(n) for n in sizes)
@@ -347,6 +354,8 @@ def agreeing_bound(metric: str, rows: int, confidence: float) -> float | None:
     metric's worse direction (None for a metric whose bound can reach 0: any budget >= 0 is resolvable there)."""
     if metric not in BOUNDED_METRICS:
         return None
+    import numpy as np
+
     return abs(mean_bound(metric, np.zeros(rows), 0.0, confidence).bound)
 
 

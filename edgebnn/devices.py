@@ -27,6 +27,9 @@ from typing import Literal
 from edgebnn.errors import InvalidOptionError
 
 DeviceKind = Literal["cpu", "rtx", "jetson"]
+BASELINE_RUNNERS = ("auto", "onnxruntime", "torch")
+"""Where ``profile`` times the float baselines (:meth:`edgebnn.targets.Target.plan`): the target's own pick, or
+both baselines on one runtime."""
 
 
 @dataclass(frozen=True)

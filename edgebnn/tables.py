@@ -14,7 +14,6 @@ from rich.table import Table
 
 from edgebnn._io import atomic_write_json
 from edgebnn._version import __version__
-from edgebnn.tasks import DEFAULT_TASK, Task, task_class
 
 
 def write_json(console: Console, path: str | Path | None, report: dict[str, Any], schema: str) -> None:
@@ -111,6 +110,8 @@ def _header(console: Console, rows: list[tuple[str, str]]) -> None:
 
 def _model_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """The source row of an IR manifest or an export's metadata (read and checked: its task is a known one)."""
+    from edgebnn.tasks import Task  # here, as below: the command line imports this module for --help
+
     shape = manifest.get("input_shape") or []
     what = Task.parse(manifest.get("task"), manifest.get("task_options"), "manifest").describe(
         int(manifest.get("num_classes", 0)))
@@ -329,6 +330,8 @@ def _artifact_table(console: Console, title: str, columns: tuple[str, ...], name
 
 def eval_columns(report: dict[str, Any]) -> tuple[str, ...]:
     """The metric columns of an ``eval`` or ``compare`` report's task (:attr:`edgebnn.tasks.Task.columns`)."""
+    from edgebnn.tasks import DEFAULT_TASK, task_class
+
     return task_class(report.get("task") or DEFAULT_TASK, "report").columns
 
 
@@ -344,6 +347,8 @@ def print_eval(console: Console, reports: list[dict[str, Any]]) -> None:
                                    names, rows)
     console.print(table)
     notes.print(console)
+    from edgebnn.tasks import DEFAULT_TASK, task_class
+
     for r in reports:
         line = task_class(r.get("task") or DEFAULT_TASK, "report").summary(r)
         if line:

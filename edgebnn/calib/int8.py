@@ -66,12 +66,12 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from edgebnn._version import __version__
+from edgebnn.calib import METHODS
 from edgebnn.calib.readers import DEFAULT_BATCH, BatchReader, digits_inputs, load_inputs
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.metadata import ExportMetadata, write_metadata
 
-METHODS = ("minmax", "percentile", "entropy")
 QUANTIZED_OPS = ("Conv", "MatMul", "Gemm")
 DIGITS_SHAPE = (1, 8, 8)
 BAKED_FP32 = ExportConfig(mode="baked", weights="fp32")  # what an .ebnn is exported as to be calibrated

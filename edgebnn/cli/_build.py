@@ -14,7 +14,7 @@ from rich.table import Table
 from edgebnn import schemas
 from edgebnn._version import __version__
 from edgebnn.api import load_ir, lower_model
-from edgebnn.calib.int8 import METHODS
+from edgebnn.calib import METHODS
 from edgebnn.cli._budget import confidence_option, print_budget_bounds
 from edgebnn.cli._common import (
     DATA,
@@ -28,8 +28,7 @@ from edgebnn.cli._common import (
 )
 from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.errors import InvalidOptionError
-from edgebnn.exporters import MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
-from edgebnn.exporters.config import AUTO, MODE_CHOICES
+from edgebnn.exporters import AUTO, MODE_CHOICES, MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
 from edgebnn.tables import (
     fmt_bytes,
     print_closest,

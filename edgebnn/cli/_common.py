@@ -13,7 +13,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 from rich.console import Console
@@ -24,17 +24,25 @@ from edgebnn.cli._paths import DATA_KEYWORDS, GuardedCommand, InputPath
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.tables import write_json as write_report
 
-if TYPE_CHECKING:
-    pass
-
 console = Console()
 err_console = Console(stderr=True)
+
+
+class _Command(GuardedCommand):
+    """A command that loads the plug-ins when it runs (after its options parsed): ``COMMAND --help`` ends while
+    parsing, before any plug-in is imported, so help imports neither the families nor a plug-in's torch."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from edgebnn.plugins import load
+
+        load((ctx.find_object(dict) or {}).get("plugins", ()))
+        return super().invoke(ctx)
 
 
 class _Group(click.Group):
     """Turns EdgeBNNError, and a command line click cannot parse, into one line on stderr and exit status 2."""
 
-    command_class = GuardedCommand  # every command's input and output paths are checked before it runs
+    command_class = _Command  # every command loads the plug-ins and checks its input and output paths, then runs
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -82,9 +90,9 @@ def main(ctx: click.Context, debug: bool, plugins: tuple[str, ...]) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    from edgebnn.plugins import load
-
-    load(plugins)  # the package's families, entry points, $EDGEBNN_PLUGINS, --plugin (one line if one fails)
+    # the package's families, entry points, $EDGEBNN_PLUGINS, --plugin (one line if one fails): loaded by the
+    # command when it runs (:class:`_Command`), so that COMMAND --help imports none of them
+    ctx.obj["plugins"] = plugins
 
 
 # -- helpers ----------------------------------------------------------------------------------------------

@@ -24,10 +24,9 @@ from edgebnn.cli._common import (
     write_json,
 )
 from edgebnn.cli._paths import InputPath, OutputPath
-from edgebnn.data import DIGITS
+from edgebnn.devices import BASELINE_RUNNERS
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import MODES
-from edgebnn.stopping import parse_samples
 from edgebnn.tables import (
     eval_columns,
     ood_labels,
@@ -35,7 +34,6 @@ from edgebnn.tables import (
     print_profile,
     print_table,
 )
-from edgebnn.targets.base import BASELINE_RUNNERS
 
 if TYPE_CHECKING:
     pass
@@ -81,6 +79,9 @@ def eval_cmd(artifact: str, data: str, split: str | None, ood_data: str | None, 
 
     With --ood-data, also how well the model's uncertainty tells those inputs from --data.
     """
+    from edgebnn.data import DIGITS
+    from edgebnn.stopping import parse_samples
+
     for path in (json_out, plot):
         if path:
             _check_output_dir(path)
@@ -192,6 +193,8 @@ def profile(artifact: str, device: str, samples: str, data: str | None, ood_data
     """Measure the exported ensemble and both float baselines (deterministic and S-pass BNN) in one run.
 
     An anytime ensemble (--samples auto) is timed per input (--runs rounds over --inputs inputs of --data)."""
+    from edgebnn.stopping import parse_samples
+
     wanted = parse_samples(samples)
     with _status("profiling") as status:
         report = profile_artifact(

@@ -22,7 +22,7 @@ from edgebnn.cli._common import (
 from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.errors import InvalidOptionError
 from edgebnn.search.objectives import DEFAULT_OBJECTIVES
-from edgebnn.search.run import DEFAULT_POPULATION
+from edgebnn.search.study import DEFAULT_POPULATION
 
 if TYPE_CHECKING:
     pass

@@ -9,6 +9,8 @@ from __future__ import annotations
 from edgebnn.errors import InvalidOptionError
 
 MODES = ("baked", "noise", "shared", "analytic")  # export modes (ensemble.py, noise.py, analytic.py)
+AUTO = "auto"  # mode: the device's default (the handlers tried in order); samples: an anytime ensemble
+MODE_CHOICES = (AUTO, *MODES)  # --mode
 WEIGHT_FORMATS = ("fp32", "int8", "int4")  # how exported weight constants are stored
 # --weights: how every weight tensor a graph stores is written, in every mode (stores/: ir = the IR's own codes where
 # its encoding has them, else fp32; fp32; int8/int4 = coded at export: moments by stores.gaussian, members and means

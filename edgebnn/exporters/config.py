@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from edgebnn.devices import DeviceProfile, export_device
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import (
+    AUTO,
     DEFAULT_SAMPLES,
-    MODES,
+    MODE_CHOICES,
     NOISE_VARIANTS,
     ORT,
     RNG_CHOICES,
@@ -48,8 +49,6 @@ __all__ = ["AUTO", "CONFIG_VERSION", "DEFAULT_EXPORT", "DEFAULT_SAMPLES", "MODE_
            "GraphSpec", "ResolvedExport", "rule_for"]
 
 CONFIG_VERSION = 1
-AUTO = "auto"  # mode: the device's default (the handlers tried in order); samples: an anytime ensemble
-MODE_CHOICES = (AUTO, *MODES)
 SAMPLING = ("noise", "shared")  # the modes that draw at run time (where --rng applies)
 Progress = Callable[[int, int], None]
 

@@ -22,7 +22,6 @@ from typing import Any
 
 from edgebnn.budget import Budget
 from edgebnn.errors import InvalidOptionError
-from edgebnn.tasks import option_task
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,8 @@ def for_task(task: str, objectives: tuple[Objective, ...], budget: Mapping[str, 
     Raises:
         InvalidOptionError: An objective or budget metric that a ``task`` model does not report (one line).
     """
+    from edgebnn.tasks import option_task  # here: the command line reads DEFAULT_OBJECTIVES without the tasks
+
     spec = option_task(task)
     if defaulted:
         objectives = parse_objectives(spec.default_objectives, ood=ood)

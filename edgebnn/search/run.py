@@ -35,6 +35,7 @@ from edgebnn.search.space import SearchSpace, TrialConfig, family_space
 from edgebnn.search.study import (
     BASELINE_KEY,
     CONFIG_KEY,
+    DEFAULT_POPULATION,
     RESULT_KEY,
     file_digest,
     import_optuna,
@@ -45,9 +46,6 @@ from edgebnn.search.trial import TrialJob, data_split, trial_export_config
 from edgebnn.targets.registry import get_target
 
 SCHEMA = schemas.SEARCH
-DEFAULT_POPULATION = 6
-"""NSGA-II population (and parallel batch). With 24 trials, 4 generations of 6 found a >= 16x digits artifact within
-nll=+0.05,ece=+0.01 for 8 of 8 seeds, 3 generations of 8 (or 2 of 12) for 4 of 8 (docs/search.md)."""
 Progress = Callable[[int, int, dict[str, Any]], None]
 """Called as ``progress(trials done, trials wanted, the result just told)``."""
 

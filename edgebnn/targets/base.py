@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from edgebnn.devices import DeviceProfile
+from edgebnn.devices import BASELINE_RUNNERS, DeviceProfile
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDependencyError
 from edgebnn.exporters.metadata import EXPORT_KEY, ExportMetadata
 from edgebnn.exporters.tensorrt import DEFAULT_WORKSPACE_MIB
@@ -38,9 +38,6 @@ from edgebnn.targets.runners import Feed, Runner
 BASELINES = ("float_deterministic", "float_bnn")
 """The float baselines of every profile: the posterior-mean network (one pass) and the Gaussian network
 (one sampled pass; a profile runs S of them per inference, as bayesian-torch does)."""
-
-BASELINE_RUNNERS = ("auto", "onnxruntime", "torch")
-"""Choices of :meth:`Target.plan`: the target's own pick, or both baselines on one runtime."""
 
 Runtimes = str | tuple[str, ...]
 """A runtime name, or runtimes to try in order (the first that is installed here compiles the graph)."""
