@@ -157,6 +157,12 @@ def _mutual_info(draws: np.ndarray) -> np.ndarray:
     return h(draws.mean(0)) - h(draws).mean(0)
 
 
+def _chunk_mutual_info(ref_draws: np.ndarray, samples: int) -> np.ndarray:
+    """The N-averaged mutual information of each chunk of ``samples`` consecutive torch draws."""
+    chunks = ref_draws[:len(ref_draws) // samples * samples].reshape(-1, samples, *ref_draws.shape[1:])
+    return np.array([_mutual_info(c).mean() for c in chunks])
+
+
 def check_within_mc_error(probs: np.ndarray, mutual_info: np.ndarray, ref_draws: np.ndarray, samples: int) -> None:
     """The export's S-sample predictive against torch's R draws, within Monte Carlo error.
 
@@ -174,8 +180,7 @@ def check_within_mc_error(probs: np.ndarray, mutual_info: np.ndarray, ref_draws:
     bound = 1.5 * float(sigma.mean()) * np.sqrt(1 / samples + 1 / len(ref_draws))
     err = float(np.abs(probs - ref_draws.mean(0)).mean())
     assert err <= bound, ("probs", err, bound)
-    chunks = ref_draws[:len(ref_draws) // samples * samples].reshape(-1, samples, *ref_draws.shape[1:])
-    per_chunk = np.array([_mutual_info(c).mean() for c in chunks])
+    per_chunk = _chunk_mutual_info(ref_draws, samples)
     mi_bound = 3 * float(per_chunk.std(ddof=1)) * np.sqrt(1 + 1 / len(per_chunk))
     mi_err = abs(float(mutual_info.mean()) - float(per_chunk.mean()))
     assert mi_err <= mi_bound, ("mutual information", float(mutual_info.mean()), float(per_chunk.mean()), mi_bound)
@@ -221,3 +226,15 @@ def test_baked_vit_builds_a_tensorrt_rtx_engine(models, tmp_path: Path):
     manifest = compile_engine(proto, tmp_path / "vit.engine", "rtx", BuildOptions(max_batch=2))
     assert (tmp_path / "vit.engine").read_bytes()[:4] == b"vtrt"
     assert manifest["engine_bytes"] > 0
+
+
+@pytest.mark.parametrize("name", ["text", "attention"])
+def test_local_noise_draws_each_token_apart(models, name):
+    """Why ``auto`` draws MatMul weights per sample: ``--noise local`` draws each token's pre-activation on its own,
+    while one weight serves every token; on these models (mean pooling, attention mixing the tokens) the token
+    noise averages out and the mutual information is measurably below torch's (measured 0.012 against 0.025 for the
+    text encoder, 0.0011 against 0.0039 for the attention block)."""
+    ir, ref = models[name]
+    proto = export_model(ir, ExportConfig(S, mode="noise", noise="local", rng="host", seed=0)).proto
+    pred = Session(proto, seed=0).predict(_inputs(name))
+    assert pred.mutual_info.mean() < 0.6 * _chunk_mutual_info(ref, S).mean()
