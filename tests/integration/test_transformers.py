@@ -217,15 +217,19 @@ def test_baked_is_the_reference_runtime(models, name, hoist):
 
 
 @pytest.mark.slow
-def test_baked_vit_builds_a_tensorrt_rtx_engine(models, tmp_path: Path):
+@pytest.mark.parametrize("mode", ["baked", "noise"])
+def test_vit_builds_a_tensorrt_rtx_engine(models, mode, tmp_path: Path):
+    """TensorRT for RTX builds without a GPU (tests/integration/test_tensorrt_rtx.py); the static checker agrees."""
     pytest.importorskip("tensorrt_rtx")
     from edgebnn.exporters.tensorrt import BuildOptions, compile_engine
+    from edgebnn.exporters.trt_compat import check_trt_compat, has_errors
 
     ir, _ = models["vit"]
-    proto = export_model(ir, ExportConfig(4, mode="baked", device="rtx")).proto
+    proto = export_model(ir, ExportConfig(4, mode=mode, device="rtx")).proto
+    assert not has_errors(check_trt_compat(proto, tensorrt="11"))
     manifest = compile_engine(proto, tmp_path / "vit.engine", "rtx", BuildOptions(max_batch=2))
     assert (tmp_path / "vit.engine").read_bytes()[:4] == b"vtrt"
-    assert manifest["engine_bytes"] > 0
+    assert manifest["engine_bytes"] == (tmp_path / "vit.engine").stat().st_size > 0
 
 
 @pytest.mark.parametrize("name", ["text", "attention"])
