@@ -25,6 +25,7 @@ from edgebnn.exporters.layers import (
     run_wide,
     sink_wide_outputs,
 )
+from edgebnn.exporters.matmul import fuse_weight_views
 from edgebnn.exporters.recurrent import MOVES_BATCH, batch_axes, fold_on_axis
 from edgebnn.exporters.stores import decode
 from edgebnn.exporters.stores.constants import constant
@@ -127,6 +128,7 @@ def rewrite_sampled_layers(model: BNNModel, samples: int, rewrite: LayerRewrite,
     names for the export report.
     """
     run = _Sampling(model, b, samples, quiet_weights(model, hoist))
+    run.nodes = fuse_weight_views(run.nodes, run.encoded, run.quiet, run.shapes)  # Linear on [B, T, in]: MatMul
     for name in (n for n in model.encoded_weight_names() if n in run.quiet):  # hoisted layers run once: their mean
         _hoisted_weight(b, run.nodes, model.encoded_weight(name), weights)
     run.locate()

@@ -143,6 +143,29 @@ FACTORIES = {
                      "        x, kl3 = self.fc2(torch.relu(x))\n"
                      "        return x, kl1 + kl2 + kl3\n\n\n"
                      "def bayes_cnn():\n    return BayesCNN()\n"),
+    # a ViT whose encoder's MLP blocks are bayesian-torch layers (docs/your-model.md, "Transformers")
+    "bayes_vit": (3, "from bayesian_torch.layers import LinearReparameterization\n\n\n"
+                     "class BayesViT(nn.Module):\n"
+                     "    def __init__(self):\n"
+                     "        super().__init__()\n"
+                     "        self.patch = nn.Linear({c} * 16, 32)\n"
+                     "        self.cls = nn.Parameter(torch.zeros(1, 1, 32))\n"
+                     "        self.pos = nn.Parameter(torch.zeros(1, {h} // 4 * ({w} // 4) + 1, 32))\n"
+                     "        block = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation='gelu', "
+                     "batch_first=True, norm_first=True)\n"
+                     "        self.encoder = nn.TransformerEncoder(block, 2, enable_nested_tensor=False)\n"
+                     "        for layer in self.encoder.layers:\n"
+                     "            layer.linear1 = LinearReparameterization(32, 64)\n"
+                     "            layer.linear2 = LinearReparameterization(64, 32)\n"
+                     "            layer.linear1.dnn_to_bnn_flag = layer.linear2.dnn_to_bnn_flag = True\n"
+                     "        self.head = nn.Linear(32, 10)\n\n"
+                     "    def forward(self, x):\n"
+                     "        b = x.shape[0]\n"
+                     "        p = x.reshape(b, {c}, {h} // 4, 4, {w} // 4, 4).permute(0, 2, 4, 1, 3, 5)"
+                     ".reshape(b, -1, {c} * 16)\n"
+                     "        t = torch.cat([self.cls.expand(b, -1, -1), self.patch(p)], 1) + self.pos\n"
+                     "        return self.head(self.encoder(t)[:, 0])\n\n\n"
+                     "def bayes_vit():\n    return BayesViT()\n"),
 }
 TRAINED = {"bayes_cnn": 30}
 """Factories whose weights a reader has trained (epochs of ELBO on the digits train split, a few seconds), where the
@@ -235,7 +258,7 @@ class Reader:
             assert len(dims) == rank, f"my.module:{name} for input {dims}: the template takes {rank} dims"
             if rank == 3:
                 c, h, w = dims
-                source += "\n\n" + template.format(c=c, flat=8 * (h // 2) * (w // 2), chw=c * h * w)
+                source += "\n\n" + template.format(c=c, h=h, w=w, flat=8 * (h // 2) * (w // 2), chw=c * h * w)
             else:
                 source += "\n\n" + template.format(n=dims[0])
         (folder / "my").mkdir()
