@@ -21,11 +21,12 @@ import dataclasses
 import math
 import os
 from pathlib import Path
+from typing import IO
 
 import onnx
 from onnx import TensorProto, helper
 
-from edgebnn._io import atomic_write_bytes
+from edgebnn import _io
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
 from edgebnn.exporters.config import GraphSpec
@@ -35,7 +36,7 @@ from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, finish_stores, store_metadata
 from edgebnn.exporters.stores.base import TRT
 from edgebnn.exporters.stores.registry import wrote_members
-from edgebnn.ir import DOMAIN, BNNModel
+from edgebnn.ir import DOMAIN, BNNModel, proto_writer
 
 
 def export_baked(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
@@ -147,9 +148,48 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
     return proto
 
 
+EXTERNAL_DATA_BYTES = MAX_GRAPH_BYTES
+"""An export whose file would be larger is written as ONNX external data (:func:`save_onnx`)."""
+EXTERNAL_MIN_TENSOR = 1024  # smaller constants stay in the graph (onnx.save_model's own default threshold)
+
+
 def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
-    """Write deterministically and atomically."""
-    return atomic_write_bytes(path, proto.SerializeToString(deterministic=True))
+    """Write deterministically and atomically, one initializer at a time (never the whole model's bytes at once).
+
+    A model of at most :data:`EXTERNAL_DATA_BYTES` is one file, the bytes ``SerializeToString`` gives; a larger
+    one (past protobuf's 2 GiB) is written in ONNX's external data format: the constants of at least
+    :data:`EXTERNAL_MIN_TENSOR` bytes in ``<file>.data`` beside it, in graph order, each file written atomically
+    (the data first, so the ``.onnx`` never names data that is not there). ``proto`` itself is not changed.
+    """
+    dest = Path(path)
+    size, write = proto_writer(proto)
+    if size <= EXTERNAL_DATA_BYTES:
+        return _io.atomic_write(dest, write)
+    data = dest.with_name(dest.name + ".data")
+    spans: dict[str, tuple[int, int]] = {}
+
+    def write_data(f: IO[bytes]) -> None:
+        offset = 0
+        for t in proto.graph.initializer:
+            raw = t.raw_data if t.HasField("raw_data") else b""
+            if len(raw) >= EXTERNAL_MIN_TENSOR:
+                f.write(raw)
+                spans[t.name] = (offset, len(raw))
+                offset += len(raw)
+
+    def stub(t: onnx.TensorProto) -> onnx.TensorProto:
+        if t.name not in spans:
+            return t
+        out = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims, doc_string=t.doc_string,
+                               data_location=onnx.TensorProto.EXTERNAL)
+        offset, length = spans[t.name]
+        for key, value in (("location", data.name), ("offset", offset), ("length", length)):
+            entry = out.external_data.add()
+            entry.key, entry.value = key, str(value)
+        return out
+
+    _io.atomic_write(data, write_data)
+    return _io.atomic_write(dest, proto_writer(proto, stub)[1])
 
 
 def _softmax_output(proto: onnx.ModelProto, model: BNNModel) -> None:
