@@ -18,7 +18,6 @@ bayesian-torch way, and dropout masks [RandomUniform ≥ p]/(1-p); S runs make o
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from pathlib import Path
 from typing import IO
@@ -27,7 +26,6 @@ import onnx
 from onnx import TensorProto, helper
 
 from edgebnn import _io
-from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
 from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
@@ -36,7 +34,7 @@ from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, finish_stores, store_metadata
 from edgebnn.exporters.stores.base import TRT
 from edgebnn.exporters.stores.registry import wrote_members
-from edgebnn.ir import DOMAIN, BNNModel, proto_writer
+from edgebnn.ir import BNNModel, proto_writer
 
 
 def export_baked(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
@@ -47,27 +45,7 @@ def export_baked(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
     stores = spec.weights if profile is None or profile.decodes else "fp32"  # hoisted means: the IR's codes
     weights = "fp32" if spec.weights == "ir" else spec.weights  # the members are draws: fp32 unless asked otherwise
     choice = choose_form(spec.device, weights, spec.form)
-    _check_baked_size(model, spec.total, weights)
     return _baked(model, dataclasses.replace(spec, weights=weights), choice, stores)
-
-
-MAX_GRAPH_BYTES = 2**31 - 2**26  # protobuf refuses messages of 2 GiB; keep room for the graph around them
-_BYTES_PER_WEIGHT = {"fp32": 4.0, "int8": 1.0, "int4": 0.5}
-
-
-def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
-    """Refuse, before drawing anything, a baked graph too large for one ONNX file."""
-    n = sum(math.prod(next(a.ints for a in node.attribute if a.name == "shape"))
-            for node in model.proto.graph.node if node.domain == DOMAIN)
-    need = samples * n * _BYTES_PER_WEIGHT[weights]
-    if need > MAX_GRAPH_BYTES:
-        most = int(MAX_GRAPH_BYTES // (n * _BYTES_PER_WEIGHT[weights]))
-        smaller = next((f"--weights {w}, " for w, b in _BYTES_PER_WEIGHT.items() if b < _BYTES_PER_WEIGHT[weights]), "")
-        raise InvalidOptionError(
-            f"--samples {samples}: {samples} baked members of {n:,} weights need {need / 2**30:.1f} GiB of "
-            f"{weights} constants, over ONNX's 2 GiB file limit; use at most -S {most}, {smaller}or "
-            "--mode noise (noise drawn at run time)"
-        )
 
 
 def _baked(model: BNNModel, spec: GraphSpec, choice: FormChoice, stores: str) -> onnx.ModelProto:
@@ -148,8 +126,9 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
     return proto
 
 
-EXTERNAL_DATA_BYTES = MAX_GRAPH_BYTES
-"""An export whose file would be larger is written as ONNX external data (:func:`save_onnx`)."""
+EXTERNAL_DATA_BYTES = 2**31 - 2**26
+"""An export whose file would be larger (protobuf refuses messages of 2 GiB; room kept for the graph) is written as
+ONNX external data (:func:`save_onnx`)."""
 EXTERNAL_MIN_TENSOR = 1024  # smaller constants stay in the graph (onnx.save_model's own default threshold)
 
 
