@@ -9,6 +9,7 @@ deterministic ops run once on B·S rows and a sampled layer is one batched op.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +68,8 @@ class Builder:
     def __init__(self, inits: Iterable[onnx.TensorProto] = (), fmt: ExportFormat | None = None) -> None:
         self.fmt = fmt or ExportFormat()
         self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
+        self._out = onnx.ModelProto()  # the export: its constants are built in place (:meth:`model`)
+        self.inits: Any = self._out.graph.initializer  # onnx.TensorProto, appended to as a list
         self.inputs: list[onnx.ValueInfoProto] = []
         self._names: set[str] = set()
         self.stored: dict[str, str] = {}  # decoded tensor -> the store that wrote it (the export metadata)
@@ -95,7 +97,15 @@ class Builder:
         if name in self._names:
             raise ValueError(f"duplicate initializer {name}")
         self._names.add(name)
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        value = np.ascontiguousarray(value)
+        if value.dtype.kind not in "biuf":  # what numpy_helper writes otherwise (strings)
+            self.inits.append(numpy_helper.from_array(value, name))
+            return name
+        t = self.inits.add()  # numpy_helper.from_array's fields, written in the graph: no copy of the data
+        t.dims.extend(value.shape)
+        t.name = name
+        t.data_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+        t.raw_data = value.tobytes()
         return name
 
     def i64(self, name: str, *values: int) -> str:
@@ -132,21 +142,72 @@ class Builder:
         return self.add("Reshape", [x, flat], dst)
 
     def model(self, base: onnx.ModelProto, graph_inputs: list[onnx.ValueInfoProto], name: str) -> onnx.ModelProto:
-        """The graph: the nodes added and the head's outputs (:mod:`edgebnn.tasks`: the exporter adds a head)."""
+        """The graph: the nodes added and the head's outputs (:mod:`edgebnn.tasks`: the exporter adds a head).
+
+        The constants were built in the model itself, so the export never holds them twice (a baked export's
+        members are most of its memory); ``helper.make_model`` would copy the graph, so its fields are set here.
+        """
         outputs = self.outputs
         assert outputs is not None, "the exporter added no task head"
         used = {x for node in self.nodes for x in node.input}  # skeleton parameters a rewrite replaced
-        inits = [t for t in self.inits if t.name in used]
-        graph = helper.make_graph(self.nodes, name, [*graph_inputs, *self.inputs], outputs, inits)
+        inits = self.inits
+        for i in reversed([i for i, t in enumerate(inits) if t.name not in used]):
+            del inits[i]
         int4 = any(t.data_type == TensorProto.INT4 for t in inits)  # int4 DequantizeLinear needs opset 21
         least = max(21 if int4 else 0, self.min_opset)
         opsets = [helper.make_opsetid(o.domain, max(o.version, least) if o.domain in ("", "ai.onnx")
                                       else o.version) for o in base.opset_import]
         if any(n.domain == CONTRIB for n in self.nodes) and all(o.domain != CONTRIB for o in opsets):
             opsets.append(helper.make_opsetid(CONTRIB, 1))  # MatMulNBits (the int4 integer form)
-        out = helper.make_model(graph, opset_imports=opsets, producer_name="edgebnn")
+        out = self._out
         out.ir_version = base.ir_version
+        out.producer_name = "edgebnn"
+        out.opset_import.extend(opsets)
+        out.graph.node.extend(self.nodes)
+        out.graph.name = name
+        out.graph.input.extend([*graph_inputs, *self.inputs])
+        out.graph.output.extend(outputs)
         return out
+
+
+CHECK_INLINE_ELEMENTS = 1 << 18  # constants up to this size stay in the graph onnx's checker sees as a whole
+
+
+def check_export(proto: onnx.ModelProto) -> None:
+    """onnx's checker on an export, never on the whole model's bytes (``check_model`` serializes the model and
+    parses it again, twice a baked export's constants; it refuses past 2 GiB): the graph with each constant over
+    :data:`CHECK_INLINE_ELEMENTS` values declared as a graph input of its type and shape instead (its data is
+    ``numpy_helper``'s, of that type and shape).
+
+    Raises:
+        onnx.checker.ValidationError: What the checker finds.
+    """
+    graph = proto.graph
+    skeleton, inner = onnx.ModelProto(), onnx.GraphProto()
+    for fd, value in proto.ListFields():
+        if fd.name != "graph":
+            _copy(value, skeleton, fd.name)
+    for fd, value in graph.ListFields():
+        if fd.name != "initializer":
+            _copy(value, inner, fd.name)
+    declared = {v.name for v in graph.input}
+    for t in graph.initializer:
+        if math.prod(t.dims) <= CHECK_INLINE_ELEMENTS:  # (ByteSize would serialize it: upb counts so)
+            inner.initializer.append(t)
+        elif t.name not in declared:
+            inner.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    skeleton.graph.CopyFrom(inner)
+    onnx.checker.check_model(skeleton)
+
+
+def _copy(value: Any, dst: Any, name: str) -> None:
+    target = getattr(dst, name)
+    if hasattr(target, "extend"):
+        target.extend(value)
+    elif hasattr(target, "CopyFrom"):
+        target.CopyFrom(value)
+    else:
+        setattr(dst, name, value)
 
 
 def renamed_input(node: onnx.NodeProto, old: str, new: str) -> onnx.NodeProto:

@@ -18,15 +18,14 @@ bayesian-torch way, and dropout masks [RandomUniform ≥ p]/(1-p); S runs make o
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from pathlib import Path
+from typing import IO
 
 import onnx
 from onnx import TensorProto, helper
 
-from edgebnn._io import atomic_write_bytes
-from edgebnn.errors import InvalidOptionError
+from edgebnn import _io
 from edgebnn.exporters._graph import Builder, ExportFormat, P, set_metadata
 from edgebnn.exporters.config import GraphSpec
 from edgebnn.exporters.draws import draw_emitter, gaussian_draw
@@ -35,7 +34,7 @@ from edgebnn.exporters.rewrite import baked_layers, rewrite_sampled_layers
 from edgebnn.exporters.stores import compact_names, finish_stores, store_metadata
 from edgebnn.exporters.stores.base import TRT
 from edgebnn.exporters.stores.registry import wrote_members
-from edgebnn.ir import DOMAIN, BNNModel
+from edgebnn.ir import BNNModel, proto_writer
 
 
 def export_baked(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
@@ -46,27 +45,7 @@ def export_baked(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
     stores = spec.weights if profile is None or profile.decodes else "fp32"  # hoisted means: the IR's codes
     weights = "fp32" if spec.weights == "ir" else spec.weights  # the members are draws: fp32 unless asked otherwise
     choice = choose_form(spec.device, weights, spec.form)
-    _check_baked_size(model, spec.total, weights)
     return _baked(model, dataclasses.replace(spec, weights=weights), choice, stores)
-
-
-MAX_GRAPH_BYTES = 2**31 - 2**26  # protobuf refuses messages of 2 GiB; keep room for the graph around them
-_BYTES_PER_WEIGHT = {"fp32": 4.0, "int8": 1.0, "int4": 0.5}
-
-
-def _check_baked_size(model: BNNModel, samples: int, weights: str) -> None:
-    """Refuse, before drawing anything, a baked graph too large for one ONNX file."""
-    n = sum(math.prod(next(a.ints for a in node.attribute if a.name == "shape"))
-            for node in model.proto.graph.node if node.domain == DOMAIN)
-    need = samples * n * _BYTES_PER_WEIGHT[weights]
-    if need > MAX_GRAPH_BYTES:
-        most = int(MAX_GRAPH_BYTES // (n * _BYTES_PER_WEIGHT[weights]))
-        smaller = next((f"--weights {w}, " for w, b in _BYTES_PER_WEIGHT.items() if b < _BYTES_PER_WEIGHT[weights]), "")
-        raise InvalidOptionError(
-            f"--samples {samples}: {samples} baked members of {n:,} weights need {need / 2**30:.1f} GiB of "
-            f"{weights} constants, over ONNX's 2 GiB file limit; use at most -S {most}, {smaller}or "
-            "--mode noise (noise drawn at run time)"
-        )
 
 
 def _baked(model: BNNModel, spec: GraphSpec, choice: FormChoice, stores: str) -> onnx.ModelProto:
@@ -147,9 +126,49 @@ def float_bnn(model: BNNModel) -> onnx.ModelProto:
     return proto
 
 
+EXTERNAL_DATA_BYTES = 2**31 - 2**26
+"""An export whose file would be larger (protobuf refuses messages of 2 GiB; room kept for the graph) is written as
+ONNX external data (:func:`save_onnx`)."""
+EXTERNAL_MIN_TENSOR = 1024  # smaller constants stay in the graph (onnx.save_model's own default threshold)
+
+
 def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
-    """Write deterministically and atomically."""
-    return atomic_write_bytes(path, proto.SerializeToString(deterministic=True))
+    """Write deterministically and atomically, one initializer at a time (never the whole model's bytes at once).
+
+    A model of at most :data:`EXTERNAL_DATA_BYTES` is one file, the bytes ``SerializeToString`` gives; a larger
+    one (past protobuf's 2 GiB) is written in ONNX's external data format: the constants of at least
+    :data:`EXTERNAL_MIN_TENSOR` bytes in ``<file>.data`` beside it, in graph order, each file written atomically
+    (the data first, so the ``.onnx`` never names data that is not there). ``proto`` itself is not changed.
+    """
+    dest = Path(path)
+    size, write = proto_writer(proto)
+    if size <= EXTERNAL_DATA_BYTES:
+        return _io.atomic_write(dest, write)
+    data = dest.with_name(dest.name + ".data")
+    spans: dict[str, tuple[int, int]] = {}
+
+    def write_data(f: IO[bytes]) -> None:
+        offset = 0
+        for t in proto.graph.initializer:
+            raw = t.raw_data if t.HasField("raw_data") else b""
+            if len(raw) >= EXTERNAL_MIN_TENSOR:
+                f.write(raw)
+                spans[t.name] = (offset, len(raw))
+                offset += len(raw)
+
+    def stub(t: onnx.TensorProto) -> onnx.TensorProto:
+        if t.name not in spans:
+            return t
+        out = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims, doc_string=t.doc_string,
+                               data_location=onnx.TensorProto.EXTERNAL)
+        offset, length = spans[t.name]
+        for key, value in (("location", data.name), ("offset", offset), ("length", length)):
+            entry = out.external_data.add()
+            entry.key, entry.value = key, str(value)
+        return out
+
+    _io.atomic_write(data, write_data)
+    return _io.atomic_write(dest, proto_writer(proto, stub)[1])
 
 
 def _softmax_output(proto: onnx.ModelProto, model: BNNModel) -> None:

@@ -32,6 +32,7 @@ import onnx
 from edgebnn.devices import export_device
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import WEIGHT_FORMATS
+from edgebnn.exporters._graph import check_export
 from edgebnn.exporters.config import AUTO, ExportConfig, GraphSpec, Progress, ResolvedExport
 from edgebnn.exporters.families import check_family
 from edgebnn.exporters.forms import choose_form
@@ -165,7 +166,7 @@ def build_graph(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
     """
     check_family(model, spec.mode, spec.total, spec.noise)
     out = HANDLERS[spec.mode](model, spec)
-    onnx.checker.check_model(out)
+    check_export(out)
     return out
 
 
@@ -234,7 +235,7 @@ def _anytime(model: BNNModel, resolved: ResolvedExport,
     proto = anytime_graph(chunks, rule, model.manifest.num_classes,
                           {str(r["name"]) for r in meta.noise_inputs or () if r["per"] == "row"})
     write_metadata(proto, anytime_metadata(meta, rule))
-    onnx.checker.check_model(proto)
+    check_export(proto)
     return proto, choice
 
 

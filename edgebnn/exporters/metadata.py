@@ -52,7 +52,7 @@ from edgebnn.errors import EdgeBNNError, InvalidArtifactError
 from edgebnn.exporters import MODES, NOISE_VARIANTS, WEIGHT_FORMATS
 from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.forms import FORMS
-from edgebnn.ir import MANIFEST_KEY, BNNModel
+from edgebnn.ir import MANIFEST_KEY, BNNModel, proto_writer
 from edgebnn.stopping import StoppingRule
 from edgebnn.tasks import Task
 
@@ -353,13 +353,17 @@ def _short(v: object) -> str:
 
 
 def load_onnx(source: onnx.ModelProto | bytes | str | os.PathLike[str]) -> tuple[onnx.ModelProto, int, str]:
-    """``(model, its serialized bytes, name for messages)`` of an ONNX file, its bytes or a proto.
+    """``(model, its serialized bytes, name for messages)`` of an ONNX file, its bytes or a proto. A file written
+    with external data (past 2 GiB, :func:`edgebnn.exporters.ensemble.save_onnx`) is read without it (its
+    tensors keep naming ``<file>.data``; :func:`external_data_folder` tells onnxruntime where it is); its bytes
+    count that file too.
 
     Raises:
-        InvalidArtifactError: a missing or unreadable file, or bytes that are not ONNX (one line naming it).
+        InvalidArtifactError: a missing or unreadable file, bytes that are not ONNX, or external data that is
+            missing or not beside the file (one line naming it).
     """
-    if isinstance(source, onnx.ModelProto):
-        return source, source.ByteSize(), "<model>"
+    if isinstance(source, onnx.ModelProto):  # sized as written: upb's ByteSize serializes, and refuses past 2 GiB
+        return source, proto_writer(source)[0], "<model>"
     where = "<bytes>" if isinstance(source, bytes) else str(source)
     try:
         data = source if isinstance(source, bytes) else Path(source).read_bytes()
@@ -372,4 +376,40 @@ def load_onnx(source: onnx.ModelProto | bytes | str | os.PathLike[str]) -> tuple
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InvalidArtifactError(f"{where}: not an ONNX file") from e
-    return proto, len(data), where
+    return proto, len(data) + _external_bytes(proto, where), where
+
+
+def _external_locations(proto: onnx.ModelProto) -> set[str]:
+    """The files a model's external-data tensors name (:func:`edgebnn.exporters.ensemble.save_onnx`)."""
+    return {e.value for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+            for e in t.external_data if e.key == "location"}
+
+
+def _external_bytes(proto: onnx.ModelProto, where: str) -> int:
+    """The bytes of the files beside ``where`` that hold its external data (0 for a self-contained file); only a
+    plain file name in the model's folder is followed.
+
+    Raises:
+        InvalidArtifactError: bytes or a proto with external data, a location that is not a file name beside
+            the model, or a missing one.
+    """
+    total = 0
+    for location in sorted(_external_locations(proto)):
+        if where.startswith("<"):
+            raise InvalidArtifactError(f"{where}: its constants are external data ({location!r}): load it from "
+                                       "its file, beside which that data lies")
+        if Path(location).name != location or location in (".", ".."):
+            raise InvalidArtifactError(f"{where}: external data location {location!r} is not a file beside it")
+        data = Path(where).parent / location
+        if not data.is_file():
+            raise InvalidArtifactError(f"{where}: its external data {data} is missing (it is written beside the "
+                                       ".onnx and travels with it)")
+        total += data.stat().st_size
+    return total
+
+
+def external_data_folder(proto: onnx.ModelProto, where: str) -> str | None:
+    """The folder onnxruntime reads an export's external data from (the file's own), or None when it has none."""
+    if not _external_locations(proto) or where.startswith("<"):
+        return None
+    return str(Path(where).resolve().parent)

@@ -243,7 +243,8 @@ def _field_cost(message_bytes: int) -> int:
 def _tensors(graph: onnx.GraphProto) -> Iterator[tuple[str, tuple[TensorProto, int]]]:
     """(name, (tensor, bytes it adds to the file)) of each initializer and each ``Constant`` node's tensor."""
     for t in graph.initializer:
-        yield t.name, (t, _field_cost(t.ByteSize()))
+        external = sum(int(e.value) for e in t.external_data if e.key == "length")  # in <file>.data
+        yield t.name, (t, _field_cost(t.ByteSize()) + external)
     for n in graph.node:
         if n.op_type == "Constant" and n.output:
             for a in n.attribute:

@@ -20,7 +20,7 @@ from edgebnn.ir._model import (
     make_encoding_node,
     tensor_to_array,
 )
-from edgebnn.ir._serde import check_text, from_bytes, load, save, serialized_size, to_bytes
+from edgebnn.ir._serde import check_text, from_bytes, load, proto_writer, save, serialized_size, to_bytes
 from edgebnn.ir._verify import verify
 from edgebnn.ir.encodings import ENCODINGS, Encoding, GaussianWeight, register_encoding
 from edgebnn.ir.mlp import gaussian_mlp
@@ -44,6 +44,7 @@ __all__ = [
     "gaussian_mlp",
     "load",
     "make_encoding_node",
+    "proto_writer",
     "register_encoding",
     "save",
     "serialized_size",

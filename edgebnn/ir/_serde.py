@@ -8,8 +8,9 @@ fields, then one initializer at a time), so neither holds a serialized copy of t
 from __future__ import annotations
 
 import io
+import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -27,6 +28,8 @@ MAX_FILE_BYTES = 2 * 1024**3  # protobuf's own limit
 
 _GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
 _INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+_RAW_SPLIT_ELEMENTS = 1 << 18
 
 
 def to_bytes(model: BNNModel) -> bytes:
@@ -43,11 +46,20 @@ def serialized_size(model: BNNModel) -> int:
 def save(model: BNNModel, path: str | os.PathLike[str]) -> Path:
     """Verify ``model`` and write :func:`to_bytes`'s bytes atomically to ``path``, one initializer at a time."""
     verify(model)
-    proto = _with_manifest(model)
-    layout = _Layout.of(proto)
+    return _io.atomic_write(path, proto_writer(_with_manifest(model))[1])
+
+
+def proto_writer(proto: onnx.ModelProto, tensor: Callable[[onnx.TensorProto], onnx.TensorProto] | None = None,
+                 ) -> tuple[int, Callable[[IO[bytes]], object]]:
+    """``(bytes, write)``: ``write(f)`` writes ``proto``'s deterministic serialization to ``f`` one initializer at a
+    time (``SerializeToString`` holds the whole model's bytes at once, and refuses past 2 GiB), each initializer as
+    ``tensor`` maps it (default: itself, the same bytes; an exporter's external-data stub); ``bytes`` is how many
+    it writes."""
+    layout = _Layout.of(proto, tensor)
     if layout is None:
-        return _io.atomic_write(path, lambda f: f.write(proto.SerializeToString(deterministic=True)))
-    return _io.atomic_write(path, layout.write)
+        data = proto.SerializeToString(deterministic=True)
+        return len(data), lambda f: f.write(data)
+    return layout.size, layout.write
 
 
 def _with_manifest(model: BNNModel) -> onnx.ModelProto:
@@ -69,10 +81,10 @@ class _Layout:
     after it and the model's fields after ``graph`` make the tail.
     """
 
-    def __init__(self, proto: onnx.ModelProto) -> None:
+    def __init__(self, proto: onnx.ModelProto, tensor: Callable[[onnx.TensorProto], onnx.TensorProto] | None) -> None:
         graph = proto.graph
-        self.tensors = list(graph.initializer)
-        self.sizes = [t.ByteSize() for t in self.tensors]  # each serialized (and freed) on its own
+        self.tensors = [tensor(t) for t in graph.initializer] if tensor is not None else list(graph.initializer)
+        self.sizes = [_tensor_size(t) for t in self.tensors]
         tensors = sum(len(_key(_INITIALIZER)) + len(_varint(n)) + n for n in self.sizes)
         graph_head, graph_tail = _fields(graph, _INITIALIZER, onnx.GraphProto)
         model_head, model_tail = _fields(proto, _GRAPH, onnx.ModelProto)
@@ -81,19 +93,43 @@ class _Layout:
         self.size = len(self.head) + tensors + len(self.tail)
 
     @classmethod
-    def of(cls, proto: onnx.ModelProto) -> _Layout | None:
+    def of(cls, proto: onnx.ModelProto,
+           tensor: Callable[[onnx.TensorProto], onnx.TensorProto] | None = None) -> _Layout | None:
         """The layout, or None where splitting could change the bytes (fields protobuf does not know, no graph)."""
         if not proto.HasField("graph") or unknown_fields.UnknownFieldSet(proto) or unknown_fields.UnknownFieldSet(
                 proto.graph):
             return None
-        return cls(proto)
+        return cls(proto, tensor)
 
     def write(self, f: IO[bytes]) -> None:
         f.write(self.head)
         for t, n in zip(self.tensors, self.sizes, strict=True):
             f.write(_key(_INITIALIZER) + _varint(n))
-            f.write(t.SerializeToString(deterministic=True))
+            if not _split(t):
+                f.write(t.SerializeToString(deterministic=True))
+                continue
+            head, tail = _fields(t, _RAW_DATA, onnx.TensorProto)
+            raw = t.raw_data
+            f.write(head + _key(_RAW_DATA) + _varint(len(raw)))
+            f.write(raw)
+            del raw
+            f.write(tail)
         f.write(self.tail)
+
+
+def _split(t: onnx.TensorProto) -> bool:
+    """Whether a tensor is written (and sized) as its other fields around its data: a large one, which serializing
+    (or ``ByteSize``, which upb computes by serializing) would hold twice while its buffer grows."""
+    return t.HasField("raw_data") and math.prod(t.dims) >= _RAW_SPLIT_ELEMENTS
+
+
+def _tensor_size(t: onnx.TensorProto) -> int:
+    """``t.ByteSize()``, holding a large tensor's data once (the bytes object of its ``raw_data``)."""
+    if not _split(t):
+        return int(t.ByteSize())
+    head, tail = _fields(t, _RAW_DATA, onnx.TensorProto)
+    n = len(t.raw_data)
+    return len(head) + len(_key(_RAW_DATA)) + len(_varint(n)) + n + len(tail)
 
 
 def _fields(src: Message, split: int, kind: type[Message]) -> tuple[bytes, bytes]:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
+import onnx
 
 from edgebnn.errors import ArtifactRuntimeError
 
@@ -25,6 +27,16 @@ _RUNNING = re.compile(r"running (?P<op>[\w.]+) node\. Name:'(?P<node>[^']*)' Sta
 _LOADING = re.compile(r"Node \((?P<node>[^)]*)\) Op \((?P<op>[\w.]+)\)\s*(?P<why>.*)", re.S)
 _PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
 MAX_REASON = 300  # characters of onnxruntime's reason kept on the line
+
+
+def external_data_options(opts: Any, proto: onnx.ModelProto, where: str | None) -> None:
+    """Point onnxruntime, which gets the model's bytes, at the folder of an export written with external data
+    (a ``.onnx`` past 2 GiB and its ``.data``); nothing for a self-contained one."""
+    from edgebnn.exporters.metadata import external_data_folder
+
+    folder = external_data_folder(proto, where or "<model>")
+    if folder is not None:
+        opts.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
 
 
 def is_ort_error(e: BaseException) -> bool:

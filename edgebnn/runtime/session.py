@@ -38,7 +38,7 @@ from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.ir import check_text
 from edgebnn.metrics import AnyPredictive, Predictive
-from edgebnn.runtime._ort import check_finite, ort_errors
+from edgebnn.runtime._ort import check_finite, external_data_options, ort_errors
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
 
@@ -88,6 +88,7 @@ class Session:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if threads:
             opts.intra_op_num_threads = threads
+        external_data_options(opts, proto, self.where)
         with ort_errors(self.where):  # onnxruntime's failures as one line naming the artifact and the op
             # enable_fallback=0: a model onnxruntime refuses is not retried on another provider after a banner on
             # stdout; its error is the one line.

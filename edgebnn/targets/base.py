@@ -24,11 +24,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
 
 from edgebnn.devices import BASELINE_RUNNERS, DeviceProfile
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError, MissingDependencyError
-from edgebnn.exporters.metadata import EXPORT_KEY, ExportMetadata
+from edgebnn.exporters.metadata import EXPORT_KEY, ExportMetadata, load_onnx
 from edgebnn.exporters.tensorrt import DEFAULT_WORKSPACE_MIB
 from edgebnn.ir import BNNModel
 from edgebnn.runtime.session import read_export
@@ -119,15 +118,13 @@ def _graph(model: onnx.ModelProto | str | Path, name: str) -> tuple[onnx.ModelPr
     path = Path(model)
     if not path.is_file():
         raise InvalidArtifactError(f"{path}: ONNX model not found")
-    try:
-        return onnx.load(str(path)), path, str(path)
-    except (OSError, DecodeError) as e:
-        raise InvalidArtifactError(f"{path}: not a readable ONNX model ({e})") from e
+    proto, _, where = load_onnx(path)  # external data (an export past 2 GiB) stays in its file for onnxruntime
+    return proto, path, where
 
 
 def onnx_size(proto: onnx.ModelProto, path: Path | None) -> int:
-    """Bytes of a graph: its file, or its serialized size."""
-    return path.stat().st_size if path is not None else proto.ByteSize()
+    """Bytes of a graph: its file (and its external data), or its serialized size."""
+    return load_onnx(path)[1] if path is not None else proto.ByteSize()
 
 
 def _export_meta(proto: onnx.ModelProto) -> ExportMetadata | None:

@@ -40,8 +40,9 @@ import onnx
 import onnxruntime as ort
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError, MissingDependencyError
+from edgebnn.exporters.metadata import external_data_folder
 from edgebnn.metrics import Predictive
-from edgebnn.runtime._ort import ort_errors
+from edgebnn.runtime._ort import external_data_options, ort_errors
 from edgebnn.targets.torch_interp import TorchProgram, import_torch
 
 Feed = np.ndarray | Mapping[str, np.ndarray]
@@ -103,6 +104,8 @@ class OrtRunner:
             providers = ["CUDAExecutionProvider", *providers]
         elif provider != "cpu":
             raise InvalidOptionError(f"onnxruntime provider {provider!r}: choose cpu or cuda")
+        if isinstance(model, onnx.ModelProto):
+            external_data_options(opts, model, where)
         data = model if isinstance(model, bytes) else model.SerializeToString()
         with ort_errors(self.where):
             self.session = ort.InferenceSession(data, opts, providers=providers)
@@ -154,7 +157,8 @@ class SessionRunner:
     def __init__(self, model: onnx.ModelProto, *, threads: int = 2, where: str | None = None) -> None:
         from edgebnn.runtime import Session
 
-        self.session = Session(model, threads=threads)
+        external = where is not None and external_data_folder(model, where) is not None
+        self.session = Session(where if where is not None and external else model, threads=threads)  # by its file
         if where is not None:  # how runtime failures name the artifact
             self.session.where = where
         self.input_names = [self.session.input_name]

@@ -24,11 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from synthetic import synthetic_cnn
 from test_corpus import CASES, Ctx
 
 from edgebnn import ir
-from edgebnn.errors import InvalidArtifactError, InvalidOptionError
+from edgebnn.errors import InvalidArtifactError
 from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.export import export_model
 from edgebnn.ir import BNNModel, gaussian_mlp
@@ -184,15 +183,3 @@ def test_consuming_lower_and_save_copy_no_model(tmp_path):
     # saving writes one initializer at a time: no serialized copy of the whole model (1.0, 2.0 while protobuf
     # grows its buffer)
     assert peaks["save"] < 0.5, peaks
-
-
-@pytest.mark.parametrize(("weights", "suggests"), [("fp32", "-S 13, --weights int8, or --mode noise"),
-                                                   ("int8", "-S 54, --weights int4, or --mode noise"),
-                                                   ("int4", "-S 108, or --mode noise")])
-def test_baked_export_over_2gib_is_refused_naming_what_fits(weights, suggests, monkeypatch):
-    from edgebnn.exporters import ensemble
-
-    model = synthetic_cnn()  # 148 weights: 592, 148 and 74 bytes a member in fp32, int8 and int4
-    monkeypatch.setattr(ensemble, "MAX_GRAPH_BYTES", 8_000)  # stands for protobuf's 2 GiB
-    with pytest.raises(InvalidOptionError, match=f"--samples 200: .* use at most {suggests}"):
-        export_model(model, ExportConfig(200, mode="baked", weights=weights))

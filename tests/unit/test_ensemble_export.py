@@ -213,15 +213,6 @@ def test_int4_gemm_weights_are_blockwise_and_odd_outputs_fall_back_to_int8():
         assert np.abs(got - fp32).max() < 0.1
 
 
-def test_too_many_samples_for_one_onnx_file_is_refused_before_drawing(monkeypatch):
-    from edgebnn.exporters import ensemble
-
-    monkeypatch.setattr(ensemble, "MAX_GRAPH_BYTES", 8_000)  # the synthetic CNN has 148 weights: 592 B/member
-    with pytest.raises(InvalidOptionError, match=r"--samples 16: .* use at most -S 13, --weights int8"):
-        export_model(synthetic_cnn(), ExportConfig(16, mode="baked"))
-    export_model(synthetic_cnn(), ExportConfig(13, mode="baked"))  # 7.7 kB fits
-
-
 @pytest.mark.parametrize("mode", ["baked", "noise", "analytic"])
 def test_progress_reaches_its_total_once_per_step(mode):
     calls: list[tuple[int, int]] = []
