@@ -125,9 +125,9 @@ def _analytic(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
     glm = uses_glm(model)  # a last-layer posterior: the exact GLM logit variance and the probit link (glm.py)
     approximations = check_analytic(model, glm)  # a family that refuses analytic ends here, in one line
     out = export_glm(model, spec) if glm else export_analytic(model, dataclasses.replace(spec, weights=weights))
-    if approximations:  # what the moments drop, in the file: eval, inspect and Session report it
+    if approximations:  # what the moments drop, in the file: eval, inspect and Session report it (with the ops')
         meta = read_metadata(out, model.where)
-        write_metadata(out, dataclasses.replace(meta, approximations=tuple(approximations)))
+        write_metadata(out, dataclasses.replace(meta, approximations=(*approximations, *(meta.approximations or ()))))
     return out
 
 
