@@ -33,7 +33,6 @@ With the rule off (``epsilon = 0``) every row runs S_max / c chunks: the same me
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,6 @@ from edgebnn.stopping import StoppingRule
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})
 A = "at/"  # prefix of every value this rewrite adds (short: a chunk copy repeats it on every value)
-S = A + "state/"  # the Loop body's inputs and outputs: iteration, condition, running statistics
 SAMPLES_OUTPUT = "samples"
 
 
@@ -112,62 +110,7 @@ class _Graph:
         return self.add(op, [x], out, axes=[axis], keepdims=keepdims)
 
 
-STATE = ("n", "active", "mean", "m2", "neg_h")  # per row: members seen, still drawing (1/0), mean p, M2, E[Σ p log p]
-
-
-def _state_info(names: list[str], classes: int) -> list[onnx.ValueInfoProto]:
-    dims: dict[str, list[str | int | None]] = {"mean": ["batch", classes], "m2": ["batch", classes]}
-    return [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims.get(key, ["batch"]))
-            for key, name in zip(STATE, names, strict=True)]
-
-
-def _update(g: _Graph, p: str, logits3: str, c: int, old: list[str], new: list[str], coef: str, thresh: str) -> None:
-    """Merge one chunk of member logits ``logits3`` [B, c, K] into the running statistics ``old`` (names in
-    :data:`STATE` order) of the rows still drawing, apply the rule (``coef``: a_i, ``thresh``: ε² or never) and write
-    ``new``. Chan et al.'s pairwise update: n' = n + c, w = c / n', mean' = mean + d·w, M2' = M2 + M2_c + d²·n·w,
-    E' = E + (E_c - E)·w with d = chunk mean - mean."""
-    n, active, mean, m2, neg_h = old
-    ps = g.add("Softmax", [logits3], p + "p_s", axis=-1)
-    logps = g.add("LogSoftmax", [logits3], p + "logp_s", axis=-1)
-    ax1 = g.i64(p + "ax1", 1)
-    cmean = g.reduce("ReduceMean", ps, 1, p + "chunk_mean")
-    dev = g.add("Sub", [ps, g.add("Unsqueeze", [cmean, ax1], p + "chunk_mean3")], p + "dev")
-    cm2 = g.reduce("ReduceSum", g.add("Mul", [dev, dev], p + "dev2"), 1, p + "chunk_m2")
-    plogp = g.reduce("ReduceSum", g.add("Mul", [ps, logps], p + "plogp_s"), -1, p + "neg_h_s")
-    cneg = g.reduce("ReduceMean", plogp, 1, p + "chunk_neg_h")
-    c_f = g.f32(p + "c", float(c))
-    n_new = g.add("Add", [n, c_f], p + "n_new")
-    w = g.add("Div", [c_f, n_new], p + "w")
-    d = g.add("Sub", [cmean, mean], p + "d")
-    mean_new = g.add("Add", [mean, g.add("Mul", [d, g.add("Unsqueeze", [w, ax1], p + "w2d")], p + "dw")],
-                     p + "mean_new")
-    nw = g.add("Unsqueeze", [g.add("Mul", [n, w], p + "nw"), ax1], p + "nw2d")
-    m2_new = g.add("Add", [g.add("Add", [m2, cm2], p + "m2_sum"),
-                           g.add("Mul", [g.add("Mul", [d, d], p + "d2"), nw], p + "d2nw")], p + "m2_new")
-    neg_new = g.add("Add", [neg_h, g.add("Mul", [g.add("Sub", [cneg, neg_h], p + "dneg"), w], p + "dneg_w")],
-                    p + "neg_new")
-    on = g.add("Cast", [active], p + "on", to=TensorProto.BOOL)  # a settled row keeps its statistics
-    on2 = g.add("Unsqueeze", [on, ax1], p + "on2d")
-    g.add("Where", [on, n_new, n], new[0])
-    mean_out = g.add("Where", [on2, mean_new, mean], new[2])
-    m2_out = g.add("Where", [on2, m2_new, m2], new[3])
-    g.add("Where", [on, neg_new, neg_h], new[4])
-    # the rule (edgebnn.stopping): r² = a_i·M2 < ε² for every class, and the top class's interval alone
-    r2 = g.add("Mul", [m2_out, coef], p + "r2")
-    r = g.add("Sqrt", [r2], p + "r")
-    close = g.add("Less", [g.reduce("ReduceMax", r2, -1, p + "r2_max"), thresh], p + "close")
-    best_low = g.reduce("ReduceMax", g.add("Sub", [mean_out, r], p + "low"), -1, p + "best_low", keepdims=1)
-    reach = g.add("Cast", [g.add("GreaterOrEqual", [g.add("Add", [mean_out, r], p + "high"), best_low],
-                                 p + "reaches")], p + "reaches_f", to=TensorProto.FLOAT)
-    alone = g.add("Less", [g.reduce("ReduceSum", reach, -1, p + "n_reach"), g.f32(p + "one_half", 1.5)],
-                  p + "alone")
-    settled = g.add("Cast", [g.add("And", [close, alone], p + "settled_b")], p + "settled", to=TensorProto.FLOAT)
-    g.add("Mul", [active, g.add("Sub", [g.f32(p + "one", 1.0), settled], p + "unsettled")], new[1])
-
-
-def _any(g: _Graph, active: str, out: str) -> str:
-    """Whether any row is still drawing (a bool scalar: a Loop's or an If's condition)."""
-    return g.add("Greater", [g.reduce("ReduceMax", active, 0, out + "/max"), g.f32(out + "/zero", 0.0)], out)
+SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP
 
 
 def _copy(node: onnx.NodeProto, rename: dict[str, str], prefix: str | None, seed_offset: float) -> onnx.NodeProto:
@@ -178,6 +121,7 @@ def _copy(node: onnx.NodeProto, rename: dict[str, str], prefix: str | None, seed
     for k, x in enumerate(copy.input):
         copy.input[k] = rename.get(x, x)
     if prefix is not None:
+        copy.name = prefix + copy.name if copy.name else ""
         for k, x in enumerate(copy.output):
             rename[x] = copy.output[k] = prefix + x
     if seed_offset and node.op_type in RANDOM_OPS:
@@ -187,30 +131,65 @@ def _copy(node: onnx.NodeProto, rename: dict[str, str], prefix: str | None, seed
     return copy
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What every chunk's copy reads: the chunk graphs (one, or one per chunk: baked members), the initializers that
+    differ between them, the positions (graph order) of the nodes that change per chunk (``drawn``) and of the
+    once-per-call nodes that read the data (``fold``: re-run on a compressed batch), the member logits [B, c, K],
+    the rule and its per-chunk constants (:meth:`StoppingRule.constants`), the host noise inputs and which of them
+    have a row per (input, member)."""
+
+    chunks: list[onnx.ModelProto]
+    differing: set[str]
+    drawn: list[int]
+    fold: list[int]
+    logits3: str
+    rule: StoppingRule
+    coef: np.ndarray
+    thresh: np.ndarray
+    noise: dict[str, onnx.ValueInfoProto]
+    per_row: set[str]
+
+    def graph(self, i: int) -> onnx.GraphProto:
+        return self.chunks[i if len(self.chunks) > 1 else 0].graph
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The rows a chunk runs on, in the graph being built: their batch ([1] int64), the names the chunk graph's data
+    and fold values have for them (``values``), the per-row host noise as [rows, S_max, ...], and the running
+    statistics (mean, M2, E[Σ p log p]) of their members so far (None before the first chunk)."""
+
+    batch: str
+    values: dict[str, str]
+    noise: dict[str, str]
+    state: tuple[str, str, str] | None
+
+
 def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: int, per_row: set[str],
                   ) -> onnx.ModelProto:
-    """The graph of the module docstring from the fixed export of each chunk under ``rule``: a Loop over one body
-    when every chunk is the same graph (noise drawn per iteration), else an If per chunk holding that chunk's
-    constants (baked members: no copy per call); ``per_row``: the host noise inputs with one row per (input,
-    member) (the others have one per member). The metadata is the caller's."""
+    """The graph of the module docstring from the fixed export of each chunk under ``rule`` (one graph when every
+    chunk is the same: in-graph draws or host noise; one per chunk: baked members); ``per_row``: the host noise
+    inputs with one row per (input, member) (the others have one per member). The metadata is the caller's."""
     graph = chunks[0].graph
     outer = _Graph(next(o.version for o in chunks[0].opset_import if o.domain in ("", "ai.onnx")))
     logits3 = member_logits(graph)
-    noise_inputs = {i.name: i for i in graph.input[1:]}
+    noise = {i.name: i for i in graph.input[1:]}
     differing = _differing(chunks)
-    drawn = _split_nodes(graph, logits3, differing | set(noise_inputs), outer)
-    # the batch B of the data: the initial state's shape, and the host noise rows B·S_max are cut by
-    batch = outer.add("Slice", [outer.add("Shape", [graph.input[0].name], A + "x_shape"), outer.i64(A + "s0", 0),
-                                outer.i64(A + "s1", 1)], A + "batch")
+    drawn, fold = _split_nodes(graph, logits3, differing | set(noise), outer)
     coef, thresh = rule.constants(classes)
-    ch = _Chunking(drawn, logits3, rule, classes, coef, thresh, _noise_slicer(noise_inputs, per_row, batch, rule))
-    state = _initial_state(outer, batch, classes)
-    if len(chunks) == 1 and not noise_inputs:  # one body, drawn afresh each iteration
-        state = _loop(outer, graph, state, ch)
-    else:  # chunk i's constants, or its slice of the host noise, in its own branch (TensorRT-RTX 1.7's builder
-        # fails an internal check on a Loop body that slices a graph input by the iteration number)
-        state = _chain(outer, chunks if len(chunks) > 1 else chunks * rule.chunks, differing, state, ch)
-    _head(outer, state)
+    plan = _Plan(chunks, differing, drawn, fold, logits3, rule, coef, thresh, noise, per_row)
+    x = graph.input[0].name
+    batch = outer.add("Slice", [outer.add("Shape", [x], A + "x_shape"), outer.i64(A + "s0", 0), outer.i64(A + "s1", 1)],
+                      A + "batch")
+    rows_noise = {}
+    for name in sorted(per_row & set(noise)):  # [B·S_max, *dims] -> [B, S_max, *dims]: rows leave by Gather
+        dims = [d.dim_value for d in noise[name].type.tensor_type.shape.dim[1:]]
+        split = outer.add("Concat", [batch, outer.i64(A + name + "/s_dims", rule.max_samples, *dims)],
+                          A + name + "/split", axis=0)
+        rows_noise[name] = outer.add("Reshape", [name, split], A + name + "/rows")
+    n, mean, neg_h = _chunk(outer, plan, 0, _Rows(batch, {}, rows_noise, None))
+    _head(outer, n, mean, neg_h)
     return _assemble(chunks[0], outer, differing, per_row, rule, classes)
 
 
@@ -223,10 +202,11 @@ def _differing(chunks: list[onnx.ModelProto]) -> set[str]:
             if any(t.SerializeToString() != other[t.name] for other in others)}
 
 
-def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer: _Graph) -> list[int]:
+def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer: _Graph) -> tuple[list[int], list[int]]:
     """The nodes the member logits are computed from, split: those that change per chunk (random ops and what reads
-    ``varying`` values, transitively) by position, returned; the others (decodes, constants, the input fold: once
-    per call) appended to ``outer``."""
+    ``varying`` values, transitively) by position, returned first; the others (decodes, constants, the input fold:
+    once per call) appended to ``outer``, the positions of those that read the data (transitively) returned
+    second."""
     producer = {o: n for n in graph.node for o in n.output}
     needed: set[int] = set()
     stack = [logits3]
@@ -236,61 +216,144 @@ def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer:
             continue
         needed.add(id(node))
         stack.extend(node.input)
-    varying = set(varying)
+    varying, data = set(varying), {graph.input[0].name}
     drawn: list[int] = []
+    fold: list[int] = []
     for k, node in enumerate(graph.node):  # graph order is topological
         if id(node) not in needed:
             continue
         if node.op_type in RANDOM_OPS or any(x in varying for x in node.input):
             varying.update(node.output)
             drawn.append(k)
-        else:
-            outer.nodes.append(node)
-    return drawn
+            continue
+        outer.nodes.append(node)
+        if any(x in data for x in node.input):
+            data.update(node.output)
+            fold.append(k)
+    return drawn, fold
 
 
-def _noise_slicer(noise_inputs: dict[str, onnx.ValueInfoProto], per_row: set[str], batch: str,
-                  rule: StoppingRule) -> Slicer:
-    """How a chunk reads its members of each host noise input (the S_max fixed export's shapes)."""
-    total = rule.max_samples
+def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
+    """Chunk ``i`` on ``rows`` in ``g``, merged into their statistics, then the rule; the rows that go on run the
+    next chunks (compressed to those rows, inside an ``If`` taken only when one does). Returns the rows' final
+    (samples, mean, E[Σ p log p]) names."""
+    rule, p = plan.rule, f"at{i}/"
+    c = rule.chunk
+    rename = dict(rows.values)
+    for name in sorted(plan.noise):  # the chunk's members i·c .. i·c + c - 1 of each host noise input
+        local = p + "noise/" + name
+        dims = [d.dim_value for d in plan.noise[name].type.tensor_type.shape.dim[1:]]
+        start, end = g.i64(local + "/start", i * c), g.i64(local + "/end", i * c + c)
+        if name in plan.per_row:  # [R, S_max, *dims] -> [R, c, *dims] -> [R·c, *dims] (static but for R)
+            part = g.add("Slice", [rows.noise[name], start, end, g.i64(local + "/axis", 1)], local + "/part")
+            rc = g.add("Mul", [rows.batch, g.i64(local + "/c", c)], local + "/rc")
+            flat = g.add("Concat", [rc, g.i64(local + "/dims", *dims)], local + "/flat", axis=0)
+        else:  # [S_max, *dims] -> [c, *dims] (a static shape: TensorRT takes no dynamic Conv weights)
+            part = g.add("Slice", [name, start, end, g.i64(local + "/axis", 0)], local + "/part")
+            flat = g.i64(local + "/shape", c, *dims)
+        rename[name] = g.add("Reshape", [part, flat], local)
+    graph = plan.graph(i)
+    for t in graph.initializer:
+        if t.name in plan.differing:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            copy.name = rename[t.name] = p + "const/" + t.name
+            g.inits.append(copy)
+    g.nodes.extend(_copy(graph.node[k], rename, p + "g/", i * SEED_STEP) for k in plan.drawn)
+    mean, m2, neg_h = _merge(g, p, rename[plan.logits3], i, c, rows.state)
+    n_here = g.add("ConstantOfShape", [rows.batch], p + "n", value=numpy_helper.from_array(
+        np.full(1, float((i + 1) * c), np.float32)))
+    if i == rule.chunks - 1:
+        return n_here, mean, neg_h
+    if plan.thresh[i] < 0:  # not a look (or the rule off): every row goes on, in this graph
+        return _chunk(g, plan, i + 1, dataclasses.replace(rows, state=(mean, m2, neg_h)))
+    going = _going(g, p, mean, m2, float(plan.coef[i]), float(plan.thresh[i]))
+    return _rest(g, plan, i, rows, going, (n_here, mean, m2, neg_h))
 
-    def slices(g: _Graph, p: str, bounds: Callable[[], tuple[str, str]], rename: dict[str, str]) -> None:
-        """The chunk's members ``start .. end`` (``bounds()``: 1-D int64 values) of each host noise input, as
-        ``rename`` says. Shapes are static but for B, taken from the data (TensorRT-RTX 1.7's builder fails an
-        internal check on rows reshaped by -1)."""
-        start, end = bounds() if noise_inputs else ("", "")
-        for name in sorted(noise_inputs):
-            local = p + "noise/" + name
-            dims = [d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim[1:]]
-            if name in per_row:  # [B·S_max, *dims] -> [B, S_max, *dims] -> members start.. -> [B·c, *dims]
-                split = g.add("Concat", [batch, g.i64(local + "/s_dims", total, *dims)], local + "/split", axis=0)
-                rows = g.add("Reshape", [name, split], local + "/rows")
-                part = g.add("Slice", [rows, start, end, g.i64(local + "/axis", 1)], local + "/part")
-                bc = g.add("Mul", [batch, g.i64(local + "/c", rule.chunk)], local + "/bc")
-                flat = g.add("Concat", [bc, g.i64(local + "/dims", *dims)], local + "/flat", axis=0)
-                g.add("Reshape", [part, flat], local)
-            else:  # [S_max, *dims] -> [c, *dims] (a static shape: TensorRT takes no dynamic Conv weights)
-                part = g.add("Slice", [name, start, end, g.i64(local + "/axis", 0)], local + "/part")
-                g.add("Reshape", [part, g.i64(local + "/shape", rule.chunk, *dims)], local)
-            rename[name] = local
 
-    return slices
-
-
-def _initial_state(outer: _Graph, batch: str, classes: int) -> list[str]:
-    """The running statistics before the first chunk (:data:`STATE` order): zeros [B] / [B, K], every row drawing."""
-    rows_k = outer.add("Concat", [batch, outer.i64(A + "k", classes)], A + "batch_k", axis=0)
-
-    def fill(shape: str, value: float, out: str) -> str:
-        return outer.add("ConstantOfShape", [shape], out, value=numpy_helper.from_array(np.full(1, value, np.float32)))
-
-    zeros_b, zeros_bk = fill(batch, 0.0, A + "zeros_b"), fill(rows_k, 0.0, A + "zeros_bk")
-    return [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
+def _merge(g: _Graph, p: str, logits3: str, i: int, c: int, state: tuple[str, str, str] | None,
+           ) -> tuple[str, str, str]:
+    """Merge chunk ``i``'s member logits ``logits3`` [R, c, K] into the running statistics ``state`` of rows that
+    have seen n = i·c members (Chan et al.'s pairwise update: w = c / (n + c), mean' = mean + d·w,
+    M2' = M2 + M2_c + d²·n·w, E' = E + (E_c - E)·w with d = chunk mean - mean; constants, n being the chunk's)."""
+    ps = g.add("Softmax", [logits3], p + "p_s", axis=-1)
+    logps = g.add("LogSoftmax", [logits3], p + "logp_s", axis=-1)
+    ax1 = g.i64(p + "ax1", 1)
+    cmean = g.reduce("ReduceMean", ps, 1, p + "chunk_mean")
+    dev = g.add("Sub", [ps, g.add("Unsqueeze", [cmean, ax1], p + "chunk_mean3")], p + "dev")
+    cm2 = g.reduce("ReduceSum", g.add("Mul", [dev, dev], p + "dev2"), 1, p + "chunk_m2")
+    plogp = g.reduce("ReduceSum", g.add("Mul", [ps, logps], p + "plogp_s"), -1, p + "neg_h_s")
+    cneg = g.reduce("ReduceMean", plogp, 1, p + "chunk_neg_h")
+    if state is None:
+        return cmean, cm2, cneg
+    mean, m2, neg_h = state
+    w, nw = g.f32(p + "w", 1.0 / (i + 1)), g.f32(p + "nw", i * c / (i + 1))
+    d = g.add("Sub", [cmean, mean], p + "d")
+    mean_new = g.add("Add", [mean, g.add("Mul", [d, w], p + "dw")], p + "mean_new")
+    m2_new = g.add("Add", [g.add("Add", [m2, cm2], p + "m2_sum"),
+                           g.add("Mul", [g.add("Mul", [d, d], p + "d2"), nw], p + "d2nw")], p + "m2_new")
+    neg_new = g.add("Add", [neg_h, g.add("Mul", [g.add("Sub", [cneg, neg_h], p + "dneg"), w], p + "dneg_w")],
+                    p + "neg_new")
+    return mean_new, m2_new, neg_new
 
 
-def _head(outer: _Graph, state: list[str]) -> None:
+def _going(g: _Graph, p: str, mean: str, m2: str, coef: float, thresh: float) -> str:
+    """Per row, whether it draws on (bool [R]): not (r² = a_i·M2 < ε² for every class, and the top class's interval
+    alone reaches its lower end) (:meth:`StoppingRule.settled`)."""
+    r2 = g.add("Mul", [m2, g.f32(p + "coef", coef)], p + "r2")
+    r = g.add("Sqrt", [r2], p + "r")
+    close = g.add("Less", [g.reduce("ReduceMax", r2, -1, p + "r2_max"), g.f32(p + "thresh", thresh)], p + "close")
+    best_low = g.reduce("ReduceMax", g.add("Sub", [mean, r], p + "low"), -1, p + "best_low", keepdims=1)
+    reach = g.add("Cast", [g.add("GreaterOrEqual", [g.add("Add", [mean, r], p + "high"), best_low], p + "reaches")],
+                  p + "reaches_f", to=TensorProto.FLOAT)
+    alone = g.add("Less", [g.reduce("ReduceSum", reach, -1, p + "n_reach"), g.f32(p + "one_half", 1.5)], p + "alone")
+    return g.add("Not", [g.add("And", [close, alone], p + "settled")], p + "going")
+
+
+def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: tuple[str, str, str, str],
+          ) -> tuple[str, str, str]:
+    """After chunk ``i``'s look: an ``If`` taken when some row goes on, whose branch gathers those rows (their data,
+    fold values, per-row noise and statistics), runs chunk i + 1 on them and scatters their final statistics back
+    over ``here`` (samples, mean, M2, E of every row); the other branch passes ``here`` on."""
+    p = f"at{i}/rest/"
+    n_here, mean, m2, neg_h = here
+    cond = g.add("Cast", [g.reduce("ReduceMax", g.add("Cast", [going], p + "going_i", to=TensorProto.INT32), 0,
+                                   p + "any_i")], p + "any", to=TensorProto.BOOL)
+    b = _Graph(g.opset)
+    idx = b.add("Squeeze", [b.add("NonZero", [going], p + "nz"), b.i64(p + "ax0", 0)], p + "idx")
+    at = b.add("Unsqueeze", [idx, b.i64(p + "ax1", 1)], p + "idx2")
+
+    def take(v: str, name: str) -> str:
+        return b.add("Gather", [v, idx], p + "take/" + name, axis=0)
+
+    graph = plan.graph(i + 1)
+    x = graph.input[0].name
+    values = {x: take(rows.values.get(x, x), "x")}
+    b.nodes.extend(_copy(graph.node[k], values, p + "fold/", 0.0) for k in plan.fold)
+    sub = _Rows(b.add("Shape", [idx], p + "batch"), values,
+                {k: take(v, "noise/" + k) for k, v in rows.noise.items()},
+                (take(mean, "mean"), take(m2, "m2"), take(neg_h, "neg_h")))
+    finals = _chunk(b, plan, i + 1, sub)
+    outs = [b.add("ScatterND", [full, at, part], p + "out/" + k)
+            for k, full, part in zip(("n", "mean", "neg_h"), (n_here, mean, neg_h), finals, strict=True)]
+    keep = [p + "keep/" + k for k in ("n", "mean", "neg_h")]
+    then = helper.make_graph(b.nodes, f"anytime_rest{i + 1}", [], _info(outs), b.inits)
+    other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip((n_here, mean, neg_h), keep,
+                                                                                       strict=True)],
+                              f"anytime_done{i + 1}", [], _info(keep))
+    result = [p + "state/" + k for k in ("n", "mean", "neg_h")]
+    g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
+    return result[0], result[1], result[2]
+
+
+def _info(names: list[str]) -> list[onnx.ValueInfoProto]:
+    """Value infos of a branch's (samples [R], mean [R, K], E [R]) outputs."""
+    return [helper.make_tensor_value_info(v, TensorProto.FLOAT, [None] * r) for v, r in zip(names, (1, 2, 1),
+                                                                                            strict=True)]
+
+
+def _head(outer: _Graph, n: str, mean: str, neg_h_state: str) -> None:
     """The head on the final running statistics (the fixed head's formulas: tasks.classification) and ``samples``."""
-    n, _, mean, _, neg_h_state = state
     probs = outer.add("Identity", [mean], "probs")
     logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
     neg_h = outer.reduce("ReduceSum", outer.add("Mul", [probs, logp], A + "plogp"), -1, A + "neg_entropy")
@@ -300,17 +363,23 @@ def _head(outer: _Graph, state: list[str]) -> None:
     outer.add("Cast", [n], SAMPLES_OUTPUT, to=TensorProto.INT64)
 
 
+def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every value ``nodes`` and their subgraphs (at any depth) read."""
+    used: set[str] = set()
+    for node in nodes:
+        used.update(node.input)
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                used |= _names_read(list(a.g.node))
+    return used
+
+
 def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row: set[str], rule: StoppingRule,
               classes: int) -> onnx.ModelProto:
     """The anytime model: ``outer``'s nodes, the first chunk's initializers they read (but the per-chunk ones),
     the data and the S_max fixed export's noise inputs, the head's outputs."""
     graph = base.graph
-    used = set()
-    for node in outer.nodes:
-        used.update(node.input)
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                used.update(x for sub in a.g.node for x in sub.input)
+    used = _names_read(outer.nodes)
     kept = [t for t in graph.initializer if t.name in used and t.name not in differing]
     vi = helper.make_tensor_value_info
     inputs = [graph.input[0]]
@@ -324,97 +393,3 @@ def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row
     out = helper.make_model(out_graph, opset_imports=list(base.opset_import), producer_name="edgebnn")
     out.ir_version = base.ir_version
     return out
-
-
-Slicer = Callable[[_Graph, str, Callable[[], tuple[str, str]], dict[str, str]], None]
-
-
-@dataclass(frozen=True)
-class _Chunking:
-    """What every chunk's copy reads: the positions (in graph order) of the nodes that change per chunk, the member
-    logits [B, c, K], the rule and its per-iteration constants (:meth:`StoppingRule.constants`), and how a chunk
-    slices the host noise."""
-
-    drawn: list[int]
-    logits3: str
-    rule: StoppingRule
-    classes: int
-    coef: np.ndarray
-    thresh: np.ndarray
-    slices: Slicer
-
-
-def _loop(outer: _Graph, graph: onnx.GraphProto, state: list[str], ch: _Chunking) -> list[str]:
-    """A Loop of at most S_max / c iterations over one chunk body; iteration i reads its members' noise and the
-    rule's constants at i. Returns the final state's names."""
-    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
-                                                           ch.thresh, ch.slices)
-    body = _Graph(outer.opset)
-    it, cond = S + "i", S + "cond"
-
-    def bounds() -> tuple[str, str]:  # i·c .. i·c + c
-        start = body.add("Unsqueeze", [body.add("Mul", [it, body.const(A + "chunk_i", np.array(rule.chunk, np.int64))],
-                                                A + "start0"), body.i64(A + "ax0", 0)], A + "start")
-        return start, body.add("Add", [start, body.i64(A + "chunk_1", rule.chunk)], A + "end")
-
-    rename: dict[str, str] = {}
-    slices(body, A, bounds, rename)
-    body.nodes.extend(_copy(graph.node[k], rename, None, 0.0) for k in drawn)
-    a_i = body.add("Gather", [outer.const(A + "coef", coef), it], A + "a_i", axis=0)
-    t_i = body.add("Gather", [outer.const(A + "thresh", thresh), it], A + "t_i", axis=0)
-    old, new = [S + k for k in STATE], [S + k + "_out" for k in STATE]
-    _update(body, A, logits3, rule.chunk, old, new, a_i, t_i)
-    _any(body, new[1], S + "cond_out")
-    body_graph = helper.make_graph(
-        body.nodes, "anytime_chunk",
-        [helper.make_tensor_value_info(it, TensorProto.INT64, []),
-         helper.make_tensor_value_info(cond, TensorProto.BOOL, []), *_state_info(old, classes)],
-        [helper.make_tensor_value_info(S + "cond_out", TensorProto.BOOL, []), *_state_info(new, classes)],
-        body.inits)
-    final = [A + "final/" + k for k in STATE]
-    trips = outer.const(A + "chunks", np.array(rule.chunks, np.int64))
-    outer.nodes.append(helper.make_node("Loop", [trips, outer.const(A + "go", np.array(True)), *state], final,
-                                        body=body_graph))
-    return final
-
-
-SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP (If chain)
-
-
-def _chain(outer: _Graph, chunks: list[onnx.ModelProto], differing: set[str], state: list[str],
-           ch: _Chunking) -> list[str]:
-    """Chunk 0 inline, then one If per further chunk, run while any row is drawing, its constants inside its then
-    branch (the else branch passes the state on). Returns the final state's names."""
-    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
-                                                           ch.thresh, ch.slices)
-    c = rule.chunk
-    for i, chunk in enumerate(chunks):
-        p = f"at{i}/"
-        g = outer if i == 0 else _Graph(outer.opset)
-        rename: dict[str, str] = {}
-
-        def bounds(g: _Graph = g, p: str = p, i: int = i) -> tuple[str, str]:  # members i·c .. i·c + c
-            return g.i64(p + "start", i * c), g.i64(p + "end", i * c + c)
-
-        slices(g, p, bounds, rename)
-        for t in chunk.graph.initializer:
-            if t.name in differing:
-                copy = onnx.TensorProto()
-                copy.CopyFrom(t)
-                copy.name = rename[t.name] = p + "const/" + t.name
-                g.inits.append(copy)
-        g.nodes.extend(_copy(chunk.graph.node[k], rename, p + "g/", i * SEED_STEP) for k in drawn)
-        new = [p + k for k in STATE]
-        _update(g, p, rename[logits3], c, state, new, g.f32(p + "coef", float(coef[i])),
-                g.f32(p + "thresh", float(thresh[i])))
-        if i > 0:
-            keep = [p + "keep/" + k for k in STATE]
-            then = helper.make_graph(g.nodes, f"anytime_chunk{i}", [], _state_info(new, classes), g.inits)
-            other = helper.make_graph([helper.make_node("Identity", [x], [y])
-                                       for x, y in zip(state, keep, strict=True)],
-                                      f"anytime_done{i}", [], _state_info(keep, classes))
-            new = [p + "state/" + k for k in STATE]
-            outer.nodes.append(helper.make_node("If", [_any(outer, state[1], p + "drawing")], new, then_branch=then,
-                                                else_branch=other))
-        state = new
-    return state

@@ -14,7 +14,7 @@ from scipy import stats
 from synthetic import synthetic_cnn, synthetic_linear
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.anytime import member_logits
+from edgebnn.exporters.anytime import RANDOM_OPS, SEED_STEP, member_logits
 from edgebnn.exporters.config import ExportConfig, rule_for
 from edgebnn.exporters.export import build_graph, export_model
 from edgebnn.exporters.metadata import EXPORT_KEY, read_metadata
@@ -189,21 +189,29 @@ def test_rule_off_equals_the_fixed_export_at_s_max(mode: str, options: dict) -> 
         np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
 
 
-def test_in_graph_draws_are_fresh_every_iteration() -> None:
-    """``--rng graph``: the Loop body's random ops keep their seeded streams across iterations, so with the rule off
-    a fresh session's 4 iterations draw what a fresh session of the fixed S = 4 graph draws in its first 4 calls:
-    the anytime probabilities are the mean of those calls' (to float32 round-off); were the body to draw the same
-    numbers each iteration, they would be the first call's."""
+def test_in_graph_draws_are_fresh_every_chunk_and_call() -> None:
+    """``--rng graph``: chunk i's copy of each random op draws with seed + i·SEED_STEP, so with the rule off a fresh
+    session's 4 chunks draw what fresh sessions of the fixed S = 4 graph with those seeds draw in their first call:
+    the anytime probabilities are the mean of those calls' (to float32 round-off); were every chunk to draw the same
+    numbers, they would be the first chunk's. A second call draws afresh (each op's seeded stream goes on)."""
     model = synthetic_cnn(sigma=0.3)
     x = _inputs(3)
-    anytime = export_model(model, ExportConfig(rule=StoppingRule(epsilon=0), mode="noise", rng="graph", device="cpu",
-                                               seed=5)).proto
-    assert any(n.op_type == "Loop" for n in anytime.graph.node)
-    fixed = _sess(export_model(model, ExportConfig(4, mode="noise", rng="graph", device="cpu", seed=5)).proto)
-    calls = [fixed.run(["probs"], {"input": x})[0] for _ in range(4)]
-    probs = _sess(anytime).run(["probs"], {"input": x})[0]
+    anytime = _sess(export_model(model, ExportConfig(rule=StoppingRule(epsilon=0), mode="noise", rng="graph",
+                                                     device="cpu", seed=5)).proto)
+    fixed = export_model(model, ExportConfig(4, mode="noise", rng="graph", device="cpu", seed=5)).proto
+    calls = []
+    for i in range(4):
+        shifted = onnx.ModelProto()
+        shifted.CopyFrom(fixed)
+        for node in shifted.graph.node:
+            for a in node.attribute:
+                if node.op_type in RANDOM_OPS and a.name == "seed":
+                    a.f += i * SEED_STEP
+        calls.append(_sess(shifted).run(["probs"], {"input": x})[0])
+    probs = anytime.run(["probs"], {"input": x})[0]
     np.testing.assert_allclose(probs, np.mean(calls, 0), atol=1e-6, rtol=0)
     assert np.abs(probs - calls[0]).max() > 0.01
+    assert np.abs(anytime.run(["probs"], {"input": x})[0] - probs).max() > 0.01
 
 
 def test_baked_graph_equals_the_reference_runtime_row_by_row() -> None:
