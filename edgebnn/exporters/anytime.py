@@ -149,6 +149,7 @@ class _Plan:
     thresh: np.ndarray
     noise: dict[str, onnx.ValueInfoProto]
     per_row: set[str]
+    classes: int
 
     def graph(self, i: int) -> onnx.GraphProto:
         return self.chunks[i if len(self.chunks) > 1 else 0].graph
@@ -178,7 +179,7 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
     differing = _differing(chunks)
     drawn, fold = _split_nodes(graph, logits3, differing | set(noise), outer)
     coef, thresh = rule.constants(classes)
-    plan = _Plan(chunks, differing, drawn, fold, logits3, rule, coef, thresh, noise, per_row)
+    plan = _Plan(chunks, differing, drawn, fold, logits3, rule, coef, thresh, noise, per_row, classes)
     x = graph.input[0].name
     batch = outer.add("Slice", [outer.add("Shape", [x], A + "x_shape"), outer.i64(A + "s0", 0), outer.i64(A + "s1", 1)],
                       A + "batch")
@@ -262,26 +263,25 @@ def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
     g.nodes.extend(_copy(graph.node[k], rename, p + "g/", i * SEED_STEP) for k in plan.drawn)
     mean, m2, neg_h = _merge(g, p, rename[plan.logits3], i, c, rows.state)
     n_here = g.add("ConstantOfShape", [rows.batch], p + "n", value=numpy_helper.from_array(
-        np.full(1, float((i + 1) * c), np.float32)))
+        np.full(1, (i + 1) * c, np.int64)))
     if i == rule.chunks - 1:
         return n_here, mean, neg_h
     if plan.thresh[i] < 0:  # not a look (or the rule off): every row goes on, in this graph
         return _chunk(g, plan, i + 1, dataclasses.replace(rows, state=(mean, m2, neg_h)))
-    going = _going(g, p, mean, m2, float(plan.coef[i]), float(plan.thresh[i]))
-    return _rest(g, plan, i, rows, going, (n_here, mean, m2, neg_h))
+    margin = _margin(g, p, mean, m2, float(plan.coef[i]), float(plan.thresh[i]), plan.classes)
+    return _rest(g, plan, i, rows, margin, (n_here, mean, m2, neg_h))
 
 
 def _merge(g: _Graph, p: str, logits3: str, i: int, c: int, state: tuple[str, str, str] | None,
            ) -> tuple[str, str, str]:
-    """Merge chunk ``i``'s member logits ``logits3`` [R, c, K] into the running statistics ``state`` of rows that
-    have seen n = i·c members (Chan et al.'s pairwise update: w = c / (n + c), mean' = mean + d·w,
-    M2' = M2 + M2_c + d²·n·w, E' = E + (E_c - E)·w with d = chunk mean - mean; constants, n being the chunk's)."""
+    """Merge chunk ``i``'s member logits ``logits3`` [R, c, K] into the running statistics ``state`` (mean and M2
+    [R, 1, K], E [R]) of rows that have seen n = i·c members (Chan et al.'s pairwise update: w = c / (n + c),
+    mean' = mean + d·w, M2' = M2 + M2_c + d²·n·w, E' = E + (E_c - E)·w with d = chunk mean - mean; w and n·w are
+    constants, every row having seen the chunk's n)."""
     ps = g.add("Softmax", [logits3], p + "p_s", axis=-1)
     logps = g.add("LogSoftmax", [logits3], p + "logp_s", axis=-1)
-    ax1 = g.i64(p + "ax1", 1)
-    cmean = g.reduce("ReduceMean", ps, 1, p + "chunk_mean")
-    dev = g.add("Sub", [ps, g.add("Unsqueeze", [cmean, ax1], p + "chunk_mean3")], p + "dev")
-    cm2 = g.reduce("ReduceSum", g.add("Mul", [dev, dev], p + "dev2"), 1, p + "chunk_m2")
+    cmean = g.reduce("ReduceMean", ps, 1, p + "chunk_mean", keepdims=1)
+    cm2 = g.reduce("ReduceSumSquare", g.add("Sub", [ps, cmean], p + "dev"), 1, p + "chunk_m2", keepdims=1)
     plogp = g.reduce("ReduceSum", g.add("Mul", [ps, logps], p + "plogp_s"), -1, p + "neg_h_s")
     cneg = g.reduce("ReduceMean", plogp, 1, p + "chunk_neg_h")
     if state is None:
@@ -297,30 +297,38 @@ def _merge(g: _Graph, p: str, logits3: str, i: int, c: int, state: tuple[str, st
     return mean_new, m2_new, neg_new
 
 
-def _going(g: _Graph, p: str, mean: str, m2: str, coef: float, thresh: float) -> str:
-    """Per row, whether it draws on (bool [R]): not (r² = a_i·M2 < ε² for every class, and the top class's interval
-    alone reaches its lower end) (:meth:`StoppingRule.settled`)."""
+def _margin(g: _Graph, p: str, mean: str, m2: str, coef: float, thresh: float, classes: int) -> str:
+    """Per row [R, 1, 1], a value >= 0 where the row draws on: the larger of max_k r_k² - ε² (r² = a_i·M2) and the
+    second-highest upper end minus the highest lower end (>= 0: another class's interval reaches the top class's),
+    :meth:`StoppingRule.settled`'s test."""
     r2 = g.add("Mul", [m2, g.f32(p + "coef", coef)], p + "r2")
+    wide = g.add("Sub", [g.reduce("ReduceMax", r2, -1, p + "r2_max", keepdims=1), g.f32(p + "thresh", thresh)],
+                 p + "wide")
+    if classes < 2:
+        return wide
     r = g.add("Sqrt", [r2], p + "r")
-    close = g.add("Less", [g.reduce("ReduceMax", r2, -1, p + "r2_max"), g.f32(p + "thresh", thresh)], p + "close")
     best_low = g.reduce("ReduceMax", g.add("Sub", [mean, r], p + "low"), -1, p + "best_low", keepdims=1)
-    reach = g.add("Cast", [g.add("GreaterOrEqual", [g.add("Add", [mean, r], p + "high"), best_low], p + "reaches")],
-                  p + "reaches_f", to=TensorProto.FLOAT)
-    alone = g.add("Less", [g.reduce("ReduceSum", reach, -1, p + "n_reach"), g.f32(p + "one_half", 1.5)], p + "alone")
-    return g.add("Not", [g.add("And", [close, alone], p + "settled")], p + "going")
+    top2 = p + "top2"
+    g.nodes.append(helper.make_node("TopK", [g.add("Add", [mean, r], p + "high"), g.i64(p + "two", 2)],
+                                    [top2, p + "top2_idx"], axis=-1))
+    second = g.add("Slice", [top2, g.i64(p + "one", 1), g.i64(p + "two_end", 2), g.i64(p + "last", -1)],
+                   p + "second")
+    return g.add("Max", [wide, g.add("Sub", [second, best_low], p + "overlap")], p + "margin")
 
 
-def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: tuple[str, str, str, str],
+def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, margin: str, here: tuple[str, str, str, str],
           ) -> tuple[str, str, str]:
-    """After chunk ``i``'s look: an ``If`` taken when some row goes on, whose branch gathers those rows (their data,
-    fold values, per-row noise and statistics), runs chunk i + 1 on them and scatters their final statistics back
-    over ``here`` (samples, mean, M2, E of every row); the other branch passes ``here`` on."""
+    """After chunk ``i``'s look: an ``If`` taken when some row goes on (its ``margin`` >= 0), whose branch gathers
+    those rows (their data, fold values, per-row noise and statistics), runs chunk i + 1 on them and scatters their
+    final statistics back over ``here`` (samples, mean, M2, E of every row); the other branch passes ``here`` on."""
     p = f"at{i}/rest/"
     n_here, mean, m2, neg_h = here
-    cond = g.add("Cast", [g.reduce("ReduceMax", g.add("Cast", [going], p + "going_i", to=TensorProto.INT32), 0,
-                                   p + "any_i")], p + "any", to=TensorProto.BOOL)
+    zero = g.f32(p + "zero", 0.0)
+    cond = g.add("GreaterOrEqual", [g.add("ReduceMax", [margin], p + "worst", keepdims=0), zero], p + "any")
     b = _Graph(g.opset)
-    idx = b.add("Squeeze", [b.add("NonZero", [going], p + "nz"), b.i64(p + "ax0", 0)], p + "idx")
+    going = b.add("GreaterOrEqual", [margin, zero], p + "going")
+    idx = b.add("Gather", [b.add("NonZero", [going], p + "nz"), b.const(p + "row", np.array(0, np.int64))], p + "idx",
+                axis=0)  # the rows' indices [R']
     at = b.add("Unsqueeze", [idx, b.i64(p + "ax1", 1)], p + "idx2")
 
     def take(v: str, name: str) -> str:
@@ -347,20 +355,20 @@ def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: tuple[s
 
 
 def _info(names: list[str]) -> list[onnx.ValueInfoProto]:
-    """Value infos of a branch's (samples [R], mean [R, K], E [R]) outputs."""
-    return [helper.make_tensor_value_info(v, TensorProto.FLOAT, [None] * r) for v, r in zip(names, (1, 2, 1),
-                                                                                            strict=True)]
+    """Value infos of a branch's (samples [R], mean [R, 1, K], E [R]) outputs."""
+    return [helper.make_tensor_value_info(v, t, [None] * r) for v, t, r in
+            zip(names, (TensorProto.INT64, TensorProto.FLOAT, TensorProto.FLOAT), (1, 3, 1), strict=True)]
 
 
 def _head(outer: _Graph, n: str, mean: str, neg_h_state: str) -> None:
     """The head on the final running statistics (the fixed head's formulas: tasks.classification) and ``samples``."""
-    probs = outer.add("Identity", [mean], "probs")
+    probs = outer.add("Squeeze", [mean, outer.i64(A + "ax1", 1)], "probs")
     logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
     neg_h = outer.reduce("ReduceSum", outer.add("Mul", [probs, logp], A + "plogp"), -1, A + "neg_entropy")
-    outer.add("Neg", [neg_h], "entropy")
-    mi = outer.add("Neg", [outer.add("Sub", [neg_h, neg_h_state], A + "neg_mi")], A + "mi_raw")
+    entropy = outer.add("Neg", [neg_h], "entropy")
+    mi = outer.add("Add", [entropy, neg_h_state], A + "mi_raw")
     outer.add("Max", [mi, outer.f32(A + "mi_floor", 0.0)], "mutual_info")
-    outer.add("Cast", [n], SAMPLES_OUTPUT, to=TensorProto.INT64)
+    outer.add("Identity", [n], SAMPLES_OUTPUT)
 
 
 def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
