@@ -167,8 +167,8 @@ class _Rows:
     state: tuple[str, str, str] | None
 
 
-def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: int, per_row: set[str],
-                  ) -> onnx.ModelProto:
+def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: int, per_row: set[str], *,
+                  compress: bool = True) -> onnx.ModelProto:
     """The graph of the module docstring from the fixed export of each chunk under ``rule`` (one graph when every
     chunk is the same: in-graph draws or host noise; one per chunk: baked members); ``per_row``: the host noise
     inputs with one row per (input, member) (the others have one per member). The metadata is the caller's."""
@@ -189,7 +189,8 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
         split = outer.add("Concat", [batch, outer.i64(A + name + "/s_dims", rule.max_samples, *dims)],
                           A + name + "/split", axis=0)
         rows_noise[name] = outer.add("Reshape", [name, split], A + name + "/rows")
-    n, mean, neg_h = _chunk(outer, plan, 0, _Rows(batch, {}, rows_noise, None))
+    rows = _Rows(batch, {}, rows_noise, None)
+    n, mean, neg_h = _chunk(outer, plan, 0, rows) if compress else _chain(outer, plan, rows)
     _head(outer, n, mean, neg_h)
     return _assemble(chunks[0], outer, differing, per_row, rule, classes)
 
@@ -234,12 +235,10 @@ def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer:
     return drawn, fold
 
 
-def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
-    """Chunk ``i`` on ``rows`` in ``g``, merged into their statistics, then the rule; the rows that go on run the
-    next chunks (compressed to those rows, inside an ``If`` taken only when one does). Returns the rows' final
-    (samples, mean, E[Σ p log p]) names."""
-    rule, p = plan.rule, f"at{i}/"
-    c = rule.chunk
+def _draw(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
+    """Chunk ``i`` on ``rows`` in ``g`` (its members of the host noise, its baked constants, its copy of the drawn
+    nodes), merged into the rows' statistics: returns (mean, M2, E)."""
+    p, c = f"at{i}/", plan.rule.chunk
     rename = dict(rows.values)
     for name in sorted(plan.noise):  # the chunk's members i·c .. i·c + c - 1 of each host noise input
         local = p + "noise/" + name
@@ -261,15 +260,66 @@ def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
             copy.name = rename[t.name] = p + "const/" + t.name
             g.inits.append(copy)
     g.nodes.extend(_copy(graph.node[k], rename, p + "g/", i * SEED_STEP) for k in plan.drawn)
-    mean, m2, neg_h = _merge(g, p, rename[plan.logits3], i, c, rows.state)
+    return _merge(g, p, rename[plan.logits3], i, c, rows.state)
+
+
+def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
+    """Chunk ``i`` on ``rows`` in ``g``, then the rule; the rows that go on run the next chunks, compressed to
+    those rows, inside an ``If`` taken only when one does (:func:`_rest`). Returns the rows' final (samples, mean,
+    E[Σ p log p]) names."""
+    p, c = f"at{i}/", plan.rule.chunk
+    mean, m2, neg_h = _draw(g, plan, i, rows)
     n_here = g.add("ConstantOfShape", [rows.batch], p + "n", value=numpy_helper.from_array(
         np.full(1, (i + 1) * c, np.int64)))
-    if i == rule.chunks - 1:
+    if i == plan.rule.chunks - 1:
         return n_here, mean, neg_h
     if plan.thresh[i] < 0:  # not a look (or the rule off): every row goes on, in this graph
         return _chunk(g, plan, i + 1, dataclasses.replace(rows, state=(mean, m2, neg_h)))
     margin = _margin(g, p, mean, m2, float(plan.coef[i]), float(plan.thresh[i]), plan.classes)
     return _rest(g, plan, i, rows, margin, (n_here, mean, m2, neg_h))
+
+
+def _chain(g: _Graph, plan: _Plan, rows: _Rows) -> tuple[str, str, str]:
+    """For TensorRT (whose RTX parser has no NonZero and whose builder fails on nested conditionals): chunk 0
+    inline, then one ``If`` per further chunk in sequence, taken while any row is drawing, on every row; a row
+    that settled keeps its statistics (``Where``). Returns the final (samples, mean, E) names."""
+    c = plan.rule.chunk
+    mean, m2, neg_h = _draw(g, plan, 0, rows)
+    ones = g.add("ConstantOfShape", [rows.batch], A + "ones", value=numpy_helper.from_array(np.ones(1, np.float32)))
+    going = g.add("Unsqueeze", [ones, g.i64(A + "ax12", 1, 2)], A + "going0")  # [R, 1, 1], 1 = drawing
+    n = g.add("ConstantOfShape", [rows.batch], A + "n0", value=numpy_helper.from_array(np.full(1, c, np.int64)))
+    state = (n, mean, m2, neg_h, going)
+    for i in range(1, plan.rule.chunks):
+        p = f"at{i}/"
+        n, mean, m2, neg_h, going = state
+        if plan.thresh[i - 1] >= 0:  # the look after chunk i - 1
+            margin = _margin(g, f"at{i - 1}/", mean, m2, float(plan.coef[i - 1]), float(plan.thresh[i - 1]),
+                             plan.classes)
+            going = g.add("Mul", [going, g.add("Cast", [g.add("GreaterOrEqual", [margin, g.f32(p + "zero", 0.0)],
+                                                              p + "go_b")], p + "go_f", to=TensorProto.FLOAT)],
+                          p + "going")
+        b = _Graph(g.opset)
+        new = _draw(b, plan, i, dataclasses.replace(rows, state=(mean, m2, neg_h)))
+        on3 = b.add("Cast", [going], p + "on3", to=TensorProto.BOOL)
+        on = b.add("Squeeze", [on3, b.i64(p + "ax12", 1, 2)], p + "on")
+        n_next = b.add("Add", [n, b.i64(p + "c", c)], p + "n_next")
+        outs = [b.add("Where", [cond, a, old], p + "out/" + k) for k, cond, a, old in
+                zip(("n", "mean", "m2", "neg_h"), (on, on3, on3, on), (n_next, *new), (n, mean, m2, neg_h),
+                    strict=True)]
+        kinds = [(TensorProto.INT64, 1), (TensorProto.FLOAT, 3), (TensorProto.FLOAT, 3), (TensorProto.FLOAT, 1)]
+        info = [helper.make_tensor_value_info(v, t, [None] * r) for v, (t, r) in zip(outs, kinds, strict=True)]
+        keep = [p + "keep/" + k for k in ("n", "mean", "m2", "neg_h")]
+        then = helper.make_graph(b.nodes, f"anytime_chunk{i}", [], info, b.inits)
+        other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in
+                                   zip((n, mean, m2, neg_h), keep, strict=True)], f"anytime_done{i}", [],
+                                  [helper.make_tensor_value_info(k, t, [None] * r) for k, (t, r) in
+                                   zip(keep, kinds, strict=True)])
+        result = [p + "state/" + k for k in ("n", "mean", "m2", "neg_h")]
+        cond = g.add("Greater", [g.add("ReduceMax", [going], p + "any_f", keepdims=0), g.f32(p + "half", 0.5)],
+                     p + "drawing")
+        g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
+        state = (result[0], result[1], result[2], result[3], going)
+    return state[0], state[1], state[3]
 
 
 def _merge(g: _Graph, p: str, logits3: str, i: int, c: int, state: tuple[str, str, str] | None,
@@ -318,15 +368,32 @@ def _margin(g: _Graph, p: str, mean: str, m2: str, coef: float, thresh: float, c
 
 def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, margin: str, here: tuple[str, str, str, str],
           ) -> tuple[str, str, str]:
-    """After chunk ``i``'s look: an ``If`` taken when some row goes on (its ``margin`` >= 0), whose branch gathers
-    those rows (their data, fold values, per-row noise and statistics), runs chunk i + 1 on them and scatters their
-    final statistics back over ``here`` (samples, mean, M2, E of every row); the other branch passes ``here`` on."""
+    """After chunk ``i``'s look: an ``If`` taken when some row goes on (its ``margin`` >= 0), whose branch runs
+    chunk i + 1 on those rows and writes their final statistics over ``here`` (samples, mean, M2, E of every row);
+    the other branch passes ``here`` on. The rows leave the batch (:func:`_compressed`)."""
     p = f"at{i}/rest/"
-    n_here, mean, m2, neg_h = here
+    n_here, mean, _, neg_h = here
     zero = g.f32(p + "zero", 0.0)
     cond = g.add("GreaterOrEqual", [g.add("ReduceMax", [margin], p + "worst", keepdims=0), zero], p + "any")
     b = _Graph(g.opset)
-    going = b.add("GreaterOrEqual", [margin, zero], p + "going")
+    going = b.add("GreaterOrEqual", [margin, zero], p + "going")  # [R, 1, 1]
+    outs = _compressed(b, plan, i, rows, going, here)
+    keep = [p + "keep/" + k for k in ("n", "mean", "neg_h")]
+    then = helper.make_graph(b.nodes, f"anytime_rest{i + 1}", [], _info(outs), b.inits)
+    other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip((n_here, mean, neg_h), keep,
+                                                                                       strict=True)],
+                              f"anytime_done{i + 1}", [], _info(keep))
+    result = [p + "state/" + k for k in ("n", "mean", "neg_h")]
+    g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
+    return result[0], result[1], result[2]
+
+
+def _compressed(b: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: tuple[str, str, str, str],
+                ) -> list[str]:
+    """In ``b``: the rows ``going`` gathered (their data, fold values, per-row noise and statistics), chunk i + 1
+    and the next on them, their final (samples, mean, E) scattered back over ``here``'s."""
+    p = f"at{i}/rest/"
+    n_here, mean, m2, neg_h = here
     idx = b.add("Gather", [b.add("NonZero", [going], p + "nz"), b.const(p + "row", np.array(0, np.int64))], p + "idx",
                 axis=0)  # the rows' indices [R']
     at = b.add("Unsqueeze", [idx, b.i64(p + "ax1", 1)], p + "idx2")
@@ -342,16 +409,8 @@ def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, margin: str, here: tuple[
                 {k: take(v, "noise/" + k) for k, v in rows.noise.items()},
                 (take(mean, "mean"), take(m2, "m2"), take(neg_h, "neg_h")))
     finals = _chunk(b, plan, i + 1, sub)
-    outs = [b.add("ScatterND", [full, at, part], p + "out/" + k)
+    return [b.add("ScatterND", [full, at, part], p + "out/" + k)
             for k, full, part in zip(("n", "mean", "neg_h"), (n_here, mean, neg_h), finals, strict=True)]
-    keep = [p + "keep/" + k for k in ("n", "mean", "neg_h")]
-    then = helper.make_graph(b.nodes, f"anytime_rest{i + 1}", [], _info(outs), b.inits)
-    other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip((n_here, mean, neg_h), keep,
-                                                                                       strict=True)],
-                              f"anytime_done{i + 1}", [], _info(keep))
-    result = [p + "state/" + k for k in ("n", "mean", "neg_h")]
-    g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
-    return result[0], result[1], result[2]
 
 
 def _info(names: list[str]) -> list[onnx.ValueInfoProto]:

@@ -232,7 +232,8 @@ def _anytime(model: BNNModel, resolved: ResolvedExport,
         if differs(first, second):  # baked members: one graph per chunk, their constants stacked
             chunks += [second] + [chunk(i) for i in range(2, rule.chunks)]
     proto = anytime_graph(chunks, rule, model.manifest.num_classes,
-                          {str(r["name"]) for r in meta.noise_inputs or () if r["per"] == "row"})
+                          {str(r["name"]) for r in meta.noise_inputs or () if r["per"] == "row"},
+                          compress=resolved.profile is None or resolved.profile.tensorrt is None)
     write_metadata(proto, anytime_metadata(meta, rule))
     onnx.checker.check_model(proto)
     return proto, choice

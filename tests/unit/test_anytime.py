@@ -233,6 +233,27 @@ def test_baked_graph_equals_the_reference_runtime_row_by_row() -> None:
     assert alone == got.samples[::7].tolist()
 
 
+@pytest.mark.parametrize("mode, options", [("baked", {"weights": "fp32"}), ("noise", {"rng": "host"})])
+def test_tensorrt_form_equals_the_compressed_form(mode: str, options: dict) -> None:
+    """For TensorRT the chunks after the first run in a sequence of Ifs on every row (settled rows keep their
+    statistics by Where); elsewhere the rows still drawing leave the batch (NonZero, Gather, ScatterND) into nested
+    Ifs. The same members and noise give the same sample counts and predictive either way (float32 round-off)."""
+    model = synthetic_cnn(sigma=0.15)
+    x = _inputs(40, seed=6)
+    got = {}
+    for device in ("cpu", "rtx"):
+        proto = export_model(model, ExportConfig(rule=StoppingRule(), mode=mode, device=device, seed=7,
+                                                 **options)).proto
+        nested = [n for n in proto.graph.node if n.op_type == "If"]
+        assert len(nested) == (1 if device == "cpu" else 3)
+        got[device] = Session(proto, seed=3).predict(x)
+    assert got["cpu"].samples is not None and got["rtx"].samples is not None
+    np.testing.assert_array_equal(got["cpu"].samples, got["rtx"].samples)
+    assert len(set(got["cpu"].samples.tolist())) >= 2
+    np.testing.assert_allclose(got["cpu"].probs, got["rtx"].probs, atol=1e-6)
+    np.testing.assert_allclose(got["cpu"].mutual_info, got["rtx"].mutual_info, atol=1e-6)
+
+
 def test_settled_rows_keep_their_statistics() -> None:
     """A row that settles at 4 members keeps the 4-member predictive although the batch runs on: equal to the
     fixed export of the first chunk's members (baked, members 0..3: the S = 4 export of the 16-member draw's
