@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgebnn.errors import UnsupportedLayerError
+from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.stopping import StoppingRule
 
@@ -69,16 +69,52 @@ def differs(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
         {t.name: t.SerializeToString() for t in b.graph.initializer}
 
 
-def member_logits(graph: onnx.GraphProto) -> str:
-    """The value [B, S, K] of per-member logits the classification head reads: ``probs = ReduceMean(Softmax(it))``
-    (found by structure: compact exports rename every value)."""
+def member_logits(graph: onnx.GraphProto, task: str = "classification") -> str:
+    """The value [B, S, ...] of per-member outputs the task's head reads (found by structure: compact exports
+    rename every value): a classifier's or a segmentation's logits (``probs = ReduceMean(Softmax(it))``), a
+    regression's outputs (``mean = ReduceMean(it)``, or of a Slice of it: the means of a log-variance head)."""
     producer = {o: n for n in graph.node for o in n.output}
+    if task == "regression":
+        mean = producer.get("mean")
+        src = producer.get(mean.input[0]) if mean is not None and mean.op_type == "ReduceMean" else None
+        if mean is None or mean.op_type != "ReduceMean":
+            raise UnsupportedLayerError("--samples auto: the export's head is not the regression head (mean = mean "
+                                        "of the members' means)")
+        return src.input[0] if src is not None and src.op_type == "Slice" else mean.input[0]
     mean = producer.get("probs")
     soft = producer.get(mean.input[0]) if mean is not None and mean.op_type == "ReduceMean" else None
     if soft is None or soft.op_type != "Softmax":
         raise UnsupportedLayerError("--samples auto: the export's head is not the classification head "
                                     "(probs = mean of softmax)")
     return soft.input[0]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What the rule bounds, by task (docs/anytime.md): ``classification`` (class probabilities, and the class),
+    ``segmentation`` (every pixel's class probabilities) or ``regression`` (the predictive mean, to a share ε of
+    the predictive std); ``width``: K classes or D dims (the rule's Bonferroni count per look); ``rank``: of the
+    per-member values [B, S, ...]; a regression's head (``mean_logvar``: log-variances follow the means) and its
+    stated noise variance."""
+
+    task: str
+    width: int
+    rank: int = 3
+    logvar: bool = False
+    noise_var: float = 0.0
+
+    @classmethod
+    def of(cls, task: Any, classes: int) -> Kind:
+        """The kind of a task (:class:`edgebnn.tasks.Task`); a task the rule has no statement for is refused."""
+        if task.name == "classification":
+            return cls("classification", classes)
+        if task.name == "segmentation":
+            return cls("segmentation", int(task.shape[0]), rank=len(task.shape) + 2)
+        if task.name == "regression":
+            return cls("regression", int(task.dims), logvar=task.head == "mean_logvar",
+                       noise_var=float(task.noise_var or 0.0))
+        raise InvalidOptionError(f"--samples auto: the stopping rule has no statement for a {task.name} model "
+                                 "(classification, segmentation and regression have one): give --samples N")
 
 
 class _Graph:
@@ -103,11 +139,13 @@ class _Graph:
     def f32(self, name: str, value: float) -> str:
         return self.const(name, np.array(value, np.float32))
 
-    def reduce(self, op: str, x: str, axis: int, out: str, keepdims: int = 0) -> str:
-        """``op`` over one axis (axes as an input from opset 18, ReduceSum from 13; an attribute before)."""
+    def reduce(self, op: str, x: str, axis: int | tuple[int, ...], out: str, keepdims: int = 0) -> str:
+        """``op`` over one axis or several (axes as an input from opset 18, ReduceSum from 13; an attribute
+        before)."""
+        axes = [axis] if isinstance(axis, int) else list(axis)
         if self.opset >= 18 or (op == "ReduceSum" and self.opset >= 13):
-            return self.add(op, [x, self.i64(out + "/axes", axis)], out, keepdims=keepdims)
-        return self.add(op, [x], out, axes=[axis], keepdims=keepdims)
+            return self.add(op, [x, self.i64(out + "/axes", *axes)], out, keepdims=keepdims)
+        return self.add(op, [x], out, axes=axes, keepdims=keepdims)
 
 
 SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP
@@ -149,7 +187,7 @@ class _Plan:
     thresh: np.ndarray
     noise: dict[str, onnx.ValueInfoProto]
     per_row: set[str]
-    classes: int
+    kind: Kind
 
     def graph(self, i: int) -> onnx.GraphProto:
         return self.chunks[i if len(self.chunks) > 1 else 0].graph
@@ -167,19 +205,19 @@ class _Rows:
     state: tuple[str, str, str] | None
 
 
-def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: int, per_row: set[str], *,
+def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, kind: Kind, per_row: set[str], *,
                   compress: bool = True) -> onnx.ModelProto:
     """The graph of the module docstring from the fixed export of each chunk under ``rule`` (one graph when every
     chunk is the same: in-graph draws or host noise; one per chunk: baked members); ``per_row``: the host noise
     inputs with one row per (input, member) (the others have one per member). The metadata is the caller's."""
     graph = chunks[0].graph
     outer = _Graph(next(o.version for o in chunks[0].opset_import if o.domain in ("", "ai.onnx")))
-    logits3 = member_logits(graph)
+    logits3 = member_logits(graph, kind.task)
     noise = {i.name: i for i in graph.input[1:]}
     differing = _differing(chunks)
     drawn, fold = _split_nodes(graph, logits3, differing | set(noise), outer)
-    coef, thresh = rule.constants(classes)
-    plan = _Plan(chunks, differing, drawn, fold, logits3, rule, coef, thresh, noise, per_row, classes)
+    coef, thresh = rule.constants(kind.width)
+    plan = _Plan(chunks, differing, drawn, fold, logits3, rule, coef, thresh, noise, per_row, kind)
     x = graph.input[0].name
     batch = outer.add("Slice", [outer.add("Shape", [x], A + "x_shape"), outer.i64(A + "s0", 0), outer.i64(A + "s1", 1)],
                       A + "batch")
@@ -190,9 +228,9 @@ def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: in
                           A + name + "/split", axis=0)
         rows_noise[name] = outer.add("Reshape", [name, split], A + name + "/rows")
     rows = _Rows(batch, {}, rows_noise, None)
-    n, mean, neg_h = _chunk(outer, plan, 0, rows) if compress else _chain(outer, plan, rows)
-    _head(outer, n, mean, neg_h)
-    return _assemble(chunks[0], outer, differing, per_row, rule, classes)
+    final = _chunk(outer, plan, 0, rows) if compress else _chain(outer, plan, rows)
+    _head(outer, kind, final)
+    return _assemble(chunks[0], outer, differing, per_row, rule)
 
 
 def _differing(chunks: list[onnx.ModelProto]) -> set[str]:
@@ -260,101 +298,124 @@ def _draw(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
             copy.name = rename[t.name] = p + "const/" + t.name
             g.inits.append(copy)
     g.nodes.extend(_copy(graph.node[k], rename, p + "g/", i * SEED_STEP) for k in plan.drawn)
-    return _merge(g, p, rename[plan.logits3], i, c, rows.state)
+    return _merge(g, p, plan.kind, rename[plan.logits3], (i, c), rows.state)
 
 
-def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
+def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> State:
     """Chunk ``i`` on ``rows`` in ``g``, then the rule; the rows that go on run the next chunks, compressed to
     those rows, inside an ``If`` taken only when one does (:func:`_rest`). Returns the rows' final (samples, mean,
-    E[Σ p log p]) names."""
+    M2, E) names."""
     p, c = f"at{i}/", plan.rule.chunk
-    mean, m2, neg_h = _draw(g, plan, i, rows)
+    mean, m2, extra = _draw(g, plan, i, rows)
     n_here = g.add("ConstantOfShape", [rows.batch], p + "n", value=numpy_helper.from_array(
         np.full(1, (i + 1) * c, np.int64)))
+    here = (n_here, mean, m2, extra)
     if i == plan.rule.chunks - 1:
-        return n_here, mean, neg_h
+        return here
     if plan.thresh[i] < 0:  # not a look (or the rule off): every row goes on, in this graph
-        return _chunk(g, plan, i + 1, dataclasses.replace(rows, state=(mean, m2, neg_h)))
-    margin = _margin(g, p, mean, m2, float(plan.coef[i]), float(plan.thresh[i]), plan.classes)
-    return _rest(g, plan, i, rows, margin, (n_here, mean, m2, neg_h))
+        return _chunk(g, plan, i + 1, dataclasses.replace(rows, state=(mean, m2, extra)))
+    return _rest(g, plan, i, rows, _margin(g, p, plan, i, (mean, m2, extra)), here)
 
 
-def _chain(g: _Graph, plan: _Plan, rows: _Rows) -> tuple[str, str, str]:
+def _chain(g: _Graph, plan: _Plan, rows: _Rows) -> State:
     """For TensorRT (whose RTX parser has no NonZero and whose builder fails on nested conditionals): chunk 0
     inline, then one ``If`` per further chunk in sequence, taken while any row is drawing, on every row; a row
-    that settled keeps its statistics (``Where``). Returns the final (samples, mean, E) names."""
-    c = plan.rule.chunk
-    mean, m2, neg_h = _draw(g, plan, 0, rows)
+    that settled keeps its statistics (``Where``). Returns the final (samples, mean, M2, E) names."""
+    c, rank = plan.rule.chunk, plan.kind.rank
+    stats = _draw(g, plan, 0, rows)
     ones = g.add("ConstantOfShape", [rows.batch], A + "ones", value=numpy_helper.from_array(np.ones(1, np.float32)))
-    going = g.add("Unsqueeze", [ones, g.i64(A + "ax12", 1, 2)], A + "going0")  # [R, 1, 1], 1 = drawing
+    going = g.add("Unsqueeze", [ones, g.i64(A + "ax_rest", *range(1, rank))], A + "going0")  # [R, 1, ...]: drawing
     n = g.add("ConstantOfShape", [rows.batch], A + "n0", value=numpy_helper.from_array(np.full(1, c, np.int64)))
-    state = (n, mean, m2, neg_h, going)
+    state: State = (n, *stats)
+    kinds = [(TensorProto.INT64, 1)] + [(TensorProto.FLOAT, rank)] * 3
     for i in range(1, plan.rule.chunks):
         p = f"at{i}/"
-        n, mean, m2, neg_h, going = state
         if plan.thresh[i - 1] >= 0:  # the look after chunk i - 1
-            margin = _margin(g, f"at{i - 1}/", mean, m2, float(plan.coef[i - 1]), float(plan.thresh[i - 1]),
-                             plan.classes)
+            margin = _margin(g, f"at{i - 1}/", plan, i - 1, state[1:])
             going = g.add("Mul", [going, g.add("Cast", [g.add("GreaterOrEqual", [margin, g.f32(p + "zero", 0.0)],
                                                               p + "go_b")], p + "go_f", to=TensorProto.FLOAT)],
                           p + "going")
         b = _Graph(g.opset)
-        new = _draw(b, plan, i, dataclasses.replace(rows, state=(mean, m2, neg_h)))
-        on3 = b.add("Cast", [going], p + "on3", to=TensorProto.BOOL)
-        on = b.add("Squeeze", [on3, b.i64(p + "ax12", 1, 2)], p + "on")
-        n_next = b.add("Add", [n, b.i64(p + "c", c)], p + "n_next")
+        new = _draw(b, plan, i, dataclasses.replace(rows, state=state[1:]))
+        on_all = b.add("Cast", [going], p + "on_all", to=TensorProto.BOOL)
+        on = b.add("Squeeze", [on_all, b.i64(p + "ax_rest", *range(1, rank))], p + "on")
+        n_next = b.add("Add", [state[0], b.i64(p + "c", c)], p + "n_next")
         outs = [b.add("Where", [cond, a, old], p + "out/" + k) for k, cond, a, old in
-                zip(("n", "mean", "m2", "neg_h"), (on, on3, on3, on), (n_next, *new), (n, mean, m2, neg_h),
-                    strict=True)]
-        kinds = [(TensorProto.INT64, 1), (TensorProto.FLOAT, 3), (TensorProto.FLOAT, 3), (TensorProto.FLOAT, 1)]
+                zip(STATE, (on, on_all, on_all, on_all), (n_next, *new), state, strict=True)]
         info = [helper.make_tensor_value_info(v, t, [None] * r) for v, (t, r) in zip(outs, kinds, strict=True)]
-        keep = [p + "keep/" + k for k in ("n", "mean", "m2", "neg_h")]
+        keep = [p + "keep/" + k for k in STATE]
         then = helper.make_graph(b.nodes, f"anytime_chunk{i}", [], info, b.inits)
-        other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in
-                                   zip((n, mean, m2, neg_h), keep, strict=True)], f"anytime_done{i}", [],
-                                  [helper.make_tensor_value_info(k, t, [None] * r) for k, (t, r) in
-                                   zip(keep, kinds, strict=True)])
-        result = [p + "state/" + k for k in ("n", "mean", "m2", "neg_h")]
+        other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip(state, keep, strict=True)],
+                                  f"anytime_done{i}", [], [helper.make_tensor_value_info(k, t, [None] * r) for k, (t, r)
+                                                          in zip(keep, kinds, strict=True)])
+        result = [p + "state/" + k for k in STATE]
         cond = g.add("Greater", [g.add("ReduceMax", [going], p + "any_f", keepdims=0), g.f32(p + "half", 0.5)],
                      p + "drawing")
         g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
-        state = (result[0], result[1], result[2], result[3], going)
-    return state[0], state[1], state[3]
+        state = (result[0], result[1], result[2], result[3])
+    return state
 
 
-def _merge(g: _Graph, p: str, logits3: str, i: int, c: int, state: tuple[str, str, str] | None,
+STATE = ("n", "mean", "m2", "extra")  # per row: members drawn, mean and M2 of the values, the mean of the extra term
+State = tuple[str, str, str, str]
+
+
+def _merge(g: _Graph, p: str, kind: Kind, x3: str, at: tuple[int, int], state: tuple[str, str, str] | None,
            ) -> tuple[str, str, str]:
-    """Merge chunk ``i``'s member logits ``logits3`` [R, c, K] into the running statistics ``state`` (mean and M2
-    [R, 1, K], E [R]) of rows that have seen n = i·c members (Chan et al.'s pairwise update: w = c / (n + c),
-    mean' = mean + d·w, M2' = M2 + M2_c + d²·n·w, E' = E + (E_c - E)·w with d = chunk mean - mean; w and n·w are
-    constants, every row having seen the chunk's n)."""
-    ps = g.add("Softmax", [logits3], p + "p_s", axis=-1)
-    logps = g.add("LogSoftmax", [logits3], p + "logp_s", axis=-1)
-    cmean = g.reduce("ReduceMean", ps, 1, p + "chunk_mean", keepdims=1)
-    cm2 = g.reduce("ReduceSumSquare", g.add("Sub", [ps, cmean], p + "dev"), 1, p + "chunk_m2", keepdims=1)
-    plogp = g.reduce("ReduceSum", g.add("Mul", [ps, logps], p + "plogp_s"), -1, p + "neg_h_s")
-    cneg = g.reduce("ReduceMean", plogp, 1, p + "chunk_neg_h")
+    """Merge chunk i's member outputs ``x3`` [R, c, ...] (``at``: (i, c)) into the running statistics ``state``
+    of rows that have seen n = i·c members: the mean and M2 of the bounded values (class probabilities, or a
+    regression's means) and the mean of the extra term (Σ p log p over the classes; a log-variance head's
+    variance), each [R, 1, ...]. Chan et al.'s pairwise update: w = c / (n + c), mean' = mean + d·w,
+    M2' = M2 + M2_c + d²·n·w, E' = E + (E_c - E)·w with d = chunk mean - mean; w and n·w are constants, every row
+    having seen the chunk's n."""
+    i, c = at
+    if kind.task == "regression":
+        d = kind.width
+        vs = _slice(g, x3, 0, d, p + "mu_s") if kind.logvar else x3
+        extra_s = g.add("Exp", [_slice(g, x3, d, 2 * d, p + "logvar_s")], p + "var_s") if kind.logvar else vs
+    else:  # the class axis: 2 of [R, c, K] and of [R, c, C, *sp]
+        vs = g.add("Softmax", [x3], p + "p_s", axis=2)
+        logps = g.add("LogSoftmax", [x3], p + "logp_s", axis=2)
+        extra_s = g.reduce("ReduceSum", g.add("Mul", [vs, logps], p + "plogp_s"), 2, p + "neg_h_s", keepdims=1)
+    cmean = g.reduce("ReduceMean", vs, 1, p + "chunk_mean", keepdims=1)
+    cm2 = g.reduce("ReduceSumSquare", g.add("Sub", [vs, cmean], p + "dev"), 1, p + "chunk_m2", keepdims=1)
+    cextra = g.reduce("ReduceMean", extra_s, 1, p + "chunk_extra", keepdims=1)
     if state is None:
-        return cmean, cm2, cneg
-    mean, m2, neg_h = state
+        return cmean, cm2, cextra
+    mean, m2, extra = state
     w, nw = g.f32(p + "w", 1.0 / (i + 1)), g.f32(p + "nw", i * c / (i + 1))
-    d = g.add("Sub", [cmean, mean], p + "d")
-    mean_new = g.add("Add", [mean, g.add("Mul", [d, w], p + "dw")], p + "mean_new")
+    d_ = g.add("Sub", [cmean, mean], p + "d")
+    mean_new = g.add("Add", [mean, g.add("Mul", [d_, w], p + "dw")], p + "mean_new")
     m2_new = g.add("Add", [g.add("Add", [m2, cm2], p + "m2_sum"),
-                           g.add("Mul", [g.add("Mul", [d, d], p + "d2"), nw], p + "d2nw")], p + "m2_new")
-    neg_new = g.add("Add", [neg_h, g.add("Mul", [g.add("Sub", [cneg, neg_h], p + "dneg"), w], p + "dneg_w")],
-                    p + "neg_new")
-    return mean_new, m2_new, neg_new
+                           g.add("Mul", [g.add("Mul", [d_, d_], p + "d2"), nw], p + "d2nw")], p + "m2_new")
+    extra_new = g.add("Add", [extra, g.add("Mul", [g.add("Sub", [cextra, extra], p + "dextra"), w], p + "dextra_w")],
+                      p + "extra_new")
+    return mean_new, m2_new, extra_new
 
 
-def _margin(g: _Graph, p: str, mean: str, m2: str, coef: float, thresh: float, classes: int) -> str:
-    """Per row [R, 1, 1], a value >= 0 where the row draws on: the larger of max_k r_k² - ε² (r² = a_i·M2) and the
-    second-highest upper end minus the highest lower end (>= 0: another class's interval reaches the top class's),
-    :meth:`StoppingRule.settled`'s test."""
+def _slice(g: _Graph, x: str, start: int, end: int, out: str) -> str:
+    """``x[:, :, start:end]``."""
+    return g.add("Slice", [x, g.i64(out + "/start", start), g.i64(out + "/end", end), g.i64(out + "/axis", 2)], out)
+
+
+def _margin(g: _Graph, p: str, plan: _Plan, i: int, stats: tuple[str, str, str]) -> str:
+    """Per row [R, 1, ...], a value >= 0 where the row draws on after chunk ``i`` (:meth:`StoppingRule.settled`'s
+    test): the largest r² - ε² (r² = a_i·M2; a regression's threshold is ε²·(its predictive variance)), and for a
+    classifier also the second-highest upper end minus the highest lower end (>= 0: another class's interval
+    reaches the top class's)."""
+    kind, (mean, m2, extra) = plan.kind, stats
+    coef, thresh = float(plan.coef[i]), float(plan.thresh[i])
     r2 = g.add("Mul", [m2, g.f32(p + "coef", coef)], p + "r2")
-    wide = g.add("Sub", [g.reduce("ReduceMax", r2, -1, p + "r2_max", keepdims=1), g.f32(p + "thresh", thresh)],
+    rest = tuple(range(1, kind.rank))
+    if kind.task == "regression":  # ε² · (aleatoric + M2 / n): the predictive variance at n = (i + 1)·c
+        n = (i + 1) * plan.rule.chunk
+        aleatoric = extra if kind.logvar else g.f32(p + "noise_var", kind.noise_var)
+        var = g.add("Add", [aleatoric, g.add("Mul", [m2, g.f32(p + "inv_n", 1.0 / n)], p + "epistemic")], p + "var")
+        excess = g.add("Sub", [r2, g.add("Mul", [var, g.f32(p + "eps2", thresh)], p + "bound")], p + "excess")
+        return g.reduce("ReduceMax", excess, rest, p + "margin", keepdims=1)
+    wide = g.add("Sub", [g.reduce("ReduceMax", r2, rest, p + "r2_max", keepdims=1), g.f32(p + "thresh", thresh)],
                  p + "wide")
-    if classes < 2:
+    if kind.task == "segmentation" or kind.width < 2:
         return wide
     r = g.add("Sqrt", [r2], p + "r")
     best_low = g.reduce("ReduceMax", g.add("Sub", [mean, r], p + "low"), -1, p + "best_low", keepdims=1)
@@ -366,34 +427,29 @@ def _margin(g: _Graph, p: str, mean: str, m2: str, coef: float, thresh: float, c
     return g.add("Max", [wide, g.add("Sub", [second, best_low], p + "overlap")], p + "margin")
 
 
-def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, margin: str, here: tuple[str, str, str, str],
-          ) -> tuple[str, str, str]:
+def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, margin: str, here: State) -> State:
     """After chunk ``i``'s look: an ``If`` taken when some row goes on (its ``margin`` >= 0), whose branch runs
     chunk i + 1 on those rows and writes their final statistics over ``here`` (samples, mean, M2, E of every row);
     the other branch passes ``here`` on. The rows leave the batch (:func:`_compressed`)."""
     p = f"at{i}/rest/"
-    n_here, mean, _, neg_h = here
     zero = g.f32(p + "zero", 0.0)
     cond = g.add("GreaterOrEqual", [g.add("ReduceMax", [margin], p + "worst", keepdims=0), zero], p + "any")
     b = _Graph(g.opset)
-    going = b.add("GreaterOrEqual", [margin, zero], p + "going")  # [R, 1, 1]
+    going = b.add("GreaterOrEqual", [margin, zero], p + "going")  # [R, 1, ...]
     outs = _compressed(b, plan, i, rows, going, here)
-    keep = [p + "keep/" + k for k in ("n", "mean", "neg_h")]
-    then = helper.make_graph(b.nodes, f"anytime_rest{i + 1}", [], _info(outs), b.inits)
-    other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip((n_here, mean, neg_h), keep,
-                                                                                       strict=True)],
-                              f"anytime_done{i + 1}", [], _info(keep))
-    result = [p + "state/" + k for k in ("n", "mean", "neg_h")]
+    keep = [p + "keep/" + k for k in STATE]
+    then = helper.make_graph(b.nodes, f"anytime_rest{i + 1}", [], _info(outs, plan.kind.rank), b.inits)
+    other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip(here, keep, strict=True)],
+                              f"anytime_done{i + 1}", [], _info(keep, plan.kind.rank))
+    result = [p + "state/" + k for k in STATE]
     g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
-    return result[0], result[1], result[2]
+    return result[0], result[1], result[2], result[3]
 
 
-def _compressed(b: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: tuple[str, str, str, str],
-                ) -> list[str]:
+def _compressed(b: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: State) -> list[str]:
     """In ``b``: the rows ``going`` gathered (their data, fold values, per-row noise and statistics), chunk i + 1
-    and the next on them, their final (samples, mean, E) scattered back over ``here``'s."""
+    and the next on them, their final (samples, mean, M2, E) scattered back over ``here``'s."""
     p = f"at{i}/rest/"
-    n_here, mean, m2, neg_h = here
     idx = b.add("Gather", [b.add("NonZero", [going], p + "nz"), b.const(p + "row", np.array(0, np.int64))], p + "idx",
                 axis=0)  # the rows' indices [R']
     at = b.add("Unsqueeze", [idx, b.i64(p + "ax1", 1)], p + "idx2")
@@ -407,27 +463,40 @@ def _compressed(b: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: t
     b.nodes.extend(_copy(graph.node[k], values, p + "fold/", 0.0) for k in plan.fold)
     sub = _Rows(b.add("Shape", [idx], p + "batch"), values,
                 {k: take(v, "noise/" + k) for k, v in rows.noise.items()},
-                (take(mean, "mean"), take(m2, "m2"), take(neg_h, "neg_h")))
+                (take(here[1], "mean"), take(here[2], "m2"), take(here[3], "extra")))
     finals = _chunk(b, plan, i + 1, sub)
     return [b.add("ScatterND", [full, at, part], p + "out/" + k)
-            for k, full, part in zip(("n", "mean", "neg_h"), (n_here, mean, neg_h), finals, strict=True)]
+            for k, full, part in zip(STATE, here, finals, strict=True)]
 
 
-def _info(names: list[str]) -> list[onnx.ValueInfoProto]:
-    """Value infos of a branch's (samples [R], mean [R, 1, K], E [R]) outputs."""
-    return [helper.make_tensor_value_info(v, t, [None] * r) for v, t, r in
-            zip(names, (TensorProto.INT64, TensorProto.FLOAT, TensorProto.FLOAT), (1, 3, 1), strict=True)]
+def _info(names: list[str], rank: int) -> list[onnx.ValueInfoProto]:
+    """Value infos of a branch's (samples [R], mean, M2, E [R, 1, ...]) outputs."""
+    return [helper.make_tensor_value_info(v, TensorProto.INT64 if k == 0 else TensorProto.FLOAT,
+                                          [None] * (1 if k == 0 else rank)) for k, v in enumerate(names)]
 
 
-def _head(outer: _Graph, n: str, mean: str, neg_h_state: str) -> None:
-    """The head on the final running statistics (the fixed head's formulas: tasks.classification) and ``samples``."""
-    probs = outer.add("Squeeze", [mean, outer.i64(A + "ax1", 1)], "probs")
-    logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
-    neg_h = outer.reduce("ReduceSum", outer.add("Mul", [probs, logp], A + "plogp"), -1, A + "neg_entropy")
-    entropy = outer.add("Neg", [neg_h], "entropy")
-    mi = outer.add("Add", [entropy, neg_h_state], A + "mi_raw")
-    outer.add("Max", [mi, outer.f32(A + "mi_floor", 0.0)], "mutual_info")
+def _head(outer: _Graph, kind: Kind, final: State) -> None:
+    """The task's outputs from the final running statistics (the fixed head's formulas: :mod:`edgebnn.tasks`) and
+    ``samples``."""
+    n, mean, m2, extra = final
+    ax1 = outer.i64(A + "ax1", 1)
     outer.add("Identity", [n], SAMPLES_OUTPUT)
+    if kind.task == "regression":
+        mu = outer.add("Squeeze", [mean, ax1], "mean")
+        n_f = outer.add("Unsqueeze", [outer.add("Cast", [n], A + "n_f", to=TensorProto.FLOAT), ax1], A + "n_col")
+        epistemic = outer.add("Div", [outer.add("Squeeze", [m2, ax1], A + "m2"), n_f], "epistemic")
+        aleatoric = outer.add("Squeeze", [extra, ax1], "aleatoric") if kind.logvar else outer.add(
+            "Add", [outer.add("Mul", [mu, outer.f32(A + "zero", 0.0)], A + "zeros"),
+                    outer.f32(A + "noise_var", kind.noise_var)], "aleatoric")
+        outer.add("Add", [aleatoric, epistemic], "variance")
+        return
+    probs = outer.add("Squeeze", [mean, ax1], "probs")  # [B, K] or [B, C, *sp]: the classes on axis 1
+    logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
+    neg_h = outer.reduce("ReduceSum", outer.add("Mul", [probs, logp], A + "plogp"), 1, A + "neg_entropy")
+    entropy = outer.add("Neg", [neg_h], "entropy")
+    mean_neg_h = outer.add("Squeeze", [extra, outer.i64(A + "ax12", 1, 2)], A + "mean_neg_h")
+    mi = outer.add("Add", [entropy, mean_neg_h], A + "mi_raw")
+    outer.add("Max", [mi, outer.f32(A + "mi_floor", 0.0)], "mutual_info")
 
 
 def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
@@ -441,8 +510,8 @@ def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
     return used
 
 
-def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row: set[str], rule: StoppingRule,
-              classes: int) -> onnx.ModelProto:
+def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row: set[str],
+              rule: StoppingRule) -> onnx.ModelProto:
     """The anytime model: ``outer``'s nodes, the first chunk's initializers they read (but the per-chunk ones),
     the data and the S_max fixed export's noise inputs, the head's outputs."""
     graph = base.graph
@@ -454,8 +523,7 @@ def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row
         dims = [d.dim_param or d.dim_value for d in noise.type.tensor_type.shape.dim]
         dims[0] = dims[0] if noise.name in per_row else rule.max_samples
         inputs.append(vi(noise.name, TensorProto.FLOAT, dims))
-    outputs = [vi("probs", TensorProto.FLOAT, ["batch", classes]), vi("entropy", TensorProto.FLOAT, ["batch"]),
-               vi("mutual_info", TensorProto.FLOAT, ["batch"]), vi(SAMPLES_OUTPUT, TensorProto.INT64, ["batch"])]
+    outputs = [*graph.output, vi(SAMPLES_OUTPUT, TensorProto.INT64, ["batch"])]  # the task's, then samples
     out_graph = helper.make_graph(outer.nodes, f"edgebnn_anytime_{graph.name}", inputs, outputs, kept + outer.inits)
     out = helper.make_model(out_graph, opset_imports=list(base.opset_import), producer_name="edgebnn")
     out.ir_version = base.ir_version

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from scipy import stats
-from synthetic import synthetic_cnn, synthetic_linear
+from synthetic import synthetic_cnn
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters.anytime import RANDOM_OPS, SEED_STEP, member_logits
@@ -276,11 +276,6 @@ def test_export_refusals_are_one_line() -> None:
     with pytest.raises(InvalidOptionError, match="analytic mode draws no samples") as e:
         export_model(model, ExportConfig(rule=StoppingRule(), mode="analytic"))
     assert "\n" not in str(e.value)
-    regression = synthetic_linear()
-    regression.manifest.task, regression.manifest.task_options = "regression", {"head": "mean", "dims": 4,
-                                                                                "noise_var": 0.1}
-    with pytest.raises(InvalidOptionError, match="takes a classifier"):
-        export_model(regression, ExportConfig(rule=StoppingRule(), mode="baked"))
 
 
 def test_rule_defaults_follow_the_model() -> None:
