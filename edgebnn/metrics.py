@@ -58,6 +58,7 @@ class RegressionPredictive:
     variance: np.ndarray  # [N, D] = aleatoric + epistemic
     aleatoric: np.ndarray  # [N, D] mean of the members' variances
     epistemic: np.ndarray  # [N, D] variance of the members' means
+    samples: np.ndarray | None = None  # [N] members each input used (an anytime ensemble, --samples auto)
 
     def ood_scores(self) -> tuple[np.ndarray, np.ndarray]:
         """Per example (total, epistemic) uncertainty: the mean over D of the Gaussian predictive entropy

@@ -126,6 +126,26 @@ class StoppingRule:
         alone = (mean + r >= lower).sum(-1) < 1.5  # only the top class's interval reaches the best lower bound
         return (r2.max(-1) < thresh[iteration]) & alone
 
+    def settled_regression(self, mean: np.ndarray, m2: np.ndarray, aleatoric: np.ndarray | float, iteration: int,
+                           dims: int) -> np.ndarray:
+        """Per row [B]: whether a regression input stops after loop iteration ``iteration``: every output dimension's
+        half-width ``r_d = q_n · s_d · sqrt(1/n - 1/S_max)`` of its members' means (``mean``, ``m2`` [B, D]) is
+        below ε times the predictive std the export reports there, ``sqrt(aleatoric + M2 / n)`` (float32 like the
+        graph)."""
+        coef, thresh = self.constants(dims)
+        n = (iteration + 1) * self.chunk
+        m2 = m2.astype(np.float32)
+        var = np.float32(aleatoric) + m2 * np.float32(1.0 / n)
+        return (m2 * coef[iteration] - var * thresh[iteration]).max(-1) < 0
+
+    def settled_pixels(self, m2: np.ndarray, iteration: int, classes: int) -> np.ndarray:
+        """Per image [B]: whether a segmentation input stops after ``iteration``: at every pixel every class's
+        half-width (``m2`` [B, C, *sp] of its members' probabilities) is below ε (no class test: a pixel on a class
+        boundary would never stop an image)."""
+        coef, thresh = self.constants(classes)
+        r2 = m2.astype(np.float32) * coef[iteration]
+        return r2.reshape(len(r2), int(np.prod(r2.shape[1:]))).max(-1, initial=-np.inf) < thresh[iteration]
+
     def to_dict(self) -> dict[str, Any]:
         return {"rule": RULE, **dataclasses.asdict(self)}
 

@@ -33,7 +33,6 @@ With the rule off (``epsilon = 0``) every row runs S_max / c chunks: the same me
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +40,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgebnn.errors import UnsupportedLayerError
+from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters.metadata import ExportMetadata
 from edgebnn.stopping import StoppingRule
 
 RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                         "Bernoulli"})
 A = "at/"  # prefix of every value this rewrite adds (short: a chunk copy repeats it on every value)
-S = A + "state/"  # the Loop body's inputs and outputs: iteration, condition, running statistics
 SAMPLES_OUTPUT = "samples"
 
 
@@ -71,16 +69,52 @@ def differs(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
         {t.name: t.SerializeToString() for t in b.graph.initializer}
 
 
-def member_logits(graph: onnx.GraphProto) -> str:
-    """The value [B, S, K] of per-member logits the classification head reads: ``probs = ReduceMean(Softmax(it))``
-    (found by structure: compact exports rename every value)."""
+def member_logits(graph: onnx.GraphProto, task: str = "classification") -> str:
+    """The value [B, S, ...] of per-member outputs the task's head reads (found by structure: compact exports
+    rename every value): a classifier's or a segmentation's logits (``probs = ReduceMean(Softmax(it))``), a
+    regression's outputs (``mean = ReduceMean(it)``, or of a Slice of it: the means of a log-variance head)."""
     producer = {o: n for n in graph.node for o in n.output}
+    if task == "regression":
+        mean = producer.get("mean")
+        src = producer.get(mean.input[0]) if mean is not None and mean.op_type == "ReduceMean" else None
+        if mean is None or mean.op_type != "ReduceMean":
+            raise UnsupportedLayerError("--samples auto: the export's head is not the regression head (mean = mean "
+                                        "of the members' means)")
+        return src.input[0] if src is not None and src.op_type == "Slice" else mean.input[0]
     mean = producer.get("probs")
     soft = producer.get(mean.input[0]) if mean is not None and mean.op_type == "ReduceMean" else None
     if soft is None or soft.op_type != "Softmax":
         raise UnsupportedLayerError("--samples auto: the export's head is not the classification head "
                                     "(probs = mean of softmax)")
     return soft.input[0]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What the rule bounds, by task (docs/anytime.md): ``classification`` (class probabilities, and the class),
+    ``segmentation`` (every pixel's class probabilities) or ``regression`` (the predictive mean, to a share ε of
+    the predictive std); ``width``: K classes or D dims (the rule's Bonferroni count per look); ``rank``: of the
+    per-member values [B, S, ...]; a regression's head (``mean_logvar``: log-variances follow the means) and its
+    stated noise variance."""
+
+    task: str
+    width: int
+    rank: int = 3
+    logvar: bool = False
+    noise_var: float = 0.0
+
+    @classmethod
+    def of(cls, task: Any, classes: int) -> Kind:
+        """The kind of a task (:class:`edgebnn.tasks.Task`); a task the rule has no statement for is refused."""
+        if task.name == "classification":
+            return cls("classification", classes)
+        if task.name == "segmentation":
+            return cls("segmentation", int(task.shape[0]), rank=len(task.shape) + 2)
+        if task.name == "regression":
+            return cls("regression", int(task.dims), logvar=task.head == "mean_logvar",
+                       noise_var=float(task.noise_var or 0.0))
+        raise InvalidOptionError(f"--samples auto: the stopping rule has no statement for a {task.name} model "
+                                 "(classification, segmentation and regression have one): give --samples N")
 
 
 class _Graph:
@@ -105,69 +139,16 @@ class _Graph:
     def f32(self, name: str, value: float) -> str:
         return self.const(name, np.array(value, np.float32))
 
-    def reduce(self, op: str, x: str, axis: int, out: str, keepdims: int = 0) -> str:
-        """``op`` over one axis (axes as an input from opset 18, ReduceSum from 13; an attribute before)."""
+    def reduce(self, op: str, x: str, axis: int | tuple[int, ...], out: str, keepdims: int = 0) -> str:
+        """``op`` over one axis or several (axes as an input from opset 18, ReduceSum from 13; an attribute
+        before)."""
+        axes = [axis] if isinstance(axis, int) else list(axis)
         if self.opset >= 18 or (op == "ReduceSum" and self.opset >= 13):
-            return self.add(op, [x, self.i64(out + "/axes", axis)], out, keepdims=keepdims)
-        return self.add(op, [x], out, axes=[axis], keepdims=keepdims)
+            return self.add(op, [x, self.i64(out + "/axes", *axes)], out, keepdims=keepdims)
+        return self.add(op, [x], out, axes=axes, keepdims=keepdims)
 
 
-STATE = ("n", "active", "mean", "m2", "neg_h")  # per row: members seen, still drawing (1/0), mean p, M2, E[Σ p log p]
-
-
-def _state_info(names: list[str], classes: int) -> list[onnx.ValueInfoProto]:
-    dims: dict[str, list[str | int | None]] = {"mean": ["batch", classes], "m2": ["batch", classes]}
-    return [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims.get(key, ["batch"]))
-            for key, name in zip(STATE, names, strict=True)]
-
-
-def _update(g: _Graph, p: str, logits3: str, c: int, old: list[str], new: list[str], coef: str, thresh: str) -> None:
-    """Merge one chunk of member logits ``logits3`` [B, c, K] into the running statistics ``old`` (names in
-    :data:`STATE` order) of the rows still drawing, apply the rule (``coef``: a_i, ``thresh``: ε² or never) and write
-    ``new``. Chan et al.'s pairwise update: n' = n + c, w = c / n', mean' = mean + d·w, M2' = M2 + M2_c + d²·n·w,
-    E' = E + (E_c - E)·w with d = chunk mean - mean."""
-    n, active, mean, m2, neg_h = old
-    ps = g.add("Softmax", [logits3], p + "p_s", axis=-1)
-    logps = g.add("LogSoftmax", [logits3], p + "logp_s", axis=-1)
-    ax1 = g.i64(p + "ax1", 1)
-    cmean = g.reduce("ReduceMean", ps, 1, p + "chunk_mean")
-    dev = g.add("Sub", [ps, g.add("Unsqueeze", [cmean, ax1], p + "chunk_mean3")], p + "dev")
-    cm2 = g.reduce("ReduceSum", g.add("Mul", [dev, dev], p + "dev2"), 1, p + "chunk_m2")
-    plogp = g.reduce("ReduceSum", g.add("Mul", [ps, logps], p + "plogp_s"), -1, p + "neg_h_s")
-    cneg = g.reduce("ReduceMean", plogp, 1, p + "chunk_neg_h")
-    c_f = g.f32(p + "c", float(c))
-    n_new = g.add("Add", [n, c_f], p + "n_new")
-    w = g.add("Div", [c_f, n_new], p + "w")
-    d = g.add("Sub", [cmean, mean], p + "d")
-    mean_new = g.add("Add", [mean, g.add("Mul", [d, g.add("Unsqueeze", [w, ax1], p + "w2d")], p + "dw")],
-                     p + "mean_new")
-    nw = g.add("Unsqueeze", [g.add("Mul", [n, w], p + "nw"), ax1], p + "nw2d")
-    m2_new = g.add("Add", [g.add("Add", [m2, cm2], p + "m2_sum"),
-                           g.add("Mul", [g.add("Mul", [d, d], p + "d2"), nw], p + "d2nw")], p + "m2_new")
-    neg_new = g.add("Add", [neg_h, g.add("Mul", [g.add("Sub", [cneg, neg_h], p + "dneg"), w], p + "dneg_w")],
-                    p + "neg_new")
-    on = g.add("Cast", [active], p + "on", to=TensorProto.BOOL)  # a settled row keeps its statistics
-    on2 = g.add("Unsqueeze", [on, ax1], p + "on2d")
-    g.add("Where", [on, n_new, n], new[0])
-    mean_out = g.add("Where", [on2, mean_new, mean], new[2])
-    m2_out = g.add("Where", [on2, m2_new, m2], new[3])
-    g.add("Where", [on, neg_new, neg_h], new[4])
-    # the rule (edgebnn.stopping): r² = a_i·M2 < ε² for every class, and the top class's interval alone
-    r2 = g.add("Mul", [m2_out, coef], p + "r2")
-    r = g.add("Sqrt", [r2], p + "r")
-    close = g.add("Less", [g.reduce("ReduceMax", r2, -1, p + "r2_max"), thresh], p + "close")
-    best_low = g.reduce("ReduceMax", g.add("Sub", [mean_out, r], p + "low"), -1, p + "best_low", keepdims=1)
-    reach = g.add("Cast", [g.add("GreaterOrEqual", [g.add("Add", [mean_out, r], p + "high"), best_low],
-                                 p + "reaches")], p + "reaches_f", to=TensorProto.FLOAT)
-    alone = g.add("Less", [g.reduce("ReduceSum", reach, -1, p + "n_reach"), g.f32(p + "one_half", 1.5)],
-                  p + "alone")
-    settled = g.add("Cast", [g.add("And", [close, alone], p + "settled_b")], p + "settled", to=TensorProto.FLOAT)
-    g.add("Mul", [active, g.add("Sub", [g.f32(p + "one", 1.0), settled], p + "unsettled")], new[1])
-
-
-def _any(g: _Graph, active: str, out: str) -> str:
-    """Whether any row is still drawing (a bool scalar: a Loop's or an If's condition)."""
-    return g.add("Greater", [g.reduce("ReduceMax", active, 0, out + "/max"), g.f32(out + "/zero", 0.0)], out)
+SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP
 
 
 def _copy(node: onnx.NodeProto, rename: dict[str, str], prefix: str | None, seed_offset: float) -> onnx.NodeProto:
@@ -178,6 +159,7 @@ def _copy(node: onnx.NodeProto, rename: dict[str, str], prefix: str | None, seed
     for k, x in enumerate(copy.input):
         copy.input[k] = rename.get(x, x)
     if prefix is not None:
+        copy.name = prefix + copy.name if copy.name else ""
         for k, x in enumerate(copy.output):
             rename[x] = copy.output[k] = prefix + x
     if seed_offset and node.op_type in RANDOM_OPS:
@@ -187,31 +169,68 @@ def _copy(node: onnx.NodeProto, rename: dict[str, str], prefix: str | None, seed
     return copy
 
 
-def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, classes: int, per_row: set[str],
-                  ) -> onnx.ModelProto:
-    """The graph of the module docstring from the fixed export of each chunk under ``rule``: a Loop over one body
-    when every chunk is the same graph (noise drawn per iteration), else an If per chunk holding that chunk's
-    constants (baked members: no copy per call); ``per_row``: the host noise inputs with one row per (input,
-    member) (the others have one per member). The metadata is the caller's."""
+@dataclass(frozen=True)
+class _Plan:
+    """What every chunk's copy reads: the chunk graphs (one, or one per chunk: baked members), the initializers that
+    differ between them, the positions (graph order) of the nodes that change per chunk (``drawn``) and of the
+    once-per-call nodes that read the data (``fold``: re-run on a compressed batch), the member logits [B, c, K],
+    the rule and its per-chunk constants (:meth:`StoppingRule.constants`), the host noise inputs and which of them
+    have a row per (input, member)."""
+
+    chunks: list[onnx.ModelProto]
+    differing: set[str]
+    drawn: list[int]
+    fold: list[int]
+    logits3: str
+    rule: StoppingRule
+    coef: np.ndarray
+    thresh: np.ndarray
+    noise: dict[str, onnx.ValueInfoProto]
+    per_row: set[str]
+    kind: Kind
+
+    def graph(self, i: int) -> onnx.GraphProto:
+        return self.chunks[i if len(self.chunks) > 1 else 0].graph
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The rows a chunk runs on, in the graph being built: their batch ([1] int64), the names the chunk graph's data
+    and fold values have for them (``values``), the per-row host noise as [rows, S_max, ...], and the running
+    statistics (mean, M2, E[Σ p log p]) of their members so far (None before the first chunk)."""
+
+    batch: str
+    values: dict[str, str]
+    noise: dict[str, str]
+    state: tuple[str, str, str] | None
+
+
+def anytime_graph(chunks: list[onnx.ModelProto], rule: StoppingRule, kind: Kind, per_row: set[str], *,
+                  compress: bool = True) -> onnx.ModelProto:
+    """The graph of the module docstring from the fixed export of each chunk under ``rule`` (one graph when every
+    chunk is the same: in-graph draws or host noise; one per chunk: baked members); ``per_row``: the host noise
+    inputs with one row per (input, member) (the others have one per member). The metadata is the caller's."""
     graph = chunks[0].graph
     outer = _Graph(next(o.version for o in chunks[0].opset_import if o.domain in ("", "ai.onnx")))
-    logits3 = member_logits(graph)
-    noise_inputs = {i.name: i for i in graph.input[1:]}
+    logits3 = member_logits(graph, kind.task)
+    noise = {i.name: i for i in graph.input[1:]}
     differing = _differing(chunks)
-    drawn = _split_nodes(graph, logits3, differing | set(noise_inputs), outer)
-    # the batch B of the data: the initial state's shape, and the host noise rows B·S_max are cut by
-    batch = outer.add("Slice", [outer.add("Shape", [graph.input[0].name], A + "x_shape"), outer.i64(A + "s0", 0),
-                                outer.i64(A + "s1", 1)], A + "batch")
-    coef, thresh = rule.constants(classes)
-    ch = _Chunking(drawn, logits3, rule, classes, coef, thresh, _noise_slicer(noise_inputs, per_row, batch, rule))
-    state = _initial_state(outer, batch, classes)
-    if len(chunks) == 1 and not noise_inputs:  # one body, drawn afresh each iteration
-        state = _loop(outer, graph, state, ch)
-    else:  # chunk i's constants, or its slice of the host noise, in its own branch (TensorRT-RTX 1.7's builder
-        # fails an internal check on a Loop body that slices a graph input by the iteration number)
-        state = _chain(outer, chunks if len(chunks) > 1 else chunks * rule.chunks, differing, state, ch)
-    _head(outer, state)
-    return _assemble(chunks[0], outer, differing, per_row, rule, classes)
+    drawn, fold = _split_nodes(graph, logits3, differing | set(noise), outer)
+    coef, thresh = rule.constants(kind.width)
+    plan = _Plan(chunks, differing, drawn, fold, logits3, rule, coef, thresh, noise, per_row, kind)
+    x = graph.input[0].name
+    batch = outer.add("Slice", [outer.add("Shape", [x], A + "x_shape"), outer.i64(A + "s0", 0), outer.i64(A + "s1", 1)],
+                      A + "batch")
+    rows_noise = {}
+    for name in sorted(per_row & set(noise)):  # [B·S_max, *dims] -> [B, S_max, *dims]: rows leave by Gather
+        dims = [d.dim_value for d in noise[name].type.tensor_type.shape.dim[1:]]
+        split = outer.add("Concat", [batch, outer.i64(A + name + "/s_dims", rule.max_samples, *dims)],
+                          A + name + "/split", axis=0)
+        rows_noise[name] = outer.add("Reshape", [name, split], A + name + "/rows")
+    rows = _Rows(batch, {}, rows_noise, None)
+    final = _chunk(outer, plan, 0, rows) if compress else _chain(outer, plan, rows)
+    _head(outer, kind, final)
+    return _assemble(chunks[0], outer, differing, per_row, rule)
 
 
 def _differing(chunks: list[onnx.ModelProto]) -> set[str]:
@@ -223,10 +242,11 @@ def _differing(chunks: list[onnx.ModelProto]) -> set[str]:
             if any(t.SerializeToString() != other[t.name] for other in others)}
 
 
-def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer: _Graph) -> list[int]:
+def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer: _Graph) -> tuple[list[int], list[int]]:
     """The nodes the member logits are computed from, split: those that change per chunk (random ops and what reads
-    ``varying`` values, transitively) by position, returned; the others (decodes, constants, the input fold: once
-    per call) appended to ``outer``."""
+    ``varying`` values, transitively) by position, returned first; the others (decodes, constants, the input fold:
+    once per call) appended to ``outer``, the positions of those that read the data (transitively) returned
+    second."""
     producer = {o: n for n in graph.node for o in n.output}
     needed: set[int] = set()
     stack = [logits3]
@@ -236,81 +256,266 @@ def _split_nodes(graph: onnx.GraphProto, logits3: str, varying: set[str], outer:
             continue
         needed.add(id(node))
         stack.extend(node.input)
-    varying = set(varying)
+    varying, data = set(varying), {graph.input[0].name}
     drawn: list[int] = []
+    fold: list[int] = []
     for k, node in enumerate(graph.node):  # graph order is topological
         if id(node) not in needed:
             continue
         if node.op_type in RANDOM_OPS or any(x in varying for x in node.input):
             varying.update(node.output)
             drawn.append(k)
-        else:
-            outer.nodes.append(node)
-    return drawn
+            continue
+        outer.nodes.append(node)
+        if any(x in data for x in node.input):
+            data.update(node.output)
+            fold.append(k)
+    return drawn, fold
 
 
-def _noise_slicer(noise_inputs: dict[str, onnx.ValueInfoProto], per_row: set[str], batch: str,
-                  rule: StoppingRule) -> Slicer:
-    """How a chunk reads its members of each host noise input (the S_max fixed export's shapes)."""
-    total = rule.max_samples
-
-    def slices(g: _Graph, p: str, bounds: Callable[[], tuple[str, str]], rename: dict[str, str]) -> None:
-        """The chunk's members ``start .. end`` (``bounds()``: 1-D int64 values) of each host noise input, as
-        ``rename`` says. Shapes are static but for B, taken from the data (TensorRT-RTX 1.7's builder fails an
-        internal check on rows reshaped by -1)."""
-        start, end = bounds() if noise_inputs else ("", "")
-        for name in sorted(noise_inputs):
-            local = p + "noise/" + name
-            dims = [d.dim_value for d in noise_inputs[name].type.tensor_type.shape.dim[1:]]
-            if name in per_row:  # [B·S_max, *dims] -> [B, S_max, *dims] -> members start.. -> [B·c, *dims]
-                split = g.add("Concat", [batch, g.i64(local + "/s_dims", total, *dims)], local + "/split", axis=0)
-                rows = g.add("Reshape", [name, split], local + "/rows")
-                part = g.add("Slice", [rows, start, end, g.i64(local + "/axis", 1)], local + "/part")
-                bc = g.add("Mul", [batch, g.i64(local + "/c", rule.chunk)], local + "/bc")
-                flat = g.add("Concat", [bc, g.i64(local + "/dims", *dims)], local + "/flat", axis=0)
-                g.add("Reshape", [part, flat], local)
-            else:  # [S_max, *dims] -> [c, *dims] (a static shape: TensorRT takes no dynamic Conv weights)
-                part = g.add("Slice", [name, start, end, g.i64(local + "/axis", 0)], local + "/part")
-                g.add("Reshape", [part, g.i64(local + "/shape", rule.chunk, *dims)], local)
-            rename[name] = local
-
-    return slices
-
-
-def _initial_state(outer: _Graph, batch: str, classes: int) -> list[str]:
-    """The running statistics before the first chunk (:data:`STATE` order): zeros [B] / [B, K], every row drawing."""
-    rows_k = outer.add("Concat", [batch, outer.i64(A + "k", classes)], A + "batch_k", axis=0)
-
-    def fill(shape: str, value: float, out: str) -> str:
-        return outer.add("ConstantOfShape", [shape], out, value=numpy_helper.from_array(np.full(1, value, np.float32)))
-
-    zeros_b, zeros_bk = fill(batch, 0.0, A + "zeros_b"), fill(rows_k, 0.0, A + "zeros_bk")
-    return [zeros_b, fill(batch, 1.0, A + "ones_b"), zeros_bk, zeros_bk, zeros_b]
+def _draw(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> tuple[str, str, str]:
+    """Chunk ``i`` on ``rows`` in ``g`` (its members of the host noise, its baked constants, its copy of the drawn
+    nodes), merged into the rows' statistics: returns (mean, M2, E)."""
+    p, c = f"at{i}/", plan.rule.chunk
+    rename = dict(rows.values)
+    for name in sorted(plan.noise):  # the chunk's members i·c .. i·c + c - 1 of each host noise input
+        local = p + "noise/" + name
+        dims = [d.dim_value for d in plan.noise[name].type.tensor_type.shape.dim[1:]]
+        start, end = g.i64(local + "/start", i * c), g.i64(local + "/end", i * c + c)
+        if name in plan.per_row:  # [R, S_max, *dims] -> [R, c, *dims] -> [R·c, *dims] (static but for R)
+            part = g.add("Slice", [rows.noise[name], start, end, g.i64(local + "/axis", 1)], local + "/part")
+            rc = g.add("Mul", [rows.batch, g.i64(local + "/c", c)], local + "/rc")
+            flat = g.add("Concat", [rc, g.i64(local + "/dims", *dims)], local + "/flat", axis=0)
+        else:  # [S_max, *dims] -> [c, *dims] (a static shape: TensorRT takes no dynamic Conv weights)
+            part = g.add("Slice", [name, start, end, g.i64(local + "/axis", 0)], local + "/part")
+            flat = g.i64(local + "/shape", c, *dims)
+        rename[name] = g.add("Reshape", [part, flat], local)
+    graph = plan.graph(i)
+    for t in graph.initializer:
+        if t.name in plan.differing:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(t)
+            copy.name = rename[t.name] = p + "const/" + t.name
+            g.inits.append(copy)
+    g.nodes.extend(_copy(graph.node[k], rename, p + "g/", i * SEED_STEP) for k in plan.drawn)
+    return _merge(g, p, plan.kind, rename[plan.logits3], (i, c), rows.state)
 
 
-def _head(outer: _Graph, state: list[str]) -> None:
-    """The head on the final running statistics (the fixed head's formulas: tasks.classification) and ``samples``."""
-    n, _, mean, _, neg_h_state = state
-    probs = outer.add("Identity", [mean], "probs")
+def _chunk(g: _Graph, plan: _Plan, i: int, rows: _Rows) -> State:
+    """Chunk ``i`` on ``rows`` in ``g``, then the rule; the rows that go on run the next chunks, compressed to
+    those rows, inside an ``If`` taken only when one does (:func:`_rest`). Returns the rows' final (samples, mean,
+    M2, E) names."""
+    p, c = f"at{i}/", plan.rule.chunk
+    mean, m2, extra = _draw(g, plan, i, rows)
+    n_here = g.add("ConstantOfShape", [rows.batch], p + "n", value=numpy_helper.from_array(
+        np.full(1, (i + 1) * c, np.int64)))
+    here = (n_here, mean, m2, extra)
+    if i == plan.rule.chunks - 1:
+        return here
+    if plan.thresh[i] < 0:  # not a look (or the rule off): every row goes on, in this graph
+        return _chunk(g, plan, i + 1, dataclasses.replace(rows, state=(mean, m2, extra)))
+    return _rest(g, plan, i, rows, _margin(g, p, plan, i, (mean, m2, extra)), here)
+
+
+def _chain(g: _Graph, plan: _Plan, rows: _Rows) -> State:
+    """For TensorRT (whose RTX parser has no NonZero and whose builder fails on nested conditionals): chunk 0
+    inline, then one ``If`` per further chunk in sequence, taken while any row is drawing, on every row; a row
+    that settled keeps its statistics (``Where``). Returns the final (samples, mean, M2, E) names."""
+    c, rank = plan.rule.chunk, plan.kind.rank
+    stats = _draw(g, plan, 0, rows)
+    ones = g.add("ConstantOfShape", [rows.batch], A + "ones", value=numpy_helper.from_array(np.ones(1, np.float32)))
+    going = g.add("Unsqueeze", [ones, g.i64(A + "ax_rest", *range(1, rank))], A + "going0")  # [R, 1, ...]: drawing
+    n = g.add("ConstantOfShape", [rows.batch], A + "n0", value=numpy_helper.from_array(np.full(1, c, np.int64)))
+    state: State = (n, *stats)
+    kinds = [(TensorProto.INT64, 1)] + [(TensorProto.FLOAT, rank)] * 3
+    for i in range(1, plan.rule.chunks):
+        p = f"at{i}/"
+        if plan.thresh[i - 1] >= 0:  # the look after chunk i - 1
+            margin = _margin(g, f"at{i - 1}/", plan, i - 1, state[1:])
+            going = g.add("Mul", [going, g.add("Cast", [g.add("GreaterOrEqual", [margin, g.f32(p + "zero", 0.0)],
+                                                              p + "go_b")], p + "go_f", to=TensorProto.FLOAT)],
+                          p + "going")
+        b = _Graph(g.opset)
+        new = _draw(b, plan, i, dataclasses.replace(rows, state=state[1:]))
+        on_all = b.add("Cast", [going], p + "on_all", to=TensorProto.BOOL)
+        on = b.add("Squeeze", [on_all, b.i64(p + "ax_rest", *range(1, rank))], p + "on")
+        n_next = b.add("Add", [state[0], b.i64(p + "c", c)], p + "n_next")
+        outs = [b.add("Where", [cond, a, old], p + "out/" + k) for k, cond, a, old in
+                zip(STATE, (on, on_all, on_all, on_all), (n_next, *new), state, strict=True)]
+        info = [helper.make_tensor_value_info(v, t, [None] * r) for v, (t, r) in zip(outs, kinds, strict=True)]
+        keep = [p + "keep/" + k for k in STATE]
+        then = helper.make_graph(b.nodes, f"anytime_chunk{i}", [], info, b.inits)
+        other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip(state, keep, strict=True)],
+                                  f"anytime_done{i}", [], [helper.make_tensor_value_info(k, t, [None] * r) for k, (t, r)
+                                                          in zip(keep, kinds, strict=True)])
+        result = [p + "state/" + k for k in STATE]
+        cond = g.add("Greater", [g.add("ReduceMax", [going], p + "any_f", keepdims=0), g.f32(p + "half", 0.5)],
+                     p + "drawing")
+        g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
+        state = (result[0], result[1], result[2], result[3])
+    return state
+
+
+STATE = ("n", "mean", "m2", "extra")  # per row: members drawn, mean and M2 of the values, the mean of the extra term
+State = tuple[str, str, str, str]
+
+
+def _merge(g: _Graph, p: str, kind: Kind, x3: str, at: tuple[int, int], state: tuple[str, str, str] | None,
+           ) -> tuple[str, str, str]:
+    """Merge chunk i's member outputs ``x3`` [R, c, ...] (``at``: (i, c)) into the running statistics ``state``
+    of rows that have seen n = i·c members: the mean and M2 of the bounded values (class probabilities, or a
+    regression's means) and the mean of the extra term (Σ p log p over the classes; a log-variance head's
+    variance), each [R, 1, ...]. Chan et al.'s pairwise update: w = c / (n + c), mean' = mean + d·w,
+    M2' = M2 + M2_c + d²·n·w, E' = E + (E_c - E)·w with d = chunk mean - mean; w and n·w are constants, every row
+    having seen the chunk's n."""
+    i, c = at
+    if kind.task == "regression":
+        d = kind.width
+        vs = _slice(g, x3, 0, d, p + "mu_s") if kind.logvar else x3
+        extra_s = g.add("Exp", [_slice(g, x3, d, 2 * d, p + "logvar_s")], p + "var_s") if kind.logvar else vs
+    else:  # the class axis: 2 of [R, c, K] and of [R, c, C, *sp]
+        vs = g.add("Softmax", [x3], p + "p_s", axis=2)
+        logps = g.add("LogSoftmax", [x3], p + "logp_s", axis=2)
+        extra_s = g.reduce("ReduceSum", g.add("Mul", [vs, logps], p + "plogp_s"), 2, p + "neg_h_s", keepdims=1)
+    cmean = g.reduce("ReduceMean", vs, 1, p + "chunk_mean", keepdims=1)
+    cm2 = g.reduce("ReduceSumSquare", g.add("Sub", [vs, cmean], p + "dev"), 1, p + "chunk_m2", keepdims=1)
+    cextra = g.reduce("ReduceMean", extra_s, 1, p + "chunk_extra", keepdims=1)
+    if state is None:
+        return cmean, cm2, cextra
+    mean, m2, extra = state
+    w, nw = g.f32(p + "w", 1.0 / (i + 1)), g.f32(p + "nw", i * c / (i + 1))
+    d_ = g.add("Sub", [cmean, mean], p + "d")
+    mean_new = g.add("Add", [mean, g.add("Mul", [d_, w], p + "dw")], p + "mean_new")
+    m2_new = g.add("Add", [g.add("Add", [m2, cm2], p + "m2_sum"),
+                           g.add("Mul", [g.add("Mul", [d_, d_], p + "d2"), nw], p + "d2nw")], p + "m2_new")
+    extra_new = g.add("Add", [extra, g.add("Mul", [g.add("Sub", [cextra, extra], p + "dextra"), w], p + "dextra_w")],
+                      p + "extra_new")
+    return mean_new, m2_new, extra_new
+
+
+def _slice(g: _Graph, x: str, start: int, end: int, out: str) -> str:
+    """``x[:, :, start:end]``."""
+    return g.add("Slice", [x, g.i64(out + "/start", start), g.i64(out + "/end", end), g.i64(out + "/axis", 2)], out)
+
+
+def _margin(g: _Graph, p: str, plan: _Plan, i: int, stats: tuple[str, str, str]) -> str:
+    """Per row [R, 1, ...], a value >= 0 where the row draws on after chunk ``i`` (:meth:`StoppingRule.settled`'s
+    test): the largest r² - ε² (r² = a_i·M2; a regression's threshold is ε²·(its predictive variance)), and for a
+    classifier also the second-highest upper end minus the highest lower end (>= 0: another class's interval
+    reaches the top class's)."""
+    kind, (mean, m2, extra) = plan.kind, stats
+    coef, thresh = float(plan.coef[i]), float(plan.thresh[i])
+    r2 = g.add("Mul", [m2, g.f32(p + "coef", coef)], p + "r2")
+    rest = tuple(range(1, kind.rank))
+    if kind.task == "regression":  # ε² · (aleatoric + M2 / n): the predictive variance at n = (i + 1)·c
+        n = (i + 1) * plan.rule.chunk
+        aleatoric = extra if kind.logvar else g.f32(p + "noise_var", kind.noise_var)
+        var = g.add("Add", [aleatoric, g.add("Mul", [m2, g.f32(p + "inv_n", 1.0 / n)], p + "epistemic")], p + "var")
+        excess = g.add("Sub", [r2, g.add("Mul", [var, g.f32(p + "eps2", thresh)], p + "bound")], p + "excess")
+        return g.reduce("ReduceMax", excess, rest, p + "margin", keepdims=1)
+    wide = g.add("Sub", [g.reduce("ReduceMax", r2, rest, p + "r2_max", keepdims=1), g.f32(p + "thresh", thresh)],
+                 p + "wide")
+    if kind.task == "segmentation" or kind.width < 2:
+        return wide
+    r = g.add("Sqrt", [r2], p + "r")
+    best_low = g.reduce("ReduceMax", g.add("Sub", [mean, r], p + "low"), -1, p + "best_low", keepdims=1)
+    top2 = p + "top2"
+    g.nodes.append(helper.make_node("TopK", [g.add("Add", [mean, r], p + "high"), g.i64(p + "two", 2)],
+                                    [top2, p + "top2_idx"], axis=-1))
+    second = g.add("Slice", [top2, g.i64(p + "one", 1), g.i64(p + "two_end", 2), g.i64(p + "last", -1)],
+                   p + "second")
+    return g.add("Max", [wide, g.add("Sub", [second, best_low], p + "overlap")], p + "margin")
+
+
+def _rest(g: _Graph, plan: _Plan, i: int, rows: _Rows, margin: str, here: State) -> State:
+    """After chunk ``i``'s look: an ``If`` taken when some row goes on (its ``margin`` >= 0), whose branch runs
+    chunk i + 1 on those rows and writes their final statistics over ``here`` (samples, mean, M2, E of every row);
+    the other branch passes ``here`` on. The rows leave the batch (:func:`_compressed`)."""
+    p = f"at{i}/rest/"
+    zero = g.f32(p + "zero", 0.0)
+    cond = g.add("GreaterOrEqual", [g.add("ReduceMax", [margin], p + "worst", keepdims=0), zero], p + "any")
+    b = _Graph(g.opset)
+    going = b.add("GreaterOrEqual", [margin, zero], p + "going")  # [R, 1, ...]
+    outs = _compressed(b, plan, i, rows, going, here)
+    keep = [p + "keep/" + k for k in STATE]
+    then = helper.make_graph(b.nodes, f"anytime_rest{i + 1}", [], _info(outs, plan.kind.rank), b.inits)
+    other = helper.make_graph([helper.make_node("Identity", [v], [k]) for v, k in zip(here, keep, strict=True)],
+                              f"anytime_done{i + 1}", [], _info(keep, plan.kind.rank))
+    result = [p + "state/" + k for k in STATE]
+    g.nodes.append(helper.make_node("If", [cond], result, then_branch=then, else_branch=other))
+    return result[0], result[1], result[2], result[3]
+
+
+def _compressed(b: _Graph, plan: _Plan, i: int, rows: _Rows, going: str, here: State) -> list[str]:
+    """In ``b``: the rows ``going`` gathered (their data, fold values, per-row noise and statistics), chunk i + 1
+    and the next on them, their final (samples, mean, M2, E) scattered back over ``here``'s."""
+    p = f"at{i}/rest/"
+    idx = b.add("Gather", [b.add("NonZero", [going], p + "nz"), b.const(p + "row", np.array(0, np.int64))], p + "idx",
+                axis=0)  # the rows' indices [R']
+    at = b.add("Unsqueeze", [idx, b.i64(p + "ax1", 1)], p + "idx2")
+
+    def take(v: str, name: str) -> str:
+        return b.add("Gather", [v, idx], p + "take/" + name, axis=0)
+
+    graph = plan.graph(i + 1)
+    x = graph.input[0].name
+    values = {x: take(rows.values.get(x, x), "x")}
+    b.nodes.extend(_copy(graph.node[k], values, p + "fold/", 0.0) for k in plan.fold)
+    sub = _Rows(b.add("Shape", [idx], p + "batch"), values,
+                {k: take(v, "noise/" + k) for k, v in rows.noise.items()},
+                (take(here[1], "mean"), take(here[2], "m2"), take(here[3], "extra")))
+    finals = _chunk(b, plan, i + 1, sub)
+    return [b.add("ScatterND", [full, at, part], p + "out/" + k)
+            for k, full, part in zip(STATE, here, finals, strict=True)]
+
+
+def _info(names: list[str], rank: int) -> list[onnx.ValueInfoProto]:
+    """Value infos of a branch's (samples [R], mean, M2, E [R, 1, ...]) outputs."""
+    return [helper.make_tensor_value_info(v, TensorProto.INT64 if k == 0 else TensorProto.FLOAT,
+                                          [None] * (1 if k == 0 else rank)) for k, v in enumerate(names)]
+
+
+def _head(outer: _Graph, kind: Kind, final: State) -> None:
+    """The task's outputs from the final running statistics (the fixed head's formulas: :mod:`edgebnn.tasks`) and
+    ``samples``."""
+    n, mean, m2, extra = final
+    ax1 = outer.i64(A + "ax1", 1)
+    outer.add("Identity", [n], SAMPLES_OUTPUT)
+    if kind.task == "regression":
+        mu = outer.add("Squeeze", [mean, ax1], "mean")
+        n_f = outer.add("Unsqueeze", [outer.add("Cast", [n], A + "n_f", to=TensorProto.FLOAT), ax1], A + "n_col")
+        epistemic = outer.add("Div", [outer.add("Squeeze", [m2, ax1], A + "m2"), n_f], "epistemic")
+        aleatoric = outer.add("Squeeze", [extra, ax1], "aleatoric") if kind.logvar else outer.add(
+            "Add", [outer.add("Mul", [mu, outer.f32(A + "zero", 0.0)], A + "zeros"),
+                    outer.f32(A + "noise_var", kind.noise_var)], "aleatoric")
+        outer.add("Add", [aleatoric, epistemic], "variance")
+        return
+    probs = outer.add("Squeeze", [mean, ax1], "probs")  # [B, K] or [B, C, *sp]: the classes on axis 1
     logp = outer.add("Log", [outer.add("Max", [probs, outer.f32(A + "eps", 1e-12)], A + "probs_eps")], A + "logprobs")
-    neg_h = outer.reduce("ReduceSum", outer.add("Mul", [probs, logp], A + "plogp"), -1, A + "neg_entropy")
-    outer.add("Neg", [neg_h], "entropy")
-    mi = outer.add("Neg", [outer.add("Sub", [neg_h, neg_h_state], A + "neg_mi")], A + "mi_raw")
+    neg_h = outer.reduce("ReduceSum", outer.add("Mul", [probs, logp], A + "plogp"), 1, A + "neg_entropy")
+    entropy = outer.add("Neg", [neg_h], "entropy")
+    mean_neg_h = outer.add("Squeeze", [extra, outer.i64(A + "ax12", 1, 2)], A + "mean_neg_h")
+    mi = outer.add("Add", [entropy, mean_neg_h], A + "mi_raw")
     outer.add("Max", [mi, outer.f32(A + "mi_floor", 0.0)], "mutual_info")
-    outer.add("Cast", [n], SAMPLES_OUTPUT, to=TensorProto.INT64)
 
 
-def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row: set[str], rule: StoppingRule,
-              classes: int) -> onnx.ModelProto:
-    """The anytime model: ``outer``'s nodes, the first chunk's initializers they read (but the per-chunk ones),
-    the data and the S_max fixed export's noise inputs, the head's outputs."""
-    graph = base.graph
-    used = set()
-    for node in outer.nodes:
+def _names_read(nodes: list[onnx.NodeProto]) -> set[str]:
+    """Every value ``nodes`` and their subgraphs (at any depth) read."""
+    used: set[str] = set()
+    for node in nodes:
         used.update(node.input)
         for a in node.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                used.update(x for sub in a.g.node for x in sub.input)
+                used |= _names_read(list(a.g.node))
+    return used
+
+
+def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row: set[str],
+              rule: StoppingRule) -> onnx.ModelProto:
+    """The anytime model: ``outer``'s nodes, the first chunk's initializers they read (but the per-chunk ones),
+    the data and the S_max fixed export's noise inputs, the head's outputs."""
+    graph = base.graph
+    used = _names_read(outer.nodes)
     kept = [t for t in graph.initializer if t.name in used and t.name not in differing]
     vi = helper.make_tensor_value_info
     inputs = [graph.input[0]]
@@ -318,103 +523,8 @@ def _assemble(base: onnx.ModelProto, outer: _Graph, differing: set[str], per_row
         dims = [d.dim_param or d.dim_value for d in noise.type.tensor_type.shape.dim]
         dims[0] = dims[0] if noise.name in per_row else rule.max_samples
         inputs.append(vi(noise.name, TensorProto.FLOAT, dims))
-    outputs = [vi("probs", TensorProto.FLOAT, ["batch", classes]), vi("entropy", TensorProto.FLOAT, ["batch"]),
-               vi("mutual_info", TensorProto.FLOAT, ["batch"]), vi(SAMPLES_OUTPUT, TensorProto.INT64, ["batch"])]
+    outputs = [*graph.output, vi(SAMPLES_OUTPUT, TensorProto.INT64, ["batch"])]  # the task's, then samples
     out_graph = helper.make_graph(outer.nodes, f"edgebnn_anytime_{graph.name}", inputs, outputs, kept + outer.inits)
     out = helper.make_model(out_graph, opset_imports=list(base.opset_import), producer_name="edgebnn")
     out.ir_version = base.ir_version
     return out
-
-
-Slicer = Callable[[_Graph, str, Callable[[], tuple[str, str]], dict[str, str]], None]
-
-
-@dataclass(frozen=True)
-class _Chunking:
-    """What every chunk's copy reads: the positions (in graph order) of the nodes that change per chunk, the member
-    logits [B, c, K], the rule and its per-iteration constants (:meth:`StoppingRule.constants`), and how a chunk
-    slices the host noise."""
-
-    drawn: list[int]
-    logits3: str
-    rule: StoppingRule
-    classes: int
-    coef: np.ndarray
-    thresh: np.ndarray
-    slices: Slicer
-
-
-def _loop(outer: _Graph, graph: onnx.GraphProto, state: list[str], ch: _Chunking) -> list[str]:
-    """A Loop of at most S_max / c iterations over one chunk body; iteration i reads its members' noise and the
-    rule's constants at i. Returns the final state's names."""
-    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
-                                                           ch.thresh, ch.slices)
-    body = _Graph(outer.opset)
-    it, cond = S + "i", S + "cond"
-
-    def bounds() -> tuple[str, str]:  # i·c .. i·c + c
-        start = body.add("Unsqueeze", [body.add("Mul", [it, body.const(A + "chunk_i", np.array(rule.chunk, np.int64))],
-                                                A + "start0"), body.i64(A + "ax0", 0)], A + "start")
-        return start, body.add("Add", [start, body.i64(A + "chunk_1", rule.chunk)], A + "end")
-
-    rename: dict[str, str] = {}
-    slices(body, A, bounds, rename)
-    body.nodes.extend(_copy(graph.node[k], rename, None, 0.0) for k in drawn)
-    a_i = body.add("Gather", [outer.const(A + "coef", coef), it], A + "a_i", axis=0)
-    t_i = body.add("Gather", [outer.const(A + "thresh", thresh), it], A + "t_i", axis=0)
-    old, new = [S + k for k in STATE], [S + k + "_out" for k in STATE]
-    _update(body, A, logits3, rule.chunk, old, new, a_i, t_i)
-    _any(body, new[1], S + "cond_out")
-    body_graph = helper.make_graph(
-        body.nodes, "anytime_chunk",
-        [helper.make_tensor_value_info(it, TensorProto.INT64, []),
-         helper.make_tensor_value_info(cond, TensorProto.BOOL, []), *_state_info(old, classes)],
-        [helper.make_tensor_value_info(S + "cond_out", TensorProto.BOOL, []), *_state_info(new, classes)],
-        body.inits)
-    final = [A + "final/" + k for k in STATE]
-    trips = outer.const(A + "chunks", np.array(rule.chunks, np.int64))
-    outer.nodes.append(helper.make_node("Loop", [trips, outer.const(A + "go", np.array(True)), *state], final,
-                                        body=body_graph))
-    return final
-
-
-SEED_STEP = 1000.0  # chunk i's copy of a random op draws with seed + i·SEED_STEP (If chain)
-
-
-def _chain(outer: _Graph, chunks: list[onnx.ModelProto], differing: set[str], state: list[str],
-           ch: _Chunking) -> list[str]:
-    """Chunk 0 inline, then one If per further chunk, run while any row is drawing, its constants inside its then
-    branch (the else branch passes the state on). Returns the final state's names."""
-    drawn, logits3, rule, classes, coef, thresh, slices = (ch.drawn, ch.logits3, ch.rule, ch.classes, ch.coef,
-                                                           ch.thresh, ch.slices)
-    c = rule.chunk
-    for i, chunk in enumerate(chunks):
-        p = f"at{i}/"
-        g = outer if i == 0 else _Graph(outer.opset)
-        rename: dict[str, str] = {}
-
-        def bounds(g: _Graph = g, p: str = p, i: int = i) -> tuple[str, str]:  # members i·c .. i·c + c
-            return g.i64(p + "start", i * c), g.i64(p + "end", i * c + c)
-
-        slices(g, p, bounds, rename)
-        for t in chunk.graph.initializer:
-            if t.name in differing:
-                copy = onnx.TensorProto()
-                copy.CopyFrom(t)
-                copy.name = rename[t.name] = p + "const/" + t.name
-                g.inits.append(copy)
-        g.nodes.extend(_copy(chunk.graph.node[k], rename, p + "g/", i * SEED_STEP) for k in drawn)
-        new = [p + k for k in STATE]
-        _update(g, p, rename[logits3], c, state, new, g.f32(p + "coef", float(coef[i])),
-                g.f32(p + "thresh", float(thresh[i])))
-        if i > 0:
-            keep = [p + "keep/" + k for k in STATE]
-            then = helper.make_graph(g.nodes, f"anytime_chunk{i}", [], _state_info(new, classes), g.inits)
-            other = helper.make_graph([helper.make_node("Identity", [x], [y])
-                                       for x, y in zip(state, keep, strict=True)],
-                                      f"anytime_done{i}", [], _state_info(keep, classes))
-            new = [p + "state/" + k for k in STATE]
-            outer.nodes.append(helper.make_node("If", [_any(outer, state[1], p + "drawing")], new, then_branch=then,
-                                                else_branch=other))
-        state = new
-    return state

@@ -300,14 +300,15 @@ def rule_for(model: BNNModel, *, min_samples: int | None = None, max_samples: in
 
 
 def _check_anytime(model: BNNModel, rule: StoppingRule) -> None:
-    """Refuse an anytime ensemble the model cannot take: a task other than a softmax classifier (the rule bounds
-    class probabilities), a largest count other than the S the family fixes (a deep ensemble's M)."""
+    """Refuse an anytime ensemble the model cannot take: a task the rule has no statement for (a plug-in's), a
+    largest count other than the S the family fixes (a deep ensemble's M)."""
     from edgebnn.exporters.families import samples_fixed_by
 
     task = model.manifest.task_spec(model.where)
-    if not task.softmax_classifier:
-        raise InvalidOptionError(f"{model.where}: --samples auto: the rule bounds class probabilities, so it takes a "
-                                 f"classifier; this is a {task.name} model: give --samples N")
+    if task.name not in ("classification", "segmentation", "regression"):
+        raise InvalidOptionError(f"{model.where}: --samples auto: the stopping rule has a statement for "
+                                 f"classification, segmentation and regression; this is a {task.name} model: give "
+                                 "--samples N")
     fixed = samples_fixed_by(model)
     if fixed is not None and rule.max_samples != fixed[1]:
         noun, members = fixed

@@ -214,7 +214,7 @@ def _anytime(model: BNNModel, resolved: ResolvedExport,
              progress: Progress | None) -> tuple[onnx.ModelProto, ExportChoice]:
     """The anytime ensemble (:mod:`.anytime`): the first chunk as a fixed export of S = chunk (every handler's
     rules hold in it), the next chunks in the mode that chose, one graph."""
-    from edgebnn.exporters.anytime import anytime_graph, anytime_metadata, differs
+    from edgebnn.exporters.anytime import Kind, anytime_graph, anytime_metadata, differs
 
     rule = resolved.rule
     assert rule is not None
@@ -232,8 +232,10 @@ def _anytime(model: BNNModel, resolved: ResolvedExport,
         second = chunk(1)
         if differs(first, second):  # baked members: one graph per chunk, their constants stacked
             chunks += [second] + [chunk(i) for i in range(2, rule.chunks)]
-    proto = anytime_graph(chunks, rule, model.manifest.num_classes,
-                          {str(r["name"]) for r in meta.noise_inputs or () if r["per"] == "row"})
+    kind = Kind.of(model.manifest.task_spec(model.where), model.manifest.num_classes)
+    proto = anytime_graph(chunks, rule, kind,
+                          {str(r["name"]) for r in meta.noise_inputs or () if r["per"] == "row"},
+                          compress=resolved.profile is None or resolved.profile.tensorrt is None)
     write_metadata(proto, anytime_metadata(meta, rule))
     check_export(proto)
     return proto, choice

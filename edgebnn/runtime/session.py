@@ -24,6 +24,7 @@ its predictive settled (:mod:`edgebnn.stopping`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -37,7 +38,7 @@ from edgebnn.exporters.anytime import RANDOM_OPS
 from edgebnn.exporters.metadata import ExportMetadata, load_onnx, read_metadata
 from edgebnn.exporters.noise import NoisePool, fill_noise
 from edgebnn.ir import check_text
-from edgebnn.metrics import AnyPredictive, Predictive
+from edgebnn.metrics import AnyPredictive
 from edgebnn.runtime._ort import check_finite, external_data_options, ort_errors
 
 Source = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -134,10 +135,9 @@ class Session:
             raise InvalidOptionError(f"{self.where}: a {self.mode} graph takes no noise inputs")
         with ort_errors(self.where):
             outs = self._sess.run([*self.task.outputs, *(["samples"] if self.anytime else [])], feed)
-        if self.anytime:  # an anytime ensemble (--samples auto, softmax classifiers only): the members each input used
-            probs, entropy, mutual_info, used = outs
-            check_finite([probs, entropy, mutual_info], self.where)
-            return Predictive(probs, entropy, mutual_info, samples=used)
+        if self.anytime:  # an anytime ensemble (--samples auto): the members each input used come last
+            check_finite(outs[:-1], self.where)
+            return dataclasses.replace(self.task.predictive(outs[:-1]), samples=outs[-1])
         check_finite(outs, self.where)
         return self.task.predictive(outs)
 

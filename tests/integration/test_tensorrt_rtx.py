@@ -482,7 +482,7 @@ ANYTIME_EXPORTS = [("baked", "int8", "auto"), ("baked", "fp32", "auto"), ("noise
                    ("noise", "ir", "graph")]
 
 
-@pytest.mark.parametrize("name", ["vi_digits_cnn", "vi_lenet5", "deep_ensemble"])
+@pytest.mark.parametrize("name", ["vi_digits_cnn", "vi_lenet5", "deep_ensemble", "vi_regression", "vi_segmentation"])
 def test_anytime_exports_build_an_engine(name: str, workdir: Path) -> None:
 
     ir = edgebnn.lower(MODELS[name](), "fixed")

@@ -11,10 +11,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 from scipy import stats
-from synthetic import synthetic_cnn, synthetic_linear
+from synthetic import synthetic_cnn
 
 from edgebnn.errors import EdgeBNNError, InvalidArtifactError, InvalidOptionError
-from edgebnn.exporters.anytime import member_logits
+from edgebnn.exporters.anytime import RANDOM_OPS, SEED_STEP, member_logits
 from edgebnn.exporters.config import ExportConfig, rule_for
 from edgebnn.exporters.export import build_graph, export_model
 from edgebnn.exporters.metadata import EXPORT_KEY, read_metadata
@@ -189,21 +189,29 @@ def test_rule_off_equals_the_fixed_export_at_s_max(mode: str, options: dict) -> 
         np.testing.assert_allclose(got, ref, atol=1e-6, rtol=0)
 
 
-def test_in_graph_draws_are_fresh_every_iteration() -> None:
-    """``--rng graph``: the Loop body's random ops keep their seeded streams across iterations, so with the rule off
-    a fresh session's 4 iterations draw what a fresh session of the fixed S = 4 graph draws in its first 4 calls:
-    the anytime probabilities are the mean of those calls' (to float32 round-off); were the body to draw the same
-    numbers each iteration, they would be the first call's."""
+def test_in_graph_draws_are_fresh_every_chunk_and_call() -> None:
+    """``--rng graph``: chunk i's copy of each random op draws with seed + i·SEED_STEP, so with the rule off a fresh
+    session's 4 chunks draw what fresh sessions of the fixed S = 4 graph with those seeds draw in their first call:
+    the anytime probabilities are the mean of those calls' (to float32 round-off); were every chunk to draw the same
+    numbers, they would be the first chunk's. A second call draws afresh (each op's seeded stream goes on)."""
     model = synthetic_cnn(sigma=0.3)
     x = _inputs(3)
-    anytime = export_model(model, ExportConfig(rule=StoppingRule(epsilon=0), mode="noise", rng="graph", device="cpu",
-                                               seed=5)).proto
-    assert any(n.op_type == "Loop" for n in anytime.graph.node)
-    fixed = _sess(export_model(model, ExportConfig(4, mode="noise", rng="graph", device="cpu", seed=5)).proto)
-    calls = [fixed.run(["probs"], {"input": x})[0] for _ in range(4)]
-    probs = _sess(anytime).run(["probs"], {"input": x})[0]
+    anytime = _sess(export_model(model, ExportConfig(rule=StoppingRule(epsilon=0), mode="noise", rng="graph",
+                                                     device="cpu", seed=5)).proto)
+    fixed = export_model(model, ExportConfig(4, mode="noise", rng="graph", device="cpu", seed=5)).proto
+    calls = []
+    for i in range(4):
+        shifted = onnx.ModelProto()
+        shifted.CopyFrom(fixed)
+        for node in shifted.graph.node:
+            for a in node.attribute:
+                if node.op_type in RANDOM_OPS and a.name == "seed":
+                    a.f += i * SEED_STEP
+        calls.append(_sess(shifted).run(["probs"], {"input": x})[0])
+    probs = anytime.run(["probs"], {"input": x})[0]
     np.testing.assert_allclose(probs, np.mean(calls, 0), atol=1e-6, rtol=0)
     assert np.abs(probs - calls[0]).max() > 0.01
+    assert np.abs(anytime.run(["probs"], {"input": x})[0] - probs).max() > 0.01
 
 
 def test_baked_graph_equals_the_reference_runtime_row_by_row() -> None:
@@ -223,6 +231,27 @@ def test_baked_graph_equals_the_reference_runtime_row_by_row() -> None:
     np.testing.assert_allclose(got.mutual_info, ref.mutual_info, atol=1e-6)
     alone = [int(Session(proto).predict(x[j:j + 1]).samples[0]) for j in range(0, 40, 7)]
     assert alone == got.samples[::7].tolist()
+
+
+@pytest.mark.parametrize("mode, options", [("baked", {"weights": "fp32"}), ("noise", {"rng": "host"})])
+def test_tensorrt_form_equals_the_compressed_form(mode: str, options: dict) -> None:
+    """For TensorRT the chunks after the first run in a sequence of Ifs on every row (settled rows keep their
+    statistics by Where); elsewhere the rows still drawing leave the batch (NonZero, Gather, ScatterND) into nested
+    Ifs. The same members and noise give the same sample counts and predictive either way (float32 round-off)."""
+    model = synthetic_cnn(sigma=0.15)
+    x = _inputs(40, seed=6)
+    got = {}
+    for device in ("cpu", "rtx"):
+        proto = export_model(model, ExportConfig(rule=StoppingRule(), mode=mode, device=device, seed=7,
+                                                 **options)).proto
+        nested = [n for n in proto.graph.node if n.op_type == "If"]
+        assert len(nested) == (1 if device == "cpu" else 3)
+        got[device] = Session(proto, seed=3).predict(x)
+    assert got["cpu"].samples is not None and got["rtx"].samples is not None
+    np.testing.assert_array_equal(got["cpu"].samples, got["rtx"].samples)
+    assert len(set(got["cpu"].samples.tolist())) >= 2
+    np.testing.assert_allclose(got["cpu"].probs, got["rtx"].probs, atol=1e-6)
+    np.testing.assert_allclose(got["cpu"].mutual_info, got["rtx"].mutual_info, atol=1e-6)
 
 
 def test_settled_rows_keep_their_statistics() -> None:
@@ -247,11 +276,6 @@ def test_export_refusals_are_one_line() -> None:
     with pytest.raises(InvalidOptionError, match="analytic mode draws no samples") as e:
         export_model(model, ExportConfig(rule=StoppingRule(), mode="analytic"))
     assert "\n" not in str(e.value)
-    regression = synthetic_linear()
-    regression.manifest.task, regression.manifest.task_options = "regression", {"head": "mean", "dims": 4,
-                                                                                "noise_var": 0.1}
-    with pytest.raises(InvalidOptionError, match="takes a classifier"):
-        export_model(regression, ExportConfig(rule=StoppingRule(), mode="baked"))
 
 
 def test_rule_defaults_follow_the_model() -> None:
