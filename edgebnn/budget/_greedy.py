@@ -195,7 +195,7 @@ class _BudgetSearch:
             _, layer, label, setting, trial, saved = best
             change = {k: trial[k] - deltas[k] for k in trial}
             name = self.budget.costliest(change)
-            self.accept(layer, label, setting, model, f"{label}: {LABELS[name]} {change[name]:+.4f} for "
+            self.accept(layer, label, setting, model, f"{label}: {LABELS.get(name, name)} {change[name]:+.4f} for "
                                                       f"-{fmt_bytes(saved)}")
 
     def accept(self, layer: str, label: str, setting: _Setting, model: LoweredModel, reason: str) -> None:
