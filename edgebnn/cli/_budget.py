@@ -59,16 +59,22 @@ def print_budget_bounds(console: Console, budget: dict[str, Any]) -> None:
 
 
 def print_search_certification(console: Console, certification: dict[str, Any] | None) -> None:
-    """``search --budget``: the candidates certified in order and the best one's bounds."""
+    """``search --budget``: every candidate tested (largest first, each at its level of the fallback procedure) and
+    the best one's bounds."""
     if not certification:
         return
     tested = certification["tested"]
-    last = next((t for t in reversed(tested) if t["kept"]), None)  # the best: the last one certified
+
+    def name(t: dict[str, Any]) -> str:
+        return f"trial {t['number']}" if t.get("source") != "chain" else f"chain ({t['label']})"
+
+    last = next((t for t in reversed(tested) if t["kept"]), None)  # the best: the smallest certified
     if last is not None:
-        console.print(bounds_table(last["bounds"], certification["confidence"],
-                                   f"trial {last['number']}: certified on {certification['certification_rows']} rows "
-                                   f"no trial was measured on"))
-    order = ", ".join(f"{t['number']}{'' if t['kept'] else ' (not certified)'}" for t in tested)
-    console.print(f"certified in order, largest first: trials {order or 'none'}", highlight=False)
-    if certification.get("stopped"):
-        console.print(f"stopped: {escape(certification['stopped'])}", highlight=False)
+        console.print(bounds_table(last["bounds"], 1 - last["level"],
+                                   f"{name(last)}: certified on {certification['certification_rows']} rows "
+                                   f"no trial was measured on (at level {last['level']:.3g})"))
+    order = ", ".join(f"{name(t)}{'' if t['kept'] else ' (not certified)'}" for t in tested)
+    console.print(f"candidates tested, largest first ({certification['trial_candidates']} trial(s), "
+                  f"{certification['chain_candidates']} of lower --budget's chain; fallback procedure: "
+                  f"{certification['confidence']:.0%} confidence over all of them): {order or 'none'}",
+                  highlight=False)
