@@ -18,9 +18,9 @@ from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.runtime.reference import Reference
 from edgebnn.search import (
     LocalExecutor,
-    export_best,
     SearchSettings,
     SearchSpace,
+    export_best,
     parse_budget,
     parse_objectives,
     run_search,
