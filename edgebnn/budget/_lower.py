@@ -264,7 +264,7 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
                         "runtime": what["runtime"]},
         "certification": {"candidates": len(candidates), "tested": test.tested, "stopped": test.stopped},
         "floor": {"bounds": [b.to_dict() for b in floor.bounds], "runtime": floor_what["runtime"]},
-        "evaluations": len(test.tested) + (search.evaluations if search else len(candidates)),
+        "evaluations": len(test.tested) + (search.evaluations if search else 0),
         "steps": search.steps if search else [], "layers": layers, "warnings": warnings,
         "sizes": budget_sizes(lowered),
     }

@@ -30,7 +30,7 @@ def confidence_option(func: Any) -> Any:
 def bounds_table(bounds: list[dict[str, Any]], confidence: float, title: str) -> Table:
     """metric · change on the certification rows · one-sided bound · budget · kept · how bounded."""
     table = Table(title=title, title_justify="left")
-    for col in ("metric", "change", f"bound ({confidence:.0%})", "budget", "kept", "bound by"):
+    for col in ("metric", "change (device)", f"bound ({confidence:.0%})", "budget", "kept", "bound by"):
         table.add_column(col, justify="left" if col in ("metric", "bound by", "kept") else "right")
     for b in bounds:
         rows = f"{b['rows']} rows" + (f", {b['ood_rows']} OOD" if b.get("ood_rows") is not None else "")
@@ -48,8 +48,9 @@ def print_budget_bounds(console: Console, budget: dict[str, Any]) -> None:
              "float BNN's own export)")
     console.print(bounds_table(budget["bounds"], budget["confidence"], title))
     tested = f"{len(cert['tested'])} of {cert['candidates']} candidates tested in order, largest first"
-    how = (f"order: {budget['order']}" + (f" (chosen on {on['selection_rows']} other rows)" if on["selection_rows"]
-                                          else " (data-free)"))
+    walked = budget["evaluations"] - len(cert["tested"])  # the greedy walk's, on the selection rows
+    how = (f"order: {budget['order']}" + (f" (chosen by {walked} configurations measured on {on['selection_rows']} "
+                                          "other rows)" if on["selection_rows"] else " (data-free)"))
     console.print(f"chosen: {escape(budget['chosen'])}; {tested}; {how}", highlight=False)
     if cert["stopped"]:
         console.print(f"stopped: {escape(cert['stopped'])}", highlight=False)
