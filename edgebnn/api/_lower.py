@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgebnn import schemas
-from edgebnn.api._budget import _check_budget, lower_within_budget
 from edgebnn.api._evaluate import Progress, lowering_quality
 from edgebnn.api._files import load_ir
 from edgebnn.api._model import from_swag, from_torch, lower
+from edgebnn.budget import BudgetOptions, check_budget, lower_within_budget
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters import DEFAULT_SAMPLES
 
@@ -89,7 +89,7 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     from edgebnn.importers.checkpoint import load_factory, load_weights
 
     if budget is not None:
-        budget = _check_budget(budget, evaluate, ood_data)
+        budget = check_budget(budget, evaluate, ood_data)
     from edgebnn.exporters.families import default_samples
 
     model = load_weights(load_factory(model_spec), weights)
@@ -128,10 +128,10 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         bnn.manifest.input_range = _input_range(bnn, seen, "val" if evaluate is not None else "train", option)
     data_options: dict[str, Any] = {} if grams is None else {"grams": grams}
     if budget is not None:
-        assert evaluate is not None  # _check_budget
+        assert evaluate is not None  # check_budget
         config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
-        lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data, samples=samples,
-                                      progress=progress, **data_options)
+        lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data,
+                                      options=BudgetOptions(samples=samples), progress=progress, **data_options)
         report = lowered.lowering_report
     else:  # the float model is only needed again to compare against: otherwise lower it in place
         lowered = lower(bnn, scheme, seed=seed, bits=bits, progress=progress, consume=evaluate is None,

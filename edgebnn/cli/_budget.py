@@ -30,7 +30,7 @@ def confidence_option(func: Any) -> Any:
 def bounds_table(bounds: list[dict[str, Any]], confidence: float, title: str) -> Table:
     """metric · change on the certification rows · one-sided bound · budget · kept · how bounded."""
     table = Table(title=title, title_justify="left")
-    for col in ("metric", "change", f"bound ({confidence:.0%})", "budget", "kept", "bound by"):
+    for col in ("metric", "change (device)", f"bound ({confidence:.0%})", "budget", "kept", "bound by"):
         table.add_column(col, justify="left" if col in ("metric", "bound by", "kept") else "right")
     for b in bounds:
         rows = f"{b['rows']} rows" + (f", {b['ood_rows']} OOD" if b.get("ood_rows") is not None else "")
@@ -48,8 +48,9 @@ def print_budget_bounds(console: Console, budget: dict[str, Any]) -> None:
              "float BNN's own export)")
     console.print(bounds_table(budget["bounds"], budget["confidence"], title))
     tested = f"{len(cert['tested'])} of {cert['candidates']} candidates tested in order, largest first"
-    how = (f"order: {budget['order']}" + (f" (chosen on {on['selection_rows']} other rows)" if on["selection_rows"]
-                                          else " (data-free)"))
+    walked = budget["evaluations"] - len(cert["tested"])  # the greedy walk's, on the selection rows
+    how = (f"order: {budget['order']}" + (f" (chosen by {walked} configurations measured on {on['selection_rows']} "
+                                          "other rows)" if on["selection_rows"] else " (data-free)"))
     console.print(f"chosen: {escape(budget['chosen'])}; {tested}; {how}", highlight=False)
     if cert["stopped"]:
         console.print(f"stopped: {escape(cert['stopped'])}", highlight=False)
@@ -59,16 +60,22 @@ def print_budget_bounds(console: Console, budget: dict[str, Any]) -> None:
 
 
 def print_search_certification(console: Console, certification: dict[str, Any] | None) -> None:
-    """``search --budget``: the candidates certified in order and the best one's bounds."""
+    """``search --budget``: every candidate tested (largest first, each at its level of the fallback procedure) and
+    the best one's bounds."""
     if not certification:
         return
     tested = certification["tested"]
-    last = next((t for t in reversed(tested) if t["kept"]), None)  # the best: the last one certified
+
+    def name(t: dict[str, Any]) -> str:
+        return f"trial {t['number']}" if t.get("source") != "chain" else f"chain ({t['label']})"
+
+    last = next((t for t in reversed(tested) if t["kept"]), None)  # the best: the smallest certified
     if last is not None:
-        console.print(bounds_table(last["bounds"], certification["confidence"],
-                                   f"trial {last['number']}: certified on {certification['certification_rows']} rows "
-                                   f"no trial was measured on"))
-    order = ", ".join(f"{t['number']}{'' if t['kept'] else ' (not certified)'}" for t in tested)
-    console.print(f"certified in order, largest first: trials {order or 'none'}", highlight=False)
-    if certification.get("stopped"):
-        console.print(f"stopped: {escape(certification['stopped'])}", highlight=False)
+        console.print(bounds_table(last["bounds"], 1 - last["level"],
+                                   f"{name(last)}: certified on {certification['certification_rows']} rows "
+                                   f"no trial was measured on (at level {last['level']:.3g})"))
+    order = ", ".join(f"{name(t)}{'' if t['kept'] else ' (not certified)'}" for t in tested)
+    console.print(f"candidates tested, largest first ({certification['trial_candidates']} trial(s), "
+                  f"{certification['chain_candidates']} of lower --budget's chain; fallback procedure: "
+                  f"{certification['confidence']:.0%} confidence over all of them): {order or 'none'}",
+                  highlight=False)

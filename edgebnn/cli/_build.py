@@ -90,7 +90,8 @@ def _engine_hint(path: str, params: Mapping[str, Any]) -> str:
               help="With --eval: out-of-distribution inputs (x only); adds the mutual-information AUROC.")
 @click.option("--budget", "budget_text", default=None, metavar="METRIC=CHANGE,...",
               help="Uncertainty budget, e.g. nll=+0.02,ece=+0.01,auroc=-0.01 (metrics: nll, ece, brier, accuracy, "
-                   "auroc; regression: rmse, mae, calibration_error; segmentation: mean_iou, pixel_accuracy): "
+                   "auroc; regression: rmse, mae, calibration_error; segmentation: mean_iou, pixel_accuracy; a plug-in "
+                   "task's own, e.g. exact_match): "
                    "the smallest deployed lowering that keeps it on new data with --confidence, certified on the "
                    "--eval rows (one-sided bounds per metric; docs/uncertainty_budget.md). Exit 2, nothing written, "
                    "when none is certified; a budget finer than the rows resolve says how many rows it needs.")

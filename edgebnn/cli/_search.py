@@ -116,6 +116,7 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
         run_search,
     )
     from edgebnn.search import export_best as write_best
+    from edgebnn.search.report import describe_best
     from edgebnn.search.run import device_formats
 
     axes: dict[str, Any] = {}
@@ -166,4 +167,4 @@ def search(model: str, data: str, ood_data: str | None, device: str, trials: int
         raise BudgetNotMetError(f"{report['best_reason']}; nothing exported", report.get("closest") or {})
     if export_best:
         write_best(report, export_best)
-        console.print(f"wrote {export_best} (trial {report['best']['number']})")
+        console.print(f"wrote {export_best} ({escape(describe_best(report['best']))})", highlight=False)

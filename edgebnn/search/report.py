@@ -50,11 +50,18 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
         console.print(note, highlight=False, markup=False)
     if report["best"]:
         b = report["best"]
-        console.print(f"best: trial {b['number']} ({escape(_describe(b['config']))}): {fmt_bytes(b['bytes'])}, "
+        console.print(f"best: {escape(describe_best(b))}: {fmt_bytes(b['bytes'])}, "
                       f"{times_smaller(base['bytes'], b['bytes'], 'float BNN')}; {report['best_reason']}",
                       highlight=False)
     else:
         console.print(f"best: none: {escape(report['best_reason'])}", highlight=False)
+
+
+def describe_best(best: dict[str, Any]) -> str:
+    """``trial 3 (fixed b4 σ1 S16 baked/int8)``, or a candidate of ``lower --budget``'s chain by its label."""
+    if best.get("source") == "chain":
+        return f"lower --budget's chain ({best['label']}, S{best['samples']}, the default export)"
+    return f"trial {best['number']} ({_describe(best['config'])})"
 
 
 def _describe(config: dict[str, Any]) -> str:

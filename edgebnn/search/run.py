@@ -20,7 +20,7 @@ from edgebnn.budget import DEFAULT_CONFIDENCE, BudgetNotMetError, check_confiden
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import DEFAULT_SAMPLES
 from edgebnn.exporters.forms import DEVICE_FORMATS
-from edgebnn.search.certify import certify_best, rows_spec
+from edgebnn.search.certify import certify_best, check_resolvable, rows_spec
 from edgebnn.search.executors import LocalExecutor, RayExecutor
 from edgebnn.search.objectives import (
     DEFAULT_OBJECTIVES,
@@ -156,7 +156,7 @@ def _baseline(settings: SearchSettings) -> dict[str, Any]:
     reference runtime, or with a budget its default export in onnxruntime on the selection rows (what the
     certification compares the trials' exports with, :mod:`edgebnn.search.certify`)."""
     from edgebnn.api import evaluate_artifact, load_ir
-    from edgebnn.api._greedy import default_export
+    from edgebnn.budget import default_export
     from edgebnn.errors import EdgeBNNError
     from edgebnn.exporters.families import default_samples
     from edgebnn.passes import float_bnn_bytes
@@ -211,6 +211,11 @@ def run_search(settings: SearchSettings, study_path: str | Path, executor: Local
     objectives, budget, space = validate(settings)
     settings = dataclasses.replace(settings, space=space)
     import_optuna()  # a missing optuna is reported before a Ray cluster is joined
+    if budget:  # a budget finer than the certification rows resolve: refused before any trial runs
+        from edgebnn.api import load_ir
+        from edgebnn.exporters.families import default_samples
+
+        check_resolvable(settings, budget, default_samples(load_ir(settings.model), settings.baseline_samples))
     with executor:  # started (a Ray cluster joined) before the study file is touched
         # The workers import and open the inputs while this process measures the baseline.
         executor.warm_up(str(settings.model), str(settings.data),
@@ -326,7 +331,15 @@ def export_best(report: dict[str, Any], path: str | Path) -> Path:
     if best is None:
         raise BudgetNotMetError(f"--export-best {path}: nothing written: {report['best_reason']}",
                                 report.get("closest") or {})
-    c = TrialConfig.from_dict(best["config"])
     seed = report["settings"]["seed"]
+    if best.get("source") == "chain":  # lower --budget's chain: its lowering, exported as edgebnn export does
+        import dataclasses
+
+        from edgebnn.exporters.config import DEFAULT_EXPORT
+        from edgebnn.passes import LowerConfig
+
+        lowered = lower(load_ir(report["settings"]["model"]), LowerConfig.from_dict(best["lower_config"]))
+        return export(lowered, path, dataclasses.replace(DEFAULT_EXPORT, samples=best["samples"], seed=seed))
+    c = TrialConfig.from_dict(best["config"])
     lowered = lower(load_ir(report["settings"]["model"]), c.scheme, seed=seed, bits=c.bits_value, **c.options)
     return export(lowered, path, trial_export_config(lowered, c, seed, get_target(report["settings"]["device"]).name))

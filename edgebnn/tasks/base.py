@@ -87,6 +87,9 @@ class Task(ABC):
         outputs: The exported graph's outputs, in order (the names of :meth:`predictive`'s fields).
         columns: The metrics of :meth:`metrics`' report that ``eval`` and ``compare`` tabulate.
         default_objectives: ``search``'s default objectives for the task (names of its objectives).
+        budget_metrics: Metrics of its own report, beyond the built-in ones (:data:`edgebnn.budget.METRICS`), that
+            ``lower --budget`` may bound: name -> ``"max"`` (higher is better) or ``"min"``; each a float of the
+            report, bounded by the paired bootstrap (docs/extending.md, "A task").
         import_options: The ``from_torch`` keyword options :meth:`from_output` takes (``noise_var``, ...).
         joins_output_pair: ``from_torch`` joins a ``forward`` returning (mean, log-variance) into one output.
         softmax_axis: The axis of one member's output over which its predictive is a softmax, or None: a
@@ -108,6 +111,7 @@ class Task(ABC):
     outputs: ClassVar[tuple[str, ...]] = ("probs", "entropy", "mutual_info")
     columns: ClassVar[tuple[str, ...]] = ("nll",)
     default_objectives: ClassVar[tuple[str, ...]] = ("bytes", "nll")
+    budget_metrics: ClassVar[Mapping[str, str]] = {}
     import_options: ClassVar[tuple[str, ...]] = ()
     joins_output_pair: ClassVar[bool] = False
     softmax_axis: ClassVar[int | None] = None

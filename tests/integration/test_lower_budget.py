@@ -131,14 +131,14 @@ def test_post_training_ternary_that_breaks_the_budget_falls_back_and_says_so(tra
 
 @pytest.mark.slow
 def test_only_the_first_rows_are_read_and_the_split_order_certifies_on_others(digits_ir, digits_data) -> None:
-    from edgebnn.api import lower_within_budget
+    from edgebnn.api import BudgetOptions, lower_within_budget
     from edgebnn.passes import LowerConfig
 
     x, y = digits_data.x_val, digits_data.y_val
     noise = np.random.default_rng(1).uniform(-1.0, 3.0, size=(150, 1, 8, 8)).astype(np.float32)
     lowered = lower_within_budget(digits_ir, LowerConfig(scheme="fixed", seed=3), "nll=+0.1,auroc=-0.05",
-                                  data=(x, y), ood_data=noise, samples=4, max_rows=120, order="split",
-                                  max_steps=2)
+                                  data=(x, y), ood_data=noise,
+                                  options=BudgetOptions(samples=4, max_rows=120, order="split", max_steps=2))
     budget, ev = lowered.lowering_report["budget"], lowered.lowering_report["eval"]
     on = budget["measured_on"]
     assert (on["rows"], on["of"], on["ood_rows"], on["samples"], on["seed"]) == (120, len(y), 120, 4, 3)
@@ -147,3 +147,31 @@ def test_only_the_first_rows_are_read_and_the_split_order_certifies_on_others(di
     assert budget["order"] == "split" and len(budget["steps"]) <= 2 and budget["met"]
     assert ev["n"] == len(y) and ev["float_bnn"]["ood"]["n"] == 150  # the eval table uses all of the data
     assert lowered.lowering_report["config"]["seed"] == 3
+
+
+@pytest.mark.slow
+def test_search_returns_a_certified_export_where_lower_budget_certifies(trained_digits, tmp_path) -> None:
+    """The budget lower --budget certifies on the digits validation rows, given to a search whose trials all break
+    it (post-training 1-bit binary): the search still ends with a certified export, a candidate of lower --budget's
+    own chain, certified on the rows no trial was measured on (issue 45)."""
+    pytest.importorskip("optuna")
+    weights = trained_digits[1]
+    budget = "nll=+0.1,ece=+0.05"
+    code, output = lower(weights, tmp_path / "lowered.ebnn", "--eval", "digits", "--budget", budget)
+    assert code == 0, output
+    code, output = lower(weights, tmp_path / "float.ebnn")
+    assert code == 0, output
+    out, best = tmp_path / "search.json", tmp_path / "best.onnx"
+    r = CliRunner().invoke(main, ["search", str(tmp_path / "float.ebnn"), "--data", "digits", "--trials", "2",
+                                  "--population", "2", "--schemes", "binary", "--bits", "1", "--samples", "4",
+                                  "--modes", "baked", "--runs", "0", "--budget", budget, "--json", str(out),
+                                  "--export-best", str(best)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    cert = report["certification"]
+    assert cert["trial_candidates"] == 0  # no trial is within the budget, even on the selection rows
+    chosen = report["best"]
+    assert chosen["source"] == "chain" and best.stat().st_size == chosen["bytes"]
+    tested = next(t for t in cert["tested"] if t.get("label") == chosen["label"])
+    assert tested["kept"] and all(b["kept"] for b in tested["bounds"]) and tested["level"] <= 0.1 + 1e-12
+    assert chosen["bytes"] < report["baseline"]["bytes"] / 2  # smaller than the float BNN's weights, by far

@@ -272,3 +272,42 @@ def test_a_fresh_process_takes_the_task_through_its_entry_point(trained) -> None
     assert r.returncode == 0, r.stderr
     report = json.loads((d / "eval.json").read_text())
     assert 0.8 < report["accuracy"] <= 1 and report["nll"] > 0  # per-label accuracy of a trained MLP: 0.9+ here
+
+
+_FACTORY = '''from torch import nn
+from edgebnn.nn import BayesLinear
+
+
+def net():
+    return nn.Sequential(BayesLinear(64, 32, init_rho=-4.0), nn.ReLU(), BayesLinear(32, 3, init_rho=-4.0))
+'''
+
+
+def test_lower_budget_bounds_the_tasks_own_metric(trained, tmp_path, monkeypatch) -> None:
+    """``lower --budget`` takes a metric only the task reports (``MultiLabel.budget_metrics``: ``exact_match``,
+    higher is better): an unsigned allowance is a fall it may take, its bound is a lower limit by the bootstrap, and
+    a misspelt metric's error lists it among the known ones."""
+    from safetensors.torch import save_file
+
+    from edgebnn.budget import Budget
+    from edgebnn.errors import InvalidOptionError
+
+    net, _, d, _, _ = trained
+    assert Budget.parse("exact_match=0.1").limits == {"exact_match": -0.1}
+    with pytest.raises(InvalidOptionError, match=r"unknown metric 'exact_matc'; known: .*exact_match"):
+        Budget.parse("exact_matc=0.1")
+    (tmp_path / "mlnet.py").write_text(_FACTORY)
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, tmp_path / "w.safetensors")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    r = _cli("lower", "--model", "mlnet:net", "--weights", "w.safetensors", "--input-shape", "1,64", "--task",
+             "multilabel", "--scheme", "fixed", "--eval", str(d / "val.npz"), "--budget", "exact_match=0.1,nll=+0.1",
+             "-o", "m.ebnn", "--report", "lower.json")
+    assert r.exit_code == 0, r.output
+    assert "exact_match" in r.output
+    budget = json.loads((tmp_path / "lower.json").read_text())["budget"]
+    assert budget["met"] and budget["limits"] == {"exact_match": -0.1, "nll": 0.1}
+    bound = next(b for b in budget["bounds"] if b["metric"] == "exact_match")
+    # higher is better: the bound is the lower limit of the change, below the change measured, within -0.1
+    assert bound["kept"] and bound["method"] == "bootstrap" and -0.1 <= bound["bound"] <= bound["delta"]
+    assert bound["rows"] == len(np.load(d / "val.npz")["y"])

@@ -20,6 +20,7 @@ from edgebnn.search import (
     LocalExecutor,
     SearchSettings,
     SearchSpace,
+    export_best,
     parse_budget,
     parse_objectives,
     run_search,
@@ -314,29 +315,40 @@ def test_cli_writes_report_plot_and_best_artifact(files, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     chosen = body["best"]
     # With a budget the trials are measured on half the rows (at random, seed 3) and the best is certified on the
-    # other half: the last of the candidates certified in order, largest first.
+    # other half: the smallest candidate certified (trials and lower --budget's chain, largest first, by the
+    # fallback procedure: when every one is certified the last is tested at the full 10%).
     cert = body["certification"]
     assert cert["confidence"] == 0.9 and cert["selection_rows"] + cert["certification_rows"] == 48
     assert cert["selection_rows"] == 24 and all(t["kept"] for t in cert["tested"])
-    assert chosen["number"] == cert["tested"][-1]["number"]
+    assert cert["procedure"] == "fallback" and cert["chain_candidates"] >= 1
+    assert cert["tested"][-1]["level"] == pytest.approx(0.1)
     assert [t["bytes"] for t in cert["tested"]] == sorted((t["bytes"] for t in cert["tested"]), reverse=True)
-    assert "certified in order" in r.output and "bound (90%)" in r.output
-    # The exported best artifact is the trial's: same selection rows, same metrics (same graph, same seed).
+    assert "candidates tested, largest first" in r.output and "bound (90%)" in r.output
+    # Here the smallest certified is the chain's last candidate (its default noise export stores the IR's codes,
+    # smaller than a trial's S = 2 or 4 baked members); the exported best is that lowering, written as edgebnn
+    # export writes it: the bytes certified
+    last = cert["tested"][-1]
+    assert chosen["source"] == last["source"] == "chain" and chosen["label"] == last["label"]
+    assert best.stat().st_size == chosen["bytes"] and f"lower --budget's chain ({chosen['label']}" in r.output
+    # A trial's exported best is the trial's own graph: same selection rows, same metrics (same graph, same seed).
+    trial = min((t for t in body["trials"] if t["state"] == "complete"), key=lambda t: t["bytes"])
+    report = {**body, "best": trial}
+    export_best(report, tmp_path / "trial.onnx")
     _, rows, _ = open_inputs(str(model), str(root / "val.npz"), None, (0.5, 3, 4000))
-    ev = evaluate_artifact(best, data=rows, seed=3)
+    ev = evaluate_artifact(tmp_path / "trial.onnx", data=rows, seed=3)
     for k in ("accuracy", "nll", "ece", "brier"):
-        assert ev[k] == pytest.approx(chosen["metrics"][k], rel=1e-6, abs=1e-9)
-    # A budget no trial meets (binary weights lose NLL on this model): exit 2 naming the closest trial; the
-    # report is still written, nothing is exported.
+        assert ev[k] == pytest.approx(trial["metrics"][k], rel=1e-6, abs=1e-9)
+    # A budget nothing keeps (nll=+0.0: binary trials lose NLL, and every chain candidate some): exit 2 saying what
+    # was tested; the report is still written, nothing is exported.
     best.unlink()
     r = CliRunner().invoke(main, ["search", str(model), "--data", str(root / "val.npz"), "--trials", "2",
                                   "--population", "2", "--schemes", "binary", "--bits", "1", "--runs", "0",
                                   "--budget", "nll=+0.0", "--json", str(tmp_path / "tight.json"),
                                   "--export-best", str(best)])
     assert r.exit_code == 2, r.output
-    assert "no trial of 2 within the budget; closest: trial" in r.output and "nothing exported" in r.output
+    assert "no candidate is certified" in r.output and "nothing exported" in r.output
     body = json.loads((tmp_path / "tight.json").read_text())
-    assert body["best"] is None and body["closest"]["number"] in (0, 1)
+    assert body["best"] is None and body["closest"] in body["certification"]["tested"]
     assert not best.exists()
 
 
@@ -449,3 +461,19 @@ def test_an_anytime_trial_exports_evaluates_and_times_its_rule(files):
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     assert {space.suggest(study.ask()).mode for _ in range(8)} == {"baked"}
     assert TrialConfig.from_dict(job.config.to_dict()) == job.config
+
+
+def test_a_budget_the_rows_cannot_resolve_is_refused_before_any_trial(files, tmp_path):
+    """As lower --budget does: the float BNN's own weights against themselves are not certified (an improvement is
+    asked for, or more precision than the certification rows give), so no trial runs and no study is written."""
+    from edgebnn.budget import BudgetNotMetError
+
+    study = tmp_path / "s.jsonl"
+    with pytest.raises(BudgetNotMetError, match=r"nll=-0\.01 is finer than 24 rows resolve .*no number of rows "
+                                                r"would.*; no trial was run$"):
+        run_search(settings(files, budget="nll=-0.01"), study, LocalExecutor(1))
+    assert not study.exists()
+    with pytest.raises(BudgetNotMetError, match=r"ece=\+1e-05 is finer than 24 rows resolve .*about \d+ validation "
+                                                r"rows would"):
+        run_search(settings(files, budget="ece=+0.00001"), study, LocalExecutor(1))
+    assert not study.exists()

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -166,6 +166,7 @@ class MultiLabel(Task):
     name = "multilabel"
     columns = ("accuracy", "nll", "ece", "brier")
     default_objectives = ("bytes", "nll", "ece")
+    budget_metrics: ClassVar[Mapping[str, str]] = {"exact_match": "max"}  # lower --budget exact_match=-0.02
 
     @classmethod
     def from_output(cls, shape: tuple[int, ...], where: str, **options: Any) -> Task:

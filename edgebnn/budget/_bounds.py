@@ -15,6 +15,8 @@ Metric dicts are the ones :func:`edgebnn.api.lowering_quality` reports, which fo
 (:mod:`edgebnn.metrics`): ``accuracy``, ``nll``, ``ece``, ``brier`` (classification); ``nll``, ``rmse``, ``mae``,
 ``calibration_error`` (regression); ``nll``, ``ece``, ``mean_iou``, ``pixel_accuracy`` (segmentation); and
 ``ood.auroc_mutual_info`` when OOD data was given. A metric the task does not report is refused when measured.
+A task may declare metrics of its own report that a budget can bound (:attr:`edgebnn.tasks.Task.budget_metrics`,
+each ``"min"`` or ``"max"``: a plug-in's ``exact_match``, higher-is-better); they are bounded by the bootstrap.
 
 **Bounds** (docs/uncertainty_budget.md). A budget is *kept with confidence* 1 - δ when, for every metric, a one-sided
 confidence limit of the population change (lowered minus float, on data exchangeable with the rows measured) lies
@@ -75,9 +77,38 @@ def metric_value(metrics: Mapping[str, Any], name: str) -> float | None:
     return None if value is None else float(value)
 
 
+def task_metric_goal(name: str) -> str | None:
+    """``"min"`` or ``"max"``: the goal a registered task declares for its own metric ``name``
+    (:attr:`edgebnn.tasks.Task.budget_metrics`: a plug-in's ``exact_match``, say), the plug-ins loaded first; None
+    when no task declares it."""
+    from edgebnn.tasks import TASKS
+
+    return next((t.budget_metrics[name] for t in TASKS.listing() if name in t.budget_metrics), None)
+
+
+def known_metric(name: str) -> bool:
+    """Whether a budget may bound ``name``: a built-in metric (:data:`METRICS`) or a registered task's own."""
+    return name in METRICS or task_metric_goal(name) is not None
+
+
+def known_metrics() -> tuple[str, ...]:
+    """Every metric a budget may bound: :data:`METRICS`, then the registered tasks' own."""
+    from edgebnn.tasks import TASKS
+
+    own = [m for t in TASKS.listing() for m in t.budget_metrics if m not in METRICS]
+    return (*METRICS, *dict.fromkeys(own))
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether a lower ``name`` is better (:data:`LOWER_IS_BETTER`, or a task's own metric declared ``"min"``)."""
+    if name in LOWER_IS_BETTER or name in HIGHER_IS_BETTER:
+        return name in LOWER_IS_BETTER
+    return task_metric_goal(name) == "min"
+
+
 def worse(name: str, delta: float) -> float:
     """``delta`` (lowered - float) signed so that positive is worse, whatever the metric's direction."""
-    return delta if name in LOWER_IS_BETTER else -delta
+    return delta if lower_is_better(name) else -delta
 
 
 @dataclass(frozen=True)
@@ -89,7 +120,7 @@ class Violation:
     limit: float
 
     def __str__(self) -> str:
-        op = ">" if self.metric in LOWER_IS_BETTER else "<"
+        op = ">" if lower_is_better(self.metric) else "<"
         return f"{self.metric} {self.delta:+.4f} {op} {self.limit:+.4f}"
 
 
@@ -110,8 +141,8 @@ class Budget:
     def __post_init__(self) -> None:
         check_confidence(self.confidence)
         for name, value in self.limits.items():
-            if name not in METRICS:
-                raise InvalidOptionError(f"budget metric {name!r}: known metrics are {', '.join(METRICS)}")
+            if not known_metric(name):
+                raise InvalidOptionError(f"budget metric {name!r}: known metrics are {', '.join(known_metrics())}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise InvalidOptionError(f"budget {name}={value!r}: must be a finite number")
         if not self.limits:
@@ -134,8 +165,9 @@ class Budget:
             name = ALIASES.get(name.lower(), name.lower())
             if not sep or not name or not value_text:
                 raise InvalidOptionError(f"{option} {text}: {part.strip()!r}: {hint}")
-            if name not in METRICS:
-                raise InvalidOptionError(f"{option} {text}: unknown metric {name!r}; known: {', '.join(METRICS)}")
+            if not known_metric(name):
+                raise InvalidOptionError(f"{option} {text}: unknown metric {name!r}; known: "
+                                         f"{', '.join(known_metrics())}")
             if name in limits:
                 raise InvalidOptionError(f"{option} {text}: {name} is given twice")
             try:
@@ -144,7 +176,7 @@ class Budget:
                 value = math.nan
             if not math.isfinite(value):
                 raise InvalidOptionError(f"{option} {text}: {name}={value_text!r} is not a finite number")
-            if value_text[0] not in "+-" and name in HIGHER_IS_BETTER:
+            if value_text[0] not in "+-" and not lower_is_better(name):
                 value = -value  # unsigned: an allowance in the worse direction
             limits[name] = value
         return cls(limits)
@@ -170,9 +202,10 @@ class Budget:
         for name in self.limits:
             before, after = metric_value(float_metrics, name), metric_value(lowered_metrics, name)
             if before is None or after is None:
+                reported = ", ".join(k for k in known_metrics() if k in float_metrics)
                 raise InvalidOptionError(f"budget {name}: not measured (auroc needs OOD data: --ood-data)"
                                          if name == "auroc" else f"budget {name}: this model's task does not "
-                                         f"report it (reported: {', '.join(k for k in METRICS if k in float_metrics)})")
+                                         f"report it (reported: {reported})")
             out[name] = after - before
         return out
 
@@ -235,7 +268,7 @@ class Bound:
 
     def __str__(self) -> str:
         op = "<=" if self.kept else ">"
-        if self.metric in HIGHER_IS_BETTER:
+        if not lower_is_better(self.metric):
             op = ">=" if self.kept else "<"
         return f"{self.metric} {self.delta:+.4f}, bound {self.bound:+.4f} {op} {self.limit:+.4f}"
 
@@ -306,13 +339,14 @@ def mean_bound(metric: str, diffs: np.ndarray, limit: float, confidence: float, 
     import numpy as np
 
     diffs = np.asarray(diffs, np.float64)
-    worse_side = diffs if metric in LOWER_IS_BETTER else -diffs
+    lower = lower_is_better(metric)
+    worse_side = diffs if lower else -diffs
     pseudo = (np.array([1.0, -1.0, 0.0]), np.array([0.5, 0.5, 1.0])) if metric in BOUNDED_METRICS else None
     upper = math.inf
     if len(diffs):
         upper = max(_t_limit(worse_side, pseudo, confidence),
                     _studentized_limit(worse_side, pseudo, confidence, seed, resamples))
-    bound = upper if metric in LOWER_IS_BETTER else -upper
+    bound = upper if lower else -upper
     method = "t | bootstrap-t, Agresti-Min" if metric in BOUNDED_METRICS else "t | bootstrap-t"
     return Bound(metric, float(diffs.mean()) if len(diffs) else math.nan, bound, limit, method, len(diffs))
 
@@ -333,17 +367,18 @@ def bootstrap_bound(metric: str, statistic: Statistic, sizes: Sequence[int], lim
     import numpy as np
     from scipy import stats
 
+    lower = lower_is_better(metric)
     groups = tuple(np.arange(n) for n in sizes)
     observed = float(np.asarray(statistic(*groups, axis=-1)))
     if min(sizes, default=0) < 2:
-        return Bound(metric, observed, math.inf if metric in LOWER_IS_BETTER else -math.inf, limit, "bootstrap",
+        return Bound(metric, observed, math.inf if lower else -math.inf, limit, "bootstrap",
                      sizes[0] if sizes else 0, sizes[1] if len(sizes) > 1 else None)
     res = stats.bootstrap(groups, statistic, n_resamples=resamples, vectorized=True, paired=False,
                           confidence_level=confidence, method="percentile",
-                          alternative="less" if metric in LOWER_IS_BETTER else "greater",
+                          alternative="less" if lower else "greater",
                           rng=np.random.default_rng(seed), batch=max(1, 4_000_000 // max(sum(sizes), 1)))
     interval = res.confidence_interval
-    bound = float(interval.high if metric in LOWER_IS_BETTER else interval.low)
+    bound = float(interval.high if lower else interval.low)
     if not math.isfinite(bound):  # every resample gave the same change (identical evidence)
         bound = observed
     return Bound(metric, observed, bound, limit, "bootstrap", sizes[0], sizes[1] if len(sizes) > 1 else None)
