@@ -8,11 +8,14 @@ The CLI is a thin layer over these functions (:mod:`edgebnn.cli` parses options 
 
 from edgebnn.api._budget import lower_within_budget
 from edgebnn.api._evaluate import dataset_for, evaluate_artifact, lowering_quality, profile_artifact
+from edgebnn.api._fastest import MINIMIZE, LatencySpace, fastest_within_budget
 from edgebnn.api._files import PathLike, Progress, export_metadata, load_ir, save
 from edgebnn.api._lower import calibration_grams, lower_config_of, lower_model
 from edgebnn.api._model import export, export_result, from_swag, from_torch, lower
 
 __all__ = [
+    "MINIMIZE",
+    "LatencySpace",
     "PathLike",
     "Progress",
     "calibration_grams",
@@ -21,6 +24,7 @@ __all__ = [
     "export",
     "export_metadata",
     "export_result",
+    "fastest_within_budget",
     "from_swag",
     "from_torch",
     "load_ir",

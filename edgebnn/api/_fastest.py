@@ -28,7 +28,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._budget import BUDGET_ROWS, Rows, _Certifier, _check_budget, _unresolvable, budget_sizes
+from edgebnn.api._budget import BUDGET_ROWS, Rows, _Certifier, _check_budget, _unresolvable
+from edgebnn.api._certify import DRAWS
 from edgebnn.api._evaluate import Progress, _eval_data, lowering_quality
 from edgebnn.api._model import lower
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
@@ -63,7 +64,8 @@ LATENCY_INPUTS = 8  # the timed calls cycle through this many validation inputs 
 class LatencySpace:
     """What ``--minimize latency`` searches and how it times: export ``modes`` × ``samples`` (S, or ``auto``) ×
     deterministic prefixes (``max_prefix``: at most this many layers; None: all but the last), timed on ``device``
-    with ``threads`` onnxruntime threads, ``runs`` interleaved rounds at batch 1."""
+    with ``threads`` onnxruntime threads, ``runs`` interleaved rounds at batch 1; certified on at most ``max_rows``
+    rows, ``select_fraction`` of them selecting, ``draws`` device calls per input of a sampling export."""
 
     modes: tuple[str, ...] = MODES
     samples: tuple[int | str, ...] = SAMPLES
@@ -74,6 +76,7 @@ class LatencySpace:
     warmup: int = 10
     max_rows: int = BUDGET_ROWS
     select_fraction: float = SELECT_FRACTION
+    draws: int = DRAWS
 
 
 @dataclasses.dataclass
@@ -124,16 +127,24 @@ def deterministic_prefix(model: LoweredModel, layers: tuple[str, ...]) -> Lowere
     from edgebnn._lowered import LoweredModel
     from edgebnn.api._greedy import _layers_of
     from edgebnn.ir.encodings.gaussian import GaussianWeight
+    from edgebnn.passes import ebnn_bytes
+    from edgebnn.passes.base import layer_row
 
     out = model.copy()
     names = _layers_of(out)[0]
+    rows = {r["name"]: r for r in model.lowering_report["layers"]}
     for layer in layers:
         for name in names[layer]:
             weight = out.encoded_weight(name)
             mean = np.asarray(weight.encoding.mean(), np.float32)
-            out.replace_encoding(weight, GaussianWeight(mean, np.zeros_like(mean)))
+            new = GaussianWeight(mean, np.zeros_like(mean))
+            rows[name] = layer_row(weight, new, note="deterministic prefix: its mean, σ = 0 (runs once)")
+            out.replace_encoding(weight, new)
     report = dict(model.lowering_report)
-    report["deterministic_layers"] = list(layers)
+    total = out.nbytes()
+    report.update(layers=[rows[n] for n in out.encoded_weight_names() if n in rows], total_bytes=total,
+                  compression_ratio=report["float_bnn_bytes"] / total if total else None, ebnn_bytes=ebnn_bytes(out),
+                  deterministic_layers=list(layers))
     return LoweredModel(out, report)
 
 
@@ -183,7 +194,6 @@ def _time(options: list[_Option], float_ir: BNNModel, reference: bytes, inputs: 
           space: LatencySpace) -> dict[str, float]:
     """Each candidate's p50 latency (ms, batch 1) and the baselines', in the same interleaved rounds on the
     device: ``float_pass`` (one pass of the mean network) and ``float_bnn_export`` (the float BNN's own export)."""
-    import itertools
     import tempfile
 
     import onnx
@@ -202,12 +212,19 @@ def _time(options: list[_Option], float_ir: BNNModel, reference: bytes, inputs: 
         for name, graph in graphs.items():
             exe = target.compile(graph, options=CompileOptions(name=name, workdir=tmp, threads=space.threads,
                                                                max_batch=1))
-            bound = itertools.cycle([exe.bind(inputs[i:i + 1]) for i in range(len(inputs))])
-            calls[name] = lambda bound=bound: next(bound)()
+            calls[name] = _cycling([exe.bind(inputs[i:i + 1]) for i in range(len(inputs))])
         measured = measure_interleaved(calls, batch=1, runs=space.runs, warmup=space.warmup, meter=NullMeter())
     for i, option in enumerate(options):
         option.latency_ms = measured[f"c{i}"].latency_ms["p50"]
     return {name: measured[name].latency_ms["p50"] for name in ("float_pass", "float_bnn_export")}
+
+
+def _cycling(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
+    """One call that runs ``calls`` in turn (an anytime graph's cost follows its input)."""
+    import itertools
+
+    turn = itertools.cycle(calls)
+    return lambda: next(turn)()
 
 
 def _evidence(option: _Option, x: np.ndarray, ood: np.ndarray | None, seed: int, draws: int) -> Evidence:
@@ -248,8 +265,8 @@ def _order(options: list[_Option], budget: Budget, rows: Rows, float_ir: BNNMode
 
 def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
                           data: DataSource = "digits", ood_data: DataSource | None = None,
-                          samples: int | None = None, space: LatencySpace | None = None, draws: int | None = None,
-                          progress: Progress | None = None) -> LoweredModel:
+                          samples: int | None = None, space: LatencySpace | None = None,
+                          progress: Progress | None = None, **data_options: Any) -> LoweredModel:
     """The fastest export of ``config``'s lowering of ``float_ir`` that keeps ``budget`` on new data with its
     confidence (module docstring).
 
@@ -264,17 +281,18 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
             :func:`lower_within_budget` refuses.
         BudgetNotMetError: No candidate is certified.
     """
-    from edgebnn.api._certify import DRAWS, export_evidence
+    from edgebnn.api._certify import export_evidence
     from edgebnn.api._greedy import default_export
     from edgebnn.budget import Budget
     from edgebnn.exporters.families import default_samples
+    from edgebnn.passes.config import data_fields
 
     space = space or LatencySpace()
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
     budget, note = epistemic_budget(budget, ood_data)
     budget = _check_budget(budget, data, ood_data)
     samples = default_samples(float_ir) if samples is None else samples
-    draws = DRAWS if draws is None else draws
+    draws = space.draws
     dataset, ood = _eval_data(float_ir, data, None, ood_data)
     rows = Rows(dataset, ood, space.max_rows, space.select_fraction, config.seed)
     reference, _ = export_evidence(float_ir, rows.certify_x, rows.certify_ood, seed=config.seed, draws=draws,
@@ -283,9 +301,10 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     floor, floor_what = certifier.certify(float_ir, again=True)
     if not floor.kept:
         raise _unresolvable(budget, rows, floor, floor_what)
-    options = _options(lower(float_ir, config), space, config.seed, progress)
-    baselines = _time(options, float_ir, default_export(float_ir, samples, config.seed)[0],
-                      rows.x[rows.select_idx][:LATENCY_INPUTS], space)
+    lowered = lower(float_ir, config, **{k: v for k, v in data_options.items() if k in data_fields(config)})
+    options = _options(lowered, space, config.seed, progress)
+    reference_export, reference_mode = default_export(float_ir, samples, config.seed)
+    baselines = _time(options, float_ir, reference_export, rows.x[rows.select_idx][:LATENCY_INPUTS], space)
     order = _order(options, budget, rows, float_ir, config.seed, draws, samples)
     chosen, tested, stopped = _certify_in_order(order, budget, rows, reference, config.seed, draws)
     if chosen is None:
@@ -299,9 +318,44 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     report["budget"]["measured_on"].update(samples=option.samples, seed=config.seed,
                                            draws=draws if option.mode in ("noise", "shared") else 1)
     report["budget"].update(evaluations=len(options) + len(tested), warnings=[note] if note else [],
-                            sizes=budget_sizes(lowered))
+                            layers=_layer_rows(lowered, option))
     report["fastest"] = _fastest_report(option, options, baselines, space, config.seed)
+    report["fastest"]["float_bnn_export"] = {"mode": reference_mode, "samples": samples}
+    report["budget"]["sizes"] = _sizes(lowered, option, report["fastest"]["export_command"])
     return lowered
+
+
+def _layer_rows(model: LoweredModel, option: _Option) -> list[dict[str, Any]]:
+    """Per layer of the chosen export: its scheme, bits and bytes, and whether it samples or runs once."""
+    from edgebnn.api._greedy import _layers_of
+
+    by_name = {r["name"]: r for r in model.lowering_report["layers"]}
+    out = []
+    for layer, weights in _layers_of(model)[0].items():
+        rows = [by_name[w] for w in weights if w in by_name]
+        why = ("deterministic (its mean, fp32): runs once on the B inputs" if layer in option.prefix else
+               f"sampled: {option.mode}, S={option.samples}")
+        scheme = "float, σ = 0" if layer in option.prefix else str(model.lowering_report["scheme"])
+        out.append({"layer": layer, "scheme": scheme,
+                    "bits": max((int(r.get("bits") or 0) for r in rows), default=0), "options": {},
+                    "bytes": sum(int(r["bytes"]) for r in rows), "reason": why})
+    return out
+
+
+def _sizes(model: LoweredModel, option: _Option, command: str) -> dict[str, Any]:
+    """:func:`edgebnn.api._budget.budget_sizes` of the chosen export (not the default one), and the ``export``
+    flags that write it."""
+    import shlex
+
+    import onnx
+
+    from edgebnn.exporters.sizes import deployed_bytes
+
+    report = model.lowering_report
+    return {"ir_bytes": int(report["total_bytes"]), "ebnn_bytes": int(report["ebnn_bytes"]),
+            "float_bnn_bytes": int(report["float_bnn_bytes"]),
+            "deployed": deployed_bytes(onnx.load_from_string(option.data)).to_dict(),
+            "export": {"mode": option.mode, "samples": option.samples}, "flags": shlex.join(shlex.split(command)[5:])}
 
 
 def _certify_in_order(order: list[_Option], budget: Budget, rows: Rows, reference: Evidence, seed: int,
@@ -341,7 +395,7 @@ def _fastest_report(option: _Option, options: list[_Option], baselines: dict[str
                     seed: int) -> dict[str, Any]:
     import shlex
 
-    command = ["edgebnn", "export", "MODEL.ebnn", "-o", "MODEL.onnx", "--mode", option.mode, "--samples",
+    command = ["edgebnn", "export", "model.ebnn", "-o", "model.onnx", "--mode", option.mode, "--samples",
                str(option.samples), "--seed", str(seed), "--device", space.device]
     return {"minimize": "latency", "device": space.device, "threads": space.threads, "batch": 1,
             "runs": space.runs, "of": "p50s of interleaved runs", "deterministic": list(option.prefix),
