@@ -28,8 +28,8 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._budget import BUDGET_ROWS, Rows, _Certifier, _check_budget, _unresolvable
-from edgebnn.api._certify import DRAWS
+from edgebnn.api._budget import _AGAIN, BUDGET_ROWS, Rows, _check_budget, _unresolvable
+from edgebnn.api._certify import DRAWS, certify
 from edgebnn.api._evaluate import Progress, _eval_data, lowering_quality
 from edgebnn.api._model import lower
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
@@ -227,28 +227,30 @@ def _cycling(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
     return lambda: next(turn)()
 
 
-def _evidence(option: _Option, x: np.ndarray, ood: np.ndarray | None, seed: int, draws: int) -> Evidence:
-    from edgebnn.api._certify import export_evidence
+def _evidence(data: bytes, x: np.ndarray, ood: np.ndarray | None, seed: int, draws: int) -> Evidence:
+    """What the export ``data`` predicts in onnxruntime (no fallback to the reference runtime: every candidate is
+    judged as the device runs it)."""
+    from edgebnn.api._certify import session_evidence
+    from edgebnn.runtime import Session
 
-    return export_evidence(option.model, x, ood, seed=seed, draws=draws, export=lambda _: option.data)[0]
+    return session_evidence(Session(data, seed=seed, threads=1), x, ood, draws)
 
 
-def _order(options: list[_Option], budget: Budget, rows: Rows, float_ir: BNNModel, seed: int, draws: int,
-           samples: int) -> list[_Option]:
+def _order(options: list[_Option], budget: Budget, rows: Rows, reference_export: bytes, seed: int,
+           draws: int) -> list[_Option]:
     """The certification order, slowest first: the candidates whose bounds on the selection rows, narrowed to the
     certification rows' count (a bound's distance from its change shrinks as 1/sqrt(rows)), are within budget, one
     per step of :data:`LATENCY_STEP` (the one that uses the least of the budget: a test that fails ends the order)."""
-    from edgebnn.api._certify import certify, export_evidence
 
     sel_x, sel_y = rows.x[rows.select_idx], rows.y[rows.select_idx]
     sel_ood = None if rows.ood is None else rows.ood[rows.ood_select]
-    reference, _ = export_evidence(float_ir, sel_x, sel_ood, seed=seed, draws=draws, fallback_samples=samples)
+    reference = _evidence(reference_export, sel_x, sel_ood, seed, draws)
     from edgebnn.budget import worse
 
     shrink = math.sqrt(len(rows.select_idx) / len(rows.certify_idx))  # a bound's width goes as 1/sqrt(rows)
     risk: dict[int, float] = {}
     for option in options:
-        cert = certify(budget, reference, _evidence(option, sel_x, sel_ood, seed, draws), sel_y, seed=seed)
+        cert = certify(budget, reference, _evidence(option.data, sel_x, sel_ood, seed, draws), sel_y, seed=seed)
         option.selection = cert.deltas
         projected = {b.metric: b.delta + (b.bound - b.delta) * shrink for b in cert.bounds}
         risk[id(option)] = max(worse(k, projected[k]) / max(abs(v), 1e-3) for k, v in budget.limits.items())
@@ -281,11 +283,11 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
             :func:`lower_within_budget` refuses.
         BudgetNotMetError: No candidate is certified.
     """
-    from edgebnn.api._certify import export_evidence
     from edgebnn.api._greedy import default_export
     from edgebnn.budget import Budget
     from edgebnn.exporters.families import default_samples
     from edgebnn.passes.config import data_fields
+    from edgebnn.runtime.session import outside_input_range
 
     space = space or LatencySpace()
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
@@ -295,17 +297,22 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     draws = space.draws
     dataset, ood = _eval_data(float_ir, data, None, ood_data)
     rows = Rows(dataset, ood, space.max_rows, space.select_fraction, config.seed)
-    reference, _ = export_evidence(float_ir, rows.certify_x, rows.certify_ood, seed=config.seed, draws=draws,
-                                   fallback_samples=samples)
-    certifier = _Certifier(budget, rows, reference, samples, config.seed, draws)
-    floor, floor_what = certifier.certify(float_ir, again=True)
+    outside = None if rows.ood is None else outside_input_range(rows.ood, float_ir.manifest.input_range)
+    if outside:
+        raise InvalidOptionError(f"--ood-data {ood_data}: {outside}; an export refuses such inputs, so the MI-AUROC "
+                                 "cannot be measured as the device runs it")
+    reference_export, reference_mode = default_export(float_ir, samples, config.seed)
+    reference = _evidence(reference_export, rows.certify_x, rows.certify_ood, config.seed, draws)
+    again = config.seed + _AGAIN  # the float BNN against itself, its device noise drawn afresh
+    floor = certify(budget, reference, _evidence(default_export(float_ir, samples, again)[0], rows.certify_x,
+                                                 rows.certify_ood, again, draws), rows.certify_y, seed=config.seed)
+    floor_what = {"runtime": f"onnxruntime ({reference_mode})"}
     if not floor.kept:
         raise _unresolvable(budget, rows, floor, floor_what)
     lowered = lower(float_ir, config, **{k: v for k, v in data_options.items() if k in data_fields(config)})
     options = _options(lowered, space, config.seed, progress)
-    reference_export, reference_mode = default_export(float_ir, samples, config.seed)
     baselines = _time(options, float_ir, reference_export, rows.x[rows.select_idx][:LATENCY_INPUTS], space)
-    order = _order(options, budget, rows, float_ir, config.seed, draws, samples)
+    order = _order(options, budget, rows, reference_export, config.seed, draws)
     chosen, tested, stopped = _certify_in_order(order, budget, rows, reference, config.seed, draws)
     if chosen is None:
         raise _none_certified(budget, rows, order, stopped)
@@ -361,11 +368,9 @@ def _sizes(model: LoweredModel, option: _Option, command: str) -> dict[str, Any]
 def _certify_in_order(order: list[_Option], budget: Budget, rows: Rows, reference: Evidence, seed: int,
                       draws: int) -> tuple[tuple[_Option, Certificate] | None, list[dict[str, Any]], str | None]:
     """Fixed-sequence testing along ``order``: the last candidate certified, every test, and why it stopped."""
-    from edgebnn.api._certify import certify
-
     chosen, tested, stopped = None, [], None
     for option in order:
-        cert = certify(budget, reference, _evidence(option, rows.certify_x, rows.certify_ood, seed, draws),
+        cert = certify(budget, reference, _evidence(option.data, rows.certify_x, rows.certify_ood, seed, draws),
                        rows.certify_y, seed=seed)
         tested.append({"candidate": option.label, "latency_ms": option.latency_ms, "file_bytes": len(option.data),
                        "kept": cert.kept, "bounds": [b.to_dict() for b in cert.bounds]})
