@@ -42,7 +42,7 @@ import numpy as np
 
 import edgebnn
 from edgebnn._io import atomic_write_json
-from edgebnn.api import lower_within_budget
+from edgebnn.api import BudgetOptions, lower_within_budget
 from edgebnn.budget import Budget
 from edgebnn.passes import LowerConfig, float_bnn_bytes
 
@@ -97,7 +97,8 @@ def held_out_check(ir: Any, x: np.ndarray, y: np.ndarray, budget: str, order: st
             val, unseen = perm[:VAL], perm[VAL:]
             t = time.perf_counter()
             try:
-                low = lower_within_budget(ir, LowerConfig(), budget, data=(x[val], y[val]), order=order)
+                low = lower_within_budget(ir, LowerConfig(), budget, data=(x[val], y[val]),
+                                          options=BudgetOptions(order=order))
             except edgebnn.errors.EdgeBNNError as e:
                 rows.append({"split": k, "held": False, "error": str(e), "seconds": time.perf_counter() - t})
                 continue
@@ -124,8 +125,9 @@ def held_out_check(ir: Any, x: np.ndarray, y: np.ndarray, budget: str, order: st
 
 def coverage(ir: Any, x: np.ndarray, y: np.ndarray, repeats: int = 1000, n: int = VAL) -> dict[str, Any]:
     """Miss rates of 90% bounds on samples of ``n`` from one lowering's 397 per-input changes (module docstring)."""
-    from edgebnn.api._certify import _classification_rows, export_evidence
-    from edgebnn.budget import _t_limit, mean_bound, worse
+    from edgebnn.budget import export_evidence, mean_bound, worse
+    from edgebnn.budget._bounds import _t_limit
+    from edgebnn.budget._certify import _classification_rows
 
     low = edgebnn.lower(ir, "prune+fixed", sigma_bits=0, noise_fraction=1.0)
     ref = _classification_rows(export_evidence(ir, x, None, seed=0)[0], y)

@@ -6,15 +6,16 @@ The CLI is a thin layer over these functions (:mod:`edgebnn.cli` parses options 
 ``edgebnn.evaluate``, ``edgebnn.load_data`` (see ``help(edgebnn)``).
 """
 
-from edgebnn.api._budget import lower_within_budget
 from edgebnn.api._evaluate import dataset_for, evaluate_artifact, lowering_quality, profile_artifact
-from edgebnn.api._fastest import MINIMIZE, LatencySpace, fastest_within_budget
-from edgebnn.api._files import PathLike, Progress, export_metadata, load_ir, save
+from edgebnn.api._files import PathLike, export_metadata, load_ir, save
 from edgebnn.api._lower import calibration_grams, lower_config_of, lower_model
 from edgebnn.api._model import export, export_result, from_swag, from_torch, lower
+from edgebnn.budget import MINIMIZE, BudgetOptions, LatencySpace, fastest_within_budget, lower_within_budget
+from edgebnn.measure import Progress
 
 __all__ = [
     "MINIMIZE",
+    "BudgetOptions",
     "LatencySpace",
     "PathLike",
     "Progress",

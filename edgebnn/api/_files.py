@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,8 +13,7 @@ if TYPE_CHECKING:
     from edgebnn.ir import BNNModel
 
 PathLike = str | os.PathLike[str]
-Progress = Callable[[int, int], None]
-"""A progress callback: ``progress(done, total)`` in rows (evaluation) or batches."""
+
 
 def load_ir(path: PathLike) -> BNNModel:
     """Load an .ebnn IR file, verified (an exported .onnx is refused with a pointer to ``Session``).

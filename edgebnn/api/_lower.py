@@ -8,11 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgebnn import schemas
-from edgebnn.api._budget import _check_budget, lower_within_budget
 from edgebnn.api._evaluate import Progress, lowering_quality
-from edgebnn.api._fastest import MINIMIZE, epistemic_budget, fastest_within_budget
 from edgebnn.api._files import load_ir
 from edgebnn.api._model import from_swag, from_torch, lower
+from edgebnn.budget import (
+    MINIMIZE,
+    BudgetOptions,
+    check_budget,
+    epistemic_budget,
+    fastest_within_budget,
+    lower_within_budget,
+)
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters import DEFAULT_SAMPLES
 
@@ -130,11 +136,14 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         bnn.manifest.input_range = _input_range(bnn, seen, "val" if evaluate is not None else "train", option)
     data_options: dict[str, Any] = {} if grams is None else {"grams": grams}
     if budget is not None:
-        assert evaluate is not None  # _check_budget
+        assert evaluate is not None  # check_budget
         config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
-        within = fastest_within_budget if minimize == "latency" else lower_within_budget
-        lowered = within(bnn, config, budget, data=evaluate, ood_data=ood_data, samples=samples, progress=progress,
-                         **data_options)
+        if minimize == "latency":
+            lowered = fastest_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data, samples=samples,
+                                            progress=progress, **data_options)
+        else:
+            lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data,
+                                          options=BudgetOptions(samples=samples), progress=progress, **data_options)
         report = lowered.lowering_report
     else:  # the float model is only needed again to compare against: otherwise lower it in place
         lowered = lower(bnn, scheme, seed=seed, bits=bits, progress=progress, consume=evaluate is None,
@@ -166,7 +175,7 @@ def _checked_budget(budget: Budget | str | None, minimize: str, evaluate: DataSo
         return None
     if minimize == "latency":
         budget = epistemic_budget(Budget.parse(budget) if isinstance(budget, str) else budget, ood_data)[0]
-    return _check_budget(budget, evaluate, ood_data)
+    return check_budget(budget, evaluate, ood_data)
 
 
 def _input_range(model: BNNModel, data: DataSource, digits_split: str, option: str) -> list[float]:

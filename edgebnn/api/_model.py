@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._files import PathLike, Progress, load_ir
+from edgebnn.api._files import PathLike, load_ir
 from edgebnn.errors import InvalidOptionError
+from edgebnn.measure import Progress
 
 if TYPE_CHECKING:
     from edgebnn._lowered import LoweredModel

@@ -1,12 +1,12 @@
 """``search --budget``: the best trial, certified on rows no trial was measured on.
 
 With a budget, the search data is split at random (seeded by the search seed; :data:`SELECT_FRACTION` select)
-the way ``lower --budget`` splits it (:class:`edgebnn.api._budget.Rows`). Every trial is measured on the selection
+the way ``lower --budget`` splits it (:class:`edgebnn.budget.Rows`). Every trial is measured on the selection
 rows, where NSGA-II chooses. Then, from the selection figures alone, the candidates are fixed: the completed
 trials within the budget there and smaller than the fp32 BNN (all of them when none is), largest first (the first
-ones are the fallbacks of the smaller), each at least :data:`~edgebnn.api._greedy.PATH_STEP` smaller than the one
+ones are the fallbacks of the smaller), each at least :data:`~edgebnn.budget.PATH_STEP` smaller than the one
 before. On the certification rows they are tested in that order, each trial's own export run as the device runs it
-against the float BNN's default export (:func:`edgebnn.api._certify.certify`: one-sided bounds per metric at the
+against the float BNN's default export (:func:`edgebnn.budget.certify`: one-sided bounds per metric at the
 budget's confidence), stopping at the first one not certified: fixed-sequence testing, so the number of trials
 costs no confidence. ``best`` is the last one certified: with probability at least the confidence it keeps the
 budget on new data exchangeable with the search data (docs/uncertainty_budget.md).
@@ -34,7 +34,7 @@ def rows_spec(budget: Mapping[str, float], seed: int) -> tuple[float, int, int] 
 def candidates(trials: Sequence[Mapping[str, Any]], baseline: Mapping[str, float], budget: Budget,
                fp32_bytes: int | None = None) -> list[Mapping[str, Any]]:
     """The trials to certify, in order (module docstring), from their selection figures only."""
-    from edgebnn.api._greedy import PATH_STEP
+    from edgebnn.budget import PATH_STEP
     from edgebnn.search.objectives import OBJECTIVES
 
     within = []
@@ -65,9 +65,7 @@ def certify_best(settings: Any, trials: Sequence[Mapping[str, Any]], baseline: M
         the test stopped.
     """
     from edgebnn.api import dataset_for, load_ir
-    from edgebnn.api._budget import Rows, _unresolvable
-    from edgebnn.api._certify import certify, export_evidence, session_evidence
-    from edgebnn.budget import Budget, BudgetNotMetError
+    from edgebnn.budget import Budget, BudgetNotMetError, Rows, certify, export_evidence, session_evidence, unresolvable
     from edgebnn.runtime import Session
     from edgebnn.search.objectives import choose_best
     from edgebnn.search.trial import data_split, trial_export
@@ -99,7 +97,7 @@ def certify_best(settings: Any, trials: Sequence[Mapping[str, Any]], baseline: M
     floor, runtime = of(model, again=True)
     out["certification"]["floor"] = floor.to_dict()
     if not floor.kept:
-        error = _unresolvable(budget, rows, floor, {"runtime": runtime})
+        error = unresolvable(budget, rows, floor, {"runtime": runtime})
         assert isinstance(error, BudgetNotMetError)
         out.update(best_reason=str(error).removesuffix("; nothing was written"), closest=order[0])
         return out

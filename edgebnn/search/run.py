@@ -158,7 +158,7 @@ def _baseline(settings: SearchSettings) -> dict[str, Any]:
     reference runtime, or with a budget its default export in onnxruntime on the selection rows (what the
     certification compares the trials' exports with, :mod:`edgebnn.search.certify`)."""
     from edgebnn.api import evaluate_artifact, load_ir
-    from edgebnn.api._greedy import default_export
+    from edgebnn.budget import default_export
     from edgebnn.errors import EdgeBNNError
     from edgebnn.exporters.families import default_samples
     from edgebnn.passes import float_bnn_bytes

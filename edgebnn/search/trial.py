@@ -105,9 +105,9 @@ def _open(model: str, data: str, ood_data: str | None, rows: tuple[float, int, i
 def selection_rows(dataset: Dataset, ood: Dataset | None,
                    rows: tuple[float, int, int]) -> tuple[Dataset, Dataset | None]:
     """The rows a budgeted search's trials are measured on: ``fraction`` of the first ``max_rows``, drawn with
-    ``seed`` (:class:`edgebnn.api._budget.Rows`, the split ``lower_within_budget(..., order="split")`` makes), in
+    ``seed`` (:class:`edgebnn.budget.Rows`, the split ``lower_within_budget(..., order="split")`` makes), in
     memory."""
-    from edgebnn.api._budget import Rows
+    from edgebnn.budget import Rows
 
     fraction, seed, max_rows = rows
     return Rows(dataset, ood, max_rows, fraction, seed).selection()

@@ -74,14 +74,14 @@ def test_bad_calibration_is_one_line_and_writes_nothing(trained_digits, tmp_path
 
 
 def test_the_budget_search_rounds_its_fixed_layers_against_the_grams(digits_ir) -> None:
-    from edgebnn.api import calibration_grams, lower_within_budget
+    from edgebnn.api import BudgetOptions, calibration_grams, lower_within_budget
     from edgebnn.errors import InvalidOptionError
     from edgebnn.passes import LowerConfig
 
     with pytest.raises(InvalidOptionError, match="--calibrate-inputs 0: must be a positive integer"):
         calibration_grams(digits_ir, "digits", limit=0)
     grams = calibration_grams(digits_ir, "digits", limit=64)
-    lowered = lower_within_budget(digits_ir, LowerConfig(scheme="fixed"), "nll=+0.5", data="digits", max_rows=32,
-                                  max_steps=1, grams=grams)
+    lowered = lower_within_budget(digits_ir, LowerConfig(scheme="fixed"), "nll=+0.5", data="digits",
+                                  options=BudgetOptions(max_rows=32, max_steps=1), grams=grams)
     rows = [r for r in lowered.lowering_report["layers"] if r["name"] in grams]
     assert rows and all(r["rounding"] == "gptq" for r in rows)

@@ -131,14 +131,14 @@ def test_post_training_ternary_that_breaks_the_budget_falls_back_and_says_so(tra
 
 @pytest.mark.slow
 def test_only_the_first_rows_are_read_and_the_split_order_certifies_on_others(digits_ir, digits_data) -> None:
-    from edgebnn.api import lower_within_budget
+    from edgebnn.api import BudgetOptions, lower_within_budget
     from edgebnn.passes import LowerConfig
 
     x, y = digits_data.x_val, digits_data.y_val
     noise = np.random.default_rng(1).uniform(-1.0, 3.0, size=(150, 1, 8, 8)).astype(np.float32)
     lowered = lower_within_budget(digits_ir, LowerConfig(scheme="fixed", seed=3), "nll=+0.1,auroc=-0.05",
-                                  data=(x, y), ood_data=noise, samples=4, max_rows=120, order="split",
-                                  max_steps=2)
+                                  data=(x, y), ood_data=noise,
+                                  options=BudgetOptions(samples=4, max_rows=120, order="split", max_steps=2))
     budget, ev = lowered.lowering_report["budget"], lowered.lowering_report["eval"]
     on = budget["measured_on"]
     assert (on["rows"], on["of"], on["ood_rows"], on["samples"], on["seed"]) == (120, len(y), 120, 4, 3)

@@ -95,7 +95,7 @@ def test_a_file_larger_than_the_fp32_bnn_names_a_command_that_runs_and_is_smalle
 def test_lower_budgets_deployed_line_names_a_command_the_cli_accepts(lowered, tmp_path):
     from rich.console import Console
 
-    from edgebnn.api._budget import budget_sizes
+    from edgebnn.budget import budget_sizes
     from edgebnn.tables import print_budget_sizes
 
     console = Console(width=80, record=True)

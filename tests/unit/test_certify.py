@@ -1,12 +1,11 @@
-"""``edgebnn.api._certify``: per-input evidence to per-metric bounds (no model runs: predictives are made up)."""
+"""``edgebnn.budget.certify``: per-input evidence to per-metric bounds (no model runs: predictives are made up)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edgebnn.api._certify import Evidence, certify
-from edgebnn.budget import Budget
+from edgebnn.budget import Budget, Evidence, certify
 from edgebnn.metrics import Predictive, RegressionPredictive, ece, ood_report
 from edgebnn.tasks import Classification, Regression
 

@@ -194,7 +194,7 @@ def test_search_objective_is_the_deployed_file(models, tmp_path):
 
 def test_lower_budget_reports_ir_and_deployed_bytes(models, tmp_path):
     from edgebnn.api import lower as api_lower
-    from edgebnn.api._budget import budget_sizes
+    from edgebnn.budget import budget_sizes
 
     lowered = api_lower(models["float"], "fixed", seed=0)
     sizes = budget_sizes(lowered)

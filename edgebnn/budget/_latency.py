@@ -8,12 +8,13 @@ ensemble). At least one layer samples. Each candidate is exported for the device
 it (:func:`edgebnn.targets.profiler.measure_interleaved`: the candidates, one float pass and the float BNN's own
 export in the same interleaved rounds, batch 1, on validation inputs; ratios are of p50s).
 
-**The guarantee** is ``lower --budget``'s (:mod:`edgebnn.api._budget`): the validation rows are split at random
-(seeded) into selection rows (:data:`SELECT_FRACTION`) and certification rows. On the selection rows each
-candidate's budgeted changes against the float BNN's export are measured; those within budget are ordered slowest
-first (thinned to steps of :data:`LATENCY_STEP`), an order fixed before the certification rows are read. They are
-certified along it (fixed-sequence testing, each metric's one-sided limit at the budget's confidence) until the
-first that is not; the last certified is the result.
+**The guarantee** is ``lower --budget``'s (:func:`~edgebnn.budget.lower_within_budget`): the validation rows are
+split at random (seeded) into selection rows (:data:`SELECT_FRACTION`) and certification rows. On the selection rows
+each candidate's budgeted changes against the float BNN's export are bounded; those whose bounds, narrowed to the
+certification rows' count, are within budget are ordered slowest first, one per step of :data:`LATENCY_STEP` (the one
+using the least budget): an order fixed before the certification rows are read. They are certified along it
+(fixed-sequence testing, each metric's one-sided limit at the budget's confidence) until the first that is not; the
+last certified is the result. Every candidate, and the float BNN, is judged as onnxruntime runs its export.
 
 **Epistemic uncertainty.** NLL and ECE do not see a collapse of the mutual information (the README: MI 0.054 ->
 0.013 when three layers stop sampling), so a budget that trades stochastic layers must bound a metric that does: the
@@ -28,18 +29,18 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._budget import _AGAIN, BUDGET_ROWS, Rows, _check_budget, _unresolvable
-from edgebnn.api._certify import DRAWS, certify
-from edgebnn.api._evaluate import Progress, _eval_data, lowering_quality
-from edgebnn.api._model import lower
+from edgebnn.budget._certify import DRAWS, certify
+from edgebnn.budget._greedy import _layers_of, default_export, lower_config
+from edgebnn.budget._lower import _AGAIN, BUDGET_ROWS, Rows, check_budget, unresolvable
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.measure import Progress, eval_data, lowering_quality
 
 if TYPE_CHECKING:
     import numpy as np
 
     from edgebnn._lowered import LoweredModel
-    from edgebnn.api._certify import Evidence
-    from edgebnn.budget import Budget, Certificate
+    from edgebnn.budget._bounds import Budget, Certificate
+    from edgebnn.budget._certify import Evidence
     from edgebnn.data import DataSource
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
@@ -106,7 +107,7 @@ class _Option:
 def epistemic_budget(budget: Budget, ood_data: DataSource | None) -> tuple[Budget, str | None]:
     """``budget`` with a metric that sees epistemic uncertainty (module docstring), and the note saying what was
     added; refused in one line without OOD data."""
-    from edgebnn.budget import Budget
+    from edgebnn.budget._bounds import Budget
 
     if "auroc" in budget.limits:
         return budget, None
@@ -125,7 +126,6 @@ def deterministic_prefix(model: LoweredModel, layers: tuple[str, ...]) -> Lowere
     import numpy as np
 
     from edgebnn._lowered import LoweredModel
-    from edgebnn.api._greedy import _layers_of
     from edgebnn.ir.encodings.gaussian import GaussianWeight
     from edgebnn.passes import ebnn_bytes
     from edgebnn.passes.base import layer_row
@@ -151,7 +151,6 @@ def deterministic_prefix(model: LoweredModel, layers: tuple[str, ...]) -> Lowere
 def _prefix_layers(model: BNNModel, max_prefix: int | None) -> list[str]:
     """The Bayesian layers in graph order up to the first drawn jointly with others (a deep ensemble's member,
     SWAG: its group samples as a whole); the last one always samples."""
-    from edgebnn.api._greedy import _layers_of
 
     names = _layers_of(model)[0]
     out = []
@@ -165,7 +164,6 @@ def _prefix_layers(model: BNNModel, max_prefix: int | None) -> list[str]:
 
 def _options(lowered: LoweredModel, space: LatencySpace, seed: int, progress: Progress | None) -> list[_Option]:
     """Every candidate of ``space`` the exporters take (a mode a model refuses is left out)."""
-    from edgebnn.api._greedy import _layers_of
     from edgebnn.exporters.config import ExportConfig
     from edgebnn.exporters.export import export_model
 
@@ -230,7 +228,7 @@ def _cycling(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
 def _evidence(data: bytes, x: np.ndarray, ood: np.ndarray | None, seed: int, draws: int) -> Evidence:
     """What the export ``data`` predicts in onnxruntime (no fallback to the reference runtime: every candidate is
     judged as the device runs it)."""
-    from edgebnn.api._certify import session_evidence
+    from edgebnn.budget._certify import session_evidence
     from edgebnn.runtime import Session
 
     return session_evidence(Session(data, seed=seed, threads=1), x, ood, draws)
@@ -245,7 +243,7 @@ def _order(options: list[_Option], budget: Budget, rows: Rows, reference_export:
     sel_x, sel_y = rows.x[rows.select_idx], rows.y[rows.select_idx]
     sel_ood = None if rows.ood is None else rows.ood[rows.ood_select]
     reference = _evidence(reference_export, sel_x, sel_ood, seed, draws)
-    from edgebnn.budget import worse
+    from edgebnn.budget._bounds import worse
 
     shrink = math.sqrt(len(rows.select_idx) / len(rows.certify_idx))  # a bound's width goes as 1/sqrt(rows)
     risk: dict[int, float] = {}
@@ -283,19 +281,17 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
             :func:`lower_within_budget` refuses.
         BudgetNotMetError: No candidate is certified.
     """
-    from edgebnn.api._greedy import default_export
-    from edgebnn.budget import Budget
+    from edgebnn.budget._bounds import Budget
     from edgebnn.exporters.families import default_samples
-    from edgebnn.passes.config import data_fields
     from edgebnn.runtime.session import outside_input_range
 
     space = space or LatencySpace()
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
     budget, note = epistemic_budget(budget, ood_data)
-    budget = _check_budget(budget, data, ood_data)
+    budget = check_budget(budget, data, ood_data)
     samples = default_samples(float_ir) if samples is None else samples
     draws = space.draws
-    dataset, ood = _eval_data(float_ir, data, None, ood_data)
+    dataset, ood = eval_data(float_ir, data, None, ood_data)
     rows = Rows(dataset, ood, space.max_rows, space.select_fraction, config.seed)
     outside = None if rows.ood is None else outside_input_range(rows.ood, float_ir.manifest.input_range)
     if outside:
@@ -308,8 +304,8 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
                                                  rows.certify_ood, again, draws), rows.certify_y, seed=config.seed)
     floor_what = {"runtime": f"onnxruntime ({reference_mode})"}
     if not floor.kept:
-        raise _unresolvable(budget, rows, floor, floor_what)
-    lowered = lower(float_ir, config, **{k: v for k, v in data_options.items() if k in data_fields(config)})
+        raise unresolvable(budget, rows, floor, floor_what)
+    lowered = lower_config(float_ir, config, data_options)
     options = _options(lowered, space, config.seed, progress)
     baselines = _time(options, float_ir, reference_export, rows.x[rows.select_idx][:LATENCY_INPUTS], space)
     order = _order(options, budget, rows, reference_export, config.seed, draws)
@@ -334,7 +330,6 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
 
 def _layer_rows(model: LoweredModel, option: _Option) -> list[dict[str, Any]]:
     """Per layer of the chosen export: its scheme, bits and bytes, and whether it samples or runs once."""
-    from edgebnn.api._greedy import _layers_of
 
     by_name = {r["name"]: r for r in model.lowering_report["layers"]}
     out = []
@@ -350,7 +345,7 @@ def _layer_rows(model: LoweredModel, option: _Option) -> list[dict[str, Any]]:
 
 
 def _sizes(model: LoweredModel, option: _Option, command: str) -> dict[str, Any]:
-    """:func:`edgebnn.api._budget.budget_sizes` of the chosen export (not the default one), and the ``export``
+    """:func:`edgebnn.budget.budget_sizes` of the chosen export (not the default one), and the ``export``
     flags that write it."""
     import shlex
 
@@ -413,7 +408,7 @@ def _fastest_report(option: _Option, options: list[_Option], baselines: dict[str
 
 
 def _none_certified(budget: Budget, rows: Rows, order: list[_Option], stopped: str | None) -> Exception:
-    from edgebnn.budget import BudgetNotMetError
+    from edgebnn.budget._bounds import BudgetNotMetError
 
     what = (f"no candidate keeps it on the {len(rows.select_idx)} selection rows" if not order else
             f"none is certified at {budget.confidence:.0%} confidence on {len(rows.certify_idx)} rows: {stopped}")

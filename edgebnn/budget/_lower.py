@@ -8,7 +8,7 @@ against that of the float BNN's own default export, both at S samples, as onnxru
 
 **How.** Candidates are tested in a fixed order, largest deployed file first (fixed-sequence testing): a candidate
 is *certified* when every budgeted metric's one-sided ``confidence`` limit (:mod:`edgebnn.budget`,
-:func:`edgebnn.api._certify.certify`) lies within its allowance, and the test stops at the first candidate that is
+:func:`edgebnn.budget.certify`) lies within its allowance, and the test stops at the first candidate that is
 not. The last one certified is the result. An order fixed before the certification rows are read spends no
 confidence on the number of candidates, and requiring every metric (an intersection-union test) spends none on
 the number of metrics. Two orders (:data:`ORDERS`):
@@ -17,8 +17,8 @@ the number of metrics. Two orders (:data:`ORDERS`):
   variance rule made finer (fallbacks), then one σ per layer instead of the σ code, then the variance rule's
   noise fraction raised step by step (:data:`NOISE_FRACTIONS`; an explicit ``--bits N`` steps N
   down instead); every validation row certifies.
-* ``split``: a greedy per-layer walk (:mod:`edgebnn.api._greedy`) on :data:`SELECT_FRACTION` of the rows, chosen at
-  random, certified on the others.
+* ``split``: a greedy per-layer walk (:class:`edgebnn.budget._greedy._BudgetSearch`) on :data:`SELECT_FRACTION` of
+  the rows, chosen at random, certified on the others.
 
 Before any candidate, the float BNN's own weights, exported the same way, are certified against themselves on a
 second run of the device's noise: this is where a budget finer than the rows resolve is said, with the number of
@@ -31,22 +31,27 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._evaluate import Progress, _eval_data, lowering_quality
-from edgebnn.api._greedy import _RECIPES, BUDGET_START, PATH_STEP, _BudgetSearch, deployed_size, start_config
-from edgebnn.api._model import lower
+from edgebnn.budget._certify import export_evidence
+from edgebnn.budget._greedy import (
+    _RECIPES,
+    PATH_STEP,
+    _BudgetSearch,
+    deployed_size,
+    lower_config,
+    start_config,
+)
 from edgebnn.errors import InvalidOptionError
+from edgebnn.measure import Progress, eval_data, lowering_quality
 
 if TYPE_CHECKING:
     import numpy as np
 
     from edgebnn._lowered import LoweredModel
-    from edgebnn.api._certify import Evidence
-    from edgebnn.budget import Budget, Certificate
+    from edgebnn.budget._bounds import Budget, Certificate
+    from edgebnn.budget._certify import Evidence
     from edgebnn.data import Dataset, DataSource
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
-
-__all__ = ["BUDGET_START", "lower_within_budget"]
 
 ORDERS = ("chain", "split")
 BUDGET_ROWS = 4000
@@ -62,8 +67,8 @@ _SPLIT_SEED = 0xB0D6E7  # the selection/certification split: seeded by this and 
 _AGAIN = 7919  # the float BNN against itself: its export's random ops seeded this far from the others' (fresh noise)
 
 
-def _check_budget(budget: Budget | str, evaluate: DataSource | None, ood_data: DataSource | None) -> Budget:
-    from edgebnn.budget import Budget
+def check_budget(budget: Budget | str, evaluate: DataSource | None, ood_data: DataSource | None) -> Budget:
+    from edgebnn.budget._bounds import Budget
 
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
     if evaluate is None:
@@ -151,11 +156,47 @@ class Candidate:
     fallback: bool = False  # a post-training ternary/binary's fixed-point fallback, tried before it
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetOptions:
+    """How :func:`lower_within_budget` finds and certifies its candidates (the defaults are ``lower --budget``'s).
+
+    Attributes:
+        samples: S of both exports, the float BNN's and every candidate's (None: the family's default, 16 or a deep
+            ensemble's M).
+        order: ``chain`` or ``split`` (:data:`ORDERS`; the module docstring).
+        max_rows: At most this many validation rows (and OOD inputs) are read, the first ones.
+        max_steps, select_fraction: The ``split`` order's greedy walk: at most this many changes, on this share of
+            the rows.
+        draws: Device calls per certification input when the export samples (None: :data:`edgebnn.budget.DRAWS`).
+    """
+
+    samples: int | None = None
+    order: str = "chain"
+    max_rows: int = BUDGET_ROWS
+    max_steps: int = BUDGET_STEPS
+    select_fraction: float = SELECT_FRACTION
+    draws: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise InvalidOptionError(f"order {self.order!r}: one of {', '.join(ORDERS)}")
+        if self.draws is not None and self.draws < 1:
+            raise InvalidOptionError(f"draws {self.draws}: at least one device call per input")
+
+    def resolved(self, float_ir: BNNModel) -> BudgetOptions:
+        """These options with ``samples`` and ``draws`` filled in for ``float_ir`` (S checked)."""
+        from edgebnn.budget._certify import DRAWS
+        from edgebnn.exporters.families import default_samples
+        from edgebnn.runtime.reference import check_samples
+
+        samples = default_samples(float_ir) if self.samples is None else self.samples
+        check_samples(samples)
+        return dataclasses.replace(self, samples=samples, draws=DRAWS if self.draws is None else self.draws)
+
+
 def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
                         data: DataSource = "digits", split: str | None = None, ood_data: DataSource | None = None,
-                        samples: int | None = None, order: str = "chain", max_rows: int = BUDGET_ROWS,
-                        max_steps: int = BUDGET_STEPS, select_fraction: float = SELECT_FRACTION,
-                        draws: int | None = None, progress: Progress | None = None,
+                        options: BudgetOptions | None = None, progress: Progress | None = None,
                         **data_options: Any) -> LoweredModel:
     """Lower with the fewest deployed bytes that keep an uncertainty budget on new data with the budget's
     confidence (module docstring: the guarantee, and the two orders).
@@ -165,14 +206,10 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
         config: Where to start (``float``: :data:`BUDGET_START` at the variance rule's bits; a posterior family's
             layers at the first scheme they take); its seed seeds the lowering, the split and the bootstrap.
         budget: A :class:`edgebnn.budget.Budget` (its ``confidence`` too) or its text.
-        data, split: Labelled validation data (``digits``: its ``val`` split); the first ``max_rows`` rows are read.
+        data, split: Labelled validation data (``digits``: its ``val`` split); the first ``options.max_rows`` rows
+            are read.
         ood_data: Out-of-distribution inputs, for an ``auroc`` budget.
-        samples: S of both exports (default 16, a deep ensemble's M).
-        order: ``chain`` or ``split`` (:data:`ORDERS`).
-        max_steps, select_fraction: The ``split`` order's greedy walk: at most this many changes, on this share of
-            the rows.
-        draws: Device calls per certification input when the export samples
-            (:data:`edgebnn.api._certify.DRAWS`).
+        options: S, the order, the rows and the device calls per input (:class:`BudgetOptions`).
         data_options: ``grams``, ``gradients``...: passed to every candidate whose passes take them
             (:func:`edgebnn.passes.lower`).
 
@@ -187,101 +224,120 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
     Raises:
         BudgetNotMetError: No candidate is certified (``.closest`` holds the first one's config and figures); the
             message says when the budget is finer than the rows resolve, and how many would.
-        InvalidOptionError: A malformed budget, an ``auroc`` budget without ``ood_data``, bad data, an unknown
-            ``order``.
+        InvalidOptionError: A malformed budget, an ``auroc`` budget without ``ood_data``, bad data.
+        TypeError: An option of :class:`BudgetOptions` given as a keyword instead of in ``options``.
     """
-    from edgebnn.api._certify import DRAWS, export_evidence
-    from edgebnn.exporters.families import default_samples
-    from edgebnn.runtime.reference import check_samples
-
-    if order not in ORDERS:
-        raise InvalidOptionError(f"order {order!r}: one of {', '.join(ORDERS)}")
-    samples = default_samples(float_ir) if samples is None else samples
-    check_samples(samples)
-    draws = DRAWS if draws is None else draws
-    if draws < 1:
-        raise InvalidOptionError(f"draws {draws}: at least one device call per input")
-    budget = _check_budget(budget, data, ood_data)
-    dataset, ood = _eval_data(float_ir, data, split, ood_data)
-    rows = Rows(dataset, ood, max_rows, select_fraction if order == "split" else 0.0, config.seed)
-    reference, _ = export_evidence(float_ir, rows.certify_x, rows.certify_ood, seed=config.seed, draws=draws,
-                                   fallback_samples=samples)
-    certifier = _Certifier(budget, rows, reference, samples, config.seed, draws)
+    misplaced = sorted(set(data_options) & {f.name for f in dataclasses.fields(BudgetOptions)})
+    if misplaced:
+        raise TypeError(f"lower_within_budget: give {', '.join(misplaced)} in options=BudgetOptions(...)")
+    opts = (options or BudgetOptions()).resolved(float_ir)
+    assert opts.samples is not None and opts.draws is not None  # resolved
+    budget = check_budget(budget, data, ood_data)
+    dataset, ood = eval_data(float_ir, data, split, ood_data)
+    rows = Rows(dataset, ood, opts.max_rows, opts.select_fraction if opts.order == "split" else 0.0, config.seed)
+    reference, _ = export_evidence(float_ir, rows.certify_x, rows.certify_ood, seed=config.seed, draws=opts.draws,
+                                   fallback_samples=opts.samples)
+    certifier = _Certifier(budget, rows, reference, opts.samples, config.seed, opts.draws)
     floor, floor_what = certifier.certify(float_ir, again=True)
     if not floor.kept:
-        raise _unresolvable(budget, rows, floor, floor_what)
-    warnings: list[str] = []
-    search, fallbacks = None, 0
-    if order == "chain":
-        candidates = _chain(float_ir, config, samples, data_options)
-        fallbacks = sum(c.fallback for c in candidates)
-    else:
-        sel, sel_ood = rows.selection()
-        search = _BudgetSearch(float_ir, config, budget, sel, sel_ood, samples, progress, data_options)
-        search.run(max_steps)
-        warnings = search.warnings
-        candidates = [Candidate(f"greedy step {i}", search.config(s), search.evaluate(s)[0],
-                                search.size(search.evaluate(s)[0])) for i, s in enumerate(search.path())]
-    tested: list[dict[str, Any]] = []
-    chosen: tuple[Candidate, Certificate, dict[str, Any]] | None = None
-    stopped = None
-    for i, cand in enumerate(candidates):
-        cert, what = certifier.certify(cand.model)
-        tested.append({"candidate": cand.label, "total_bytes": int(cand.model.lowering_report["total_bytes"]),
-                       "file_bytes": cand.file_bytes, "kept": cert.kept, "bounds": [b.to_dict() for b in cert.bounds]})
-        if progress:
-            progress(i + 1, len(candidates))
-        if not cert.kept:
-            stopped = f"{cand.label} ({cand.file_bytes} B) was not certified: {'; '.join(map(str, cert.broken))}"
-            break
-        chosen = cand, cert, what
-    if chosen is None:
-        raise _not_certified(budget, rows, candidates, tested, stopped)
-    cand, cert, what = chosen
-    if search is None and cand.fallback and len(tested) > fallbacks:
-        from edgebnn.passes.config import parse_scheme
-
-        last = parse_scheme(config.scheme)[-1]
-        warnings.append(f"post-training {config.scheme} breaks the budget ({stopped}); {last} reaches its paper's "
-                        f"accuracy when trained for it: {_RECIPES[last]}; kept {cand.label}")
+        raise unresolvable(budget, rows, floor, floor_what)
+    candidates, search = _candidates(float_ir, config, budget, rows, opts, progress, data_options)
+    test = _in_sequence(certifier, candidates, progress)
+    if test.chosen is None:
+        raise _not_certified(budget, rows, candidates, test.tested, test.stopped)
+    cand, cert, what = test.chosen
+    warnings = search.warnings if search else _fallback_warnings(config, cand, test, candidates)
     lowered = cand.model
     report = lowered.lowering_report
     if search is not None:
         search.current = next(s for s in search.path() if search.config(s) == cand.config)
         layers = search.layer_rows(lowered)
     else:
-        layers = _layer_rows(lowered, cand, stopped)
-    report["eval"] = lowering_quality(float_ir, lowered, data=data, split=split, ood_data=ood_data, samples=samples,
-                                      seed=config.seed)
+        layers = _layer_rows(lowered, cand, test.stopped)
+    report["eval"] = lowering_quality(float_ir, lowered, data=data, split=split, ood_data=ood_data,
+                                      samples=opts.samples, seed=config.seed)
     report["budget"] = {
         "budget": str(budget), "limits": budget.to_dict(), "confidence": budget.confidence, "met": True,
         "deltas": cert.deltas, "bounds": [b.to_dict() for b in cert.bounds], "violations": [],
-        "order": order, "start": start_config(float_ir, config).to_dict(), "chosen": cand.label,
-        "measured_on": {**rows.describe(), "samples": samples, "seed": config.seed, "draws": what["draws"],
+        "order": opts.order, "start": start_config(float_ir, config).to_dict(), "chosen": cand.label,
+        "measured_on": {**rows.describe(), "samples": opts.samples, "seed": config.seed, "draws": what["draws"],
                         "runtime": what["runtime"]},
-        "certification": {"candidates": len(candidates), "tested": tested, "stopped": stopped},
+        "certification": {"candidates": len(candidates), "tested": test.tested, "stopped": test.stopped},
         "floor": {"bounds": [b.to_dict() for b in floor.bounds], "runtime": floor_what["runtime"]},
-        "evaluations": len(tested) + (search.evaluations if search else len(candidates)),
+        "evaluations": len(test.tested) + (search.evaluations if search else len(candidates)),
         "steps": search.steps if search else [], "layers": layers, "warnings": warnings,
         "sizes": budget_sizes(lowered),
     }
     return lowered
 
 
-def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: dict[str, Any]) -> list[Candidate]:
+def _candidates(float_ir: BNNModel, config: LowerConfig, budget: Budget, rows: Rows, opts: BudgetOptions,
+                progress: Progress | None,
+                data_options: dict[str, Any]) -> tuple[list[Candidate], _BudgetSearch | None]:
+    """The candidates in the order they are certified in, and the greedy walk that chose them (``split`` only)."""
+    assert opts.samples is not None
+    if opts.order == "chain":
+        return data_free_chain(float_ir, config, opts.samples, data_options), None
+    sel, sel_ood = rows.selection()
+    search = _BudgetSearch(float_ir, config, budget, sel, sel_ood, opts.samples, progress, data_options)
+    search.run(opts.max_steps)
+    return [Candidate(f"greedy step {i}", search.config(s), search.evaluate(s)[0], search.size(search.evaluate(s)[0]))
+            for i, s in enumerate(search.path())], search
+
+
+def _fallback_warnings(config: LowerConfig, cand: Candidate, test: _Sequence, candidates: list[Candidate]) -> list[str]:
+    """A post-training ternary/binary start whose own codes broke the budget: the fixed-point fallback was kept."""
+    if not cand.fallback or len(test.tested) <= sum(c.fallback for c in candidates):
+        return []
+    from edgebnn.passes.config import parse_scheme
+
+    last = parse_scheme(config.scheme)[-1]
+    return [f"post-training {config.scheme} breaks the budget ({test.stopped}); {last} reaches its paper's accuracy "
+            f"when trained for it: {_RECIPES[last]}; kept {cand.label}"]
+
+
+@dataclasses.dataclass
+class _Sequence:
+    """The fixed-sequence test's outcome: every candidate tested, the last certified one, why the test stopped."""
+
+    tested: list[dict[str, Any]]
+    chosen: tuple[Candidate, Certificate, dict[str, Any]] | None
+    stopped: str | None
+
+
+def _in_sequence(certifier: _Certifier, candidates: list[Candidate], progress: Progress | None) -> _Sequence:
+    """Certify ``candidates`` in order, stopping at the first one that is not (fixed-sequence testing)."""
+    out = _Sequence([], None, None)
+    for i, cand in enumerate(candidates):
+        cert, what = certifier.certify(cand.model)
+        out.tested.append({"candidate": cand.label, "total_bytes": int(cand.model.lowering_report["total_bytes"]),
+                           "file_bytes": cand.file_bytes, "kept": cert.kept,
+                           "bounds": [b.to_dict() for b in cert.bounds]})
+        if progress:
+            progress(i + 1, len(candidates))
+        if not cert.kept:
+            out.stopped = f"{cand.label} ({cand.file_bytes} B) was not certified: {'; '.join(map(str, cert.broken))}"
+            break
+        out.chosen = cand, cert, what
+    return out
+
+
+def data_free_chain(float_ir: BNNModel, config: LowerConfig, samples: int,
+                    data_options: dict[str, Any]) -> list[Candidate]:
     """The ``chain`` order's candidates, largest deployed file first, each at least :data:`PATH_STEP` smaller than
     the one before (module docstring); chosen from the weights alone. A post-training ``ternary`` or ``binary``
     start is preceded by the variance rule's ``fixed`` at its three finest noise fractions (``X`` -> ``fixed``), its
     fallback when the post-training codes break the budget."""
     from edgebnn.passes import LayerOverride
-    from edgebnn.passes.config import config_fields, data_fields, parse_scheme
+    from edgebnn.passes.config import config_fields, parse_scheme
 
     base = start_config(float_ir, config)
     names = parse_scheme(base.scheme)
     head: list[Candidate] = []
     if names[-1] in _RECIPES:
         fixed = dataclasses.replace(base, scheme="+".join([*names[:-1], "fixed"]), bits="auto", options={})
-        head = [dataclasses.replace(c, fallback=True) for c in _chain(float_ir, fixed, samples, data_options)[:3]]
+        head = [dataclasses.replace(c, fallback=True)
+                for c in data_free_chain(float_ir, fixed, samples, data_options)[:3]]
 
     def takes(scheme: str) -> set[str]:
         return set().union(*(config_fields(n)[0] for n in parse_scheme(scheme)))
@@ -299,7 +355,7 @@ def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: 
 
     last = parse_scheme(base.scheme)[-1]
     sigma0 = base.options.get("sigma_bits", getattr(PASSES[last].config_type, "sigma_bits", None))
-    from edgebnn.api._greedy import _layers_of
+    from edgebnn.budget._greedy import _layers_of
     from edgebnn.passes.base import family_lowerings
 
     family = any(family_lowerings(kind) is not None  # a family's lowering codes its own σ
@@ -334,7 +390,7 @@ def _chain(float_ir: BNNModel, config: LowerConfig, samples: int, data_options: 
     for label, options in steps:
         try:
             cfg = with_options(**options)
-            model = lower(float_ir, cfg, **{k: v for k, v in data_options.items() if k in data_fields(cfg)})
+            model = lower_config(float_ir, cfg, data_options)
         except InvalidOptionError:
             continue  # a width the scheme does not take
         size = deployed_size(model, samples)
@@ -353,7 +409,7 @@ class _Certifier:
 
     def certify(self, model: BNNModel, again: bool = False) -> tuple[Certificate, dict[str, Any]]:
         """``model``'s certificate; ``again``: its device noise drawn afresh (the float BNN against itself)."""
-        from edgebnn.api._certify import certify, export_evidence
+        from edgebnn.budget._certify import certify, export_evidence
         from edgebnn.exporters.families import default_samples
 
         evidence, what = export_evidence(model, self.rows.certify_x, self.rows.certify_ood,
@@ -365,7 +421,7 @@ class _Certifier:
 def _layer_rows(model: LoweredModel, cand: Candidate, stopped: str | None) -> list[dict[str, Any]]:
     """Per layer of the chosen lowering: its scheme, bits, options, bytes and why (the chain step chosen; why the
     next was not is the certification's ``stopped``)."""
-    from edgebnn.api._greedy import _layers_of
+    from edgebnn.budget._greedy import _layers_of
 
     names, _ = _layers_of(model)
     by_name = {r["name"]: r for r in model.lowering_report["layers"]}
@@ -384,9 +440,9 @@ def _layer_rows(model: LoweredModel, cand: Candidate, stopped: str | None) -> li
     return out
 
 
-def _unresolvable(budget: Budget, rows: Rows, floor: Certificate, what: dict[str, Any]) -> Exception:
+def unresolvable(budget: Budget, rows: Rows, floor: Certificate, what: dict[str, Any]) -> Exception:
     """The error when even the float BNN's own weights, run again as the device runs them, are not certified."""
-    from edgebnn.budget import BudgetNotMetError, rows_to_resolve
+    from edgebnn.budget._bounds import BudgetNotMetError, rows_to_resolve
 
     n = len(rows.certify_idx)
     parts = []
@@ -406,7 +462,7 @@ def _unresolvable(budget: Budget, rows: Rows, floor: Certificate, what: dict[str
 def _not_certified(budget: Budget, rows: Rows, candidates: list[Candidate], tested: list[dict[str, Any]],
                    stopped: str | None) -> Exception:
     """The error when no candidate is certified: the first one's figures (its config, to start from)."""
-    from edgebnn.budget import BudgetNotMetError
+    from edgebnn.budget._bounds import BudgetNotMetError
 
     n = len(rows.certify_idx)
     if not candidates:

@@ -25,7 +25,7 @@ import numpy as np
 from edgebnn.exporters import DEFAULT_SAMPLES
 
 if TYPE_CHECKING:
-    from edgebnn.budget import Budget, Certificate
+    from edgebnn.budget._bounds import Budget, Certificate
     from edgebnn.ir import BNNModel
     from edgebnn.metrics import AnyPredictive
     from edgebnn.runtime import Session
@@ -78,7 +78,7 @@ def _take(pred: AnyPredictive, rows: np.ndarray) -> AnyPredictive:
 def reference_evidence(model: BNNModel, x: np.ndarray, ood: np.ndarray | None, samples: int,
                        seed: int) -> Evidence:
     """The reference runtime's predictive (S ``samples``, ``seed``: the same S networks for every input)."""
-    from edgebnn.api._evaluate import task_of
+    from edgebnn.measure import task_of
     from edgebnn.runtime.reference import Reference
 
     ref = Reference(model)
@@ -96,7 +96,7 @@ def reference_evidence(model: BNNModel, x: np.ndarray, ood: np.ndarray | None, s
 def session_evidence(session: Session, x: np.ndarray, ood: np.ndarray | None, draws: int = DRAWS) -> Evidence:
     """What ``session`` (an exported ensemble) predicts: one call per input with ``draws`` copies of it when the
     export samples on the device, else batches (module docstring)."""
-    from edgebnn.api._evaluate import task_of
+    from edgebnn.measure import task_of
 
     sampling = session.mode in ("noise", "shared")
     draws = draws if sampling else 1
@@ -118,7 +118,7 @@ def export_evidence(model: BNNModel, x: np.ndarray, ood: np.ndarray | None, *, s
                     fallback_samples: int = DEFAULT_SAMPLES) -> tuple[Evidence, dict[str, Any]]:
     """The evidence of ``model`` as the device runs it: its default export (``export`` gives other bytes), or, when
     the export is refused, the reference runtime at ``fallback_samples`` (what ``baked`` stores); and what ran."""
-    from edgebnn.api._greedy import default_export
+    from edgebnn.budget._greedy import default_export
     from edgebnn.errors import EdgeBNNError
     from edgebnn.runtime import Session
 
@@ -214,7 +214,7 @@ def _auroc_change(reference: Evidence, lowered: Evidence, n: int, m: int) -> Cal
 def certify(budget: Budget, reference: Evidence, lowered: Evidence, y: np.ndarray, *, seed: int = 0) -> Certificate:
     """Every budgeted metric's change (``lowered`` - ``reference`` on the same inputs) with its one-sided limit
     at ``budget.confidence`` (:mod:`edgebnn.budget`)."""
-    from edgebnn.budget import MEAN_METRICS, Bound, Certificate, bootstrap_bound, mean_bound
+    from edgebnn.budget._bounds import MEAN_METRICS, Bound, Certificate, bootstrap_bound, mean_bound
     from edgebnn.errors import InvalidOptionError
 
     n = reference.rows
@@ -252,7 +252,7 @@ def _generic_bound(metric: str, limit: float, confidence: float, reference: Evid
     """A regression or segmentation metric through the task's accumulator: per-input values for a mean metric
     (each input's own report: every input has the same number of elements), else the bootstrap, one
     accumulation per resample."""
-    from edgebnn.budget import MEAN_METRICS, bootstrap_bound, mean_bound
+    from edgebnn.budget._bounds import MEAN_METRICS, bootstrap_bound, mean_bound
     from edgebnn.errors import InvalidOptionError
     n = reference.rows
 

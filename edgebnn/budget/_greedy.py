@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from edgebnn.api._evaluate import Progress, _measure, _reference, task_of
-from edgebnn.api._model import lower
 from edgebnn.exporters import DEFAULT_SAMPLES
+from edgebnn.measure import Progress, measure, reference_predictor, task_of
 
 if TYPE_CHECKING:
     from edgebnn._lowered import LoweredModel
-    from edgebnn.budget import Budget
+    from edgebnn.budget._bounds import Budget
     from edgebnn.data import Dataset
     from edgebnn.ir import BNNModel
     from edgebnn.passes import LowerConfig
@@ -53,7 +52,7 @@ class _BudgetSearch:
         self.warnings: list[str] = []
         self.layers, self.kinds = _layers_of(float_ir)
         self.base = config = start_config(float_ir, config)
-        self.reference = _measure([_reference(float_ir, samples, config.seed)], dataset, ood, None,
+        self.reference = measure([reference_predictor(float_ir, samples, config.seed)], dataset, ood, None,
                                   *task_of(float_ir))[0][0]
         self.cache: dict[str, tuple[LoweredModel, dict[str, float]]] = {}
         self.file_bytes: dict[int, int] = {}  # id(model) -> deployed bytes (the models live in the cache)
@@ -87,11 +86,8 @@ class _BudgetSearch:
         config = self.config(settings)
         key = config.to_json()
         if key not in self.cache:
-            from edgebnn.passes.config import data_fields
-
-            takes = data_fields(config)
-            model = lower(self.float_ir, config, **{k: v for k, v in self.data_options.items() if k in takes})
-            metrics = _measure([_reference(model, self.samples, config.seed)], self.dataset, self.ood, None,
+            model = lower_config(self.float_ir, config, self.data_options)
+            metrics = measure([reference_predictor(model, self.samples, config.seed)], self.dataset, self.ood, None,
                                *task_of(model))[0][0]
             deltas = self.budget.deltas(self.reference, metrics)
             self.cache[key] = model, deltas
@@ -171,7 +167,7 @@ class _BudgetSearch:
 
     def lower_bits(self, max_steps: int) -> None:
         """Take the change that costs the least budget per byte saved and keeps it, until none does."""
-        from edgebnn.budget import LABELS
+        from edgebnn.budget._bounds import LABELS
         from edgebnn.tables import fmt_bytes
 
         while len(self.steps) < max_steps:
@@ -259,6 +255,18 @@ def default_export(model: BNNModel, samples: int = DEFAULT_SAMPLES, seed: int = 
     config = dataclasses.replace(DEFAULT_EXPORT, samples=default_samples(model, samples), seed=seed)
     result = export_model(model, config)
     return result.proto.SerializeToString(deterministic=True), result.choice.mode
+
+
+def lower_config(float_ir: BNNModel, config: LowerConfig, data_options: dict[str, Any]) -> LoweredModel:
+    """``float_ir`` lowered by ``config``, given those of ``data_options`` (``grams``, ``gradients``...) its passes
+    take (:func:`edgebnn.passes.lower`)."""
+    from edgebnn._lowered import LoweredModel
+    from edgebnn.passes import lower
+    from edgebnn.passes.config import data_fields
+
+    takes = data_fields(config)
+    result = lower(float_ir, config, **{k: v for k, v in data_options.items() if k in takes})
+    return LoweredModel(result.model, result.report)
 
 
 def deployed_size(model: LoweredModel, samples: int = DEFAULT_SAMPLES) -> int:

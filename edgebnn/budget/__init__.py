@@ -1,0 +1,119 @@
+"""The uncertainty budget: how much worse than the float BNN a lowered model may be, per metric, and the
+lowering (or search trial) that keeps it on new data with a stated confidence.
+
+::
+
+    budget = Budget({"nll": 0.02, "ece": 0.01}, confidence=0.9)   # or Budget.parse("nll=+0.02,ece=+0.01")
+    lowered = lower_within_budget(float_ir, LowerConfig(), budget, data="val.npz")   # edgebnn lower --budget
+
+The parts, each public here (``edgebnn search --budget`` certifies its trials through the same ones):
+
+* the budget and its statistics (:class:`Budget`, :class:`Bound`, :class:`Certificate`, :func:`mean_bound`,
+  :func:`bootstrap_bound`, :func:`rows_to_resolve`): which one-sided limit bounds each metric's change;
+* the evidence (:class:`Evidence`, :func:`export_evidence`, :func:`session_evidence`, :func:`certify`): each
+  predictor's per-input predictive on the certification rows, as the device runs it, and the certificate;
+* the rows (:class:`Rows`): the validation rows in memory, split at random into selection and certification rows;
+* the candidates: the data-free chain (:func:`data_free_chain`) and the greedy per-layer walk (``order="split"``),
+  tested in a fixed sequence by :func:`lower_within_budget`; :func:`unresolvable` is the error when even the float
+  BNN's own weights are not certified (a budget finer than the rows resolve, with the rows it would need);
+* the fastest export within a budget (:func:`fastest_within_budget`, ``lower --minimize latency``): which layers
+  sample (:func:`deterministic_prefix`), the mode and S, each candidate timed on the device, certified the same way.
+
+docs/uncertainty_budget.md states the guarantee.
+"""
+
+from __future__ import annotations
+
+from edgebnn.budget._bounds import (
+    ALIASES,
+    BOUNDED_METRICS,
+    DEFAULT_CONFIDENCE,
+    HIGHER_IS_BETTER,
+    LABELS,
+    LOWER_IS_BETTER,
+    MEAN_METRICS,
+    METRICS,
+    Bound,
+    Budget,
+    BudgetNotMetError,
+    Certificate,
+    Violation,
+    agreeing_bound,
+    bootstrap_bound,
+    check_confidence,
+    mean_bound,
+    metric_value,
+    rows_to_resolve,
+    worse,
+)
+from edgebnn.budget._certify import DRAWS, Evidence, certify, export_evidence, reference_evidence, session_evidence
+from edgebnn.budget._greedy import BUDGET_START, PATH_STEP, default_export, deployed_size, lower_config, start_config
+from edgebnn.budget._latency import (
+    MINIMIZE,
+    LatencySpace,
+    deterministic_prefix,
+    epistemic_budget,
+    fastest_within_budget,
+)
+from edgebnn.budget._lower import (
+    BUDGET_ROWS,
+    ORDERS,
+    BudgetOptions,
+    Candidate,
+    Rows,
+    budget_sizes,
+    check_budget,
+    data_free_chain,
+    lower_within_budget,
+    unresolvable,
+)
+
+__all__ = [
+    "ALIASES",
+    "BOUNDED_METRICS",
+    "BUDGET_ROWS",
+    "BUDGET_START",
+    "DEFAULT_CONFIDENCE",
+    "DRAWS",
+    "HIGHER_IS_BETTER",
+    "LABELS",
+    "LOWER_IS_BETTER",
+    "MEAN_METRICS",
+    "METRICS",
+    "MINIMIZE",
+    "ORDERS",
+    "PATH_STEP",
+    "Bound",
+    "Budget",
+    "BudgetNotMetError",
+    "BudgetOptions",
+    "Candidate",
+    "Certificate",
+    "Evidence",
+    "LatencySpace",
+    "Rows",
+    "Violation",
+    "agreeing_bound",
+    "bootstrap_bound",
+    "budget_sizes",
+    "certify",
+    "check_budget",
+    "check_confidence",
+    "data_free_chain",
+    "default_export",
+    "deployed_size",
+    "deterministic_prefix",
+    "epistemic_budget",
+    "export_evidence",
+    "fastest_within_budget",
+    "lower_config",
+    "lower_within_budget",
+    "mean_bound",
+    "metric_value",
+    "reference_evidence",
+    "rows_to_resolve",
+    "session_evidence",
+    "start_config",
+    "unresolvable",
+    "worse",
+]
