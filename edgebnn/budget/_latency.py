@@ -225,7 +225,7 @@ def _cycling(calls: list[Callable[[], Any]]) -> Callable[[], Any]:
     return lambda: next(turn)()
 
 
-def _evidence(data: bytes, x: np.ndarray, ood: np.ndarray | None, seed: int, draws: int) -> Evidence:
+def device_evidence(data: bytes, x: np.ndarray, ood: np.ndarray | None, seed: int, draws: int) -> Evidence:
     """What the export ``data`` predicts in onnxruntime (no fallback to the reference runtime: every candidate is
     judged as the device runs it)."""
     from edgebnn.budget._certify import session_evidence
@@ -242,13 +242,13 @@ def _order(options: list[_Option], budget: Budget, rows: Rows, reference_export:
 
     sel_x, sel_y = rows.x[rows.select_idx], rows.y[rows.select_idx]
     sel_ood = None if rows.ood is None else rows.ood[rows.ood_select]
-    reference = _evidence(reference_export, sel_x, sel_ood, seed, draws)
+    reference = device_evidence(reference_export, sel_x, sel_ood, seed, draws)
     from edgebnn.budget._bounds import worse
 
     shrink = math.sqrt(len(rows.select_idx) / len(rows.certify_idx))  # a bound's width goes as 1/sqrt(rows)
     risk: dict[int, float] = {}
     for option in options:
-        cert = certify(budget, reference, _evidence(option.data, sel_x, sel_ood, seed, draws), sel_y, seed=seed)
+        cert = certify(budget, reference, device_evidence(option.data, sel_x, sel_ood, seed, draws), sel_y, seed=seed)
         option.selection = cert.deltas
         projected = {b.metric: b.delta + (b.bound - b.delta) * shrink for b in cert.bounds}
         risk[id(option)] = max(worse(k, projected[k]) / max(abs(v), 1e-3) for k, v in budget.limits.items())
@@ -298,9 +298,9 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
         raise InvalidOptionError(f"--ood-data {ood_data}: {outside}; an export refuses such inputs, so the MI-AUROC "
                                  "cannot be measured as the device runs it")
     reference_export, reference_mode = default_export(float_ir, samples, config.seed)
-    reference = _evidence(reference_export, rows.certify_x, rows.certify_ood, config.seed, draws)
+    reference = device_evidence(reference_export, rows.certify_x, rows.certify_ood, config.seed, draws)
     again = config.seed + _AGAIN  # the float BNN against itself, its device noise drawn afresh
-    floor = certify(budget, reference, _evidence(default_export(float_ir, samples, again)[0], rows.certify_x,
+    floor = certify(budget, reference, device_evidence(default_export(float_ir, samples, again)[0], rows.certify_x,
                                                  rows.certify_ood, again, draws), rows.certify_y, seed=config.seed)
     floor_what = {"runtime": f"onnxruntime ({reference_mode})"}
     if not floor.kept:
@@ -365,7 +365,7 @@ def _certify_in_order(order: list[_Option], budget: Budget, rows: Rows, referenc
     """Fixed-sequence testing along ``order``: the last candidate certified, every test, and why it stopped."""
     chosen, tested, stopped = None, [], None
     for option in order:
-        cert = certify(budget, reference, _evidence(option.data, rows.certify_x, rows.certify_ood, seed, draws),
+        cert = certify(budget, reference, device_evidence(option.data, rows.certify_x, rows.certify_ood, seed, draws),
                        rows.certify_y, seed=seed)
         tested.append({"candidate": option.label, "latency_ms": option.latency_ms, "file_bytes": len(option.data),
                        "kept": cert.kept, "bounds": [b.to_dict() for b in cert.bounds]})

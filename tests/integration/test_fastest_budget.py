@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgebnn.budget import Budget, LatencySpace, Rows, certify, deterministic_prefix, fastest_within_budget
-from edgebnn.budget._latency import _evidence
+from edgebnn.budget import (
+    Budget,
+    LatencySpace,
+    Rows,
+    certify,
+    deterministic_prefix,
+    device_evidence,
+    fastest_within_budget,
+)
 from edgebnn.cli import main
 from edgebnn.exporters.config import ExportConfig
 from edgebnn.exporters.export import export_model
@@ -71,8 +78,9 @@ def test_the_fastest_export_keeps_the_certified_budget(digits_ir, ood) -> None:
     assert budget["measured_on"]["certification_rows"] == len(rows.certify_idx)
     reference = export_model(digits_ir, ExportConfig(16, seed=0, device="cpu")).proto.SerializeToString(
         deterministic=True)
-    cert = certify(Budget(budget["limits"]), _evidence(reference, rows.certify_x, rows.certify_ood, 0, SPACE.draws),
-                   _evidence(data, rows.certify_x, rows.certify_ood, 0, SPACE.draws), rows.certify_y, seed=0)
+    x, x_ood = rows.certify_x, rows.certify_ood
+    cert = certify(Budget(budget["limits"]), device_evidence(reference, x, x_ood, 0, SPACE.draws),
+                   device_evidence(data, x, x_ood, 0, SPACE.draws), rows.certify_y, seed=0)
     assert cert.kept
     for metric, delta in cert.deltas.items():
         assert delta == pytest.approx(bounds[metric]["delta"], abs=1e-9), metric
