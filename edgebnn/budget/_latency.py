@@ -10,11 +10,12 @@ export in the same interleaved rounds, batch 1, on validation inputs; ratios are
 
 **The guarantee** is ``lower --budget``'s (:func:`~edgebnn.budget.lower_within_budget`): the validation rows are
 split at random (seeded) into selection rows (:data:`SELECT_FRACTION`) and certification rows. On the selection rows
-each candidate's budgeted changes against the float BNN's export are bounded; those whose bounds, narrowed to the
-certification rows' count, are within budget are ordered slowest first, one per step of :data:`LATENCY_STEP` (the one
-using the least budget): an order fixed before the certification rows are read. They are certified along it
-(fixed-sequence testing, each metric's one-sided limit at the budget's confidence) until the first that is not; the
-last certified is the result. Every candidate, and the float BNN, is judged as onnxruntime runs its export.
+each candidate's budgeted changes against the float BNN's export are bounded; of those whose bounds, narrowed to the
+certification rows' count, are within budget, the ones no faster candidate beats on the share of the budget used are
+ordered slowest (least used) first, at least :data:`LATENCY_STEP` apart: an order fixed before the certification
+rows are read. They are certified along it (fixed-sequence testing, each metric's one-sided limit at the budget's
+confidence) until the first that is not; the last certified is the result. Every candidate, and the float BNN, is
+judged as onnxruntime runs its export.
 
 **Epistemic uncertainty.** NLL and ECE do not see a collapse of the mutual information (the README: MI 0.054 ->
 0.013 when three layers stop sampling), so a budget that trades stochastic layers must bound a metric that does: the
@@ -57,7 +58,7 @@ EPISTEMIC_ALLOWANCE = 0.02
 SELECT_FRACTION = 0.3
 """The share of the validation rows (chosen at random, seeded) the candidates are selected on."""
 LATENCY_STEP = 0.15
-"""The certification order takes one candidate per step of this much less latency (fewer tests, fewer to fail)."""
+"""The certification order keeps candidates at least this much slower than the next (fewer tests, fewer to fail)."""
 LATENCY_INPUTS = 8  # the timed calls cycle through this many validation inputs (an anytime graph's cost follows them)
 
 
@@ -236,9 +237,10 @@ def device_evidence(data: bytes, x: np.ndarray, ood: np.ndarray | None, seed: in
 
 def _order(options: list[_Option], budget: Budget, rows: Rows, reference_export: bytes, seed: int,
            draws: int) -> list[_Option]:
-    """The certification order, slowest first: the candidates whose bounds on the selection rows, narrowed to the
-    certification rows' count (a bound's distance from its change shrinks as 1/sqrt(rows)), are within budget, one
-    per step of :data:`LATENCY_STEP` (the one that uses the least of the budget: a test that fails ends the order)."""
+    """The certification order, slowest first: of the candidates whose bounds on the selection rows, narrowed to the
+    certification rows' count (a bound's distance from its change shrinks as 1/sqrt(rows)), are within budget, those
+    no faster one beats on the budget they use (so the order goes from the least used to the most: a test that fails
+    ends it), thinned to steps of :data:`LATENCY_STEP` from the fastest."""
 
     sel_x, sel_y = rows.x[rows.select_idx], rows.y[rows.select_idx]
     sel_ood = None if rows.ood is None else rows.ood[rows.ood_select]
@@ -252,15 +254,15 @@ def _order(options: list[_Option], budget: Budget, rows: Rows, reference_export:
         option.selection = cert.deltas
         projected = {b.metric: b.delta + (b.bound - b.delta) * shrink for b in cert.bounds}
         risk[id(option)] = max(worse(k, projected[k]) / max(abs(v), 1e-3) for k, v in budget.limits.items())
-    out: list[_Option] = []
-    start = math.inf
-    for option in sorted((o for o in options if risk[id(o)] <= 1), key=lambda o: -o.latency_ms):
-        if option.latency_ms <= (1 - LATENCY_STEP) * start:  # a new step: this one starts it
+    frontier: list[_Option] = []  # fastest first, each using less of the budget than every faster one
+    for option in sorted((o for o in options if risk[id(o)] <= 1), key=lambda o: o.latency_ms):
+        if not frontier or risk[id(option)] < risk[id(frontier[-1])]:
+            frontier.append(option)
+    out = frontier[:1]
+    for option in frontier[1:]:  # thinned from the fastest: each kept one a step slower than the last
+        if option.latency_ms * (1 - LATENCY_STEP) >= out[-1].latency_ms:
             out.append(option)
-            start = option.latency_ms
-        elif risk[id(option)] < risk[id(out[-1])]:  # the same step: the one furthest within budget stands for it
-            out[-1] = option
-    return out
+    return out[::-1]
 
 
 def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
