@@ -441,9 +441,11 @@ def print_budget_sizes(console: Console, sizes: dict[str, Any], path: str = "mod
     if deployed:
         how = ", ".join(f"{k} {v}" for k, v in what.items())
         size = deployed["file_bytes"]
-        command = shlex.join(["edgebnn", "export", path, "-o", str(Path(path).with_suffix(".onnx"))])
+        command = shlex.join(["edgebnn", "export", path, "-o", str(Path(path).with_suffix(".onnx")),
+                              *shlex.split(sizes.get("flags", ""))])
         rows.append(("deployed", f"{fmt_bytes(size)} ({times_smaller(ref, size, 'fp32 BNN')}) written by `{command}` "
-                                 f"(its defaults: {how}), which prints the breakdown"))
+                                 f"({'its defaults: ' if 'flags' not in sizes else ''}{how}), which prints the "
+                                 "breakdown"))
     else:
         rows.append(("deployed", f"the default export is refused: {sizes.get('deployed_error')}"))
     _header(console, [(label, escape(value)) for label, value in rows])

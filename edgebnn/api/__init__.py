@@ -10,11 +10,13 @@ from edgebnn.api._evaluate import dataset_for, evaluate_artifact, lowering_quali
 from edgebnn.api._files import PathLike, export_metadata, load_ir, save
 from edgebnn.api._lower import calibration_grams, lower_config_of, lower_model
 from edgebnn.api._model import export, export_result, from_swag, from_torch, lower
-from edgebnn.budget import BudgetOptions, lower_within_budget
+from edgebnn.budget import MINIMIZE, BudgetOptions, LatencySpace, fastest_within_budget, lower_within_budget
 from edgebnn.measure import Progress
 
 __all__ = [
+    "MINIMIZE",
     "BudgetOptions",
+    "LatencySpace",
     "PathLike",
     "Progress",
     "calibration_grams",
@@ -23,6 +25,7 @@ __all__ = [
     "export",
     "export_metadata",
     "export_result",
+    "fastest_within_budget",
     "from_swag",
     "from_torch",
     "load_ir",

@@ -11,7 +11,14 @@ from edgebnn import schemas
 from edgebnn.api._evaluate import Progress, lowering_quality
 from edgebnn.api._files import load_ir
 from edgebnn.api._model import from_swag, from_torch, lower
-from edgebnn.budget import BudgetOptions, check_budget, lower_within_budget
+from edgebnn.budget import (
+    MINIMIZE,
+    BudgetOptions,
+    check_budget,
+    epistemic_budget,
+    fastest_within_budget,
+    lower_within_budget,
+)
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters import DEFAULT_SAMPLES
 
@@ -66,7 +73,7 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                 swag_scale: float = 0.5, laplace: str | Path | None = None, task: str | None = None,
                 noise_var: float | None = None, regression_head: str | None = None,
                 calibrate: DataSource | None = None, calibrate_inputs: int = CALIBRATION_INPUTS,
-                ) -> tuple[BNNModel, dict[str, Any]]:
+                minimize: str = "size") -> tuple[BNNModel, dict[str, Any]]:
     """Build, load, import and lower a torch model (``edgebnn lower``); returns (IR, lowering report).
 
     ``evaluate`` (``digits`` or a data file/folder, see :func:`edgebnn.data.load_data`) adds ``report["eval"]``:
@@ -80,7 +87,9 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     (:func:`edgebnn.importers.laplace.load_laplace`, loaded with ``weights_only=True``) and imported as
     ``from_torch(la)`` is. ``calibrate``: data whose first ``calibrate_inputs`` inputs ``fixed`` rounds the
     means against (:func:`calibration_grams`; GPTQ, :mod:`edgebnn.passes.gptq`); the report gets
-    ``calibration`` {``data``, ``inputs``, ``layers``}.
+    ``calibration`` {``data``, ``inputs``, ``layers``}. ``minimize="latency"``: the budget search returns the fastest
+    export on the cpu instead of the smallest file (:func:`edgebnn.api._fastest.fastest_within_budget`; the report
+    adds ``fastest``).
 
     Raises:
         InvalidOptionError: A budget without ``evaluate``, an ``auroc`` budget without ``ood_data``, bad data.
@@ -88,8 +97,7 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     """
     from edgebnn.importers.checkpoint import load_factory, load_weights
 
-    if budget is not None:
-        budget = check_budget(budget, evaluate, ood_data)
+    budget = _checked_budget(budget, minimize, evaluate, ood_data)
     from edgebnn.exporters.families import default_samples
 
     model = load_weights(load_factory(model_spec), weights)
@@ -130,8 +138,12 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     if budget is not None:
         assert evaluate is not None  # check_budget
         config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
-        lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data,
-                                      options=BudgetOptions(samples=samples), progress=progress, **data_options)
+        if minimize == "latency":
+            lowered = fastest_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data, samples=samples,
+                                            progress=progress, **data_options)
+        else:
+            lowered = lower_within_budget(bnn, config, budget, data=evaluate, ood_data=ood_data,
+                                          options=BudgetOptions(samples=samples), progress=progress, **data_options)
         report = lowered.lowering_report
     else:  # the float model is only needed again to compare against: otherwise lower it in place
         lowered = lower(bnn, scheme, seed=seed, bits=bits, progress=progress, consume=evaluate is None,
@@ -146,6 +158,24 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         report["eval"] = lowering_quality(bnn, lowered, data=evaluate, ood_data=ood_data, samples=samples,
                                           seed=report["seed"], progress=progress)
     return lowered, report
+
+
+def _checked_budget(budget: Budget | str | None, minimize: str, evaluate: DataSource | None,
+                    ood_data: DataSource | None) -> Budget | None:
+    """The budget, checked against the data (``--minimize latency``: with a metric that sees epistemic uncertainty,
+    :func:`epistemic_budget`)."""
+    from edgebnn.budget import Budget
+
+    if minimize not in MINIMIZE:
+        raise InvalidOptionError(f"--minimize {minimize}: one of {', '.join(MINIMIZE)}")
+    if minimize != "size" and budget is None:
+        raise InvalidOptionError(f"--minimize {minimize}: minimizes within an uncertainty budget; add --budget "
+                                 "METRIC=CHANGE,... and --eval DATA")
+    if budget is None:
+        return None
+    if minimize == "latency":
+        budget = epistemic_budget(Budget.parse(budget) if isinstance(budget, str) else budget, ood_data)[0]
+    return check_budget(budget, evaluate, ood_data)
 
 
 def _input_range(model: BNNModel, data: DataSource, digits_split: str, option: str) -> list[float]:

@@ -15,7 +15,9 @@ The parts, each public here (``edgebnn search --budget`` certifies its trials th
 * the rows (:class:`Rows`): the validation rows in memory, split at random into selection and certification rows;
 * the candidates: the data-free chain (:func:`data_free_chain`) and the greedy per-layer walk (``order="split"``),
   tested in a fixed sequence by :func:`lower_within_budget`; :func:`unresolvable` is the error when even the float
-  BNN's own weights are not certified (a budget finer than the rows resolve, with the rows it would need).
+  BNN's own weights are not certified (a budget finer than the rows resolve, with the rows it would need);
+* the fastest export within a budget (:func:`fastest_within_budget`, ``lower --minimize latency``): which layers
+  sample (:func:`deterministic_prefix`), the mode and S, each candidate timed on the device, certified the same way.
 
 docs/uncertainty_budget.md states the guarantee.
 """
@@ -46,6 +48,14 @@ from edgebnn.budget._bounds import (
 )
 from edgebnn.budget._certify import DRAWS, Evidence, certify, export_evidence, reference_evidence, session_evidence
 from edgebnn.budget._greedy import BUDGET_START, PATH_STEP, default_export, deployed_size, lower_config, start_config
+from edgebnn.budget._latency import (
+    MINIMIZE,
+    LatencySpace,
+    deterministic_prefix,
+    device_evidence,
+    epistemic_budget,
+    fastest_within_budget,
+)
 from edgebnn.budget._lower import (
     BUDGET_ROWS,
     ORDERS,
@@ -68,3 +78,5 @@ __all__ = [
     "mean_bound", "metric_value", "reference_evidence", "rows_to_resolve", "session_evidence", "start_config",
     "unresolvable", "worse",
 ]
+__all__ += ["MINIMIZE", "LatencySpace", "deterministic_prefix", "device_evidence", "epistemic_budget",  # --minimize
+            "fastest_within_budget"]

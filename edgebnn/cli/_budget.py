@@ -47,7 +47,8 @@ def print_budget_bounds(console: Console, budget: dict[str, Any]) -> None:
              f"{on['certification_rows']} rows ({on['runtime']}, {on['draws']} device call(s) per input, against the "
              "float BNN's own export)")
     console.print(bounds_table(budget["bounds"], budget["confidence"], title))
-    tested = f"{len(cert['tested'])} of {cert['candidates']} candidates tested in order, largest first"
+    first = "slowest" if budget["order"] == "latency" else "largest"
+    tested = f"{len(cert['tested'])} of {cert['candidates']} candidates tested in order, {first} first"
     walked = budget["evaluations"] - len(cert["tested"])  # the greedy walk's, on the selection rows
     how = (f"order: {budget['order']}" + (f" (chosen by {walked} configurations measured on {on['selection_rows']} "
                                           "other rows)" if on["selection_rows"] else " (data-free)"))

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from edgebnn import schemas
 from edgebnn._version import __version__
-from edgebnn.api import load_ir, lower_model
+from edgebnn.api import MINIMIZE, load_ir, lower_model
 from edgebnn.calib import METHODS
 from edgebnn.cli._budget import confidence_option, print_budget_bounds
 from edgebnn.cli._common import (
@@ -26,6 +26,7 @@ from edgebnn.cli._common import (
     main,
     write_json,
 )
+from edgebnn.cli._fastest import print_fastest
 from edgebnn.cli._paths import InputPath, OutputPath
 from edgebnn.errors import InvalidOptionError
 from edgebnn.exporters import AUTO, MODE_CHOICES, MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
@@ -96,6 +97,11 @@ def _engine_hint(path: str, params: Mapping[str, Any]) -> str:
                    "--eval rows (one-sided bounds per metric; docs/uncertainty_budget.md). Exit 2, nothing written, "
                    "when none is certified; a budget finer than the rows resolve says how many rows it needs.")
 @confidence_option
+@click.option("--minimize", type=click.Choice(MINIMIZE), default="size", show_default=True,
+              help="With --budget: what the certified lowering minimizes. size: the deployed file. latency: the "
+                   "export's latency on the cpu (onnxruntime, batch 1), choosing which layers sample (a deterministic "
+                   "prefix runs once), the mode and S; needs --ood-data (the MI-AUROC sees what trading stochastic "
+                   "layers costs). The report prints the `edgebnn export` command of the chosen export.")
 @click.option("--calibrate", "calibrate_data", default=None, metavar="digits|FILE|DIR", type=DATA,
               help="--scheme fixed: round each layer's means so that the layer's OUTPUT stays closest to the "
                    "float posterior mean's on these inputs (GPTQ error compensation; 'digits': the train split, "
@@ -129,7 +135,8 @@ def _engine_hint(path: str, params: Mapping[str, Any]) -> str:
 def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, bits: str | None, seed: int | None,
           config_file: str | None, assignments: tuple[str, ...], output_index: int, output: str,
           report: str | None, eval_data: str | None, ood_data: str | None, budget_text: str | None,
-          confidence: float, calibrate_data: str | None, calibrate_inputs: int, verbose: bool, mc_dropout: bool,
+          confidence: float, minimize: str, calibrate_data: str | None, calibrate_inputs: int, verbose: bool,
+          mc_dropout: bool,
           swag_stats: str | None, swag_scale: float, laplace_state: str | None,
           task: str | None,
           noise_var: float | None, regression_head: str | None) -> None:
@@ -161,7 +168,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
                                               progress=progress, mc_dropout=mc_dropout, swag=swag_stats,
                                               swag_scale=swag_scale, laplace=laplace_state, task=task,
                                               noise_var=noise_var, regression_head=regression_head,
-                                              calibrate=calibrate_data, calibrate_inputs=calibrate_inputs)
+                                              calibrate=calibrate_data, calibrate_inputs=calibrate_inputs,
+                                              minimize=minimize)
     except BudgetNotMetError as e:
         if e.closest.get("config") is not None:  # none for a budget finer than the rows resolve: the line says all
             print_closest(console, e.closest)
@@ -179,6 +187,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
                          path=output)
     if "budget" in lower_report:
         print_budget_bounds(console, lower_report["budget"])
+    if "fastest" in lower_report:
+        print_fastest(console, lower_report["fastest"], output)
     write_json(report, lower_report, schemas.LOWER)
 
 
