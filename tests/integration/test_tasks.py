@@ -9,6 +9,7 @@ here from the same 4000 samples (62 blocks of 64: the RMS over blocks and output
 from __future__ import annotations
 
 import json
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -453,3 +454,25 @@ def test_compare_regression_export_with_its_ir(tmp_path, mean_only) -> None:
                                null_runs=19, alpha=0.05)
     assert report["task"] == "regression" and report["verdict"] != "different"
     assert {"nll", "rmse"} <= set(report["a"]) and {"nll", "rmse"} <= set(report["b"])
+
+
+def test_a_plug_in_tasks_own_import_options_reach_it_through_from_torch(registry) -> None:
+    """``from_torch(..., task=NAME, **options)``: a registered task's own ``import_options`` reach its
+    ``from_output``; an option it does not take is refused in one line (issue 42 item 4c)."""
+    from edgebnn.tasks import register_task
+
+    class Tempered(Classification):
+        name = "tempered"
+        import_options = ("temperature",)
+        seen: ClassVar[list[dict]] = []
+
+        @classmethod
+        def from_output(cls, shape, where, **options):
+            cls.seen.append(options)
+            return super().from_output(shape, where)
+
+    register_task(Tempered)
+    ir = from_torch(MeanLogVar(), (1, 3), task="tempered", temperature=2.0)
+    assert Tempered.seen == [{"temperature": 2.0}] and ir.manifest.task == "tempered"
+    with pytest.raises(InvalidOptionError, match="no task takes --exposure"):
+        from_torch(MeanLogVar(), (1, 3), task="tempered", exposure=2.0)
