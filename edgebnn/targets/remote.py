@@ -82,6 +82,34 @@ def _last_line(*texts: str) -> str:
     return "no output"
 
 
+def _files_to_copy(target: str, artifact: str | Path, engine: str | Path | None,
+                   onnx_path: str | Path | None) -> list[Path]:
+    """The local files ``profile_remote`` copies over: the artifact, an engine with its manifest and the ONNX the
+    manifest names (where it is beside the engine), and an ensemble.
+
+    Raises:
+        InvalidArtifactError: One of them is missing.
+    """
+    files = [Path(artifact)]
+    if engine is not None:
+        from edgebnn.exporters.tensorrt import manifest_path
+
+        eng = Path(engine)
+        files += [eng, manifest_path(eng)]
+        try:
+            onnx_name = json.loads(manifest_path(eng).read_text()).get("onnx")
+        except (OSError, json.JSONDecodeError):
+            onnx_name = None
+        if onnx_name and (eng.parent / onnx_name).is_file():
+            files.append(eng.parent / onnx_name)
+    if onnx_path is not None:
+        files.append(Path(onnx_path))
+    for f in files:
+        if not f.is_file():
+            raise InvalidArtifactError(f"{f}: no such file to copy to {target}")
+    return files
+
+
 def profile_remote(
     target: str,
     artifact: str | Path,
@@ -114,23 +142,7 @@ def profile_remote(
         EdgeBNNError: ssh/scp failed, or the remote edgebnn failed (its one-line error is quoted).
     """
     remote = _Remote(target, DEFAULT_SSH if ssh is None else ssh, DEFAULT_SCP if scp is None else scp, timeout_s)
-    files = [Path(artifact)]
-    if engine is not None:
-        from edgebnn.exporters.tensorrt import manifest_path
-
-        eng = Path(engine)
-        files += [eng, manifest_path(eng)]
-        try:
-            onnx_name = json.loads(manifest_path(eng).read_text()).get("onnx")
-        except (OSError, json.JSONDecodeError):
-            onnx_name = None
-        if onnx_name and (eng.parent / onnx_name).is_file():
-            files.append(eng.parent / onnx_name)
-    if onnx_path is not None:
-        files.append(Path(onnx_path))
-    for f in files:
-        if not f.is_file():
-            raise InvalidArtifactError(f"{f}: no such file to copy to {target}")
+    files = _files_to_copy(target, artifact, engine, onnx_path)
     workdir = remote.shell(["mktemp", "-d", "-t", "edgebnn-profile.XXXXXX"], "creating a remote directory")
     remote_dir = workdir.stdout.strip().splitlines()[-1] if workdir.stdout.strip() else ""
     if not remote_dir.startswith("/"):
