@@ -9,8 +9,6 @@ Two graphs run in onnxruntime (CPU, 2 intra-op threads, 1 inter-op, sequential):
 
 For each batch, ``--rounds`` interleaved rounds (float, analytic, float, analytic...) of ``--calls`` timed calls
 each after one warm-up call; the p50 of every call's wall time per graph, and analytic's p50 over float's.
-Also the predictive's max |difference| from an analytic export with every variance approximation switched off
-(``--check``), so a faster graph is shown to compute the same thing.
 
 Run from the repository root (about a minute per batch on 2 cores)::
 
