@@ -9,7 +9,7 @@ gives, no pretrained weights; batch-norm statistics from two random batches), on
     export       ``export_model(ir, ExportConfig(S, mode=mode))`` for baked and noise, float scheme
     run          onnxruntime, one batch of B random images through the exported ensemble
     check        baked predictive vs the reference runtime's (same seed: the same members), max |diff|
-    int8         the baked export with ``weights="int8"``: its serialized bytes against the 2 GiB limit
+    int8         the baked export with ``weights="int8"``: its serialized bytes against the 2 GiB protobuf limit (external data past it)
 
 and the memory of each stage, as ``bench/memory.py`` measures it: the imported IR is saved as an ``.ebnn``,
 then ``lower/SCHEME`` (load, ``lower(..., consume=True)``, save) and ``export/SCHEME`` (load the lowered IR,
@@ -56,8 +56,8 @@ conv/linear layers; ``bench/memory.py``'s few large layers lower at 1.4M weights
 Lowering holds the model and its largest layer (a ResNet's layers are small: 1.3-1.7x, against 1.8-3.0x for
 the few big layers of ``bench/memory.py``). The export's 8.7-9.4x is the exporter's (the S = 4 fp32 constants
 alone are 2x). The baked export with ``weights="int8"`` at S = 4 serializes to 103 MB, far under protobuf's
-2 GiB (int8 fits up to S = 81 of 25.5M weights, fp32 up to S = 20); a larger one is refused before anything is
-drawn, naming the largest S that fits, a smaller ``--weights`` format where there is one, and ``--mode noise``.
+2 GiB (int8 fits up to S = 81 of 25.5M weights, fp32 up to S = 20); a larger one is written with its constants in
+an external data file beside the ``.onnx`` (``<file>.data``), which every reader in edgebnn loads.
 
 Every model imports with static shapes and exports in baked and noise mode; the baked ensemble reproduces
 the reference runtime's members (max |diff| of the predictive, float32 summation order). Analytic mode is not
