@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from edgebnn.passes.gptq import InputGram
 
 CALIBRATION_INPUTS = 256
+QUALITY_LIMITS = {"accuracy": -0.01, "nll": +0.05}
+"""The change against the float BNN past which ``lower --eval`` warns: one accuracy point lost, or the NLL up by 0.05
+nats (a quarter of the NLL of the demo's float digits CNN; the budgets the docs certify are +0.02-0.05)."""
+CERTIFIED_HINT = "--eval DATA --budget nll=+0.02,ece=+0.01"
+"""The options of the certified path a quality note points to (docs/uncertainty_budget.md)."""
 """Inputs ``--calibrate`` measures each layer's input second moment on (the first ones of the data)."""
 
 
@@ -157,7 +162,33 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
     if evaluate is not None:
         report["eval"] = lowering_quality(bnn, lowered, data=evaluate, ood_data=ood_data, samples=samples,
                                           seed=report["seed"], progress=progress)
+    report["quality_notes"] = quality_notes(report)
     return lowered, report
+
+
+def quality_notes(report: dict[str, Any]) -> list[str]:
+    """What a lowering report says of the lowering's effect on accuracy and calibration, one line each: nothing for
+    a float lowering (the posterior's numbers are kept) or one within :data:`QUALITY_LIMITS` of the float BNN on the
+    ``eval`` rows; "unmeasured" where there were no rows; each change past its limit otherwise. Every line names the
+    certified path (``--eval DATA --budget ...``)."""
+    config = report.get("config") or {}
+    if config.get("scheme", report.get("scheme")) == "float" and not config.get("overrides"):
+        return []
+    ev = report.get("eval")
+    if ev is None:
+        return [f"the {report['scheme']} lowering's effect on accuracy and calibration is unmeasured (no data): "
+                f"measure it, and certify a budget, with lower ... {CERTIFIED_HINT}"]
+    notes = []
+    for key, limit in QUALITY_LIMITS.items():
+        before, after = ev["float_bnn"].get(key), ev["lowered"].get(key)
+        if before is None or after is None:
+            continue
+        change = after - before
+        if change < limit if limit < 0 else change > limit:
+            notes.append(f"{key} {change:+.4f} against the float BNN on {ev['data']} (past {limit:+g}): the "
+                         f"{report['scheme']} lowering loses quality; keep it within a budget with lower ... "
+                         f"{CERTIFIED_HINT}")
+    return notes
 
 
 def _checked_budget(budget: Budget | str | None, minimize: str, evaluate: DataSource | None,

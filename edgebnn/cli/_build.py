@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from edgebnn import schemas
@@ -185,6 +186,8 @@ def lower(model_spec: str, weights: str, input_shape: str, scheme: str | None, b
     if "eval" in lower_report:
         print_lower_eval(console, lower_report["eval"], lower_report.get("budget"), lowered=Path(output).name,
                          path=output)
+    for note in lower_report.get("quality_notes", []):
+        console.print(f"[bold yellow]warning:[/] {escape(note)}", highlight=False, soft_wrap=True)
     if "budget" in lower_report:
         print_budget_bounds(console, lower_report["budget"])
     if "fastest" in lower_report:

@@ -11,6 +11,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from edgebnn.api._lower import QUALITY_LIMITS
 from edgebnn.cli import main
 
 pytestmark = pytest.mark.slow
@@ -180,3 +181,23 @@ def test_lower_eval_compares_with_the_float_bnn(trained_digits, tmp_path):
         assert {"accuracy", "nll", "ece", "brier"} <= set(ev[side])
     assert ev["delta"]["nll"] == pytest.approx(ev["lowered"]["nll"] - ev["float_bnn"]["nll"])
     assert ev["float_bnn"]["accuracy"] > 0.9  # the float side is the trained model, not the lowered one
+    # a warning exactly where a change passes its limit (QUALITY_LIMITS), each naming the certified path
+    notes = json.loads(report.read_text())["quality_notes"]
+    past = [k for k, limit in QUALITY_LIMITS.items()
+            if (ev["delta"][k] < limit if limit < 0 else ev["delta"][k] > limit)]
+    assert [n.split()[0] for n in notes] == past and all("--budget" in n for n in notes)
+
+
+def test_lower_without_data_says_the_lowerings_effect_is_unmeasured(trained_digits, tmp_path):
+    """No silent loss: a lossy scheme without --eval says in one line that accuracy and calibration are unmeasured
+    and names the certified path; the float scheme (nothing rounded) says nothing of it."""
+    lowered = run("lower", "--model", MODEL, "--weights", trained_digits[1], "--input-shape", "1,1,8,8", "--scheme",
+                  "fixed", "-o", tmp_path / "fixed.ebnn", "--report", tmp_path / "fixed.json")
+    assert lowered.exit_code == 0, lowered.output
+    flat = " ".join(lowered.output.split())
+    assert "fixed lowering's effect on accuracy and calibration is unmeasured (no data)" in flat
+    assert "--eval DATA --budget nll=+0.02,ece=+0.01" in flat
+    assert len(json.loads((tmp_path / "fixed.json").read_text())["quality_notes"]) == 1
+    kept = run("lower", "--model", MODEL, "--weights", trained_digits[1], "--input-shape", "1,1,8,8",
+               "-o", tmp_path / "float.ebnn")
+    assert kept.exit_code == 0 and "unmeasured" not in kept.output, kept.output
