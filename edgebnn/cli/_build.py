@@ -275,7 +275,10 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 
 @main.command()
 @click.argument("file", type=InputPath())
-@click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True)
+@click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True,
+              help="onnx: the ensemble as one .onnx (for onnxruntime or any ONNX runtime). tensorrt: that ONNX built into a "
+                   "TensorRT engine for --device (rtx here with tensorrt-rtx; jetson on the Jetson, or --dry-run for "
+                   "the ONNX, manifest and trtexec command), beside its manifest.")
 @click.option("--samples", "-S", default=None, metavar="N|auto",
               help="Ensemble size S (default 16; a deep ensemble's M members: M), or auto: an anytime ensemble that "
                    "draws samples in chunks and stops each input when more would not change its answer (every class "
