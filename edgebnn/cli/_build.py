@@ -276,9 +276,9 @@ def _describe_onnx(path: str) -> dict[str, Any]:
 @main.command()
 @click.argument("file", type=InputPath())
 @click.option("--target", type=click.Choice(["onnx", "tensorrt"]), default="onnx", show_default=True,
-              help="onnx: the ensemble as one .onnx (for onnxruntime or any ONNX runtime). tensorrt: that ONNX built into a "
-                   "TensorRT engine for --device (rtx here with tensorrt-rtx; jetson on the Jetson, or --dry-run for "
-                   "the ONNX, manifest and trtexec command), beside its manifest.")
+              help="onnx: the ensemble as one .onnx (for onnxruntime or any ONNX runtime). tensorrt: that ONNX "
+                   "built into a TensorRT engine for --device (rtx here with tensorrt-rtx; jetson on the Jetson, "
+                   "or --dry-run for the ONNX, manifest and trtexec command), beside its manifest.")
 @click.option("--samples", "-S", default=None, metavar="N|auto",
               help="Ensemble size S (default 16; a deep ensemble's M members: M), or auto: an anytime ensemble that "
                    "draws samples in chunks and stops each input when more would not change its answer (every class "
@@ -442,7 +442,12 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
         if rule is None:  # its suggestions are fixed-S exports
             _say_if_larger(model, deployed, file=file, output=output, samples=size, device=where, seed=seed)
         return
-    _build_engine(proto, output, device=device or "rtx", build=build, export_meta=meta.to_dict(), json_out=json_out)
+    engine_device = device or "rtx"
+    deployed, engine_bytes = _build_engine(proto, output, device=engine_device, build=build,
+                                           export_meta=meta.to_dict(), json_out=json_out)
+    if rule is None and engine_bytes is not None:
+        _say_if_larger(model, deployed, file=file, output=output, samples=size, device=engine_device, seed=seed,
+                       target="tensorrt", shown=engine_bytes)
 
 
 def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | None, build: BuildOptions) -> None:
@@ -457,7 +462,9 @@ def _engine_from_onnx(file: str, output: str, *, device: str, json_out: str | No
 
 
 def _build_engine(proto: Any, output: str, *, device: str, build: BuildOptions, export_meta: dict[str, Any],
-                  json_out: str | None) -> None:
+                  json_out: str | None) -> tuple[dict[str, Any], int | None]:
+    """Build (or dry-run) the engine and print what was written; returns the ONNX's deployed bytes and the engine's
+    (None on a dry run)."""
     from edgebnn.exporters.tensorrt import compile_engine, engine_onnx_path
     from edgebnn.exporters.tensorrt import manifest_path as manifest_name
 
@@ -474,7 +481,8 @@ def _build_engine(proto: Any, output: str, *, device: str, build: BuildOptions, 
         console.print(f"wrote {output} ({fmt_bytes(manifest['engine_bytes'])}; {manifest['builder']} "
                       f"{manifest['tensorrt_version']}, built in {manifest['build_seconds']:.2f} s, "
                       f"batch {build.min_batch}..{build.max_batch})", highlight=False, markup=False)
-    _print_deployed(str(onnx_path), export_meta, json_out, engine=manifest)
+    deployed = _print_deployed(str(onnx_path), export_meta, json_out, engine=manifest)
+    return deployed, manifest["engine_bytes"]
 
 
 def _anytime_rule(model: Any, samples: int | str | None, **given: Any) -> Any:
@@ -511,23 +519,27 @@ def _print_deployed(path: str, export_meta: dict[str, Any], json_out: str | None
 
 
 def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: str, samples: int, device: str,
-                   seed: int) -> None:
-    """One line when the file is larger than the fp32 BNN, naming the command of the smallest export the device
-    runs (tried in memory: :func:`edgebnn.exporters.export.smallest_export`)."""
+                   seed: int, target: str = "onnx", shown: int | None = None) -> None:
+    """One line when the file (``shown``: a TensorRT engine's bytes instead) is larger than the fp32 BNN, naming the
+    command of the smallest export the device runs (tried in memory as ONNX:
+    :func:`edgebnn.exporters.export.smallest_export`), for ``target``."""
     from edgebnn.exporters.export import smallest_export
 
     size, ref = int(deployed["file_bytes"]), deployed.get("float_bnn_bytes")
-    if not ref or size <= ref:
+    what = "" if shown is None else "the engine is "
+    shown = size if shown is None else int(shown)
+    if not ref or shown <= ref:
         return
     best = smallest_export(model, samples, device, seed=seed)
-    head = f"larger than the fp32 BNN ({fmt_bytes(size)} vs {fmt_bytes(ref)})"
+    head = f"{what}larger than the fp32 BNN ({fmt_bytes(shown)} vs {fmt_bytes(ref)})"
     if best is None or best[1] >= size:
         console.print(f"{head}: no export {device} runs is smaller; {_lower_hint(model)}", highlight=False,
                       markup=False, soft_wrap=True)
         return
-    command = export_command(file, output, samples=samples, device=device, flags=best[0])
+    command = export_command(file, output, samples=samples, device=device, flags=best[0], target=target)
     still = "" if best[1] <= ref else f"; still larger: {_lower_hint(model)}"
-    console.print(f"{head}; the smallest for {device}: {command} ({fmt_bytes(best[1])}{still})", highlight=False,
+    onnx = "" if target == "onnx" else " as ONNX"
+    console.print(f"{head}; the smallest for {device}: {command} ({fmt_bytes(best[1])}{onnx}{still})", highlight=False,
                   markup=False, soft_wrap=True)
 
 

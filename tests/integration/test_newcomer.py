@@ -200,3 +200,26 @@ def test_search_refuses_a_lowered_ir_and_takes_weights_ir(lowered, tmp_path):
             "--objectives", "bytes,nll", "--modes", "noise", "--weights", "ir", "--schemes", "fixed",
             "--samples", 4, "--study", tmp_path / "s2.jsonl")
     assert r.exit_code == 0, r.output
+
+
+def test_a_tensorrt_engine_larger_than_the_fp32_bnn_says_what_would_be_smaller(lowered, tmp_path):
+    """The engine line's "Nx larger" comes with a line that names the smallest export the device runs, as a
+    --target tensorrt command that builds a smaller engine, or says that none is smaller and what would be
+    (TensorRT-RTX, a real build; on this small model the engine's fixed part dominates, so the second)."""
+    pytest.importorskip("tensorrt_rtx")
+    engine = tmp_path / "big.engine"
+    r = run("export", lowered, "--target", "tensorrt", "--device", "rtx", "--samples", 16, "--mode", "baked",
+            "-o", engine)
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    assert "the engine is larger than the fp32 BNN" in flat, r.output
+    commands = [c for c in suggested(flat.split("the engine is larger", 1)[1]) if c[0] == "export"]
+    if not commands:
+        assert "no export rtx runs is smaller" in flat and "--bits 4" in flat, r.output
+        return
+    argv = commands[0]
+    assert argv[argv.index("--target") + 1] == "tensorrt", r.output
+    argv[argv.index("-o") + 1] = str(tmp_path / "small.engine")
+    again = run(*argv)
+    assert again.exit_code == 0, (argv, again.output)
+    assert (tmp_path / "small.engine").stat().st_size < engine.stat().st_size
