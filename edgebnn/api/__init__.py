@@ -6,12 +6,17 @@ The CLI is a thin layer over these functions (:mod:`edgebnn.cli` parses options 
 ``edgebnn.evaluate``, ``edgebnn.load_data`` (see ``help(edgebnn)``).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from edgebnn.api._evaluate import dataset_for, evaluate_artifact, lowering_quality, profile_artifact
 from edgebnn.api._files import PathLike, export_metadata, load_ir, save
 from edgebnn.api._lower import calibration_grams, lower_config_of, lower_model
 from edgebnn.api._model import export, export_result, from_swag, from_torch, lower
-from edgebnn.budget import MINIMIZE, BudgetOptions, LatencySpace, fastest_within_budget, lower_within_budget
+from edgebnn.budget import MINIMIZE
 from edgebnn.measure import Progress
+
+if TYPE_CHECKING:
+    from edgebnn.budget import BudgetOptions, LatencySpace, fastest_within_budget, lower_within_budget
 
 __all__ = [
     "MINIMIZE",
@@ -37,3 +42,14 @@ __all__ = [
     "profile_artifact",
     "save",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The budget's entry points, imported on first use (the command line's options import this package)."""
+    if name in ("BudgetOptions", "LatencySpace", "fastest_within_budget", "lower_within_budget"):
+        import edgebnn.budget
+
+        value = getattr(edgebnn.budget, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'edgebnn.api' has no attribute {name!r}")

@@ -11,14 +11,7 @@ from edgebnn import schemas
 from edgebnn.api._evaluate import Progress, lowering_quality
 from edgebnn.api._files import load_ir
 from edgebnn.api._model import from_swag, from_torch, lower
-from edgebnn.budget import (
-    MINIMIZE,
-    BudgetOptions,
-    check_budget,
-    epistemic_budget,
-    fastest_within_budget,
-    lower_within_budget,
-)
+from edgebnn.budget import MINIMIZE
 from edgebnn.errors import InvalidArtifactError, InvalidOptionError
 from edgebnn.exporters import DEFAULT_SAMPLES
 
@@ -141,6 +134,8 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
         bnn.manifest.input_range = _input_range(bnn, seen, "val" if evaluate is not None else "train", option)
     data_options: dict[str, Any] = {} if grams is None else {"grams": grams}
     if budget is not None:
+        from edgebnn.budget import BudgetOptions, fastest_within_budget, lower_within_budget
+
         assert evaluate is not None  # check_budget
         config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
         if minimize == "latency":
@@ -194,8 +189,8 @@ def quality_notes(report: dict[str, Any]) -> list[str]:
 def _checked_budget(budget: Budget | str | None, minimize: str, evaluate: DataSource | None,
                     ood_data: DataSource | None) -> Budget | None:
     """The budget, checked against the data (``--minimize latency``: with a metric that sees epistemic uncertainty,
-    :func:`epistemic_budget`)."""
-    from edgebnn.budget import Budget
+    :func:`edgebnn.budget.epistemic_budget`)."""
+    from edgebnn.budget import Budget, check_budget, epistemic_budget
 
     if minimize not in MINIMIZE:
         raise InvalidOptionError(f"--minimize {minimize}: one of {', '.join(MINIMIZE)}")

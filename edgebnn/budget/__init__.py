@@ -24,6 +24,8 @@ docs/uncertainty_budget.md states the guarantee.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from edgebnn.budget._bounds import (
     ALIASES,
     BOUNDED_METRICS,
@@ -33,6 +35,7 @@ from edgebnn.budget._bounds import (
     LOWER_IS_BETTER,
     MEAN_METRICS,
     METRICS,
+    MINIMIZE,
     Bound,
     Budget,
     BudgetNotMetError,
@@ -46,28 +49,36 @@ from edgebnn.budget._bounds import (
     rows_to_resolve,
     worse,
 )
-from edgebnn.budget._certify import DRAWS, Evidence, certify, export_evidence, reference_evidence, session_evidence
-from edgebnn.budget._greedy import BUDGET_START, PATH_STEP, default_export, deployed_size, lower_config, start_config
-from edgebnn.budget._latency import (
-    MINIMIZE,
-    LatencySpace,
-    deterministic_prefix,
-    device_evidence,
-    epistemic_budget,
-    fastest_within_budget,
-)
-from edgebnn.budget._lower import (
-    BUDGET_ROWS,
-    ORDERS,
-    BudgetOptions,
-    Candidate,
-    Rows,
-    budget_sizes,
-    check_budget,
-    data_free_chain,
-    lower_within_budget,
-    unresolvable,
-)
+
+if TYPE_CHECKING:
+    from edgebnn.budget._certify import DRAWS, Evidence, certify, export_evidence, reference_evidence, session_evidence
+    from edgebnn.budget._greedy import (
+        BUDGET_START,
+        PATH_STEP,
+        default_export,
+        deployed_size,
+        lower_config,
+        start_config,
+    )
+    from edgebnn.budget._latency import (
+        LatencySpace,
+        deterministic_prefix,
+        device_evidence,
+        epistemic_budget,
+        fastest_within_budget,
+    )
+    from edgebnn.budget._lower import (
+        BUDGET_ROWS,
+        ORDERS,
+        BudgetOptions,
+        Candidate,
+        Rows,
+        budget_sizes,
+        check_budget,
+        data_free_chain,
+        lower_within_budget,
+        unresolvable,
+    )
 
 __all__ = [
     "ALIASES", "BOUNDED_METRICS", "BUDGET_ROWS", "BUDGET_START", "DEFAULT_CONFIDENCE", "DRAWS", "HIGHER_IS_BETTER",
@@ -80,3 +91,27 @@ __all__ = [
 ]
 __all__ += ["MINIMIZE", "LatencySpace", "deterministic_prefix", "device_evidence", "epistemic_budget",  # --minimize
             "fastest_within_budget"]
+
+
+def __getattr__(name: str) -> Any:
+    """The names of the certification, the greedy walk, the latency search and the lowering within a budget,
+    imported on first use: the command line's options read :mod:`._bounds` (light) without numpy or the passes."""
+    if name in ("DRAWS", "Evidence", "certify", "export_evidence", "reference_evidence", "session_evidence"):
+        from edgebnn.budget import _certify as module
+    elif name in ("BUDGET_START", "PATH_STEP", "default_export", "deployed_size", "lower_config", "start_config"):
+        from edgebnn.budget import _greedy as module  # type: ignore[no-redef]
+    elif name in ("LatencySpace", "deterministic_prefix", "device_evidence", "epistemic_budget",
+                  "fastest_within_budget"):
+        from edgebnn.budget import _latency as module  # type: ignore[no-redef]
+    elif name in ("BUDGET_ROWS", "ORDERS", "BudgetOptions", "Candidate", "Rows", "budget_sizes", "check_budget",
+                  "data_free_chain", "lower_within_budget", "unresolvable"):
+        from edgebnn.budget import _lower as module  # type: ignore[no-redef]
+    else:
+        raise AttributeError(f"module 'edgebnn.budget' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -56,6 +56,9 @@ LABELS = {"nll": "NLL", "ece": "ECE", "brier": "Brier", "accuracy": "accuracy", 
           "rmse": "RMSE", "mae": "MAE", "calibration_error": "calibration error", "mean_iou": "mean IoU",
           "pixel_accuracy": "pixel accuracy"}
 _SCALE_FLOOR = 1e-3  # a limit of 0 still has a scale to normalise deltas by
+MINIMIZE = ("size", "latency")
+"""What ``lower --budget`` may minimize: the deployed file, or the export's latency on the device
+(:func:`edgebnn.budget.fastest_within_budget`)."""
 DEFAULT_CONFIDENCE = 0.9
 """``--confidence``: the probability that the chosen lowering keeps the budget on new data (1 - δ)."""
 MEAN_METRICS = ("nll", "brier", "accuracy", "mae", "pixel_accuracy")

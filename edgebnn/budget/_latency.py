@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from edgebnn.budget._bounds import MINIMIZE
 from edgebnn.budget._certify import DRAWS, certify
 from edgebnn.budget._greedy import _layers_of, default_export, lower_config
 from edgebnn.budget._lower import _AGAIN, BUDGET_ROWS, Rows, check_budget, unresolvable
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MINIMIZE", "LatencySpace", "fastest_within_budget"]
 
-MINIMIZE = ("size", "latency")
 """``lower --budget --minimize``: what the certified search minimizes (``size``: :func:`lower_within_budget`)."""
 MODES = ("analytic", "baked", "noise")
 SAMPLES: tuple[int | str, ...] = (4, 8, 16, 32, 64)
