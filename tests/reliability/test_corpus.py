@@ -186,9 +186,9 @@ def not_topological(p: onnx.ModelProto) -> onnx.ModelProto:
     return p
 
 
-def weight_feeds_matmul(p: onnx.ModelProto) -> onnx.ModelProto:
+def weight_feeds_einsum(p: onnx.ModelProto) -> onnx.ModelProto:
     g = p.graph
-    g.node[-1].CopyFrom(onnx.helper.make_node("MatMul", ["input", "fc.weight"], ["mm"]))
+    g.node[-1].CopyFrom(onnx.helper.make_node("Einsum", ["input", "fc.weight"], ["mm"], equation="bi,oi->bo"))
     g.node.append(onnx.helper.make_node("Add", ["mm", "fc.bias"], ["logits"]))
     return p
 
@@ -269,7 +269,7 @@ ebnn("ebnn-external-data", external, "layer 'fc'", "uses external data")
 ebnn("ebnn-unknown-encoding", op(0, op_type="MysteryWeight"), "layer 'conv'", "unknown encoding 'MysteryWeight'")
 ebnn("ebnn-unknown-onnx-op", op(-1, op_type="FancyGemm"), "No Op registered for FancyGemm")
 ebnn("ebnn-unknown-op-domain", op(-1, domain="com.evil"), "No opset import for domain 'com.evil'")
-ebnn("ebnn-weight-feeds-matmul", weight_feeds_matmul, "layer 'fc'", "a sampled weight feeds MatMul",
+ebnn("ebnn-weight-feeds-einsum", weight_feeds_einsum, "layer 'fc'", "a sampled weight feeds Einsum",
      model=synthetic_linear)
 ebnn("ebnn-ir-version-14", proto_field(ir_version=14), "ir_version 14 > 10")
 ebnn("ebnn-opset-12", opset(12), "default opset 12 outside 17-20")

@@ -87,8 +87,7 @@ def test_graph_noise_session_is_seedable(x, kind):
     from edgebnn.runtime.session import random_nodes
 
     proto = _graph_noise_exports()[kind]
-    found, top = len(list(random_nodes(proto.graph))), len([n for n in proto.graph.node if n.op_type in RANDOM])
-    assert found >= 2 and (found > top) == (kind != "fixed")  # anytime: random ops inside a Loop body / If branches
+    assert len(list(random_nodes(proto.graph))) >= 2  # at the top or inside If branches: every one reseeded
     first, again, other = _draws(proto, 0, x), _draws(proto, 0, x), _draws(proto, 1, x)
     np.testing.assert_array_equal(first, again)
     assert np.abs(first[1:] - first[:1]).max() > 1e-3  # successive calls draw afresh
