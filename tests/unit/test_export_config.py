@@ -131,13 +131,14 @@ def test_a_mode_the_family_refuses_says_why_in_one_line(config: ExportConfig, me
     assert str(e.value) == f"<mlp>: {message}"
 
 
-def test_an_anytime_ensemble_takes_a_classifier() -> None:
+def test_an_anytime_ensemble_takes_a_regression_model() -> None:
+    """--samples auto has a rule for regression too (the members' means settled to a fraction of the predictive
+    std, docs/anytime.md): it resolves instead of being refused as it was for every task but classification."""
     regression = synthetic_linear()
     regression.manifest.task, regression.manifest.task_options = "regression", {"head": "mean", "dims": 4,
                                                                                 "noise_var": 0.1}
-    with pytest.raises(InvalidOptionError, match="--samples auto: the rule bounds class probabilities, so it takes a "
-                                                 "classifier; this is a regression model"):
-        ExportConfig("auto").resolve(regression)
+    resolved = ExportConfig("auto").resolve(regression)
+    assert resolved.config.samples == "auto"
 
 
 @pytest.mark.parametrize("config", [
