@@ -9,7 +9,7 @@ gives, no pretrained weights; batch-norm statistics from two random batches), on
     export       ``export_model(ir, ExportConfig(S, mode=mode))`` for baked and noise, float scheme
     run          onnxruntime, one batch of B random images through the exported ensemble
     check        baked predictive vs the reference runtime's (same seed: the same members), max |diff|
-    int8         the baked export with ``weights="int8"``: its serialized bytes against the 2 GiB protobuf limit (external data past it)
+    int8         the baked export with ``weights="int8"``: its serialized bytes against the 2 GiB protobuf limit
 
 and the memory of each stage, as ``bench/memory.py`` measures it: the imported IR is saved as an ``.ebnn``,
 then ``lower/SCHEME`` (load, ``lower(..., consume=True)``, save) and ``export/SCHEME`` (load the lowered IR,
