@@ -38,25 +38,11 @@ def build_ir(cache: Path | None) -> Any:
 
     if cache is not None and cache.exists():
         return ir_io.load(cache)
-    import torch
-    from bayesian_torch.models.bayesian import resnet_variational_large as lib
+    from zoo_scale import resnet_large  # bench/zoo_scale.py: the same freshly initialised ResNet
 
     from edgebnn.importers import import_model
 
-    torch.manual_seed(0)
-    model = lib.resnet18()
-    norms = [m for m in model.modules() if hasattr(m, "running_var")]
-    for m in norms:  # running statistics from two random batches, as a trained model has real ones
-        m.momentum = None
-        m.reset_running_stats()
-    model.train()
-    with torch.no_grad():
-        for _ in range(2):
-            model(torch.randn(8, 3, 224, 224))
-    for m in norms:
-        m.momentum = 0.1
-    model.eval()
-    ir = import_model(model, (1, 3, 224, 224), where="variational_large:resnet18")
+    ir = import_model(resnet_large("resnet18", "variational"), (1, 3, 224, 224), where="variational_large:resnet18")
     if cache is not None:
         ir_io.save(ir, cache)
     return ir

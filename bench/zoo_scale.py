@@ -97,23 +97,18 @@ def peak_during(fn: Any) -> tuple[int, Any]:
     return _status_bytes("VmHWM") - before, result
 
 
-def run(model_name: str, method: str, schemes: list[str], samples: int, batch: int) -> dict[str, Any]:
+def resnet_large(model_name: str, method: str) -> Any:
+    """bayesian-torch's ``resnet_{method}_large.{model_name}``, freshly initialised (seed 0), in eval mode with
+    batch-norm running statistics from two random 8 x 3 x 224 x 224 batches, as a trained model has real ones."""
     import importlib
 
     import torch
-
-    from edgebnn.exporters.config import ExportConfig
-    from edgebnn.exporters.export import export_model
-    from edgebnn.importers import import_model
-    from edgebnn.passes import lower
-    from edgebnn.runtime import Session
-    from edgebnn.runtime.reference import predict
 
     lib = importlib.import_module(f"bayesian_torch.models.bayesian.resnet_{method}_large")
     torch.manual_seed(0)
     model = getattr(lib, model_name)()
     norms = [m for m in model.modules() if hasattr(m, "running_var")]
-    for m in norms:  # running statistics from two random batches, as a trained model has real ones
+    for m in norms:
         m.momentum = None
         m.reset_running_stats()
     model.train()
@@ -122,7 +117,20 @@ def run(model_name: str, method: str, schemes: list[str], samples: int, batch: i
             model(torch.randn(8, 3, 224, 224))
     for m in norms:
         m.momentum = 0.1
-    model.eval()
+    return model.eval()
+
+
+def run(model_name: str, method: str, schemes: list[str], samples: int, batch: int) -> dict[str, Any]:
+
+
+    from edgebnn.exporters.config import ExportConfig
+    from edgebnn.exporters.export import export_model
+    from edgebnn.importers import import_model
+    from edgebnn.passes import lower
+    from edgebnn.runtime import Session
+    from edgebnn.runtime.reference import predict
+
+    model = resnet_large(model_name, method)
     row: dict[str, Any] = {"model": f"{method}_large:{model_name}", "samples": samples, "batch": batch}
     t = time.perf_counter()
     import_bytes, ir = peak_during(lambda: import_model(model, (1, 3, 224, 224), where=row["model"]))
