@@ -121,12 +121,13 @@ def lower_model(model_spec: str, weights: str | Path, input_shape: tuple[int, ..
                          mc_dropout=mc_dropout, task=task, noise_var=noise_var, regression_head=regression_head)
     samples = default_samples(bnn, samples)  # a deep ensemble is evaluated on its M members
     if calibrate is not None and budget is None:
-        from edgebnn.passes.config import data_fields
+        from edgebnn.passes.config import data_fields, refuse_uncalibratable
 
         config = scheme if not isinstance(scheme, str) else _config(scheme, seed, bits)
         if "grams" not in data_fields(config):
             raise InvalidOptionError(f"--calibrate: rounds the means of fixed-point layers against data; --scheme "
                                      f"{config.scheme} lowers none (use --scheme fixed, or an override to fixed)")
+        refuse_uncalibratable(config, bnn)
     grams = (None if calibrate is None else
              calibration_grams(bnn, calibrate, limit=calibrate_inputs, progress=progress))
     seen, option = (evaluate, "--eval") if evaluate is not None else (calibrate, "--calibrate")

@@ -304,16 +304,21 @@ class LayerPass(Pass):
     def check_honoured(self, lowering: FamilyLowering, weight: EncodedWeight) -> None:
         """Refuse (one line) a setting of this pass that asks something of ``weight`` its family's ``lowering``
         does not declare it honours (:class:`Lowering`): a forced ``bits``, calibration ``grams`` for it."""
-        asked = asks_of(self.config, weight.name)
-        unmet = [s for s in asked if s not in honours(lowering)]
-        if unmet:
-            family = family_of(weight.encoding.op_type)
-            what = " and ".join(asked[s] for s in unmet)
-            raise InvalidOptionError(
-                f"layer {weight.layer!r} is a {weight.encoding.op_type}, whose {self.name} lowering (the "
-                f"{family.name if family else 'unregistered'} family's) cannot honour {what}: it declares "
-                f"honours={sorted(honours(lowering))} (edgebnn.families.Lowering); drop "
-                f"{' and '.join(OPTION_OF[s] for s in unmet)}")
+        refuse_unhonoured(self.name, lowering, weight, asks_of(self.config, weight.name))
+
+
+def refuse_unhonoured(scheme: str, lowering: FamilyLowering, weight: EncodedWeight, asked: Mapping[str, str]) -> None:
+    """Refuse (one line) the settings in ``asked`` ({setting: how the user set it}) that ``weight``'s family's
+    ``lowering`` under ``scheme`` does not declare it honours."""
+    unmet = [s for s in asked if s not in honours(lowering)]
+    if unmet:
+        family = family_of(weight.encoding.op_type)
+        what = " and ".join(asked[s] for s in unmet)
+        raise InvalidOptionError(
+            f"layer {weight.layer!r} is a {weight.encoding.op_type}, whose {scheme} lowering (the "
+            f"{family.name if family else 'unregistered'} family's) cannot honour {what}: it declares "
+            f"honours={sorted(honours(lowering))} (edgebnn.families.Lowering); drop "
+            f"{' and '.join(OPTION_OF[s] for s in unmet)}")
 
 
 # a posterior family's lowering of one of its encodings (edgebnn.families: Family.lowerings)

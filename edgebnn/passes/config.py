@@ -31,7 +31,7 @@ from typing import Any
 
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.ir import DOMAIN, BNNModel
-from edgebnn.passes.base import Pass, PassConfig, check_int
+from edgebnn.passes.base import Pass, PassConfig, check_int, family_lowerings, refuse_unhonoured
 from edgebnn.passes.binary import BinaryPass
 from edgebnn.passes.codebook import CodebookPass
 from edgebnn.passes.fixed import FixedPass
@@ -86,6 +86,19 @@ def data_fields(config: LowerConfig) -> set[str]:
     """The data options (:data:`DATA_OPTIONS`) some pass of ``config`` takes, its overrides' schemes included."""
     schemes = {config.scheme, *(o.scheme for o in config.overrides if o.scheme)}
     return set().union(*(config_fields(n)[1] for s in schemes for n in parse_scheme(s)))
+
+
+def refuse_uncalibratable(config: LowerConfig, model: BNNModel) -> None:
+    """Refuse (one line) ``--calibrate`` before its inputs are run when a layer that would get input second
+    moments is lowered by a family's lowering that does not honour them (the pass would refuse only after)."""
+    owned = {w.name: (w, lowerings) for w in model.iter_encoded_weights()  # one weight decoded at a time
+             if (lowerings := family_lowerings(w.encoding.op_type)) is not None}
+    for plan in config.plan(model):
+        takers = [n for n in parse_scheme(plan.scheme) if "grams" in config_fields(n)[1]]
+        for weight, lowerings in (owned[n] for n in plan.weights if n in owned):
+            for scheme in (s for s in takers if s in lowerings):
+                refuse_unhonoured(scheme, lowerings[scheme], weight,
+                                  {"grams": "--calibrate (its input second moments)"})
 
 
 @dataclass(frozen=True)
