@@ -148,7 +148,8 @@ def test_plugins_and_lower_in_fresh_processes(trained) -> None:
     family = next(f for f in listing["families"] if f["name"] == "radial")
     assert family["importers"] == ["radial-bnn (held-out test plug-in)"] and family["analytic"] == ["refused"]
     assert family["lowered_by"] == {"RadialWeight": ["float", "fixed (bits)"], "RadialFixedWeight": ["float", "fixed"]}
-    assert "poisson" in r.stdout + (d / "plugins.json").read_text()
+    assert "poisson" in listing["tasks"] and "tasks: classification, poisson, regression" in r.stdout.replace(
+        "multilabel, ", "")
 
     env = {"EDGEBNN_PLUGINS": "radial_poisson"}
     r = fresh_cli("lower", "--model", "radial_poisson:radial_net", "--weights", "w.safetensors", "--input-shape",
@@ -293,3 +294,17 @@ def test_lower_budget_takes_the_tasks_metrics(trained) -> None:
     assert budget["met"] and budget["limits"] == {"nll": 0.1, "mae": 0.1}
     for bound in budget["bounds"]:
         assert bound["kept"] and bound["bound"] <= 0.1, bound
+
+
+def test_search_reports_the_tasks_metrics(trained) -> None:
+    """A short search (4 trials of fixed × bits × S × baked/noise) completes every trial on the Poisson task and
+    tabulates its own metrics (a classifier's accuracy / ECE columns do not exist for it)."""
+    _, _, d, _, _ = trained
+    r = cli("search", d / "m.ebnn", "--data", d / "val.npz", "--trials", 4, "--schemes", "fixed", "--bits",
+            "auto,4", "--samples", "4,8", "--modes", "baked,noise", "--weights", "fp32", "--hoist", "off",
+            "--objectives", "bytes,nll", "--json", d / "search.json")
+    assert r.exit_code == 0, r.output
+    report = json.loads((d / "search.json").read_text())
+    assert [t["state"] for t in report["trials"]] == ["complete"] * 4
+    assert all({"nll", "mae", "rmse"} <= set(t["metrics"]) for t in report["trials"])
+    assert "rmse" in r.output and report["best"] is not None
