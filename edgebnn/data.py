@@ -36,13 +36,15 @@ from edgebnn.errors import InvalidOptionError
 SPLIT_NAMES = ("train", "val", "test")
 
 
+@dataclass(frozen=True)
 class Targets:
     """What one label of a data set is and how the loader checks it; a task gives its own
     (:meth:`edgebnn.tasks.Task.targets`).
 
     The loader asks :meth:`dtype_error` and :meth:`accepts` of every labels file as it is opened (headers only),
     then :meth:`cast` and :meth:`check` of every batch as it is read. Subclass it for a task's own labels
-    (docs/extending.md): every message names the file (``where``) and, for a value, the row.
+    (docs/extending.md; a frozen dataclass, so ``MyTargets((k,))`` sets the shape): every message names the file
+    (``where``) and, for a value, the row.
 
     Attributes:
         shape: One label's shape (no batch axis).

@@ -7,7 +7,8 @@ point estimates with the reference runtime (S samples, the config's seed). When 
 start breaks the budget, layers first get more bits, the variance rule's ``fixed``, or float, best improvement per
 byte first. :meth:`_BudgetSearch.path` is the walk thinned to steps of :data:`PATH_STEP`, with wider fallbacks
 first: the order the certification tests in. A posterior family's layer moves only among the schemes its family
-declares for its encodings (:attr:`edgebnn.families.Family.lowerings`), with no σ-code move.
+declares for its encodings (:attr:`edgebnn.families.Family.lowerings`), with no σ-code move, and by bits only where
+those lowerings honour a forced width (``Lowering(fn, {"bits"})``).
 """
 
 from __future__ import annotations
@@ -338,11 +339,22 @@ def _accepts(kinds: frozenset[str], scheme: str) -> bool:
     return all(name == "float" or name in table for table in tables for name in parse_scheme(scheme))
 
 
+def _honours(kinds: frozenset[str], scheme: str, what: str) -> bool:
+    """Whether every posterior-family lowering that ``scheme``'s passes hand a weight of ``kinds`` to declares it
+    honours ``what`` (``"bits"``: a forced width; :class:`edgebnn.families.Lowering`), so a walk never asks a
+    lowering for a setting it would refuse."""
+    from edgebnn.passes.base import family_lowerings, honours
+    from edgebnn.passes.config import parse_scheme
+
+    tables = [t for t in map(family_lowerings, kinds) if t is not None]
+    return all(what in honours(table[name]) for table in tables for name in parse_scheme(scheme) if name in table)
+
+
 def _valid(setting: _Setting, kinds: frozenset[str] = frozenset()) -> bool:
     from edgebnn.errors import EdgeBNNError
     from edgebnn.passes.config import pass_configs
 
-    if not _accepts(kinds, setting[0]):
+    if not _accepts(kinds, setting[0]) or (isinstance(setting[1], int) and not _honours(kinds, setting[0], "bits")):
         return False
     try:
         pass_configs(setting[0], setting[1], dict(setting[2]), {})

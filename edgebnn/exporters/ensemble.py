@@ -174,10 +174,13 @@ def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
 def _softmax_output(proto: onnx.ModelProto, model: BNNModel) -> None:
     """The one-pass output ``probs``, as the task ends a baseline (:meth:`edgebnn.tasks.Task.baseline_output`: a
     classifier's softmax over the classes; a regression passes its raw output through: it is timed, never read as
-    probabilities)."""
+    probabilities). The node's one output is named ``probs`` here, whatever the task named it (a count task's
+    ``rate``): the baseline's metadata records that output."""
     graph = proto.graph
     logits = graph.output[0]
-    graph.node.append(model.manifest.task_spec(model.where).baseline_output(logits.name))
+    node = model.manifest.task_spec(model.where).baseline_output(logits.name)
+    node.output[0] = "probs"
+    graph.node.append(node)
     dims = [d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim]
     del graph.output[:]
     graph.output.append(helper.make_tensor_value_info("probs", TensorProto.FLOAT, dims or None))

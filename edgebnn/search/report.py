@@ -23,12 +23,13 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
     base = report["baseline"]
     pareto = {t["number"] for t in report["pareto"]}
     best = report["best"]["number"] if report["best"] else None
+    shown = _shown_metrics(base["metrics"])
     table = Table(title=f"edgebnn search · {len(report['trials'])} trials on {report['settings']['device']} · "
-                        f"float BNN {fmt_bytes(base['bytes'])}, NLL {base['metrics']['nll']:.4f}, "
-                        f"ECE {base['metrics']['ece']:.4f}", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
+                        f"float BNN {fmt_bytes(base['bytes'])}, "
+                        + ", ".join(f"{_LABELS.get(k, k)} {base['metrics'][k]:.4f}" for k in shown if k != "accuracy"),
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, justify in (("#", "right"), ("config", "left"), ("bytes", "right"), ("ratio", "right"),
-                          ("ms", "right"), ("acc", "right"), ("NLL", "right"), ("ECE", "right")):
+                          ("ms", "right"), *((_LABELS.get(k, k), "right") for k in shown)):
         table.add_column(name, justify=justify, no_wrap=name != "config")  # type: ignore[arg-type]
     notes = []
     for t in report["trials"]:
@@ -41,8 +42,8 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
         table.add_row(f"{mark}{t['number']}", escape(_describe(t["config"])) if t.get("config") else "-",
                       "-" if t.get("bytes") is None else fmt_bytes(t["bytes"]),
                       "-" if t.get("bytes") is None else f"{base['bytes'] / t['bytes']:.1f}",
-                      _num(t.get("latency_ms"), ".3f"), _num(m.get("accuracy"), ".4f"), _num(m.get("nll"), ".4f"),
-                      _num(m.get("ece"), ".4f") if t["state"] == "complete" else "failed")
+                      _num(t.get("latency_ms"), ".3f"), *(_num(m.get(k), ".4f") for k in shown[:-1]),
+                      _num(m.get(shown[-1]), ".4f") if t["state"] == "complete" else "failed")
     print_table(console, table)
     console.print("* Pareto front   > best   bytes: the exported ONNX file   ratio: float BNN bytes / bytes",
                   highlight=False)
@@ -55,6 +56,17 @@ def print_search(console: Console, report: dict[str, Any]) -> None:
                       highlight=False)
     else:
         console.print(f"best: none: {escape(report['best_reason'])}", highlight=False)
+
+
+_LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE"}
+
+
+def _shown_metrics(metrics: dict[str, Any]) -> tuple[str, ...]:
+    """The metric columns: accuracy, NLL and ECE of a classifier; another task's own report (a regression's, a
+    plug-in task's), its numbers in order."""
+    if all(k in metrics for k in _LABELS):
+        return tuple(_LABELS)
+    return tuple(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def describe_best(best: dict[str, Any]) -> str:

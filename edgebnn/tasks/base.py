@@ -206,7 +206,8 @@ class Task(ABC):
 
     def baseline_output(self, output: str) -> onnx.NodeProto:
         """The one node that ends a float one-pass baseline (``profile``'s): ``probs`` from the network's output
-        ``output`` (timed, never read as a predictive). The default passes it through."""
+        ``output`` (timed, never read as a predictive; its one output is renamed ``probs`` whatever it is named).
+        The default passes it through."""
         return helper.make_node("Identity", [output], ["probs"])
 
     # -- numpy ----------------------------------------------------------------------------------------------

@@ -462,3 +462,40 @@ def test_the_lowering_helpers_are_public_and_are_fixeds_own():
     code = SigmaCode.fit(np.geomspace(1e-3, 1.0, 512), 4, np.random.default_rng(0))
     assert code.levels.size <= 16 and code.decode().shape == (512,)
     assert np.all(np.abs(np.log(code.decode() / np.geomspace(1e-3, 1.0, 512))) < np.log(1000) / 16)  # a log bin
+
+
+def test_the_budget_walk_never_forces_bits_on_a_lowering_that_does_not_honour_them(registry):
+    """``lower --budget``'s greedy walk (``order="split"``) moves a layer by bits only where its family's lowering
+    declares it honours a forced width: a lowering declaring ``honours={"grams"}`` is never handed ``bits`` (that
+    would be refused), and the walk completes and never moves this layer by bits. The data are the float model's
+    own predictions, so the float BNN keeps the budget."""
+    from edgebnn.api import lower_within_budget
+    from edgebnn.budget import BudgetOptions
+    from edgebnn.families import Lowering
+    from edgebnn.passes import LowerConfig
+    from edgebnn.runtime.reference import Reference
+
+    class Rank1NoBits(Rank1GaussianWeight):
+        op_type = "Rank1NoBitsWeight"
+        bits = 6  # what the lowering report reads as its width: the walk would try 5 bits
+
+    asked = []
+
+    def lower_nobits(pass_, weight, rng):
+        asked.append(pass_.config.bits)
+        return _keep_rank1(pass_, weight, rng)
+
+    register_family(Family("rank1-nobits", (Rank1NoBits,),
+                           lowerings={"Rank1NoBitsWeight": {"fixed": Lowering(lower_nobits, {"grams"})}}))
+    ir = _model()
+    rank1 = ir.encoded_weight("fc1.weight").encoding
+    ir.replace_encoding(ir.encoded_weight("fc1.weight"), Rank1NoBits(rank1.m, rank1.r_sigma, rank1.s_sigma))
+    x = np.random.default_rng(5).standard_normal((64, 5)).astype(np.float32)
+    y = Reference(ir).predict(x, 16, 0).probs.argmax(1)
+    low = lower_within_budget(ir, LowerConfig(scheme="float"), "nll=+0.5", data=(x, y),
+                              options=BudgetOptions(order="split"))
+    budget = low.lowering_report["budget"]
+    assert budget["met"] and asked and set(asked) == {None}, asked
+    row = next(r for r in budget["layers"] if r["layer"] == "fc1")
+    assert "5 bits" not in row["reason"], row
+    assert not [s for s in budget["steps"] if s["layer"] == "fc1" and s["change"].endswith(" bits")]
