@@ -39,6 +39,7 @@ from edgebnn.exporters import (
     RNG_CHOICES,
     STORE_CHOICES,
     TRT,
+    VARIANCE_CHOICES,
     check_samples,
 )
 from edgebnn.exporters.forms import FORMS
@@ -51,7 +52,6 @@ __all__ = ["AUTO", "CONFIG_VERSION", "DEFAULT_EXPORT", "DEFAULT_SAMPLES", "MODE_
            "GraphSpec", "ResolvedExport", "rule_for"]
 
 CONFIG_VERSION = 1
-VARIANCE_CHOICES = ("exact", "separable")  # analytic mode: how a k×k Conv's variance terms are computed
 SAMPLING = ("noise", "shared")  # the modes that draw at run time (where --rng applies)
 Progress = Callable[[int, int], None]
 
