@@ -157,7 +157,7 @@ def export_result(model: BNNModel | PathLike, config: ExportConfig | ResolvedExp
             one already resolved against ``model``.
         progress: Called as ``progress(done, total)`` while the graph is built.
         **options: :class:`~edgebnn.exporters.config.ExportConfig` fields, over ``config``'s (``samples``, ``rule``,
-            ``mode``, ``noise``, ``weights``, ``rng``, ``hoist``, ``form``, ``seed``, ``device``): see
+            ``mode``, ``noise``, ``weights``, ``rng``, ``hoist``, ``form``, ``seed``, ``device``, ``variance``): see
             :func:`export`.
 
     Raises:
@@ -223,6 +223,9 @@ def export(model: BNNModel | PathLike, path: PathLike, config: ExportConfig | No
             - ``rng``: noise/shared mode: ``host`` (noise inputs :class:`Session` fills: reproducible), ``graph``
               (seeded random ops inside: the data is the only input) or ``auto`` (default: graph where ``device``
               runs random ops, or no device is given).
+            - ``variance``: analytic mode: ``exact`` (default) or ``separable`` (each k×k Conv's variance as a
+              per-channel k×k filter and a 1×1 mix: faster, an approximation the export's ``approximations``
+              state with the fit's error; docs/uncertainty.md).
 
     Returns:
         The path written. Run it with ``edgebnn.Session(path).predict(x)``.

@@ -17,6 +17,7 @@ WEIGHT_FORMATS = ("fp32", "int8", "int4")  # how exported weight constants are s
 # by stores.constants, both with the one quantizer, quantize.py)
 STORE_CHOICES = ("ir", *WEIGHT_FORMATS)
 RNG_CHOICES = ("auto", "host", "graph")  # --rng of the noise/shared modes: where standard noise is drawn
+VARIANCE_CHOICES = ("exact", "separable")  # --variance of analytic mode: how a k×k Conv's variance is computed
 NOISE_VARIANTS = ("auto", "local", "weight", "shared", "mixed", "flipout")  # --noise of the noise mode (noise.py)
 ORT, TRT = "onnxruntime", "tensorrt"  # the runtimes a graph's decodes are written for (stores.base.Store.runtimes)
 MAX_SAMPLES = 4096

@@ -36,7 +36,7 @@ random ops.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,6 +122,8 @@ def export_analytic(model: BNNModel, spec: GraphSpec) -> onnx.ModelProto:
     if moments.regions:  # a region's nodes are emitted at its first node, before some of their constants
         b.nodes[:] = _stable_topological(b.nodes)
     out = b.model(base, list(base.graph.input), f"edgebnn_analytic_Q{samples}")
+    if moments.fits:
+        moments.notes.add(_separable_note(moments.fits))
     notes = {"approximations": tuple(sorted(moments.notes))} if moments.notes else {}
     set_metadata(out, model, mode="analytic", samples=samples, seed=None, quadrature="sobol", quadrature_seed=0,
                  **store_metadata(b), **notes)
@@ -152,6 +154,8 @@ class _Moments:
         self.views = _weight_views(self.base.graph, set(self.encoded) | set(self.fixed))
         self.regions = _elementwise_regions(self.base.graph, model.manifest.input_name, self.constant)
         self.notes: set[str] = set()  # the approximations the graph makes (the export metadata)
+        self.variance = spec.variance
+        self.fits: dict[str, float] = {}  # variance="separable": layer -> the fit's relative error
 
     def where(self, node: onnx.NodeProto) -> str:
         return f"{self.model.where}: {node.op_type} node {node.name or node.output[0]!r}"
@@ -163,14 +167,49 @@ class _Moments:
             return self.fixed[name], np.zeros_like(self.fixed[name])
         raise UnsupportedLayerError(f"{self.model.where}: weight {name!r} is not a constant; analytic mode needs one")
 
-    def stored(self, name: str, p: str) -> tuple[Operand, Operand]:
-        """The mean and variance operands of a weight: decoded by its store, or numpy (float store, fixed)."""
+    def stored(self, name: str, p: str, variance: bool = True) -> tuple[Operand, Operand | None]:
+        """The mean and variance operands of a weight: decoded by its store, or numpy (float store, fixed);
+        ``variance=False``: the mean alone (no decode of the variance)."""
         if name in self.encoded:
             enc = self.encoded[name].encoding
             if store_for(enc, self.weights, self.runtimes) is not FLOAT:
-                return decode(self.b, enc, "mean", p + "_mu"), decode(self.b, enc, "variance", p + "_s2")
+                return (decode(self.b, enc, "mean", p + "_mu"),
+                        decode(self.b, enc, "variance", p + "_s2") if variance else None)
             self.b.stored[name] = FLOAT.op_type
         return self.moments(name)
+
+    def _layer(self, node: onnx.NodeProto, kind: LayerKind, p: str) -> None:
+        """m' = op(m, mu) + b_mu,  v' = op(m², s²) + op(v, s² + mu²) + s_b² (writes the mean, records the variance).
+
+        :meth:`moments` gives the numpy moments (which terms exist), :meth:`stored` the operands the graph reads:
+        the same numpy arrays (float store: written as fp32 constants here), or the values a store decodes in the
+        graph, in which case the concatenations and ``s² + mu²`` are ops on those values (folded at session
+        creation). ``variance="separable"``: a k×k Conv's variance by :func:`_separable_variance` instead."""
+        b, var, where = self.b, self.var, self.where(node)
+        x, out = node.input[0], node.output[0]
+        if node.input[1] in var:
+            raise UnsupportedLayerError(f"{where}: weights computed from the input are not supported")
+        kind.attrs(node, where)
+        mu_np, s2_np = self.moments(node.input[1])
+        separable = self.variance == "separable" and _separable_applies(node, mu_np.shape) and (
+            s2_np.any() or var[x] is not None)
+        mu_w, s2_w = self.stored(node.input[1], p + "w", variance=not separable)
+        bias = bias_name(node)
+        s2_b_np = self.moments(bias)[1] if bias else None
+        mu_b, s2_b = self.stored(bias, p + "b") if bias else (None, None)
+        t = _Terms(mu_np, s2_np, mu_w, s2_np if s2_w is None else s2_w, mu_b, s2_b,
+                   has_b=bool(s2_b_np is not None and s2_b_np.any()))
+        if not separable and var[x] is None and s2_np.any() and node.op_type == "Conv" and _concatenable(node):
+            var[out] = _fused_conv(b, node, kind, t, p)
+            return
+        mean_in = [x, _const(b, t.mu_w, p + "mu_w") if node.input[1] in self.encoded else node.input[1]]
+        if bias:
+            mean_in.append(_const(b, t.mu_b, p + "mu_b") if bias in self.encoded and t.mu_b is not None else bias)
+        kind.plain(b, node, mean_in, out)
+        if separable:
+            var[out], self.fits[node.name or out] = _separable_variance(b, node, t, var[x], p)
+        else:
+            var[out] = _layer_variance(b, node, kind, t, var[x], p)
 
     def visit(self, node: onnx.NodeProto) -> None:
         """Rewrite one node of the posterior-mean network (graph order)."""
@@ -185,7 +224,7 @@ class _Moments:
         p = f"{P}{node.output[0]}/"
         kind = layer_kind(node)
         if kind is not None:
-            _layer_moments(self.b, node, kind, self.var, self.moments, self.stored, self.encoded, self.where(node), p)
+            self._layer(node, kind, p)
             return
         op = node.op_type
         rule = _Moments._log_softmax_head if op == "LogSoftmax" and node.output[0] == self.logits else _RULES.get(op)
@@ -500,35 +539,6 @@ _RULES: dict[str, Callable[[_Moments, onnx.NodeProto, str], None]] = {
 """Op type -> how the analytic pass rewrites it (a layer kind's node: :func:`_layer_moments`)."""
 
 
-def _layer_moments(b: Builder, node: onnx.NodeProto, kind: LayerKind, var: dict[str, str | None],
-                   moments: Callable[[str], tuple[np.ndarray, np.ndarray]],
-                   stored: Callable[[str, str], tuple[Operand, Operand]], encoded: Collection[str], where: str,
-                   p: str) -> None:
-    """m' = op(m, mu) + b_mu,  v' = op(m², s²) + op(v, s² + mu²) + s_b² (writes the mean, records the variance).
-
-    ``moments`` gives the numpy moments (which terms exist), ``stored`` the operands the graph reads: the same
-    numpy arrays (float store: written as fp32 constants here), or the values a store decodes in the graph, in
-    which case the concatenations and ``s² + mu²`` are ops on those values (folded at session creation)."""
-    x, out = node.input[0], node.output[0]
-    if node.input[1] in var:
-        raise UnsupportedLayerError(f"{where}: weights computed from the input are not supported")
-    kind.attrs(node, where)
-    mu_np, s2_np = moments(node.input[1])
-    mu_w, s2_w = stored(node.input[1], p + "w")
-    bias = bias_name(node)
-    s2_b_np = moments(bias)[1] if bias else None
-    mu_b, s2_b = stored(bias, p + "b") if bias else (None, None)
-    t = _Terms(mu_np, s2_np, mu_w, s2_w, mu_b, s2_b, has_b=bool(s2_b_np is not None and s2_b_np.any()))
-    if var[x] is None and s2_np.any() and node.op_type == "Conv" and _concatenable(node):
-        var[out] = _fused_conv(b, node, kind, t, p)
-        return
-    mean_in = [x, _const(b, t.mu_w, p + "mu_w") if node.input[1] in encoded else node.input[1]]
-    if bias:
-        mean_in.append(_const(b, t.mu_b, p + "mu_b") if bias in encoded and t.mu_b is not None else bias)
-    kind.plain(b, node, mean_in, out)
-    var[out] = _layer_variance(b, node, kind, t, var[x], p)
-
-
 @dataclass(frozen=True)
 class _Terms:
     """A layer's weight moments: numpy (which terms exist) and the operands the graph reads (``has_b``: the bias
@@ -559,6 +569,60 @@ def _fused_conv(b: Builder, node: onnx.NodeProto, kind: LayerKind, t: _Terms, p:
     axis1 = b.i64(p + "axis1", 1)  # two Slices, not a Split: the torch runner has no Split
     b.add("Slice", [mv, b.i64(p + "zero", 0), b.i64(p + "c", c), axis1], out)
     return b.add("Slice", [mv, p + "c", b.i64(p + "c2", 2 * c), axis1], p + "v")
+
+
+def _separable_applies(node: onnx.NodeProto, wshape: tuple[int, ...]) -> bool:
+    """Whether ``variance="separable"`` rewrites this layer: a Conv of one group with more than one tap."""
+    return node.op_type == "Conv" and _concatenable(node) and math.prod(wshape[2:]) > 1
+
+
+def separable_fit(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """A nonnegative Conv weight w [O, J, *k] as a[o, j] g[j, t]: per input channel j, one spatial profile g (the
+    leading right singular vector of its taps over the output channels, nonnegative by Perron-Frobenius, summing to
+    1) and a the window's weight sums (a[o, j] = Σ_t w[o, j, t], so Σ_t a g = Σ_t w). Returns g as a depthwise
+    weight [J, 1, *k], a as a 1×1 weight [O, J, 1, ...] and the fit's relative Frobenius error
+    ‖w − a g‖ / ‖w‖ (0 where each channel's taps share one profile)."""
+    o, j, kernel = w.shape[0], w.shape[1], w.shape[2:]
+    m = w.reshape(o, j, -1).astype(np.float64)
+    _, vecs = np.linalg.eigh(np.einsum("ojk,ojl->jkl", m, m))
+    g = np.abs(vecs[:, :, -1])
+    g /= g.sum(axis=1, keepdims=True)
+    a = m.sum(axis=2)
+    size = float(np.linalg.norm(m))
+    err = float(np.linalg.norm(m - a[:, :, None] * g[None])) / size if size > 0 else 0.0
+    return (g.reshape(j, 1, *kernel).astype(np.float32), a.reshape(o, j, *[1] * len(kernel)).astype(np.float32),
+            err)
+
+
+def _separable_variance(b: Builder, node: onnx.NodeProto, t: _Terms, vx: str | None, p: str) -> tuple[str, float]:
+    """``variance="separable"``: v' = op([m², v], [s², s² + mu²]) + s_b² with the weight fitted by
+    :func:`separable_fit`, as a depthwise Conv (the node's strides, pads, dilations) and a 1×1 Conv: for a k×k
+    kernel 2·C_in·k² + 2·C_in·C_out multiply-adds per output pixel instead of 2·C_in·k²·C_out. Exact where m² and v
+    are constant over each window (away from the padding: the window sums are kept) or where each input channel's
+    taps share one profile across the output channels (freshly initialised σ: s² constant). Returns the variance
+    and the fit's relative error."""
+    x = node.input[0]
+    inputs, weights = [], []
+    if t.s2_np.any():
+        inputs.append(b.add("Mul", [x, x], p + "m2"))
+        weights.append(t.s2_np.astype(np.float64))
+    if vx:
+        inputs.append(vx)
+        weights.append(t.s2_np + t.mu_np.astype(np.float64) ** 2)
+    g, a, err = separable_fit(np.concatenate(weights, axis=1))
+    both = inputs[0] if len(inputs) == 1 else b.add("Concat", inputs, p + "m2_v", axis=1)
+    taps = b.add("Conv", [both, b.f32(p + "sep_g", g)], p + "v_taps", **{**attrs_of(node), "group": len(g)})
+    bias_in = [_const(b, t.s2_b, p + "s2_b")] if t.has_b and t.s2_b is not None else []
+    return b.add("Conv", [taps, b.f32(p + "sep_a", a), *bias_in], p + "v"), err
+
+
+def _separable_note(fits: dict[str, float]) -> str:
+    """The approximation note of ``variance="separable"``, with the fitted errors measured at export."""
+    worst = max(fits, key=fits.__getitem__)
+    return (f"variance separable: every k×k Conv's variance as a per-channel k×k filter and a 1×1 mix keeping each "
+            "window's weight sums (exact where m² and v are constant over a window or a channel's taps share one "
+            f"profile); fitted weights' relative error max {fits[worst]:.3g} ({worst}), median "
+            f"{float(np.median(list(fits.values()))):.3g} over {len(fits)} layers (docs/uncertainty.md)")
 
 
 def _layer_variance(b: Builder, node: onnx.NodeProto, kind: LayerKind, t: _Terms, vx: str | None,

@@ -5,6 +5,8 @@
     {"version": 1, "samples": 16, "rule": null, "mode": "auto", "noise": "auto", "weights": "ir", "rng": "auto",
      "hoist": "off", "form": "auto", "seed": 0, "device": null}
 
+(plus ``"variance": "separable"`` where analytic mode's separable variance is asked for.)
+
 :class:`ExportConfig` is validated when it is made (the one-line :class:`~edgebnn.errors.InvalidOptionError` the
 command line shows), holds the defaults (those of ``edgebnn export``: :data:`DEFAULT_EXPORT` names the device the
 command line adds), and is resolved against a model once (:meth:`ExportConfig.resolve`): S from the posterior
@@ -37,6 +39,7 @@ from edgebnn.exporters import (
     RNG_CHOICES,
     STORE_CHOICES,
     TRT,
+    VARIANCE_CHOICES,
     check_samples,
 )
 from edgebnn.exporters.forms import FORMS
@@ -78,6 +81,9 @@ class ExportConfig:
         seed: Seed of the baked members (and of ``--noise mixed``'s, and of in-graph random ops).
         device: Where the graph runs (``cpu``, ``arm64``, ``rtx``, ``jetson*``; None: no device, the portable
             forms; ``mode="auto"`` then takes the cpu's default).
+        variance: ``analytic``: how a layer's variance convolutions are computed: ``exact`` (each term the layer's
+            own k×k Conv) or ``separable`` (a per-channel k×k filter and a 1×1 mix, about 2/9 of the cost for 3×3
+            kernels; an approximation whose fitted error the export records: :mod:`.analytic`).
         version: Format of this config.
     """
 
@@ -91,6 +97,7 @@ class ExportConfig:
     form: str = "auto"
     seed: int = 0
     device: str | None = None
+    variance: str = "exact"
     version: int = CONFIG_VERSION
 
     def __post_init__(self) -> None:
@@ -112,6 +119,11 @@ class ExportConfig:
             raise InvalidOptionError(f"--noise {self.noise}: choose {' or '.join(NOISE_VARIANTS)}")
         if self.form not in FORMS:
             raise InvalidOptionError(f"--form {self.form}: choose one of {', '.join(FORMS)}")
+        if self.variance not in VARIANCE_CHOICES:
+            raise InvalidOptionError(f"--variance {self.variance}: choose one of {', '.join(VARIANCE_CHOICES)}")
+        if self.variance != "exact" and self.mode not in (AUTO, "analytic"):
+            raise InvalidOptionError(f"--variance {self.variance}: only --mode analytic computes variances (got "
+                                     f"--mode {self.mode})")
         hoist = self.hoist
         if hoist not in ("off", "auto") and (isinstance(hoist, bool) or not isinstance(hoist, (int, float))
                                              or hoist < 0):
@@ -137,9 +149,12 @@ class ExportConfig:
 
     # -- JSON -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object (``from_dict(to_dict())`` gives an equal config)."""
+        """The JSON object (``from_dict(to_dict())`` gives an equal config); ``variance`` only where it is not
+        ``exact`` (so the configs recorded before it existed are the same bytes)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["rule"] = None if self.rule is None else self.rule.to_dict()
+        if self.variance == "exact":
+            del out["variance"]
         return out
 
     @classmethod
@@ -193,8 +208,8 @@ class GraphSpec:
     of an anytime ensemble, its window.
 
     Attributes:
-        mode, noise, samples, seed, weights, hoist, form, device: as in :class:`ExportConfig` (``samples``: this
-            graph's S, a chunk's size in an anytime ensemble).
+        mode, noise, samples, seed, weights, hoist, form, device, variance: as in :class:`ExportConfig`
+            (``samples``: this graph's S, a chunk's size in an anytime ensemble).
         profile: The device's profile (None without a device).
         rng: ``host`` or ``graph``: ``auto`` resolved for ``mode``.
         window: ``(first, total)``: the graph's members are draws ``first .. first + samples - 1`` of the ``total``
@@ -214,6 +229,7 @@ class GraphSpec:
     rng: str
     window: tuple[int, int] | None = None
     progress: Progress | None = None
+    variance: str = "exact"
 
     @property
     def total(self) -> int:
@@ -258,7 +274,7 @@ class ResolvedExport:
         """
         c = self.config
         return GraphSpec(mode, noise, self.samples if samples is None else samples, c.seed, c.weights, c.hoist,
-                         c.form, c.device, self.profile, self.rng_for(mode), window, progress)
+                         c.form, c.device, self.profile, self.rng_for(mode), window, progress, c.variance)
 
     def rng_for(self, mode: str) -> str:
         """``host`` or ``graph`` for ``mode`` (``auto``: graph where the device runs random ops with their seeds;
