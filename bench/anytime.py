@@ -1,53 +1,49 @@
-"""Anytime ensembles (``edgebnn export --samples auto``, issue 36): quality against the S = 16 export, samples used
-in and out of distribution, and per-input latency against the S = 16 export, det-16 and the float BNN.
+"""Anytime ensembles (``edgebnn export --samples auto``, issue 44): does the anytime graph's cost follow the samples it
+draws? Per held-out-style model, the ``--samples auto`` export against fixed exports of the same mode and seed.
 
-Models (bayesian-torch Reparameterization layers, trained here with the ELBO, seed 0, cached with ``--cache``):
+Models (``--models``; trained here in seconds to a minute, seed 0, on sklearn's digits: ``edgebnn.data.digits(0)``'s
+1077 training images; ``--cache`` keeps the trained IRs):
 
-- **LeNet-5** (Caffe layout: conv 1->20 5x5, conv 20->50 5x5, fc 800->500, fc 500->10), 20 epochs on the sklearn
-  digits upsampled to 1x28x28;
-- **MLP** (784-256-256-10), 30 epochs on the same inputs;
-- **ResNet-20** (bayesian-torch's ``resnet_variational``), 8 epochs on the digits upsampled to 3x32x32
-  (``bench/deployed_size.py:trained_resnet``).
+- ``bt``: the bayesian-torch digits CNN of examples/deploy_bayesian_torch.py (``dnn_to_bnn``), 15 epochs, 1x8x8;
+- ``lenet5``: bayesian-torch Reparameterization LeNet-5 (Caffe layout), 6 epochs on the digits upsampled to 1x28x28;
+- ``resnet20``: bayesian-torch's ``resnet_variational`` ResNet-20, 3 epochs on the digits upsampled to 3x32x32
+  (``bench/deployed_size.py:trained_resnet``);
+- ``vit``: a ViT with MC dropout (p = 0.1 in its MLP blocks and on the embeddings; 16 patches of 4x4 of the digits
+  upsampled to 1x16x16 and a class token, width 128, 4 pre-norm blocks of 4 heads; 0.8M weights), 12 epochs of
+  cross-entropy, imported with ``mc_dropout=True``.
 
-Data: the digits test split (360 images) in distribution; OOD: the same digits mirrored, smooth noise blobs and
-pixel-permuted digits (``bench/analytic_ood.py:ood_sets``), upsampled like the inputs.
+Evaluated on the digits' 360 test images (in distribution) and on OOD sets made from them
+(``bench/analytic_ood.py:ood_sets``: mirrored digits, smooth noise blobs, pixel-permuted digits), upsampled like the
+inputs. Per model and ``--modes`` (``baked``: members drawn now, constants; ``noise``: weights' noise drawn in the
+graph, ``--rng graph``, what ``edgebnn export`` writes for cpu) the exports are: ``auto`` (the rule's defaults,
+:func:`edgebnn.exporters.config.rule_for`: chunks of 4 up to 16) and fixed S in {first chunk, 8, 16}, all seed 0
+(baked: the anytime export's members are the first of the S = 16 export's, so quality differences are the rule's).
 
-Per model and mode (``noise`` as the CLI writes it on cpu, the noise drawn in the graph; ``noise-host``, the noise
-filled by ``Session``; ``baked``), the anytime export with the rule's defaults (:mod:`edgebnn.stopping`) and the
-fixed S = 16 export of the same mode, at seeds ``--seeds`` (baked members, in-graph noise and the Session's noise
-differ per seed; metrics averaged). ``baked`` and ``noise-host`` are paired: at one seed the anytime export draws
-the first members of the very draws the S = 16 export averages, so their difference is the rule's alone; the
-in-graph noise of ``noise`` is drawn by other streams, so its difference adds two Monte Carlo errors.
+- ``quality``: accuracy, NLL, ECE (15 bins) of ``auto`` and of S = 16 on the test images, and ``auto - S16``;
+- ``samples``: members the anytime export used per input, mean over the test images and over each OOD set, and
+  ``ood_over_in`` (the OOD mean over the in-distribution mean);
+- ``latency``: onnxruntime (CPU, ``--threads`` intra-op threads, graph optimisations at level ALL), batch 1 and 8:
+  the test images themselves as the inputs (the first ``--rows``; batch 8: consecutive groups of 8), so the anytime
+  graph follows the real stopping pattern. ``--rounds`` rounds, every graph once per input per round, interleaved;
+  an input's time is its median over the rounds; per graph the p50 and the mean over the inputs (ms per call), and
+  ``ratio_mean``/``ratio_p50`` of each graph to S = 16.
 
-- quality on the test split: accuracy, NLL, ECE (15 bins), and MI-AUROC test digits vs each OOD set;
-- samples used per input (mean) in distribution and on each OOD set;
-- latency (:func:`edgebnn.targets.profiler.profile_anytime`): batch 1, the first ``--inputs`` test digits and the
-  first half as many blobs, every graph once per input per round, ``--rounds`` rounds; an input's latency is its
-  median over the rounds, a graph's figure the mean over the inputs (what a stream of such inputs costs).
+Prints one JSON line (schema ``edgebnn.bench.anytime/2``) with the commit measured. From the repository root (the
+four models, two modes: about 10 minutes on 2 cores, most of it training and the ViT's rounds):
 
-``--parts guarantee``: the rule's promise on these models' real members, whose per-class probabilities are not
-Gaussian. 64 posterior draws per input (reference runtime, seed 0) are a population; ``--orders`` random orders
-of 16 of them run through the rule as the reference runtime runs it (:class:`edgebnn.stopping.RunningPredictive`),
-and each input's violation rate is the share of orders that stop with a class probability ε or more from that
-order's 16-member value, or another class. Reported per set: the mean rate (the promise averaged over inputs),
-the largest, and how many inputs are above δ by more than chance (one-sided binomial p < 0.001), for the default
-rule and ``--variants``; and, an order being one member set for every input as a baked export holds, the change of
-the MI-AUROC (test digits vs each OOD set) from those 16 members to the anytime predictive: mean and standard
-deviation over the orders.
+    PYTHONPATH=. .venv/bin/python bench/anytime.py [--models bt,lenet5,resnet20,vit] [--modes baked,noise]
+        [--rounds 5] [--rows 200] [--threads 2] [--cache bench-cache] [--json out.json] [--quick]
 
-Prints one JSON line (schema ``edgebnn.bench.anytime/1``) and markdown tables (docs/speed.md, docs/anytime.md).
-Run from the repository root (about 25 minutes on 2 cores with the models cached for ``--parts quality``, 15 for
-``guarantee``; training adds about 10):
-
-    PYTHONPATH=. .venv/bin/python bench/anytime.py --cache bench-cache [--parts quality,guarantee]
-        [--models lenet5,mlp,resnet20] [--json out.json]
+``--quick``: 16 rows, 2 rounds, the quick training of each model (a few epochs less), for tests and smoke runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
-import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,24 +57,24 @@ import analytic_ood  # bench scripts import each other from this folder
 
 import edgebnn
 
-SCHEMA = "edgebnn.bench.anytime/1"
-SHAPES = {"lenet5": (1, 1, 28, 28), "mlp": (1, 1, 28, 28), "resnet20": (1, 3, 32, 32)}
-MODES = {"noise": {"mode": "noise", "rng": "graph"}, "noise-host": {"mode": "noise", "rng": "host"},
-         "baked": {"mode": "baked"}}
-PAIRED = ("noise-host", "baked")  # the anytime and S = 16 exports run the same draws (same members, same noise)
+SCHEMA = "edgebnn.bench.anytime/2"
+SHAPES = {"bt": (1, 1, 8, 8), "lenet5": (1, 1, 28, 28), "resnet20": (1, 3, 32, 32), "vit": (1, 1, 16, 16)}
+EPOCHS = {"bt": (15, 4), "lenet5": (6, 1), "resnet20": (3, 1), "vit": (12, 1)}  # (full, --quick)
+MODES = {"baked": {"mode": "baked"}, "noise": {"mode": "noise", "rng": "graph"}}
+BATCHES = (1, 8)
 
 
 def upsample(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Digits (N, 1, 8, 8) bilinearly upsampled to ``shape[2:]``, the channel repeated to ``shape[1]``."""
     import torch
 
-    if shape[2:] == x.shape[2:]:
-        return x.astype(np.float32)
+    if tuple(shape[2:]) == x.shape[2:]:
+        return np.ascontiguousarray(x, np.float32)
     up = torch.nn.functional.interpolate(torch.from_numpy(x.astype(np.float32)), size=shape[2:], mode="bilinear")
-    return up.repeat(1, shape[1], 1, 1).numpy()
+    return np.ascontiguousarray(up.repeat(1, shape[1], 1, 1).numpy())
 
 
-def _bt_lenet5() -> Any:
+def _lenet5() -> Any:
     import torch
     from bayesian_torch.layers import Conv2dReparameterization, LinearReparameterization
 
@@ -98,38 +94,52 @@ def _bt_lenet5() -> Any:
     return LeNet5()
 
 
-def _bt_mlp() -> Any:
+def _vit() -> Any:
+    """The MC-dropout ViT of the module docstring (input 1x16x16)."""
     import torch
-    from bayesian_torch.layers import LinearReparameterization
+    from torch import nn
 
-    class MLP(torch.nn.Module):
+    width, blocks, heads = 128, 4, 4
+
+    class ViT(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.fc1, self.fc2 = LinearReparameterization(784, 256), LinearReparameterization(256, 256)
-            self.fc3 = LinearReparameterization(256, 10)
+            self.patch = nn.Linear(16, width)
+            self.cls = nn.Parameter(0.02 * torch.randn(1, 1, width))
+            self.pos = nn.Parameter(0.02 * torch.randn(1, 17, width))
+            self.drop = nn.Dropout(0.1)
+            layer = nn.TransformerEncoderLayer(width, heads, 2 * width, dropout=0.1, activation="gelu",
+                                               batch_first=True, norm_first=True)
+            self.encoder = nn.TransformerEncoder(layer, blocks, enable_nested_tensor=False)
+            for block in self.encoder.layers:
+                block.self_attn.dropout = 0.0  # attention's own dropout is no module: MC dropout on the MLPs
+            self.norm = nn.LayerNorm(width)
+            self.head = nn.Linear(width, 10)
 
         def forward(self, x: Any) -> Any:
-            x, k1 = self.fc1(torch.flatten(x, 1))
-            x, k2 = self.fc2(torch.relu(x))
-            x, k3 = self.fc3(torch.relu(x))
-            return x, k1 + k2 + k3
+            b = x.shape[0]
+            p = x.reshape(b, 4, 4, 4, 4).permute(0, 1, 3, 2, 4).reshape(b, 16, 16)
+            t = self.drop(torch.cat([self.cls.expand(b, -1, -1), self.patch(p)], 1) + self.pos)
+            return self.head(self.norm(self.encoder(t)[:, 0]))
 
-    return MLP()
+    return ViT()
 
 
-def _train(net: Any, x: np.ndarray, y: np.ndarray, epochs: int, lr: float = 3e-3) -> None:
-    """ELBO (cross-entropy + KL / N), Adam with a cosine schedule, batch 64, seed 0."""
+def _fit(net: Any, x: np.ndarray, y: np.ndarray, epochs: int, lr: float, kl: bool) -> None:
+    """Adam with a cosine schedule, batch 64, seed 0: the ELBO (cross-entropy + KL / N) or, ``kl`` off (MC dropout),
+    cross-entropy."""
     import torch
 
     generator = torch.Generator().manual_seed(0)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     opt = torch.optim.Adam(net.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, epochs * -(-len(x) // 64))
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, epochs * -(-len(x) // 64)))
     net.train()
     for _ in range(epochs):
         for idx in torch.randperm(len(x), generator=generator).split(64):
-            out, kl = net(xt[idx])
-            loss = torch.nn.functional.cross_entropy(out, yt[idx]) + kl / len(x)
+            out = net(xt[idx])
+            loss = (torch.nn.functional.cross_entropy(out[0], yt[idx]) + out[1] / len(x) if kl
+                    else torch.nn.functional.cross_entropy(out, yt[idx]))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -137,9 +147,10 @@ def _train(net: Any, x: np.ndarray, y: np.ndarray, epochs: int, lr: float = 3e-3
     net.eval()
 
 
-def trained(name: str, cache: Path | None) -> Any:
-    """The float IR of model ``name`` trained as the module docstring says (from ``cache`` when there)."""
-    path = None if cache is None else cache / f"{name}.ebnn"
+def trained(name: str, quick: bool, cache: Path | None) -> Any:
+    """The IR of model ``name`` trained as the module docstring says (from ``cache`` when there)."""
+    epochs = EPOCHS[name][1 if quick else 0]
+    path = None if cache is None else cache / f"anytime-{name}-e{epochs}.ebnn"
     if path is not None and path.exists():
         return edgebnn.load(path)
     import torch
@@ -147,249 +158,168 @@ def trained(name: str, cache: Path | None) -> Any:
     from edgebnn.data import digits
 
     torch.manual_seed(0)
+    data = digits(0)
+    x, y = upsample(data.x_train, SHAPES[name]), data.y_train.astype(np.int64)
     if name == "resnet20":
         import deployed_size
 
-        bnn = deployed_size.trained_resnet(3, 8, cache)
-    else:
-        data = digits(0)
-        net = _bt_lenet5() if name == "lenet5" else _bt_mlp()
-        _train(net, upsample(data.x_train, SHAPES[name]), data.y_train.astype(np.int64), 20 if name == "lenet5" else 30)
+        bnn = deployed_size.trained_resnet(3, epochs, None)
+    elif name == "bt":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+        from deploy_bayesian_torch import build_model
+        from deploy_bayesian_torch import train as fit
+
+        model, _ = build_model((1, 8, 8), 10)
+        with contextlib.redirect_stdout(io.StringIO()):  # its per-epoch lines
+            fit(model, x, y, epochs=epochs, batch=64, lr=1e-2, seed=0)
+        bnn = edgebnn.from_torch(model, SHAPES[name], name="bayesian-torch digits CNN")
+    elif name == "lenet5":
+        net = _lenet5()
+        _fit(net, x, y, epochs, 3e-3, kl=True)
 
         class Logits(torch.nn.Module):
             def __init__(self, inner: Any) -> None:
                 super().__init__()
                 self.m = inner
 
-            def forward(self, x: Any) -> Any:
-                return self.m(x)[0]
+            def forward(self, v: Any) -> Any:
+                return self.m(v)[0]
 
-        bnn = edgebnn.from_torch(Logits(net), SHAPES[name], name=name)
+        bnn = edgebnn.from_torch(Logits(net), SHAPES[name], name="LeNet-5 (bayesian-torch)")
+    else:
+        net = _vit()
+        _fit(net, x, y, epochs, 2e-3, kl=False)
+        bnn = edgebnn.from_torch(net, SHAPES[name], name="ViT (MC dropout)", mc_dropout=True)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         edgebnn.save(bnn, path)
     return bnn
 
 
-def _quality(session: Any, x: np.ndarray, y: np.ndarray, ood: dict[str, np.ndarray]) -> dict[str, Any]:
-    from sklearn.metrics import roc_auc_score
+def session(proto: Any, threads: int) -> Any:
+    """An onnxruntime CPU session with ``threads`` intra-op threads and every graph optimisation on."""
+    import onnxruntime as ort
 
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def predict(sess: Any, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The graph's outputs by name on ``x``, 64 rows a call."""
+    name = sess.get_inputs()[0].name
+    names = [o.name for o in sess.get_outputs()]
+    parts = [dict(zip(names, sess.run(None, {name: x[i:i + 64]}), strict=True)) for i in range(0, len(x), 64)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in names}
+
+
+def quality(probs: np.ndarray, y: np.ndarray) -> dict[str, float]:
     from edgebnn.metrics import ece
 
-    def run(v: np.ndarray) -> Any:
-        preds = [session.predict(v[i:i + 32]) for i in range(0, len(v), 32)]
-        used = [p.samples for p in preds if p.samples is not None]
-        return (np.concatenate([p.probs for p in preds]), np.concatenate([p.mutual_info for p in preds]),
-                np.concatenate(used) if used else None)
-
-    probs, mi, used = run(x)
-    out: dict[str, Any] = {"accuracy": float((probs.argmax(1) == y).mean()),
-                           "nll": float(-np.log(np.maximum(probs[np.arange(len(y)), y], 1e-12)).mean()),
-                           "ece": float(ece(probs, y))}
-    samples = {"in": None if used is None else float(used.mean())}
-    for name, v in ood.items():
-        _, mi_ood, used_ood = run(v)
-        out[f"auroc_{name}"] = float(roc_auc_score(np.r_[np.zeros(len(mi)), np.ones(len(mi_ood))], np.r_[mi, mi_ood]))
-        samples[name] = None if used_ood is None else float(used_ood.mean())
-    return {"metrics": out, "samples": samples}
+    return {"accuracy": float((probs.argmax(1) == y).mean()),
+            "nll": float(-np.log(np.maximum(probs[np.arange(len(y)), y], 1e-12)).mean()),
+            "ece": float(ece(probs, y))}
 
 
-def run_model(name: str, *, cache: Path | None, seeds: list[int], inputs: int, rounds: int,
-              progress: Any) -> dict[str, Any]:
-    from edgebnn.data import digits
-    from edgebnn.exporters import DEFAULT_SAMPLES
+def latency(sessions: dict[str, Any], x: np.ndarray, batch: int, rounds: int) -> dict[str, Any]:
+    """Per graph, ms per call over the inputs ``x`` fed ``batch`` rows a call (module docstring)."""
+    name = next(iter(sessions.values())).get_inputs()[0].name
+    feeds = [{name: x[i:i + batch]} for i in range(0, len(x) - batch + 1, batch)]
+    for sess in sessions.values():  # warm-up
+        for feed in feeds[:3]:
+            sess.run(None, feed)
+    times = {k: np.zeros((rounds, len(feeds))) for k in sessions}
+    for r in range(rounds):
+        for j, feed in enumerate(feeds):
+            for k, sess in sessions.items():
+                t0 = time.perf_counter()
+                sess.run(None, feed)
+                times[k][r, j] = time.perf_counter() - t0
+    per_input = {k: np.median(t, axis=0) * 1e3 for k, t in times.items()}
+    out: dict[str, Any] = {k: {"p50_ms": float(np.median(v)), "mean_ms": float(v.mean())} for k, v in per_input.items()}
+    for v in out.values():
+        v["ratio_mean"] = v["mean_ms"] / out["S16"]["mean_ms"]
+        v["ratio_p50"] = v["p50_ms"] / out["S16"]["p50_ms"]
+    return {"calls": len(feeds), "graphs": out}
+
+
+def run_mode(bnn: Any, mode: str, data: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, Any]:
+    """One model and mode: the exports, their quality, samples used and latency (module docstring)."""
     from edgebnn.exporters.config import ExportConfig, rule_for
     from edgebnn.exporters.export import export_model
-    from edgebnn.runtime import Session
-    from edgebnn.targets.profiler import profile_anytime
 
-    bnn = trained(name, cache)
-    data = digits(0)
-    shape = SHAPES[name]
-    x, y = upsample(data.x_test, shape), data.y_test
-    ood = {k: upsample(v, shape) for k, v in analytic_ood.ood_sets(data.x_test.astype(np.float32), 0).items()}
     rule = rule_for(bnn)
-    out: dict[str, Any] = {"rule": rule.to_dict(), "modes": {}}
-    for mode, options in MODES.items():
-        quality: dict[str, list[dict[str, Any]]] = {"anytime": [], "fixed16": []}
-        for seed in seeds:
-            progress(f"{name} {mode} seed {seed}: quality")
-            anytime = export_model(bnn, ExportConfig("auto", rule=rule, device="cpu", seed=seed, **options)).proto
-            fixed = export_model(bnn, ExportConfig(DEFAULT_SAMPLES, device="cpu", seed=seed, **options)).proto
-            quality["anytime"].append(_quality(Session(anytime, seed=seed, threads=2), x, y, ood))
-            quality["fixed16"].append(_quality(Session(fixed, seed=seed, threads=2), x, y, ood))
-        summary: dict[str, Any] = {}
-        for which, runs in quality.items():
-            summary[which] = {k: float(np.mean([r["metrics"][k] for r in runs])) for k in runs[0]["metrics"]}
-        summary["samples_used"] = {k: float(np.mean([r["samples"][k] for r in quality["anytime"]]))
-                                   for k in quality["anytime"][0]["samples"]}
-        summary["delta"] = {k: summary["anytime"][k] - summary["fixed16"][k] for k in summary["anytime"]}
-        progress(f"{name} {mode}: latency")
-        anytime = export_model(bnn, ExportConfig("auto", rule=rule, device="cpu", seed=seeds[0], **options)).proto
-        fixed = export_model(bnn, ExportConfig(DEFAULT_SAMPLES, device="cpu", seed=seeds[0], **options)).proto
-        latency = profile_anytime(bnn, anytime, fixed, {"in": x[:inputs], "ood": ood["blobs"][:max(1, inputs // 2)]},
-                                  rounds=rounds, warmup=3)
-        summary["latency"] = latency["per_input"]
-        out["modes"][mode] = summary
-    return out
+    counts = sorted({rule.min_samples, 8, 16})
+    protos = {"auto": export_model(bnn, ExportConfig("auto", rule=rule, device="cpu", **MODES[mode])).proto}
+    protos.update({f"S{s}": export_model(bnn, ExportConfig(s, device="cpu", **MODES[mode])).proto for s in counts})
+    sessions = {k: session(p, args.threads) for k, p in protos.items()}
+    auto, fixed = predict(sessions["auto"], data["x"]), predict(sessions["S16"], data["x"])
+    q_auto, q_fixed = quality(auto["probs"], data["y"]), quality(fixed["probs"], data["y"])
+    used = {"in": float(auto["samples"].mean())}
+    for k, v in data.items():
+        if k.startswith("ood_"):
+            used[k[4:]] = float(predict(sessions["auto"], v)["samples"].mean())
+    ood = [v for k, v in used.items() if k != "in"]
+    rows = data["x"][:args.rows]
+    return {"rule": rule.to_dict(), "first_chunk": rule.min_samples,
+            "quality": {"auto": q_auto, "S16": q_fixed, "auto_minus_S16": {k: q_auto[k] - q_fixed[k] for k in q_auto}},
+            "samples": {**used, "ood_mean": float(np.mean(ood)), "ood_over_in": float(np.mean(ood)) / used["in"],
+                        "in_latency_rows": float(predict(sessions["auto"], rows)["samples"].mean())},
+            "latency": {f"batch{b}": latency(sessions, rows, b, args.rounds) for b in BATCHES}}
 
 
-def guarantee(name: str, *, cache: Path | None, orders: int, variants: list[dict[str, float]],
-              progress: Any) -> dict[str, Any]:
-    """The rule's violation rate per input on real members (module docstring, ``--parts guarantee``)."""
-    from scipy import stats
-    from sklearn.metrics import roc_auc_score
-
-    from edgebnn.data import digits
-    from edgebnn.exporters.config import rule_for
-    from edgebnn.runtime.reference import Reference
-    from edgebnn.stopping import RunningPredictive
-
-    bnn = trained(name, cache)
-    data = digits(0)
-    shape = SHAPES[name]
-    sets = {"in": upsample(data.x_test, shape),
-            **{k: upsample(v, shape) for k, v in analytic_ood.ood_sets(data.x_test.astype(np.float32), 0).items()}}
-    ref = Reference(bnn)
-    out: dict[str, Any] = {}
-    population = 64
-    members = {}
-    for k, v in sets.items():
-        progress(f"{name}: {population} draws on {k}")
-        z = ref.logits(v, population, seed=0).astype(np.float64)
-        z -= z.max(-1, keepdims=True)
-        members[k] = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
-    for options in [{}, *variants]:
-        rule = rule_for(bnn, **options)
-        label = ", ".join(f"{k}={v}" for k, v in options.items()) or "defaults"
-        rng = np.random.default_rng(1)
-        bad = {k: np.zeros(p.shape[1]) for k, p in members.items()}
-        used = dict.fromkeys(members, 0.0)
-        auroc: dict[str, list[float]] = {k: [] for k in members if k != "in"}
-        for _ in range(orders):
-            order = rng.permutation(population)[:rule.max_samples]  # one member set for every input, as baked
-            mi = {}
-            for k, p_all in members.items():
-                p = p_all[order]
-                state = RunningPredictive(p.shape[1], p.shape[2])
-                rows = np.arange(p.shape[1])
-                for i in range(rule.chunks):
-                    state.add(rows, p[i * rule.chunk:(i + 1) * rule.chunk, rows])
-                    rows = rows[~rule.settled(state.mean[rows], state.m2[rows], i, p.shape[2])]
-                full = p.mean(0)
-                far = np.abs(state.mean - full).max(-1) >= rule.epsilon
-                bad[k] += far | (state.mean.argmax(-1) != full.argmax(-1))
-                used[k] += state.n.mean() / orders
-                full_h = -(full * np.log(np.maximum(full, 1e-12))).sum(-1)
-                mi[k] = (state.outputs()[2], full_h + (p * np.log(np.maximum(p, 1e-12))).sum(-1).mean(0))
-            for k in auroc:  # MI-AUROC change, anytime - these 16 members, test digits vs set k
-                labels = np.r_[np.zeros(len(mi["in"][0])), np.ones(len(mi[k][0]))]
-                auroc[k].append(roc_auc_score(labels, np.r_[mi["in"][0], mi[k][0]])
-                                - roc_auc_score(labels, np.r_[mi["in"][1], mi[k][1]]))
-        per_set = {}
-        for k, b in bad.items():
-            rate = b / orders
-            above = stats.binom.sf(b - 1, orders, rule.delta) < 1e-3
-            per_set[k] = {"mean_rate": float(rate.mean()), "max_rate": float(rate.max()),
-                          "inputs_above_delta": int(above.sum()), "inputs": len(rate), "samples_used": used[k]}
-            if k in auroc:
-                per_set[k]["auroc_change"] = {"mean": float(np.mean(auroc[k])), "sd": float(np.std(auroc[k]))}
-        out[label] = {"rule": rule.to_dict(), "sets": per_set}
-    return out
-
-
-def guarantee_markdown(result: dict[str, Any]) -> str:
-    lines = ["| model | rule | set | samples used | bad stops, mean over inputs | worst input | inputs above δ "
-             "(p < 0.001) | MI-AUROC change: mean ± sd over member sets |", "|---|---|---|---:|---:|---:|---:|---:|"]
-    for name, variants in result.get("guarantee", {}).items():
-        for label, v in variants.items():
-            for k, s in v["sets"].items():
-                change = s.get("auroc_change")
-                text = f"{change['mean']:+.4f} ± {change['sd']:.4f}" if change else ""
-                lines.append(f"| {name} | {label} | {k} | {s['samples_used']:.2f} | {s['mean_rate']:.4f} | "
-                             f"{s['max_rate']:.3f} | {s['inputs_above_delta']} of {s['inputs']} | {text} |")
-    return "\n".join(lines)
-
-
-def goals(result: dict[str, Any]) -> dict[str, Any]:
-    """Each (model, mode) against the issue's goals (the S = 16 export of the same mode as the reference)."""
-    out = {}
-    for name, model in result["models"].items():
-        for mode, m in model["modes"].items():
-            d, used, lat = m["delta"], m["samples_used"], m["latency"]["in"]["ratios"]
-            ood_ratio = min(v for k, v in used.items() if k != "in") / used["in"]
-            out[f"{name}/{mode}"] = {
-                "quality": (d["accuracy"] >= -0.005 and d["nll"] <= 0.01 and d["ece"] <= 0.005
-                            and all(v >= -0.01 for k, v in d.items() if k.startswith("auroc"))),
-                "ood_samples_ratio_min": ood_ratio, "ood_1.5x": ood_ratio >= 1.5,
-                "latency_vs_fixed16": lat["vs_fixed"], "latency_0.5x": lat["vs_fixed"] <= 0.5,
-                "latency_vs_det16": lat["vs_det_16"], "further_0.5x_det16": lat["vs_det_16"] <= 0.5}
-    return out
-
-
-def markdown(result: dict[str, Any]) -> str:
-    lines = ["| model, mode | samples used: in / mirrored / blobs / permuted | acc / NLL / ECE (anytime - S=16) | "
-             "MI-AUROC mirrored / blobs / permuted (anytime - S=16) | latency in: anytime ms (fixed 16, det-16) | "
-             "/ fixed 16 | / det-16 | float BNN / anytime | OOD blobs: anytime / fixed 16 |",
-             "|---|---|---|---|---|---:|---:|---:|---:|"]
-    for name, model in result["models"].items():
-        for mode, m in model["modes"].items():
-            u, d = m["samples_used"], m["delta"]
-            lat = m["latency"]["in"]
-            ms = lat["latency_ms"]
-            lines.append(
-                f"| {name}, {mode} | {u['in']:.2f} / {u['flipped']:.2f} / {u['blobs']:.2f} / {u['permuted']:.2f} | "
-                f"{d['accuracy']:+.4f} / {d['nll']:+.4f} / {d['ece']:+.4f} | "
-                f"{d['auroc_flipped']:+.3f} / {d['auroc_blobs']:+.3f} / {d['auroc_permuted']:+.3f} | "
-                f"{ms['ensemble']['mean']:.2f} ({ms['fixed']['mean']:.2f}, {ms['det_16']['mean']:.2f}) | "
-                f"{lat['ratios']['vs_fixed']:.2f} | {lat['ratios']['vs_det_16']:.2f} | "
-                f"{lat['ratios']['speedup_vs_float_bnn']:.1f} | {m['latency']['ood']['ratios']['vs_fixed']:.2f} |")
-    return "\n".join(lines)
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="lenet5,mlp,resnet20")
-    parser.add_argument("--cache", type=Path, default=None, help="folder for the trained models (.ebnn)")
-    parser.add_argument("--seeds", default="0,1,2", help="export seeds (baked members, in-graph noise)")
-    parser.add_argument("--inputs", type=int, default=60, help="test digits timed per input (blobs: half as many)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of every graph on every timed input")
-    parser.add_argument("--parts", default="quality", help="quality (quality, samples, latency) and/or guarantee")
-    parser.add_argument("--orders", type=int, default=200, help="guarantee: random 16-member orders per input")
-    parser.add_argument("--variants", default='[{"epsilon": 0.05, "delta": 0.05}]',
-                        help="guarantee: further rules (JSON list of rule_for options) besides the defaults")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="bt,lenet5,resnet20,vit")
+    parser.add_argument("--modes", default="baked,noise")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=200)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--quick", action="store_true", help="16 rows, 2 rounds, quick training")
     args = parser.parse_args(argv)
-    parts = args.parts.split(",")
+    if args.quick:
+        args.rows, args.rounds = min(args.rows, 16), min(args.rounds, 2)
+    models, modes = args.models.split(","), args.modes.split(",")
+    for bad in [m for m in models if m not in SHAPES] + [m for m in modes if m not in MODES]:
+        parser.error(f"unknown model or mode {bad!r} (models: {', '.join(SHAPES)}; modes: {', '.join(MODES)})")
     import torch
 
-    torch.set_num_threads(1)
+    from edgebnn.data import digits
+
+    torch.set_num_threads(args.threads)
     t0 = time.time()
-    load = os.getloadavg()
-
-    def progress(text: str) -> None:
-        print(f"[{time.time() - t0:6.0f} s] {text}", file=sys.stderr, flush=True)
-
-    result: dict[str, Any] = {"schema": SCHEMA, "edgebnn_version": edgebnn.__version__, "models": {}}
-    for name in args.models.split(","):
-        if "quality" in parts:
-            result["models"][name] = run_model(name, cache=args.cache, seeds=[int(s) for s in args.seeds.split(",")],
-                                               inputs=args.inputs, rounds=args.rounds, progress=progress)
-        if "guarantee" in parts:
-            result.setdefault("guarantee", {})[name] = guarantee(
-                name, cache=args.cache, orders=args.orders, variants=json.loads(args.variants), progress=progress)
-    if result["models"]:
-        result["goals"] = goals(result)
-    result["machine"] = {"cpu_count": os.cpu_count(), "load_average_start": [round(v, 2) for v in load],
-                         "load_average_end": [round(v, 2) for v in os.getloadavg()], "seconds": round(time.time() - t0)}
-    text = json.dumps(result, sort_keys=True)
+    test = digits(0)
+    out: dict[str, Any] = {"schema": SCHEMA, "commit": commit(), "edgebnn_version": edgebnn.__version__,
+                           "threads": args.threads, "rounds": args.rounds, "rows": args.rows, "quick": args.quick,
+                           "models": {}}
+    for name in models:
+        print(f"[anytime] {name}: training", file=sys.stderr)
+        bnn = trained(name, args.quick, args.cache)
+        data = {"x": upsample(test.x_test, SHAPES[name]), "y": test.y_test}
+        for k, v in analytic_ood.ood_sets(test.x_test.astype(np.float32), 0).items():
+            data["ood_" + k] = upsample(v, SHAPES[name])
+        out["models"][name] = {}
+        for mode in modes:
+            print(f"[anytime] {name} {mode}: exports, quality, latency", file=sys.stderr)
+            out["models"][name][mode] = run_mode(bnn, mode, data, args)
+    out["seconds"] = round(time.time() - t0)
+    text = json.dumps(out, sort_keys=True)
     print(text)
     if args.json is not None:
-        args.json.write_text(text + "\n")
-    if result["models"]:
-        print(markdown(result), file=sys.stderr)
-    if "guarantee" in result:
-        print(guarantee_markdown(result), file=sys.stderr)
+        from edgebnn._io import atomic_write_json
+
+        atomic_write_json(args.json, out)
     return 0
 
 
