@@ -40,9 +40,11 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 # Everything (what CI runs): the linters, then every test (unit, integration, reliability; device tests skip
-# without their hardware).
+# without their hardware), in TEST_WORKERS processes (pytest-xdist), each test file in one process so its
+# fixtures are built once: a serial run keeps about one of two cores busy.
+TEST_WORKERS ?= 2
 test: lint
-	$(VENV)/bin/pytest -q --durations=20
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 # The unit lane while working: no training, no CLI subprocesses, no full chains (those are in tests/integration).
 test-fast: $(STAMP)
