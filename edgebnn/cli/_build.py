@@ -435,7 +435,8 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     if target == "onnx":
         from edgebnn.exporters.ensemble import save_onnx
 
-        save_onnx(proto, output)
+        with _progress_bar(f"writing {output}", unit="bytes") as progress:
+            save_onnx(proto, output, progress=progress)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, "
                       f"S={f'auto {rule.min_samples}..{size}' if rule else size})")
         deployed = _print_deployed(output, meta.to_dict(), json_out)
@@ -530,7 +531,8 @@ def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: s
     shown = size if shown is None else int(shown)
     if not ref or shown <= ref:
         return
-    best = smallest_export(model, samples, device, seed=seed)
+    with _progress_bar("trying smaller exports: layers") as progress:
+        best = smallest_export(model, samples, device, seed=seed, progress=progress)
     head = f"{what}larger than the fp32 BNN ({fmt_bytes(shown)} vs {fmt_bytes(ref)})"
     if best is None or best[1] >= size:
         console.print(f"{head}: no export {device} runs is smaller; {_lower_hint(model)}", highlight=False,
