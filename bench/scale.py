@@ -243,8 +243,9 @@ def latency(ir: Any, protos: dict[str, Any], shape: tuple[int, ...], samples: in
         x = np.random.default_rng(2).standard_normal((batch, *shape[1:])).astype(np.float32)
         feeds = {k: {s.get_inputs()[0].name: x} for k, s in sessions.items()}
         rep = {name: np.repeat(x, samples, 0)}
-        calls: dict[str, Callable[[], Any]] = {k: (lambda s=s, f=feeds[k]: s.run(None, f)) for k, s in sessions.items()}
-        calls["det16"] = lambda: sessions["float"].run(None, rep)
+        calls: dict[str, Callable[[], Any]] = {k: (lambda s=s, f=feeds[k]: s.run(None, f))
+                                              for k, s in sessions.items()}
+        calls["det16"] = lambda s=sessions["float"], f=rep: s.run(None, f)
         ms = p50_ms(calls, rounds, per_round)
         out[str(batch)] = {"p50_ms": ms, **{m: {"over_float": round(ms[m] / ms["float"], 3),
                                                 "over_det16": round(ms[m] / ms["det16"], 3)} for m in protos}}

@@ -29,7 +29,7 @@ from edgebnn.cli._common import (
 )
 from edgebnn.cli._fastest import print_fastest
 from edgebnn.cli._paths import InputPath, OutputPath
-from edgebnn.errors import InvalidOptionError
+from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters import AUTO, MODE_CHOICES, MODES, NOISE_VARIANTS, RNG_CHOICES, STORE_CHOICES
 from edgebnn.tables import (
     fmt_bytes,
@@ -400,8 +400,13 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     resolved = ExportConfig(wanted, rule=rule, mode=mode, noise=noise_variant, weights=weight_format, rng=rng,
                             hoist=_parse_hoist(hoist), form=form, seed=seed, device=where).resolve(model)
     size = resolved.samples
-    with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
-        result = export_result(model, resolved, progress=progress)
+    try:
+        with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
+            result = export_result(model, resolved, progress=progress)
+    except UnsupportedLayerError as e:  # a layer's message names the layer; the file too, where it does not
+        if file in str(e):
+            raise
+        raise UnsupportedLayerError(f"{file}: {e}") from e
     proto, choice = result.proto, result.choice
     if rule is not None:
         from edgebnn.stopping import describe
