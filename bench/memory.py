@@ -13,7 +13,8 @@ Stages, each in a fresh ``python`` process so that one stage's high-water mark c
     build          generate the posterior and ``ir.save`` it
     load           ``ir.load`` it (parse + verify, every encoding decoded and checked)
     lower/SCHEME   load, ``edgebnn.passes.lower(model, SCHEME, consume=True)``, ``ir.save`` the result
-    export/SCHEME  load the lowered IR, ``export_model(model, ExportConfig(S, mode="baked"))``, ``save_onnx``
+    export/SCHEME  load the lowered IR, ``export_model(model, ExportConfig(S, mode=MODE))``, ``save_onnx``
+                   (``--mode``, default baked; ``bench/scale.py`` runs it on the zoo's models)
 
 Each stage reports its peak resident set (Linux ``VmHWM``, else ``getrusage(RUSAGE_SELF).ru_maxrss``), the
 same right after its imports (the interpreter, numpy, onnx, onnxruntime: the baseline), the difference
@@ -173,7 +174,8 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 
-def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed: int) -> dict[str, Any]:
+def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed: int,
+              mode: str = "baked") -> dict[str, Any]:
     import numpy  # noqa: F401  (imports count towards the baseline, not the stage)
     import onnx  # noqa: F401
     import onnxruntime  # noqa: F401
@@ -196,20 +198,28 @@ def run_stage(stage: str, scheme: str | None, workdir: Path, samples: int, seed:
     elif stage == "lower":
         out = ir.save(lower(ir.load(posterior), scheme, seed=seed, consume=True).model, lowered)
     elif stage == "export":
-        out = save_onnx(export_model(ir.load(lowered), ExportConfig(samples, mode="baked", seed=seed)).proto,
-                        workdir / f"{scheme}-S{samples}.onnx")
+        out = save_onnx(export_model(ir.load(lowered), ExportConfig(samples, mode=mode, seed=seed)).proto,
+                        workdir / f"{scheme}-{mode}-S{samples}.onnx")
     else:
         raise ValueError(f"unknown stage {stage}")
     seconds = time.perf_counter() - started
     peak = _rss_bytes()
     return {"stage": stage, "scheme": scheme, "peak_rss": peak, "baseline_rss": baseline,
             "stage_bytes": peak - baseline, "seconds": round(seconds, 2),
-            "artifact_bytes": out.stat().st_size if out else None}
+            "mode": mode if stage == "export" else None, "artifact_bytes": _artifact_bytes(out)}
+
+
+def _artifact_bytes(out: Path | None) -> int | None:
+    """The bytes written: the file and, past the protobuf limit, its external data beside it."""
+    if out is None:
+        return None
+    data = out.with_name(out.name + ".data")
+    return out.stat().st_size + (data.stat().st_size if data.exists() else 0)
 
 
 def child_main(args: argparse.Namespace) -> None:
     try:
-        row = run_stage(args.stage, args.scheme, Path(args.dir), args.samples, args.seed)
+        row = run_stage(args.stage, args.scheme, Path(args.dir), args.samples, args.seed, args.mode)
     except Exception as e:  # reported in the row (and the driver's exit status), so the table shows which stage
         row = {"stage": args.stage, "scheme": args.scheme, "error": f"{type(e).__name__}: {e}".splitlines()[0],
                "traceback": traceback.format_exc(limit=3)}
@@ -219,9 +229,10 @@ def child_main(args: argparse.Namespace) -> None:
 # -- the driver -------------------------------------------------------------------------------------------
 
 
-def spawn(stage: str, scheme: str | None, workdir: Path, samples: int, seed: int) -> dict[str, Any]:
+def spawn(stage: str, scheme: str | None, workdir: Path, samples: int, seed: int,
+          mode: str = "baked") -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--stage", stage, "--dir", str(workdir), "--samples", str(samples),
-           "--seed", str(seed)]
+           "--seed", str(seed), "--mode", mode]
     if scheme:
         cmd += ["--scheme", scheme]
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -245,7 +256,7 @@ def main_bench(args: argparse.Namespace) -> dict[str, Any]:
                                          for r in rows):
                 rows.append({"stage": stage, "scheme": scheme, "error": "skipped: lowering failed"})
                 continue
-            row = spawn(stage, scheme, workdir, args.samples, args.seed)
+            row = spawn(stage, scheme, workdir, args.samples, args.seed, args.mode)
             if "stage_bytes" in row:
                 row["x_posterior"] = round(row["stage_bytes"] / post, 2)
                 row["peak_x_posterior"] = round(row["peak_rss"] / post, 2)
@@ -293,6 +304,7 @@ def main() -> None:
     parser.add_argument("--schemes", default=",".join(SCHEMES))
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mode", default="baked", help="the export stage's mode (baked, noise, analytic)")
     parser.add_argument("--json", help="also write the JSON result here")
     parser.add_argument("--stage", help=argparse.SUPPRESS)  # internal: run one stage in this process
     parser.add_argument("--scheme", help=argparse.SUPPRESS)

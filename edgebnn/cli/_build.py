@@ -29,7 +29,7 @@ from edgebnn.cli._common import (
 )
 from edgebnn.cli._fastest import print_fastest
 from edgebnn.cli._paths import InputPath, OutputPath
-from edgebnn.errors import InvalidOptionError
+from edgebnn.errors import InvalidOptionError, UnsupportedLayerError
 from edgebnn.exporters import (
     AUTO,
     MODE_CHOICES,
@@ -416,8 +416,13 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
                             hoist=_parse_hoist(hoist), form=form, seed=seed, device=where,
                             variance=variance).resolve(model)
     size = resolved.samples
-    with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
-        result = export_result(model, resolved, progress=progress)
+    try:
+        with _progress_bar(f"exporting the ensemble, S={'auto' if rule else size}: layers") as progress:
+            result = export_result(model, resolved, progress=progress)
+    except UnsupportedLayerError as e:  # a layer's message names the layer; the file too, where it does not
+        if file in str(e):
+            raise
+        raise UnsupportedLayerError(f"{file}: {e}") from e
     proto, choice = result.proto, result.choice
     if rule is not None:
         from edgebnn.stopping import describe
@@ -451,7 +456,8 @@ def export(file: str, target: str, samples: str | None, min_samples: int | None,
     if target == "onnx":
         from edgebnn.exporters.ensemble import save_onnx
 
-        save_onnx(proto, output)
+        with _progress_bar(f"writing {output}", unit="bytes") as progress:
+            save_onnx(proto, output, progress=progress)
         console.print(f"wrote {output} ({fmt_bytes(Path(output).stat().st_size)}, {mode}, "
                       f"S={f'auto {rule.min_samples}..{size}' if rule else size})")
         deployed = _print_deployed(output, meta.to_dict(), json_out)
@@ -546,7 +552,8 @@ def _say_if_larger(model: Any, deployed: dict[str, Any], *, file: str, output: s
     shown = size if shown is None else int(shown)
     if not ref or shown <= ref:
         return
-    best = smallest_export(model, samples, device, seed=seed)
+    with _progress_bar("trying smaller exports: layers") as progress:
+        best = smallest_export(model, samples, device, seed=seed, progress=progress)
     head = f"{what}larger than the fp32 BNN ({fmt_bytes(shown)} vs {fmt_bytes(ref)})"
     if best is None or best[1] >= size:
         console.print(f"{head}: no export {device} runs is smaller; {_lower_hint(model)}", highlight=False,

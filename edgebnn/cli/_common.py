@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from rich.markup import escape
 from edgebnn._version import __version__
 from edgebnn.cli._paths import DATA_KEYWORDS, GuardedCommand, InputPath
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
+from edgebnn.tables import fmt_bytes
 from edgebnn.tables import write_json as write_report
 
 console = Console()
@@ -127,20 +129,33 @@ DATA_HELP = ("'digits' (the built-in set; --split picks the part), an .npz with 
 SPLIT_HELP = "digits split (default: test); for --data digits only."
 
 
+BAR_GRACE_S = 2.0  # a terminal's bar appears once a step has run this long: a quick step shows none
+
+
 @contextlib.contextmanager
-def _progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
-    """A transient rich progress bar on stderr; yields ``update(done, total)``. Where stderr is not a terminal (a
-    pipe, a log, CI) it prints lines instead (:class:`_ProgressLines`)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+def _progress_bar(description: str, *, unit: str = "steps") -> Iterator[Callable[[int, int], None]]:
+    """A transient rich progress bar on stderr, shown once the step has run :data:`BAR_GRACE_S`; yields
+    ``update(done, total)`` (``unit="bytes"``: done and total are bytes, shown as sizes). Where stderr is not a
+    terminal (a pipe, a log, CI) it prints lines instead (:class:`_ProgressLines`)."""
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     if not err_console.is_terminal:
-        with _ProgressLines.around(description) as lines:
+        with _ProgressLines.around(description, unit) as lines:
             yield lines.update
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True) as bar:
-        task = bar.add_task(escape(description), total=None)
+    count = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), count, TimeRemainingColumn(), console=err_console,
+                   transient=True)
+    task = bar.add_task(escape(description), total=None)
+    shows = threading.Timer(BAR_GRACE_S, bar.start)
+    shows.daemon = True
+    shows.start()
+    try:
         yield lambda done, total: bar.update(task, completed=done, total=total)
+    finally:
+        shows.cancel()
+        shows.join()
+        bar.stop()
 
 
 @contextlib.contextmanager
@@ -164,8 +179,8 @@ class _ProgressLines:
     STEPS = 10  # lines per phase at most, besides the first and the done lines
     GRACE_S = 10.0  # a step shorter than this prints no progress
 
-    def __init__(self, description: str) -> None:
-        self.description = description
+    def __init__(self, description: str, unit: str = "steps") -> None:
+        self.description, self.unit = description, unit
         self.start = time.monotonic()
         self.total: int | None = None
         self.next = 0  # the next tenth of total that prints a line
@@ -173,9 +188,9 @@ class _ProgressLines:
 
     @classmethod
     @contextlib.contextmanager
-    def around(cls, description: str) -> Iterator[_ProgressLines]:
+    def around(cls, description: str, unit: str = "steps") -> Iterator[_ProgressLines]:
         """Yield the lines; the done line after the block where any line was printed (none after an error)."""
-        lines = cls(description)
+        lines = cls(description, unit)
         yield lines
         if lines.printed:
             lines._print(f"done in {lines._elapsed()}")
@@ -185,7 +200,8 @@ class _ProgressLines:
             self.total, self.next = total, 0
         if total > 0 and done * self.STEPS >= self.next * total:
             self.next = done * self.STEPS // total + 1
-            self._line(f"{done}/{total} ({self._elapsed()})")
+            of = f"{fmt_bytes(done)} of {fmt_bytes(total)}" if self.unit == "bytes" else f"{done}/{total}"
+            self._line(f"{of} ({self._elapsed()})")
 
     def say(self, text: str) -> None:
         self._line(f"{text} ({self._elapsed()})")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -132,29 +133,33 @@ ONNX external data (:func:`save_onnx`)."""
 EXTERNAL_MIN_TENSOR = 1024  # smaller constants stay in the graph (onnx.save_model's own default threshold)
 
 
-def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
+def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str], *,
+              progress: Callable[[int, int], None] | None = None) -> Path:
     """Write deterministically and atomically, one initializer at a time (never the whole model's bytes at once).
 
     A model of at most :data:`EXTERNAL_DATA_BYTES` is one file, the bytes ``SerializeToString`` gives; a larger
     one (past protobuf's 2 GiB) is written in ONNX's external data format: the constants of at least
     :data:`EXTERNAL_MIN_TENSOR` bytes in ``<file>.data`` beside it, in graph order, each file written atomically
     (the data first, so the ``.onnx`` never names data that is not there). ``proto`` itself is not changed.
+    ``progress(bytes written, bytes in all)`` is called after each write (a progress bar; both files count).
     """
     dest = Path(path)
     size, write = proto_writer(proto)
     if size <= EXTERNAL_DATA_BYTES:
-        return _io.atomic_write(dest, write)
+        return _io.atomic_write(dest, _counted(write, progress, 0, size))
     data = dest.with_name(dest.name + ".data")
     spans: dict[str, tuple[int, int]] = {}
+    offset = 0
+    for t in proto.graph.initializer:
+        n = len(t.raw_data) if t.HasField("raw_data") else 0
+        if n >= EXTERNAL_MIN_TENSOR:
+            spans[t.name] = (offset, n)
+            offset += n
 
     def write_data(f: IO[bytes]) -> None:
-        offset = 0
         for t in proto.graph.initializer:
-            raw = t.raw_data if t.HasField("raw_data") else b""
-            if len(raw) >= EXTERNAL_MIN_TENSOR:
-                f.write(raw)
-                spans[t.name] = (offset, len(raw))
-                offset += len(raw)
+            if t.name in spans:
+                f.write(t.raw_data)
 
     def stub(t: onnx.TensorProto) -> onnx.TensorProto:
         if t.name not in spans:
@@ -167,8 +172,32 @@ def save_onnx(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> Path:
             entry.key, entry.value = key, str(value)
         return out
 
-    _io.atomic_write(data, write_data)
-    return _io.atomic_write(dest, proto_writer(proto, stub)[1])
+    head, write_head = proto_writer(proto, stub)
+    _io.atomic_write(data, _counted(write_data, progress, 0, offset + head))
+    return _io.atomic_write(dest, _counted(write_head, progress, offset, offset + head))
+
+
+def _counted(write: Callable[[IO[bytes]], object], progress: Callable[[int, int], None] | None, done: int,
+             total: int) -> Callable[[IO[bytes]], object]:
+    """``write``, calling ``progress(done + bytes written so far, total)`` after each of its writes."""
+    if progress is None:
+        return write
+    tick = progress
+    return lambda f: write(_CountingFile(f, tick, done, total))  # type: ignore[arg-type]  # it calls .write only
+
+
+class _CountingFile:
+    """A file whose ``write`` also reports the bytes written so far (:func:`_counted`)."""
+
+    def __init__(self, f: IO[bytes], progress: Callable[[int, int], None], done: int, total: int) -> None:
+        self.f, self.progress, self.done, self.total = f, progress, done, total
+
+    def write(self, b: bytes) -> int:
+        n = self.f.write(b)
+        if len(b):
+            self.done += len(b)
+            self.progress(self.done, self.total)
+        return n
 
 
 def _softmax_output(proto: onnx.ModelProto, model: BNNModel) -> None:

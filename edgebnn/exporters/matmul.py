@@ -94,7 +94,7 @@ class MatMul(LayerKind):
             raise UnsupportedLayerError(f"{where}: MatMul on a sampled weight viewed as "
                                         f"{list(viewed_shape(node, wshape))}: only a 2-D weight operand is supported")
         if ys is None or len(ys) < 2 or any(not isinstance(d, int) or d <= 0 for d in ys[1:]):
-            raise UnsupportedLayerError(f"{where}: MatMul needs a static feature shape (got {ys})")
+            raise UnsupportedLayerError(_no_static_shape(node, viewed_shape(node, wshape), shapes, where))
         return list(ys[1:])
 
     def bias_shape(self, wshape: tuple[int, ...]) -> tuple[int, ...]:
@@ -194,3 +194,14 @@ def _bias_add(mm: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]], enco
     b = shapes.get(other)
     return add if b is not None and list(b) == [out[-1]] else None
 
+
+def _no_static_shape(node: onnx.NodeProto, viewed: tuple[int, ...], shapes: dict[str, list[int]], where: str) -> str:
+    """Why a sampled MatMul's output has no static feature shape, naming the node, its input's shape and the weight's
+    (a weight whose first axis is not the input's last: a malformed weight)."""
+    xs, ys = shapes.get(node.input[0]), shapes.get(node.output[0])
+    head = (f"{where}: MatMul {node.name or node.output[0]!r} needs a static feature shape (its output's is {ys}; "
+            f"input {xs}, weight viewed as {list(viewed)})")
+    if xs and isinstance(xs[-1], int) and xs[-1] != viewed[0]:
+        return (f"{head}: the input's last axis ({xs[-1]}) must equal the weight's first ({viewed[0]}); the weight "
+                "is malformed (its shape does not match the layer's input)")
+    return f"{head}: give the input a static shape (edgebnn import --input-shape)"

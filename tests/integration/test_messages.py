@@ -267,3 +267,54 @@ def test_an_interrupted_search_says_how_to_resume(tmp_path, monkeypatch):
     assert f"interrupted: the trials finished so far are kept in the study {study}" in line, line
     assert f"re-run the same command (with --study {study}) to resume" in line
     assert "no artifact was written" not in line
+
+
+def test_export_shows_its_layers_and_bytes_written_on_stderr_and_keeps_the_json_report_clean(tmp_path, monkeypatch):
+    """export's progress: the layers rewritten, then the bytes written (rising to the file's size), as lines on
+    stderr under a pipe (past the grace time: 0 here); stdout and the --json report hold none of it."""
+    import json
+    import re
+
+    from synthetic import synthetic_cnn
+
+    from edgebnn.cli._common import _ProgressLines
+
+    model = ir.save(synthetic_cnn(), tmp_path / "m.ebnn")
+    out, report = tmp_path / "m.onnx", tmp_path / "m.json"
+    r = CliRunner().invoke(main, ["export", str(model), "--mode", "baked", "-S", "4", "-o", str(out),
+                                  "--json", str(report)])
+    assert r.exit_code == 0 and r.stderr == "", r.stderr  # within the grace time (10 s off a terminal): no lines
+    monkeypatch.setattr(_ProgressLines, "GRACE_S", 0.0)
+    r = CliRunner().invoke(main, ["export", str(model), "--mode", "baked", "-S", "4", "-o", str(out),
+                                  "--json", str(report)])
+    assert r.exit_code == 0, r.output
+    layers = [line for line in r.stderr.splitlines() if line.startswith("exporting the ensemble, S=4: layers: ")]
+    done = [int(m.group(1)) for line in layers if (m := re.search(r": (\d+)/2 \(", line))]
+    assert done == [1, 2] and re.search(r": done in \d+\.\d s$", layers[-1]), layers  # its conv and fc, then done
+    written = [line for line in r.stderr.splitlines() if line.startswith(f"writing {out}: ")]
+    sizes = [float(m.group(1)) for line in written if (m := re.search(r": (\d+\.\d) KiB of ", line))]
+    assert len(sizes) > 2 and sizes == sorted(sizes) and re.search(r": done in \d+\.\d s$", written[-1]), written
+    assert "exporting" not in r.stdout and "writing" not in r.stdout
+    doc = json.loads(report.read_text())  # the report: the schema's keys, no progress text anywhere
+    assert doc["deployed"]["file_bytes"] == out.stat().st_size
+    assert "exporting" not in report.read_text() and "writing" not in report.read_text()
+
+
+def test_a_terminal_bar_shows_only_once_a_step_runs_past_its_grace_time(monkeypatch):
+    """On a terminal the bar is rich's; a step quicker than BAR_GRACE_S (2 s; 0.3 s here) draws nothing."""
+    import io
+    import time
+
+    from edgebnn.cli import _common
+
+    buf = io.StringIO()
+    monkeypatch.setattr(_common, "err_console", Console(file=buf, force_terminal=True, width=100))
+    monkeypatch.setattr(_common, "BAR_GRACE_S", 0.3)
+    with _common._progress_bar("quick step") as update:
+        update(1, 2)
+    assert buf.getvalue() == ""
+    with _common._progress_bar("writing m.onnx", unit="bytes") as update:
+        for i in range(1, 9):
+            update(i * 100_000, 800_000)
+            time.sleep(0.1)
+    assert "writing m.onnx" in buf.getvalue() and "kB" in buf.getvalue()

@@ -110,3 +110,19 @@ def test_missing_or_outside_external_data_is_one_line_naming_it(past_the_limit, 
     (tmp_path / "evil.onnx").write_bytes(small.SerializeToString())
     with pytest.raises(InvalidArtifactError, match=r"location '\.\./elsewhere\.data' is not a file beside"):
         Session(tmp_path / "evil.onnx")
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_writing_reports_the_bytes_written_rising_to_the_files_sizes(external, monkeypatch, tmp_path):
+    if external:
+        monkeypatch.setattr(ensemble, "EXTERNAL_DATA_BYTES", 1_000)
+        monkeypatch.setattr(ensemble, "EXTERNAL_MIN_TENSOR", 256)
+    calls: list[tuple[int, int]] = []
+    proto = export_model(synthetic_cnn(), ExportConfig(16, mode="baked")).proto
+    path = save_onnx(proto, tmp_path / "m.onnx", progress=lambda done, total: calls.append((done, total)))
+    written = sum(p.stat().st_size for p in tmp_path.iterdir())
+    assert (tmp_path / "m.onnx.data").exists() == external
+    done = [d for d, _ in calls]
+    assert {t for _, t in calls} == {written} and done[-1] == written  # one total over both files, reached
+    assert len(done) > 2 and done == sorted(set(done))  # rising at every write
+    assert path.read_bytes() == proto.SerializeToString(deterministic=True) or external

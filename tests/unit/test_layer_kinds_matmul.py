@@ -137,3 +137,31 @@ def test_fusion_records_the_view_and_a_layer_samples_whole():
 def test_a_view_with_another_reader_is_refused_naming_the_layer():
     with pytest.raises(UnsupportedLayerError, match="layer 'layer': a sampled weight feeds Transpose"):
         export_model(_model("shared"), ExportConfig(4, mode="baked"))
+
+
+@pytest.mark.parametrize("mode", ["baked", "noise"])
+def test_a_weight_that_does_not_fit_its_input_is_one_line_naming_the_layer_node_shapes_and_file(mode, tmp_path,
+                                                                                                monkeypatch):
+    """A MatMul weight of K + 1 inputs on an input of K features: shape inference leaves the output unshaped; the
+    message names the layer, the node, both shapes and (the command line) the file, not 'got None'."""
+    import sys
+
+    from click.testing import CliRunner
+
+    from edgebnn import ir
+    from edgebnn.cli import main
+
+    monkeypatch.setattr(sys.modules[__name__], "K", K + 1)  # the layer as _model builds it for K + 1 inputs
+    malformed = _model(bias=False)
+    monkeypatch.undo()
+    malformed.proto.graph.input[0].type.tensor_type.shape.dim[2].dim_value = K  # on an input of K features
+    malformed.manifest.input_shape[2] = K
+    want = (rf"layer 'layer': MatMul 'xw' needs a static feature shape .*input \[1, {T}, {K}\], weight viewed as "
+            rf"\[{K + 1}, {N_OUT}\]\): the input's last axis \({K}\) must equal the weight's first \({K + 1}\)")
+    with pytest.raises(UnsupportedLayerError, match=want):
+        export_model(malformed, ExportConfig(4, mode=mode))
+    path = ir.save(malformed, tmp_path / "bad.ebnn")
+    r = CliRunner().invoke(main, ["export", str(path), "--mode", mode, "-S", "4", "-o", str(tmp_path / "m.onnx")])
+    assert r.exit_code == 2, r.output
+    line = " ".join(r.output.split())
+    assert line.startswith(f"error: {path}: layer 'layer': MatMul 'xw'") and "got None" not in line, line
