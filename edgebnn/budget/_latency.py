@@ -285,8 +285,6 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     """
     from edgebnn.budget._bounds import Budget
     from edgebnn.exporters.families import default_samples
-    from edgebnn.runtime.session import outside_input_range
-
     space = space or LatencySpace()
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
     budget, note = epistemic_budget(budget, ood_data)
@@ -295,10 +293,7 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     draws = space.draws
     dataset, ood = eval_data(float_ir, data, None, ood_data)
     rows = Rows(dataset, ood, space.max_rows, space.select_fraction, config.seed)
-    outside = None if rows.ood is None else outside_input_range(rows.ood, float_ir.manifest.input_range)
-    if outside:
-        raise InvalidOptionError(f"--ood-data {ood_data}: {outside}; an export refuses such inputs, so the MI-AUROC "
-                                 "cannot be measured as the device runs it")
+    rows.check_range(float_ir)
     reference_export, reference_mode = default_export(float_ir, samples, config.seed)
     reference = device_evidence(reference_export, rows.certify_x, rows.certify_ood, config.seed, draws)
     again = config.seed + _AGAIN  # the float BNN against itself, its device noise drawn afresh
