@@ -11,7 +11,8 @@ The parts, each public here (``edgebnn search --budget`` certifies its trials th
 * the budget and its statistics (:class:`Budget`, :class:`Bound`, :class:`Certificate`, :func:`mean_bound`,
   :func:`bootstrap_bound`, :func:`rows_to_resolve`): which one-sided limit bounds each metric's change;
 * the evidence (:class:`Evidence`, :func:`export_evidence`, :func:`session_evidence`, :func:`certify`): each
-  predictor's per-input predictive on the certification rows, as the device runs it, and the certificate;
+  predictor's per-input predictive on the certification rows, as the device runs it, and the certificate
+  (:func:`check_in_range` refuses rows an export refuses);
 * the rows (:class:`Rows`): the validation rows in memory, split at random into selection and certification rows;
 * the candidates: the data-free chain (:func:`data_free_chain`) and the greedy per-layer walk (``order="split"``),
   tested in a fixed sequence by :func:`lower_within_budget`; :func:`unresolvable` is the error when even the float
@@ -51,7 +52,15 @@ from edgebnn.budget._bounds import (
 )
 
 if TYPE_CHECKING:
-    from edgebnn.budget._certify import DRAWS, Evidence, certify, export_evidence, reference_evidence, session_evidence
+    from edgebnn.budget._certify import (
+        DRAWS,
+        Evidence,
+        certify,
+        check_in_range,
+        export_evidence,
+        reference_evidence,
+        session_evidence,
+    )
     from edgebnn.budget._greedy import (
         BUDGET_START,
         PATH_STEP,
@@ -85,6 +94,7 @@ __all__ = [
     "LABELS", "LOWER_IS_BETTER", "MEAN_METRICS", "METRICS", "ORDERS", "PATH_STEP", "Bound", "Budget",
     "BudgetNotMetError", "BudgetOptions", "Candidate", "Certificate", "Evidence", "Rows", "Violation",
     "agreeing_bound", "bootstrap_bound", "budget_sizes", "certify", "check_budget", "check_confidence",
+    "check_in_range",
     "data_free_chain", "default_export", "deployed_size", "export_evidence", "lower_config", "lower_within_budget",
     "mean_bound", "metric_value", "reference_evidence", "rows_to_resolve", "session_evidence", "start_config",
     "unresolvable", "worse",
@@ -96,7 +106,8 @@ __all__ += ["MINIMIZE", "LatencySpace", "deterministic_prefix", "device_evidence
 def __getattr__(name: str) -> Any:
     """The names of the certification, the greedy walk, the latency search and the lowering within a budget,
     imported on first use: the command line's options read :mod:`._bounds` (light) without numpy or the passes."""
-    if name in ("DRAWS", "Evidence", "certify", "export_evidence", "reference_evidence", "session_evidence"):
+    if name in ("DRAWS", "Evidence", "certify", "check_in_range", "export_evidence", "reference_evidence",
+                "session_evidence"):
         from edgebnn.budget import _certify as module
     elif name in ("BUDGET_START", "PATH_STEP", "default_export", "deployed_size", "lower_config", "start_config"):
         from edgebnn.budget import _greedy as module  # type: ignore[no-redef]

@@ -117,11 +117,13 @@ def export_evidence(model: BNNModel, x: np.ndarray, ood: np.ndarray | None, *, s
                     draws: int = DRAWS, export: Callable[[BNNModel], bytes] | None = None,
                     fallback_samples: int = DEFAULT_SAMPLES) -> tuple[Evidence, dict[str, Any]]:
     """The evidence of ``model`` as the device runs it: its default export (``export`` gives other bytes), or, when
-    the export is refused, the reference runtime at ``fallback_samples`` (what ``baked`` stores); and what ran."""
+    the export is refused, the reference runtime at ``fallback_samples`` (what ``baked`` stores); and what ran.
+    Inputs an export refuses (:func:`check_in_range`) are refused here too, never run on the reference runtime."""
     from edgebnn.budget._greedy import default_export
     from edgebnn.errors import EdgeBNNError
     from edgebnn.runtime import Session
 
+    check_in_range(model, x, ood)
     what: dict[str, Any]
     try:
         if export is not None:
@@ -136,6 +138,21 @@ def export_evidence(model: BNNModel, x: np.ndarray, ood: np.ndarray | None, *, s
         evidence = reference_evidence(model, x, ood, fallback_samples, seed)
         what = {"mode": "reference", "samples": fallback_samples, "export_error": str(e), "file_bytes": None}
     return evidence, {**what, "draws": evidence.draws, "runtime": evidence.runtime}
+
+
+def check_in_range(model: BNNModel, x: np.ndarray, ood: np.ndarray | None,
+                   names: tuple[str, str] = ("--eval", "--ood-data")) -> None:
+    """Refuse (one line, naming the option: ``names`` of ``x`` and ``ood``) validation or OOD inputs far outside
+    the input range ``model`` records: every export refuses them (:func:`edgebnn.runtime.session.outside_input_range`),
+    so a budget on them cannot be measured as the device runs it."""
+    from edgebnn.errors import InvalidOptionError
+    from edgebnn.runtime.session import outside_input_range
+
+    for option, inputs in zip(names, (x, ood), strict=True):
+        outside = None if inputs is None else outside_input_range(inputs, model.manifest.input_range)
+        if outside:
+            raise InvalidOptionError(f"{option}: {outside}; every export refuses such inputs, so the budget cannot "
+                                     "be measured as the device runs it")
 
 
 # -- the statistics of each metric ---------------------------------------------------------------------------------

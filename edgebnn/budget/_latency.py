@@ -236,11 +236,13 @@ def device_evidence(data: bytes, x: np.ndarray, ood: np.ndarray | None, seed: in
 
 
 def _order(options: list[_Option], budget: Budget, rows: Rows, reference_export: bytes, seed: int,
-           draws: int) -> list[_Option]:
+           draws: int, float_bnn: tuple[str, int | str]) -> list[_Option]:
     """The certification order, slowest first: of the candidates whose bounds on the selection rows, narrowed to the
     certification rows' count (a bound's distance from its change shrinks as 1/sqrt(rows)), are within budget, those
     no faster one beats on the budget they use (so the order goes from the least used to the most: a test that fails
-    ends it), thinned to steps of :data:`LATENCY_STEP` from the fastest."""
+    ends it), thinned to steps of :data:`LATENCY_STEP` from the fastest. The float BNN's own export among the
+    candidates (no deterministic layer, the ``float_bnn`` mode and S: every change 0 on the selection rows) goes
+    first, so that a first test that fails on few rows does not leave nothing certified."""
 
     sel_x, sel_y = rows.x[rows.select_idx], rows.y[rows.select_idx]
     sel_ood = None if rows.ood is None else rows.ood[rows.ood_select]
@@ -262,7 +264,8 @@ def _order(options: list[_Option], budget: Budget, rows: Rows, reference_export:
     for option in frontier[1:]:  # thinned from the fastest: each kept one a step slower than the last
         if option.latency_ms * (1 - LATENCY_STEP) >= out[-1].latency_ms:
             out.append(option)
-    return out[::-1]
+    anchor = [o for o in options if not o.prefix and (o.mode, o.samples) == float_bnn and o not in out]
+    return anchor[:1] + out[::-1]
 
 
 def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget | str, *,
@@ -285,8 +288,6 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     """
     from edgebnn.budget._bounds import Budget
     from edgebnn.exporters.families import default_samples
-    from edgebnn.runtime.session import outside_input_range
-
     space = space or LatencySpace()
     budget = Budget.parse(budget) if isinstance(budget, str) else budget
     budget, note = epistemic_budget(budget, ood_data)
@@ -295,10 +296,7 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     draws = space.draws
     dataset, ood = eval_data(float_ir, data, None, ood_data)
     rows = Rows(dataset, ood, space.max_rows, space.select_fraction, config.seed)
-    outside = None if rows.ood is None else outside_input_range(rows.ood, float_ir.manifest.input_range)
-    if outside:
-        raise InvalidOptionError(f"--ood-data {ood_data}: {outside}; an export refuses such inputs, so the MI-AUROC "
-                                 "cannot be measured as the device runs it")
+    rows.check_range(float_ir)
     reference_export, reference_mode = default_export(float_ir, samples, config.seed)
     reference = device_evidence(reference_export, rows.certify_x, rows.certify_ood, config.seed, draws)
     again = config.seed + _AGAIN  # the float BNN against itself, its device noise drawn afresh
@@ -310,7 +308,7 @@ def fastest_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budge
     lowered = lower_config(float_ir, config, data_options)
     options = _options(lowered, space, config.seed, progress)
     baselines = _time(options, float_ir, reference_export, rows.x[rows.select_idx][:LATENCY_INPUTS], space)
-    order = _order(options, budget, rows, reference_export, config.seed, draws)
+    order = _order(options, budget, rows, reference_export, config.seed, draws, (reference_mode, samples))
     chosen, tested, stopped = _certify_in_order(order, budget, rows, reference, config.seed, draws)
     if chosen is None:
         raise _none_certified(budget, rows, order, stopped)

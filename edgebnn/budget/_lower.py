@@ -108,6 +108,7 @@ class Rows:
         self.ood = None if ood is None else _rows(ood, max_rows)[0]
         self.of, self.ood_of = dataset.n, None if ood is None else ood.n
         self.name, self.fraction = dataset.name, fraction
+        self.ood_name = None if ood is None else ood.name
         rng = np.random.default_rng([_SPLIT_SEED, seed])
 
         def split(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -119,6 +120,12 @@ class Rows:
         self.ood_select, self.ood_certify = split(0 if self.ood is None else len(self.ood))
         if len(self.certify_idx) < 2 or (fraction and len(self.select_idx) < 2):
             raise InvalidOptionError(f"--eval {dataset.name}: {len(self.x)} rows are too few to certify a budget on")
+
+    def check_range(self, model: BNNModel) -> None:
+        """Refuse rows far outside the input range ``model`` records (:func:`edgebnn.budget.check_in_range`)."""
+        from edgebnn.budget._certify import check_in_range
+
+        check_in_range(model, self.x, self.ood, (f"--eval {self.name}", f"--ood-data {self.ood_name}"))
 
     @property
     def certify_x(self) -> np.ndarray:
@@ -235,6 +242,7 @@ def lower_within_budget(float_ir: BNNModel, config: LowerConfig, budget: Budget 
     budget = check_budget(budget, data, ood_data)
     dataset, ood = eval_data(float_ir, data, split, ood_data)
     rows = Rows(dataset, ood, opts.max_rows, opts.select_fraction if opts.order == "split" else 0.0, config.seed)
+    rows.check_range(float_ir)
     reference, _ = export_evidence(float_ir, rows.certify_x, rows.certify_ood, seed=config.seed, draws=opts.draws,
                                    fallback_samples=opts.samples)
     certifier = _Certifier(budget, rows, reference, opts.samples, config.seed, opts.draws)

@@ -104,6 +104,7 @@ class _Certification:
         ood = None if settings.ood_data is None else dataset_for(model, settings.ood_data, labels=False,
                                                                  option="--ood-data")
         rows = Rows(dataset, ood, MAX_ROWS, SELECT_FRACTION, settings.seed)
+        rows.check_range(model)
         reference, _ = export_evidence(model, rows.certify_x, rows.certify_ood, seed=settings.seed,
                                        fallback_samples=samples)
         budget = Budget(dict(budget_limits), confidence=settings.confidence)

@@ -98,3 +98,19 @@ def test_trading_stochastic_layers_without_an_epistemic_metric_is_refused(traine
         assert len(lines) == 1 and lines[0].startswith("error: ") and "--ood-data" in lines[0], r.output
         r = CliRunner().invoke(main, [*base, "--minimize", "latency"])
         assert r.exit_code == 2 and "--budget" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize("minimize", ["size", "latency"])
+def test_ood_inputs_an_export_refuses_are_refused_in_one_line(trained_digits, tmp_path, minimize) -> None:
+    # raw 0..255 noise for a model lowered on 0..1 digits: every export refuses them, so the budget must not be
+    # measured on them by the reference runtime instead (it was: export_evidence fell back to it silently)
+    far = tmp_path / "far.npz"
+    np.savez(far, x=np.random.default_rng(0).uniform(0, 255, size=(50, 1, 8, 8)).astype(np.float32))
+    r = CliRunner().invoke(main, ["lower", "--model", "edgebnn.models:digits_cnn", "--weights", str(trained_digits[1]),
+                                  "--input-shape", "1,1,8,8", "-o", str(tmp_path / "never.ebnn"), "--eval", "digits",
+                                  "--ood-data", str(far), "--budget", "nll=+0.05,auroc=-0.02",
+                                  "--minimize", minimize])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith(f"error: --ood-data {far}: inputs span") and "far outside [0, 1]" in lines[0]
+    assert not (tmp_path / "never.ebnn").exists()
