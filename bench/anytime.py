@@ -74,7 +74,7 @@ def upsample(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.ascontiguousarray(up.repeat(1, shape[1], 1, 1).numpy())
 
 
-def _lenet5() -> Any:
+def lenet5() -> Any:
     import torch
     from bayesian_torch.layers import Conv2dReparameterization, LinearReparameterization
 
@@ -174,7 +174,7 @@ def trained(name: str, quick: bool, cache: Path | None) -> Any:
             fit(model, x, y, epochs=epochs, batch=64, lr=1e-2, seed=0)
         bnn = edgebnn.from_torch(model, SHAPES[name], name="bayesian-torch digits CNN")
     elif name == "lenet5":
-        net = _lenet5()
+        net = lenet5()
         _fit(net, x, y, epochs, 3e-3, kl=True)
 
         class Logits(torch.nn.Module):

@@ -41,41 +41,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import analytic_ood  # bench scripts import each other from this folder
+from anytime import lenet5, upsample
 
 import edgebnn
 
 SCHEMA = "edgebnn.bench.anytime_guarantee/1"
 SHAPES = {"lenet5": (1, 1, 28, 28), "mlp": (1, 1, 28, 28), "resnet20": (1, 3, 32, 32)}
-
-
-def upsample(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Digits (N, 1, 8, 8) bilinearly upsampled to ``shape[2:]``, the channel repeated to ``shape[1]``."""
-    import torch
-
-    if shape[2:] == x.shape[2:]:
-        return x.astype(np.float32)
-    up = torch.nn.functional.interpolate(torch.from_numpy(x.astype(np.float32)), size=shape[2:], mode="bilinear")
-    return up.repeat(1, shape[1], 1, 1).numpy()
-
-
-def _bt_lenet5() -> Any:
-    import torch
-    from bayesian_torch.layers import Conv2dReparameterization, LinearReparameterization
-
-    class LeNet5(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.conv1, self.conv2 = Conv2dReparameterization(1, 20, 5), Conv2dReparameterization(20, 50, 5)
-            self.fc1, self.fc2 = LinearReparameterization(800, 500), LinearReparameterization(500, 10)
-
-        def forward(self, x: Any) -> Any:
-            x, k1 = self.conv1(x)
-            x, k2 = self.conv2(torch.max_pool2d(torch.relu(x), 2))
-            x, k3 = self.fc1(torch.flatten(torch.max_pool2d(torch.relu(x), 2), 1))
-            x, k4 = self.fc2(torch.relu(x))
-            return x, k1 + k2 + k3 + k4
-
-    return LeNet5()
 
 
 def _bt_mlp() -> Any:
@@ -133,7 +104,7 @@ def trained(name: str, cache: Path | None) -> Any:
         bnn = deployed_size.trained_resnet(3, 8, cache)
     else:
         data = digits(0)
-        net = _bt_lenet5() if name == "lenet5" else _bt_mlp()
+        net = lenet5() if name == "lenet5" else _bt_mlp()
         _train(net, upsample(data.x_train, SHAPES[name]), data.y_train.astype(np.int64), 20 if name == "lenet5" else 30)
 
         class Logits(torch.nn.Module):
