@@ -325,6 +325,7 @@ def refuse_unhonoured(scheme: str, lowering: FamilyLowering, weight: EncodedWeig
 FamilyLowering = Callable[[LayerPass, EncodedWeight, np.random.Generator], LayerOutcome]
 # the per-weight settings of a scheme a family's lowering may honour (Lowering.honours), and their options
 OPTION_OF = {"bits": "--bits", "grams": "--calibrate"}
+ASKED_GRAMS = "--calibrate (its input second moments)"  # how a refusal names the grams a pass was given
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,7 @@ def asks_of(config: PassConfig, weight: str) -> dict[str, str]:
         asked["bits"] = f"--bits {bits}"
     grams = getattr(config, "grams", None)
     if grams is not None and weight in grams:
-        asked["grams"] = "--calibrate (its input second moments)"
+        asked["grams"] = ASKED_GRAMS
     return asked
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from edgebnn.errors import EdgeBNNError, InvalidOptionError
 from edgebnn.ir import DOMAIN, BNNModel
-from edgebnn.passes.base import Pass, PassConfig, check_int, family_lowerings, refuse_unhonoured
+from edgebnn.passes.base import ASKED_GRAMS, Pass, PassConfig, check_int, family_lowerings, refuse_unhonoured
 from edgebnn.passes.binary import BinaryPass
 from edgebnn.passes.codebook import CodebookPass
 from edgebnn.passes.fixed import FixedPass
@@ -97,8 +97,7 @@ def refuse_uncalibratable(config: LowerConfig, model: BNNModel) -> None:
         takers = [n for n in parse_scheme(plan.scheme) if "grams" in config_fields(n)[1]]
         for weight, lowerings in (owned[n] for n in plan.weights if n in owned):
             for scheme in (s for s in takers if s in lowerings):
-                refuse_unhonoured(scheme, lowerings[scheme], weight,
-                                  {"grams": "--calibrate (its input second moments)"})
+                refuse_unhonoured(scheme, lowerings[scheme], weight, {"grams": ASKED_GRAMS})
 
 
 @dataclass(frozen=True)

@@ -203,3 +203,13 @@ def test_a_plugin_module_in_the_working_folder_loads_through_the_edgebnn_script(
     assert r.returncode == 0, r.stderr
     for name in ("a.json", "b.json"):
         assert "eb_local_family" in [p["module"] for p in json.loads((tmp_path / name).read_text())["plugins"]]
+
+
+def test_calibrate_is_refused_before_any_calibration_input_is_read(trained):
+    """The refusal comes before the calibration inputs run: calibration data that cannot be read would fail first
+    if they were read (the pass's own check comes only after the input second moments are measured)."""
+    folder, _ = trained
+    with pytest.raises(edgebnn.errors.InvalidOptionError, match="cannot honour --calibrate") as refused:
+        edgebnn.api.lower_model("edgebnn_example.rownoise:row_noise_mlp", folder / "w.safetensors", (1, 1, 8, 8),
+                                scheme="fixed", calibrate=folder / "no-such-calibration-data.npz")
+    assert "no-such-calibration-data" not in str(refused.value)
