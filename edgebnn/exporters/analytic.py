@@ -57,6 +57,8 @@ from edgebnn.tasks import analytic_head
 from edgebnn.tasks.classification import quadrature_matrix_of
 
 SHAPE_OPS = frozenset({"Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
+FLOAT_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                         onnx.TensorProto.BFLOAT16})
 VAR_FLOOR = 1e-12  # keeps √v finite where a unit has no variance
 SMOOTH = frozenset({"Sigmoid", "Tanh", "Erf", "Softplus", "Gelu", "HardSigmoid", "HardSwish", "Elu", "Selu", "Celu",
                     "Softsign", "Mish", "Exp"})
@@ -66,6 +68,9 @@ GH_POINTS = 16  # Gauss-Hermite points of an elementwise region's moments
 ELEMENTWISE_NOTE = (f"elementwise functions of one value (GELU, SiLU, Sigmoid, Tanh, ...): {GH_POINTS}-point "
                     "Gauss-Hermite moments of a Gaussian input; measured variance error <= 0.1% where the input sd "
                     "<= 1, <= 5% where <= 2, <= 13% where <= 3 (docs/uncertainty.md)")
+PRODUCT_NOTE = ("MatMul of two uncertain activations (attention): the operands taken as independent (they derive from "
+                "the same tokens, so their correlation is dropped)")
+SOFTMAX_NOTE = "Softmax inside the network (attention): variance to first order (delta method at the mean)"
 LAYER_NORM_NOTE = ("LayerNormalization: variance to first order in the input's deviations (delta method at the mean, "
                    "the expected spread in the normaliser); measured against Monte Carlo within 3% of the variance "
                    "where the input sd <= 0.3x the units' spread, 9% at 1x over 12 units; the mean within 5% of "
@@ -228,6 +233,9 @@ class _Moments:
             return
         op = node.op_type
         rule = _Moments._log_softmax_head if op == "LogSoftmax" and node.output[0] == self.logits else _RULES.get(op)
+        if rule is None and not any(self.var.get(i) is not None or i in self.encoded for i in node.input):
+            self._deterministic(node)  # any op on deterministic values (e.g. attention's scale from a shape)
+            return
         if rule is None:
             raise UnsupportedLayerError(f"{self.where(node)}: analytic mode cannot propagate variance through {op}; "
                                         "use --mode baked or noise")
@@ -303,6 +311,28 @@ class _Moments:
         self.var[node.output[0]] = None if vx is None else self.b.add(node.op_type, [vx, *rest], p + "v",
                                                                       **attrs_of(node))
 
+    def _cast(self, node: onnx.NodeProto, p: str) -> None:
+        """Cast, CastLike between float types: the same cast of the variance. A constant cast to an uncertain
+        value's type (CastLike's target) stays deterministic; an uncertain value cast to an integer is refused."""
+        vx = self.var.get(node.input[0])
+        if vx is None:
+            self._deterministic(node)
+            return
+        if not self._casts_to_float(node):
+            raise UnsupportedLayerError(f"{self.where(node)}: casts an uncertain value to a non-float type, which "
+                                        "analytic mode cannot carry its variance through; use --mode baked or noise")
+        self.b.nodes.append(node)
+        self.var[node.output[0]] = self.b.add(node.op_type, [vx, *node.input[1:]], p + "v", **attrs_of(node))
+
+    def _casts_to_float(self, node: onnx.NodeProto) -> bool:
+        if node.op_type == "Cast":
+            return onnx.helper.get_attribute_value(next(a for a in node.attribute if a.name == "to")) in FLOAT_TYPES
+        like = node.input[1]
+        if like in self.var:  # an activation: float
+            return True
+        const = self.fixed.get(like, self.consts.get(like))
+        return const is not None and np.issubdtype(const.dtype, np.floating)
+
     def _add(self, node: onnx.NodeProto, p: str) -> None:
         """Add, Sub of independent operands (two uncertain branches, e.g. a residual: taken as uncorrelated): the
         variances add. An encoded operand (a Linear's bias after its MatMul) adds its mean and its variance."""
@@ -349,7 +379,11 @@ class _Moments:
 
     def _gather(self, node: onnx.NodeProto, p: str) -> None:
         """Gather on indices that do not depend on the input (exact): the same gather of the variance."""
-        if node.input[1] in self.var:
+        data, indices = node.input[:2]
+        if self.var.get(indices) is None and self.var.get(data) is None and data not in self.encoded:
+            self._deterministic(node)  # e.g. an embedding table at the input's token ids
+            return
+        if indices in self.var:
             raise UnsupportedLayerError(f"{self.where(node)}: analytic mode gathers at constant indices only")
         if self.var[node.input[0]] is None:
             self._deterministic(node)
@@ -362,19 +396,21 @@ class _Moments:
         """Mul / Div by a value that does not depend on the input, Neg (exact): v' = c² v (v / c², v). The product
         of two uncertain values is a region of elementwise functions of one input (:meth:`_region`) or refused."""
         b, op = self.b, node.op_type
-        uncertain = [i for i in node.input if i in self.var]
-        if len(uncertain) > 1 or (op == "Div" and node.input[1] in self.var):
+        uncertain = [i for i in node.input if self.var.get(i) is not None]
+        if not uncertain:
+            self._deterministic(node)
+            return
+        if len(uncertain) > 1 or (op == "Div" and node.input[1] in uncertain):
             raise UnsupportedLayerError(f"{self.where(node)}: analytic mode cannot propagate variance through {op} "
                                         "of two uncertain values (their correlation is unknown); use --mode baked or "
                                         "noise")
         b.nodes.append(node)
         vx = self.var[uncertain[0]]
-        if vx is None:
-            self.var[node.output[0]] = None
-        elif op == "Neg":
+        assert vx is not None
+        if op == "Neg":
             self.var[node.output[0]] = vx
         else:
-            c = next(i for i in node.input if i not in self.var)
+            c = next(i for i in node.input if i != uncertain[0])
             self.var[node.output[0]] = b.add(op, [vx, b.add("Mul", [c, c], p + "c2")], p + "v")
 
     def _resize(self, node: onnx.NodeProto, p: str) -> None:
@@ -450,10 +486,48 @@ class _Moments:
         self.var[out] = b.add("Mul", [total, scale], p + "v")
         self.notes.add(LAYER_NORM_NOTE)
 
+    def _product(self, node: onnx.NodeProto, p: str) -> None:
+        """MatMul of two activations (attention's Q·Kᵀ and P·V), taken as independent (a stated approximation:
+        both derive from the same tokens): m' = m_a m_b, v' = v_a v_b + v_a m_b² + m_a² v_b, each a MatMul."""
+        b, (x, y), out = self.b, node.input, node.output[0]
+        vx, vy = self.var[x], self.var[y]
+        b.nodes.append(node)
+        if vx is None and vy is None:
+            self.var[out] = None
+            return
+        sq = {i: b.add("Mul", [i, i], f"{p}sq{k}") for k, i in enumerate((x, y))}
+        terms = ([b.add("MatMul", [vx, sq[y]], p + "vx_my2")] if vx else []) + \
+            ([b.add("MatMul", [sq[x], vy], p + "mx2_vy")] if vy else []) + \
+            ([b.add("MatMul", [vx, vy], p + "vx_vy")] if vx and vy else [])
+        self.var[out] = _sum(b, terms, p)
+        self.notes.add(PRODUCT_NOTE)
+
+    def _softmax(self, node: onnx.NodeProto, p: str) -> None:
+        """Softmax inside the network (attention weights), to first order: s = softmax(m), v'_i = Σ_j J_ij² v_j with
+        J = diag(s) − s sᵀ, i.e. s_i² ((1 − 2 s_i) v_i + Σ_j s_j² v_j) (a stated approximation)."""
+        b, x, out = self.b, node.input[0], node.output[0]
+        vx = self.var[x]
+        b.nodes.append(node)
+        if vx is None:
+            self.var[out] = None
+            return
+        axis = int(onnx.helper.get_attribute_value(node.attribute[0])) if node.attribute else -1
+        s2 = b.add("Mul", [out, out], p + "s2")
+        pooled = b.add("ReduceSum", [b.add("Mul", [s2, vx], p + "s2v"), b.i64(p + "axis", axis)], p + "pooled",
+                       keepdims=1)
+        own = b.add("Mul", [b.add("Sub", [b.f32(p + "one", 1.0),
+                                          b.add("Mul", [out, b.f32(p + "two", 2.0)], p + "2s")], p + "1m2s"),
+                            vx], p + "own")
+        self.var[out] = b.add("Mul", [s2, b.add("Add", [own, pooled], p + "inner")], p + "v")
+        self.notes.add(SOFTMAX_NOTE)
+
     def _matmul(self, node: onnx.NodeProto, p: str) -> None:
         """MatMul of the input by a weight (an encoded weight or a constant, through Transpose/Reshape views: a
         Linear on a 3-D input): the layer rule, m' = m W_mu, v' = [m², v] [s²; s² + mu²] (one MatMul)."""
         b, (x, w), out = self.b, node.input, node.output[0]
+        if w in self.var and x in self.var:
+            self._product(node, p)
+            return
         if w in self.var or x not in self.var:
             raise UnsupportedLayerError(f"{self.where(node)}: analytic mode takes MatMul of the input by a weight only "
                                         "(a product of two uncertain values has no propagated correlation); use "
@@ -535,6 +609,7 @@ _RULES: dict[str, Callable[[_Moments, onnx.NodeProto, str], None]] = {
     "Concat": _Moments._concat, "Split": _Moments._split, "Gather": _Moments._gather, "Resize": _Moments._resize,
     "Mul": _Moments._scale, "Div": _Moments._scale, "Neg": _Moments._scale,
     "LayerNormalization": _Moments._layer_norm, "MatMul": _Moments._matmul,
+    "Cast": _Moments._cast, "CastLike": _Moments._cast, "Softmax": _Moments._softmax,
 }
 """Op type -> how the analytic pass rewrites it (a layer kind's node: :func:`_layer_moments`)."""
 
