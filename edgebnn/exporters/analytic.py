@@ -24,6 +24,10 @@ Every value on the data path carries (m, v) under a diagonal-Gaussian assumption
     AveragePool / ReduceMean over n units: m' = avg(m),  v' = avg(v) / n
     Add (independent operands):            m' = m₁ + m₂, v' = v₁ + v₂
     Flatten/Reshape/Transpose/(Un)Squeeze: the same op on v
+    Cast/CastLike (float types):           the same cast of v; any op on deterministic values passes through
+    MatMul of two activations (attention): m' = m_a m_b, v' = v_a m_b² + m_a² v_b + v_a v_b (operands taken as
+                                           independent: approximate)
+    Softmax inside the network:            s = softmax(m), v'_i = s_i² ((1 − 2 s_i) v_i + Σ_j s_j² v_j) (first order)
 
 The head (the task's, :mod:`edgebnn.tasks`) turns Gaussian logits (m, v) into the predictive with a fixed quasi-Monte
 Carlo quadrature (S scrambled-Sobol standard-normal points moment-matched to mean 0 and covariance I,
@@ -507,6 +511,9 @@ class _Moments:
         J = diag(s) − s sᵀ, i.e. s_i² ((1 − 2 s_i) v_i + Σ_j s_j² v_j) (a stated approximation)."""
         b, x, out = self.b, node.input[0], node.output[0]
         vx = self.var[x]
+        if out == self.logits:
+            raise UnsupportedLayerError(f"{self.where(node)}: analytic mode takes the logits (or a LogSoftmax head), "
+                                        "not a Softmax output; use --mode baked or noise")
         b.nodes.append(node)
         if vx is None:
             self.var[out] = None
