@@ -389,9 +389,6 @@ class _Moments:
             return
         if indices in self.var:
             raise UnsupportedLayerError(f"{self.where(node)}: analytic mode gathers at constant indices only")
-        if self.var[node.input[0]] is None:
-            self._deterministic(node)
-            return
         self.b.nodes.append(node)
         self.var[node.output[0]] = self.b.add("Gather", [self.var[node.input[0]] or "", node.input[1]], p + "v",
                                               **attrs_of(node))

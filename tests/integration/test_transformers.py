@@ -163,6 +163,15 @@ def _chunk_mutual_info(ref_draws: np.ndarray, samples: int) -> np.ndarray:
     return np.array([_mutual_info(c).mean() for c in chunks])
 
 
+def check_probs_within_mc_error(probs: np.ndarray, ref_draws: np.ndarray, samples: int) -> None:
+    """The probabilities' half of :func:`check_within_mc_error`."""
+    sigma = ref_draws.std(0)
+    assert sigma.mean() > 3e-3  # the posterior moves the prediction
+    bound = 1.5 * float(sigma.mean()) * np.sqrt(1 / samples + 1 / len(ref_draws))
+    err = float(np.abs(probs - ref_draws.mean(0)).mean())
+    assert err <= bound, ("probs", err, bound)
+
+
 def check_within_mc_error(probs: np.ndarray, mutual_info: np.ndarray, ref_draws: np.ndarray, samples: int) -> None:
     """The export's S-sample predictive against torch's R draws, within Monte Carlo error.
 
@@ -175,11 +184,7 @@ def check_within_mc_error(probs: np.ndarray, mutual_info: np.ndarray, ref_draws:
     is torch's own S-draw estimate): the N-averaged estimate of the export against the mean of the R/S chunks of S
     torch draws, within 3x the chunks' spread (that spread is one S-sample estimate's, plus the chunks' mean's).
     A network at its posterior mean (mutual information 0) fails it."""
-    sigma = ref_draws.std(0)
-    assert sigma.mean() > 3e-3  # the posterior moves the prediction
-    bound = 1.5 * float(sigma.mean()) * np.sqrt(1 / samples + 1 / len(ref_draws))
-    err = float(np.abs(probs - ref_draws.mean(0)).mean())
-    assert err <= bound, ("probs", err, bound)
+    check_probs_within_mc_error(probs, ref_draws, samples)
     per_chunk = _chunk_mutual_info(ref_draws, samples)
     mi_bound = 3 * float(per_chunk.std(ddof=1)) * np.sqrt(1 + 1 / len(per_chunk))
     mi_err = abs(float(mutual_info.mean()) - float(per_chunk.mean()))
@@ -263,7 +268,6 @@ def test_analytic_attention_keeps_the_predictive_and_says_it_approximates(models
     ir, ref = models[name]
     exported = export_model(ir, ExportConfig(S, mode="analytic"))
     pred = Session(exported.proto).predict(_inputs(name))
-    sigma = float(ref.std(0).mean())
-    assert float(np.abs(pred.probs - ref.mean(0)).mean()) <= 1.5 * sigma * np.sqrt(1 / S + 1 / len(ref))
+    check_probs_within_mc_error(pred.probs, ref, S)
     notes = " ".join(str(v) for v in exported.proto.metadata_props)
     assert "MatMul of two uncertain activations" in notes
